@@ -1,0 +1,94 @@
+"""Typed query objects and results of the query engine (IQv2 style), usable without FastAPI.
+
+Names follow Kafka Streams' ``org.apache.kafka.streams.query`` (VersionedKeyQuery,
+MultiVersionedKeyQuery) and ``state`` (VersionedRecord) packages. Timestamps are epoch ms.
+Values are the stored compact JSON text (``str``); callers decide whether to parse them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Outcome = Literal["ok", "not-found", "expired"]
+
+
+@dataclass(frozen=True)
+class VersionedKeyQuery:
+    """One key, latest (``as_of is None``) or as of a timestamp (SEMANTICS.md rules 6-8)."""
+
+    key: str
+    as_of: int | None = None
+
+
+@dataclass(frozen=True)
+class MultiVersionedKeyQuery:
+    """Every version of one key valid in ``[from_time, to_time]`` (rules 9-11); None = unbounded."""
+
+    key: str
+    from_time: int | None = None
+    to_time: int | None = None
+    ascending: bool = True
+
+
+@dataclass(frozen=True)
+class VersionedRecord:
+    """A value with its validity ``[timestamp, valid_to)``; ``valid_to`` None = still valid."""
+
+    value: str
+    timestamp: int
+    valid_to: int | None
+
+
+@dataclass(frozen=True)
+class KeyResult:
+    """Answer to a VersionedKeyQuery: a record, or why there is none."""
+
+    outcome: Outcome
+    record: VersionedRecord | None
+    snapshot: int
+    #: ``streamTime - H`` of the key's partition at that snapshot (None: no record seen yet).
+    horizon: int | None
+
+
+@dataclass(frozen=True)
+class VersionsPage:
+    """One page of a MultiVersionedKeyQuery answer."""
+
+    records: list[VersionedRecord]
+    snapshot: int
+    horizon: int | None
+    #: Timestamp of the last record returned when more records follow, else None.
+    resume_after: int | None
+
+
+@dataclass(frozen=True)
+class StoreInfo:
+    name: str
+    kind: str
+    history_retention_ms: int
+    partitions: int
+    snapshot: int
+    #: Stream time per partition (absent: that partition has seen no record).
+    stream_time: dict[int, int] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+class QueryError(Exception):
+    """Base of the engine's errors; each maps to one problem type in the HTTP API."""
+
+
+class StoreNotFound(QueryError):
+    pass
+
+
+class SnapshotNotFound(QueryError):
+    """The requested snapshot is above the store's latest version."""
+
+
+class SnapshotGone(QueryError):
+    """The requested snapshot can no longer be read (vacuumed or its log cleaned up)."""
+
+
+class UnsupportedQuery(QueryError):
+    """The query does not apply to this store (e.g. as-of on a timestamped store)."""

@@ -1,0 +1,184 @@
+"""The ``versiq`` command line: argument parsing only; each subcommand's work lives in its package.
+
+The flags and exit codes here are a contract other tools drive (issues #3, #4; CONTRACT.md):
+add, never rename. Exit status: 0 success, 1 a store failed, 2 usage or configuration error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from versiq import __version__
+from versiq.logs import setup_logging
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+def _add_logging(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default=os.environ.get("VERSIQ_LOG_FORMAT", "text"),
+        help="log format on stderr: human-readable text (default) or one JSON object per line "
+        "(for services; env VERSIQ_LOG_FORMAT)",
+    )
+    parser.add_argument(
+        "--log-level",
+        default=os.environ.get("VERSIQ_LOG_LEVEL", "INFO"),
+        help="log level (DEBUG, INFO, WARNING, ERROR; env VERSIQ_LOG_LEVEL)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="versiq",
+        description="Versioned state stores with Kafka Streams semantics: ingest changelogs "
+        "into Delta Lake with Spark, query them over HTTP.",
+    )
+    parser.add_argument("--version", action="version", version=f"versiq {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    ing = sub.add_parser(
+        "ingest",
+        help="ingest changelog files into versioned stores (PySpark job)",
+        description="Ingest changelog files into versioned (or timestamped) stores kept as "
+        "Delta tables under the warehouse. Batch mode ingests every file not yet ingested "
+        "and exits; --continuous keeps watching the sources. Either name one store with "
+        "--store/--source or give several in a YAML file with --config.",
+    )
+    ing.add_argument("--warehouse", required=True, help="warehouse directory (one subdirectory per store)")
+    ing.add_argument("--store", help="store name: letters, digits, _ - . (with --source)")
+    ing.add_argument("--source", help="changelog file or directory (read recursively)")
+    ing.add_argument("--config", help="YAML pipeline file with a 'stores:' list (instead of --store/--source)")
+    ing.add_argument("--format", choices=("jsonl", "csv", "parquet"), default=None,
+                     help="input format (default: from the file extension, else jsonl)")
+    ing.add_argument("--kind", choices=("versioned", "timestamped"), default=None,
+                     help="store kind when the store is created (default versioned)")
+    ing.add_argument("--history-retention", default=None,
+                     help="history retention = grace period: ms, 5m/12h/7d or ISO-8601 P7D "
+                     "(default 1d; fixed when the store is created)")
+    ing.add_argument("--partitions", type=int, default=None,
+                     help="stream-time partitions (default 1; fixed when the store is created)")
+    ing.add_argument("--buckets", type=int, default=None,
+                     help="physical key-hash buckets for file pruning (default 16; layout only)")
+    ing.add_argument("--master", default=None,
+                     help="Spark master URL (default env SPARK_MASTER, else local[*])")
+    ing.add_argument("--report", default=None, help="write the run report as JSON to this file")
+    ing.add_argument("--continuous", action="store_true",
+                     help="keep running and ingest new files as they land")
+    ing.add_argument("--trigger-interval", default="5s",
+                     help="continuous mode: how often to look for new files (default 5s)")
+    ing.add_argument("--lock-timeout", default="60s",
+                     help="how long to wait for another writer of the same store (default 60s)")
+    _add_logging(ing)
+
+    srv = sub.add_parser(
+        "serve",
+        help="serve the HTTP query API",
+        description="Serve VersionedKeyQuery / MultiVersionedKeyQuery over HTTP for every store "
+        "of the warehouse. Every option also reads an environment variable.",
+    )
+    srv.add_argument("--warehouse", default=os.environ.get("VERSIQ_WAREHOUSE"),
+                     help="warehouse directory (env VERSIQ_WAREHOUSE)")
+    srv.add_argument("--host", default=os.environ.get("VERSIQ_HOST", "127.0.0.1"),
+                     help="bind address (env VERSIQ_HOST, default 127.0.0.1)")
+    srv.add_argument("--port", type=int, default=int(os.environ.get("VERSIQ_PORT", "8080")),
+                     help="port (env VERSIQ_PORT, default 8080)")
+    srv.add_argument("--workers", type=int, default=int(os.environ.get("VERSIQ_WORKERS", "1")),
+                     help="worker processes (env VERSIQ_WORKERS, default 1)")
+    _add_logging(srv)
+
+    mnt = sub.add_parser(
+        "maintain",
+        help="compact, checkpoint and vacuum a store",
+        description="Compact each bucket of a store to one row per version, write a Delta "
+        "checkpoint and vacuum files no snapshot still needs (keeping every snapshot younger "
+        "than the page-token lifetime).",
+    )
+    mnt.add_argument("--warehouse", required=True, help="warehouse directory")
+    mnt.add_argument("--store", required=True, help="store name")
+    mnt.add_argument("--lock-timeout", default="60s", help="wait this long for another writer")
+    _add_logging(mnt)
+
+    rej = sub.add_parser(
+        "rejected",
+        help="list rejected input records of a store",
+        description="Print the rejected records of a store, one JSON object per line, ordered "
+        "by (run, source, line/row).",
+    )
+    rej.add_argument("--warehouse", required=True, help="warehouse directory")
+    rej.add_argument("--store", required=True, help="store name")
+    rej.add_argument("--reason", default=None, help="only this reason code (e.g. late, malformed)")
+    rej.add_argument("--format", choices=("jsonl", "table"), default="jsonl",
+                     help="jsonl (default, for scripts) or a human-readable table")
+    _add_logging(rej)
+
+    demo = sub.add_parser(
+        "demo",
+        help="generate sample data, ingest it and serve it",
+        description="Generate a realistic sample changelog (product prices), ingest it into the "
+        "warehouse and serve it on 127.0.0.1:8080, printing example curl queries.",
+    )
+    demo.add_argument("--warehouse", default="warehouse", help="warehouse directory (default ./warehouse)")
+    demo.add_argument("--data", default="demo-data", help="where to write the sample changelog")
+    demo.add_argument("--keys", type=int, default=5000, help="number of product keys (default 5000)")
+    demo.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    demo.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    demo.add_argument("--no-serve", action="store_true", help="generate and ingest, then exit")
+    _add_logging(demo)
+
+    gen = sub.add_parser(
+        "generate",
+        help="write a sample changelog (product prices) to a directory",
+        description="Write a deterministic sample changelog with out-of-order records, late "
+        "records past grace, tombstones and a few malformed lines.",
+    )
+    gen.add_argument("--out", required=True, help="output directory")
+    gen.add_argument("--keys", type=int, default=5000, help="number of keys (default 5000)")
+    gen.add_argument("--versions", type=int, default=10, help="versions per key (default 10)")
+    gen.add_argument("--files", type=int, default=4, help="number of files (default 4)")
+    gen.add_argument("--format", choices=("jsonl", "csv", "parquet"), default="jsonl")
+    gen.add_argument("--seed", type=int, default=7, help="random seed (default 7)")
+    _add_logging(gen)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    setup_logging(args.log_format, args.log_level)
+    if args.command == "ingest":
+        from ingest.commands import ingest_command
+
+        return ingest_command(args, parser)
+    if args.command == "serve":
+        from service.commands import serve_command
+
+        return serve_command(args, parser)
+    if args.command == "maintain":
+        from ingest.commands import maintain_command
+
+        return maintain_command(args)
+    if args.command == "rejected":
+        from ingest.commands import rejected_command
+
+        return rejected_command(args)
+    if args.command == "demo":
+        from versiq.demo import demo_command
+
+        return demo_command(args)
+    if args.command == "generate":
+        from versiq.sample import generate_command
+
+        return generate_command(args)
+    parser.error(f"unknown command {args.command}")
+    return EXIT_USAGE
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

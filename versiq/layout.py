@@ -1,0 +1,252 @@
+"""The on-disk layout of a versiq store: the one contract between ``ingest`` and ``query``.
+
+Everything that both the writer (ingest/) and the readers (query/, service/) must agree on is
+defined here and nowhere else. Format version 1.
+
+Warehouse
+=========
+``<warehouse>/<store>/`` is one store. The service lists as stores exactly the direct children
+of the warehouse whose name is valid (``versiq.names``), that have a ``_delta_log/`` and whose
+Delta metadata ``description`` is the settings JSON below with a known ``versiq.format``.
+Directories starting with ``_`` inside a store are versiq's own:
+
+- ``_delta_log/``: the store table's Delta log.
+- ``_rejected/``: a second Delta table with every rejected input record (``REJECTED_SCHEMA``).
+- ``_versiq/``: the writer lock file (``lock``) and the continuous-mode stream checkpoint.
+
+Store table
+===========
+A Delta table partitioned by ``bucket`` with the columns of ``STORE_SCHEMA``:
+
+- ``bucket``    INT    ``crc32(utf8(key)) mod buckets`` (``bucket_of``): physical layout only,
+                       lets a reader open one directory for a key. Never changes results.
+- ``key``       STRING the record key.
+- ``valid_from``BIGINT the version's timestamp (epoch ms).
+- ``valid_to``  BIGINT the next version's timestamp (exclusive); null = still valid.
+- ``value``     STRING compact JSON text of the value; null for a tombstone.
+- ``tombstone`` BOOL   true for a tombstone version (stored: it bounds the validity before it).
+- ``partition`` INT    the key's stream-time partition (SEMANTICS.md §1).
+- ``run``       BIGINT the ingest run (1, 2, ...) that wrote this row.
+
+Rows are **appended**, never rewritten in place: each run appends one complete row for every
+(key, valid_from) whose content it changed (new versions, same-timestamp replacements and
+neighbours whose ``valid_to`` moved). The read rule resolves them:
+
+- ``kind = versioned``: for each (key, valid_from) the row with the greatest ``run`` is the
+  version.
+- ``kind = timestamped`` (KIP-258): for each key the row with the greatest ``run`` is the
+  current value; ``valid_from`` is that record's timestamp, ``valid_to`` is always null, and a
+  tombstone row means the key is deleted.
+
+``versiq maintain`` compacts a bucket back to one row per version (or per key), which the read
+rule makes unobservable. Inside every data file rows are sorted by (key, valid_from, run) and
+row groups are small, so one key's versions sit in one row group. Every add action carries
+``numRecords``, ``minValues``, ``maxValues`` and ``nullCount``.
+
+Settings (immutable, set when the store is created)
+===================================================
+The Delta metadata ``description`` holds ``StoreSettings`` as JSON
+(``{"versiq.format": 1, "kind": ..., "historyRetentionMs": ..., "partitions": ...,
+"buckets": ...}``). Delta table properties are not used because delta-rs refuses custom keys.
+
+State (per commit)
+==================
+Every commit versiq makes to the store table carries ``StoreState`` as JSON in the commitInfo
+member ``versiq.state``: last run number, per-partition stream time and highest offset, the
+source files already done, and the add actions of the run's ``_rejected`` commit. The state of
+snapshot V is the one in the newest commit <= V that has it (``read_state``). Data and state
+are thus one atomic Delta commit. Each ingest commit also records the Delta transaction
+``(app_id="versiq.ingest", version=run)``; the ``_rejected`` table gets the same transaction
+after the store commit, so a rerun can finish a run whose rejected commit is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+FORMAT_VERSION = 1
+FORMAT_KEY = "versiq.format"
+STATE_KEY = "versiq.state"
+APP_ID = "versiq.ingest"
+DEFAULT_BUCKETS = 16
+KINDS = ("versioned", "timestamped")
+
+REJECTED_DIR = "_rejected"
+PRIVATE_DIR = "_versiq"
+LOCK_FILE = "lock"
+
+STORE_SCHEMA = pa.schema(
+    [
+        pa.field("bucket", pa.int32()),
+        pa.field("key", pa.string()),
+        pa.field("valid_from", pa.int64()),
+        pa.field("valid_to", pa.int64()),
+        pa.field("value", pa.string()),
+        pa.field("tombstone", pa.bool_()),
+        pa.field("partition", pa.int32()),
+        pa.field("run", pa.int64()),
+    ]
+)
+STORE_PARTITION_COLUMNS = ["bucket"]
+#: Columns physically present in the store's Parquet files (partition columns are not).
+STORE_FILE_SCHEMA = pa.schema([f for f in STORE_SCHEMA if f.name not in STORE_PARTITION_COLUMNS])
+
+REJECTED_SCHEMA = pa.schema(
+    [
+        pa.field("run", pa.int64()),
+        pa.field("source", pa.string()),
+        pa.field("line", pa.int64()),
+        pa.field("row", pa.int64()),
+        pa.field("partition", pa.int64()),
+        pa.field("offset", pa.int64()),
+        pa.field("reason", pa.string()),
+        pa.field("raw", pa.string()),
+        pa.field("detail", pa.string()),
+        pa.field("ingested_at", pa.string()),
+    ]
+)
+
+#: Rejection reason codes (CONTRACT.md): every report lists all of them, zeros included.
+REJECT_REASONS = (
+    "late",
+    "malformed",
+    "missing_field",
+    "bad_key",
+    "bad_timestamp",
+    "bad_value",
+    "bad_partition",
+    "duplicate_offset",
+    "partition_conflict",
+    "too_large",
+    "expression_error",
+)
+
+
+def bucket_of(key: str, buckets: int) -> int:
+    """The physical bucket of ``key``: zlib CRC-32 of its UTF-8 bytes modulo ``buckets``."""
+    return zlib.crc32(key.encode("utf-8")) % buckets
+
+
+def default_partition_of(key: str, partitions: int) -> int:
+    """A key's stream-time partition when its records name none (SEMANTICS.md §1)."""
+    return zlib.crc32(key.encode("utf-8")) % partitions
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    """Settings fixed when a store is created."""
+
+    kind: str
+    history_retention_ms: int
+    partitions: int
+    buckets: int = DEFAULT_BUCKETS
+    format: int = FORMAT_VERSION
+
+    def to_description(self) -> str:
+        return json.dumps(
+            {
+                FORMAT_KEY: self.format,
+                "kind": self.kind,
+                "historyRetentionMs": self.history_retention_ms,
+                "partitions": self.partitions,
+                "buckets": self.buckets,
+            },
+            sort_keys=True,
+        )
+
+    @staticmethod
+    def from_description(description: str | None) -> "StoreSettings":
+        """Parse the Delta description; ValueError when it is not a versiq store we can read."""
+        if not description:
+            raise ValueError("not a versiq store (no settings in the Delta metadata)")
+        try:
+            data = json.loads(description)
+        except json.JSONDecodeError as exc:
+            raise ValueError("not a versiq store (metadata description is not JSON)") from exc
+        if not isinstance(data, dict) or FORMAT_KEY not in data:
+            raise ValueError("not a versiq store (no versiq.format marker)")
+        if data[FORMAT_KEY] != FORMAT_VERSION:
+            raise ValueError(
+                f"unsupported versiq.format {data[FORMAT_KEY]!r} (this reader knows {FORMAT_VERSION})"
+            )
+        kind = data.get("kind")
+        if kind not in KINDS:
+            raise ValueError(f"unknown store kind {kind!r}")
+        return StoreSettings(
+            kind=kind,
+            history_retention_ms=int(data["historyRetentionMs"]),
+            partitions=int(data["partitions"]),
+            buckets=int(data["buckets"]),
+        )
+
+
+@dataclass
+class StoreState:
+    """What a store remembers between runs; committed with the data of every run."""
+
+    run: int = 0
+    stream_time: dict[int, int] = field(default_factory=dict)
+    max_offset: dict[int, int] = field(default_factory=dict)
+    done_files: list[str] = field(default_factory=list)
+    #: Add actions (as dicts) of this run's ``_rejected`` commit, kept until it is committed.
+    rejected_adds: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                FORMAT_KEY: FORMAT_VERSION,
+                "run": self.run,
+                "streamTime": {str(p): t for p, t in sorted(self.stream_time.items())},
+                "maxOffset": {str(p): o for p, o in sorted(self.max_offset.items())},
+                "doneFiles": sorted(self.done_files),
+                "rejectedAdds": self.rejected_adds,
+            },
+            separators=(",", ":"),
+        )
+
+    @staticmethod
+    def from_json(text: str) -> "StoreState":
+        data = json.loads(text)
+        return StoreState(
+            run=int(data.get("run", 0)),
+            stream_time={int(p): int(t) for p, t in data.get("streamTime", {}).items()},
+            max_offset={int(p): int(o) for p, o in data.get("maxOffset", {}).items()},
+            done_files=list(data.get("doneFiles", [])),
+            rejected_adds=list(data.get("rejectedAdds", [])),
+        )
+
+
+def log_file(table_path: str, version: int) -> str:
+    return os.path.join(table_path, "_delta_log", f"{version:020d}.json")
+
+
+def read_state(table_path: str, version: int) -> StoreState:
+    """The ``StoreState`` of snapshot ``version``: from the newest commit <= version carrying one.
+
+    Reads the commit JSON files directly: the state is small and this avoids loading the whole
+    snapshot. Raises FileNotFoundError when the log of that version is gone (log cleanup).
+    """
+    for v in range(version, -1, -1):
+        path = log_file(table_path, v)
+        with open(path, encoding="utf-8") as handle:
+            for line in handle:
+                if not line.startswith('{"commitInfo"'):
+                    continue
+                info = json.loads(line)["commitInfo"]
+                text = info.get(STATE_KEY)
+                if text is not None:
+                    return StoreState.from_json(text)
+    return StoreState()
+
+
+def horizon(stream_time: int | None, history_retention_ms: int) -> int | None:
+    """``streamTime - H`` for a partition, or None when the partition has seen no record."""
+    if stream_time is None:
+        return None
+    return stream_time - history_retention_ms
