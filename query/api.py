@@ -92,3 +92,7 @@ class SnapshotGone(QueryError):
 
 class UnsupportedQuery(QueryError):
     """The query does not apply to this store (e.g. as-of on a timestamped store)."""
+
+
+class InvalidQuery(QueryError):
+    """The query's parameters are invalid (e.g. ``from_time > to_time``, page size < 1): a client error."""

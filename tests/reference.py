@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 REASONS = (
     "late", "malformed", "missing_field", "bad_key", "bad_timestamp", "bad_value",
-    "bad_partition", "duplicate_offset", "partition_conflict", "too_large", "expression_error",
+    "bad_partition", "duplicate_offset", "partition_conflict", "too_large", "expression_error", "bad_offset",
 )
 
 

@@ -54,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     ing.add_argument("--warehouse", required=True, help="warehouse directory (one subdirectory per store)")
     ing.add_argument("--store", help="store name: letters, digits, _ - . (with --source)")
     ing.add_argument("--source", help="changelog file or directory (read recursively)")
-    ing.add_argument("--config", help="YAML pipeline file with a 'stores:' list (instead of --store/--source)")
+    ing.add_argument("--config",
+                     help="YAML pipeline file with a 'stores:' list (instead of --store/--source)")
     ing.add_argument("--format", choices=("jsonl", "csv", "parquet"), default=None,
                      help="input format (default: from the file extension, else jsonl)")
     ing.add_argument("--kind", choices=("versioned", "timestamped"), default=None,

@@ -125,6 +125,7 @@ REJECT_REASONS = (
     "partition_conflict",
     "too_large",
     "expression_error",
+    "bad_offset",
 )
 
 
@@ -161,7 +162,7 @@ class StoreSettings:
         )
 
     @staticmethod
-    def from_description(description: str | None) -> "StoreSettings":
+    def from_description(description: str | None) -> StoreSettings:
         """Parse the Delta description; ValueError when it is not a versiq store we can read."""
         if not description:
             raise ValueError("not a versiq store (no settings in the Delta metadata)")
@@ -211,7 +212,7 @@ class StoreState:
         )
 
     @staticmethod
-    def from_json(text: str) -> "StoreState":
+    def from_json(text: str) -> StoreState:
         data = json.loads(text)
         return StoreState(
             run=int(data.get("run", 0)),

@@ -71,5 +71,5 @@ def format_timestamp(millis: int) -> str:
     """Render epoch ms as an RFC 3339 UTC instant (for humans: logs, CLI summaries)."""
     import datetime as _dt
 
-    instant = _dt.datetime.fromtimestamp(millis / 1000, tz=_dt.timezone.utc)
+    instant = _dt.datetime.fromtimestamp(millis / 1000, tz=_dt.UTC)
     return instant.strftime("%Y-%m-%dT%H:%M:%S.") + f"{millis % 1000:03d}Z"

@@ -1,0 +1,46 @@
+# One image for both halves of versiq:
+#   docker run -p 8080:8080 -v warehouse:/warehouse IMAGE                 # serve (default CMD)
+#   docker run -v warehouse:/warehouse -v $PWD/data:/data:ro IMAGE \
+#       ingest --warehouse /warehouse --store prices --source /data       # ingest (PySpark, local[*])
+FROM python:3.11-slim-bookworm
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+# A Debian JRE for Spark's JVM (procps: Spark's launch scripts call ps). Slim images drop
+# /usr/share/man, which the JRE's post-install links into.
+RUN mkdir -p /usr/share/man/man1 \
+    && apt-get update \
+    && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps \
+    && rm -rf /var/lib/apt/lists/*
+
+RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin versiq
+
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY versiq ./versiq
+COPY ingest ./ingest
+COPY query ./query
+COPY service ./service
+RUN pip install --no-cache-dir . && rm -rf /src/build
+
+RUN mkdir -p /warehouse /data && chown versiq:versiq /warehouse /data
+USER versiq
+WORKDIR /home/versiq
+
+# `versiq serve` reads VERSIQ_*; Spark's Python workers use this image's python3.
+ENV PYSPARK_PYTHON=python3 \
+    VERSIQ_WAREHOUSE=/warehouse \
+    VERSIQ_HOST=0.0.0.0 \
+    VERSIQ_PORT=8080
+
+VOLUME /warehouse
+EXPOSE 8080
+
+# No curl in slim images: ask /readyz with Python (non-2xx raises, so the check fails).
+HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \
+    CMD ["python3", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:' + os.environ.get('VERSIQ_PORT', '8080') + '/readyz', timeout=4)"]
+
+ENTRYPOINT ["versiq"]
+CMD ["serve", "--log-format", "json"]

@@ -1,0 +1,62 @@
+# The two commands of the README: `make demo` and `make test`. Everything else is a helper.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV := .venv
+PY := $(VENV)/bin/python
+# The interpreter that creates the virtualenv: python3.11 when present, else python3 (>= 3.11).
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+PYTHON := $(PYTHON)
+# Spark's Python workers must run the venv's interpreter (with versiq and its dependencies).
+export PYSPARK_PYTHON := $(abspath $(PY))
+# The generated-client test runs ruff from PATH.
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+
+# Reinstall only when pyproject.toml changes (or the venv is new).
+BASE_STAMP := $(VENV)/.installed-base
+DEV_STAMP := $(VENV)/.installed-dev
+
+DEMO_ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: help demo test lint bench java clean-demo
+
+help:
+	@echo "make demo   generate sample data, ingest it into ./warehouse, serve it on 127.0.0.1:8080"
+	@echo "make test   run the whole test suite"
+	@echo "make lint   ruff + mypy;  make bench  run the benchmarks;  make clean-demo  remove demo data"
+
+$(PY):
+	@test -n "$(PYTHON)" || { echo "Python 3.11+ is required (python3.11 or python3 on PATH)" >&2; exit 1; }
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || \
+	  { echo "Python 3.11+ is required; $(PYTHON) is $$($(PYTHON) --version 2>&1)" >&2; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+$(BASE_STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -e .
+	@touch $@
+
+$(DEV_STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -e '.[dev]'
+	@touch $@ $(BASE_STAMP)
+
+java:
+	@bash scripts/ensure-java.sh
+
+demo: $(BASE_STAMP) java
+	$(VENV)/bin/versiq demo $(DEMO_ARGS)
+
+test: $(DEV_STAMP) java
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(DEV_STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+bench: $(DEV_STAMP) java
+	@test -f bench/run.py || { echo "bench/run.py does not exist yet" >&2; exit 1; }
+	$(PY) bench/run.py
+
+clean-demo:
+	rm -rf warehouse demo-data

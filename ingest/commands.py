@@ -1,0 +1,190 @@
+"""CLI glue for ``versiq ingest``, ``versiq rejected`` and ``versiq maintain``.
+
+Exit status (CONTRACT.md): 0 every store committed; 1 a store failed (its report entry has
+``error``); 2 usage/configuration error found before any data is touched.
+
+Continuous mode polls each source's listing every ``--trigger-interval`` and runs one
+micro-batch (= one run, one atomic commit per store) when new files are there. The set of done
+files committed with each store's data is the single source of truth for what was ingested;
+Spark's file-stream source would keep a second, separate checkpoint that a crash could leave
+disagreeing with the store, so it is not used. Between micro-batches the loop compacts a store
+once it has accumulated ``--compact-after`` runs since its last compaction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import tempfile
+import time
+from typing import Any
+
+from ingest.store import LockTimeout, UsageError
+from versiq.durations import DurationError, parse_duration_ms
+
+log = logging.getLogger("versiq.ingest")
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def _specs_from_args(args: argparse.Namespace) -> list[Any]:
+    from ingest.config import load_config
+    from ingest.pipeline import StoreSpec
+
+    if args.config:
+        if args.store or args.source:
+            raise UsageError("give either --config or --store/--source, not both")
+        return load_config(args.config)
+    if not args.store or not args.source:
+        raise UsageError("--store and --source are required (or --config FILE)")
+    retention = None
+    if args.history_retention is not None:
+        try:
+            retention = parse_duration_ms(args.history_retention)
+        except DurationError as exc:
+            raise UsageError(f"--history-retention: {exc}") from None
+    return [StoreSpec(name=args.store, source=args.source, format=args.format, kind=args.kind,
+                      history_retention_ms=retention, partitions=args.partitions, buckets=args.buckets)]
+
+
+def _seconds(text: str, flag: str) -> float:
+    try:
+        return parse_duration_ms(text) / 1000.0
+    except DurationError as exc:
+        raise UsageError(f"{flag}: {exc}") from None
+
+
+def write_report(path: str, report: dict[str, Any]) -> None:
+    """Write the JSON report atomically (temp file + rename in the same directory)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".report-", dir=folder)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        json.dump(report, handle, indent=2, sort_keys=True)
+        handle.write("\n")
+    os.replace(tmp, path)
+
+
+def print_summary(report: dict[str, Any]) -> None:
+    for name, entry in report["stores"].items():
+        if "error" in entry:
+            print(f"store {name}: FAILED: {entry['error']}", file=sys.stderr)
+            continue
+        rejected = {k: v for k, v in entry["rejected"].items() if v}
+        print(
+            f"store {name}: read {entry['read']}, accepted {entry['accepted_latest']} latest + "
+            f"{entry['accepted_out_of_order']} out-of-order ({entry['tombstones']} tombstones, "
+            f"{entry['replaced_same_timestamp']} same-timestamp replacements), rejected "
+            f"{sum(rejected.values())} {json.dumps(rejected) if rejected else ''}"
+            f"-> snapshot {entry['snapshot']} in {entry['seconds']:.1f}s",
+            file=sys.stderr,
+        )
+
+
+def ingest_command(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None) -> int:
+    try:
+        specs = _specs_from_args(args)
+        for spec in specs:
+            spec.validate()
+        lock_timeout = _seconds(args.lock_timeout, "--lock-timeout")
+        interval = _seconds(args.trigger_interval, "--trigger-interval")
+    except (UsageError, ValueError) as exc:
+        print(f"versiq ingest: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+    from ingest.pipeline import run_ingest
+    from ingest.spark import get_spark
+
+    spark = get_spark(args.master)
+    if not args.continuous:
+        try:
+            return _one_run(spark, args, specs, lock_timeout)
+        finally:
+            spark.stop()  # the demo serves in the same process afterwards: free the JVM
+    stop = {"now": False}
+
+    def _stop(signum: int, _frame: Any) -> None:
+        log.info("signal %d: stopping after the current micro-batch", signum)
+        stop["now"] = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    from ingest.maintain import compact_if_due
+
+    status = EXIT_OK
+    while not stop["now"]:
+        try:
+            report = run_ingest(spark, args.warehouse, specs, lock_timeout_s=lock_timeout)
+        except (UsageError, LockTimeout) as exc:
+            print(f"versiq ingest: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE if isinstance(exc, UsageError) else EXIT_FAILED
+        data = report.to_json()
+        if any(entry.get("run") for entry in data["stores"].values()) or report.failed:
+            print_summary(data)
+            if args.report:
+                write_report(args.report, data)
+        status = EXIT_FAILED if report.failed else EXIT_OK
+        for spec in specs:
+            try:
+                compact_if_due(args.warehouse, spec.name, lock_timeout)
+            except Exception:  # noqa: BLE001 - maintenance failure must not stop ingest
+                log.exception("maintenance of %s failed", spec.name)
+        deadline = time.monotonic() + interval
+        while not stop["now"] and time.monotonic() < deadline:
+            time.sleep(min(0.2, interval))
+    return status
+
+
+def _one_run(spark: Any, args: argparse.Namespace, specs: list[Any], lock_timeout: float) -> int:
+    from ingest.pipeline import run_ingest
+
+    try:
+        report = run_ingest(spark, args.warehouse, specs, lock_timeout_s=lock_timeout)
+    except UsageError as exc:
+        print(f"versiq ingest: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    data = report.to_json()
+    print_summary(data)
+    if args.report:
+        write_report(args.report, data)
+    return EXIT_FAILED if report.failed else EXIT_OK
+
+
+def rejected_command(args: argparse.Namespace) -> int:
+    from ingest.rejected import iter_rejected
+
+    try:
+        rows = iter_rejected(args.warehouse, args.store, args.reason)
+        if args.format == "table":
+            for row in rows:
+                where = f"line {row['line']}" if "line" in row else f"row {row['row']}"
+                print(f"run {row['run']:>4}  {row['reason']:<18} {row['source']}:{where}  {row['detail']}")
+                print(f"      {row['raw']}")
+        else:
+            for row in rows:
+                print(json.dumps(row, ensure_ascii=False))
+    except UsageError as exc:
+        print(f"versiq rejected: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except BrokenPipeError:
+        return EXIT_OK
+    return EXIT_OK
+
+
+def maintain_command(args: argparse.Namespace) -> int:
+    from ingest.maintain import maintain_store
+
+    try:
+        result = maintain_store(args.warehouse, args.store, _seconds(args.lock_timeout, "--lock-timeout"))
+    except UsageError as exc:
+        print(f"versiq maintain: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except LockTimeout as exc:
+        print(f"versiq maintain: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    print(json.dumps(result), file=sys.stderr)
+    return EXIT_OK

@@ -1,0 +1,317 @@
+"""One ingest run over one or more stores: list new files, parse, decide, write, commit.
+
+``run_ingest(spark, warehouse, specs)`` is the in-process entry point (same semantics as the
+CLI); it returns a ``RunReport`` whose JSON form is the ``--report`` file (CONTRACT.md).
+Each store's run is one atomic, idempotent Delta commit of data + state, followed by the
+``_rejected`` commit under the same transaction id.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
+
+from ingest.records import PARSED_SCHEMA, format_of, parse_file
+from ingest.semantics import RunContext, classify, rows_to_write
+from ingest.store import (
+    StoreHandle,
+    UsageError,
+    commit_rejected,
+    commit_store,
+    existing_versions,
+    finish_pending_rejected,
+    open_store,
+    rejected_path,
+    writer_lock,
+)
+from ingest.writer import FILE_INFO_DDL, collect_adds, make_plain_writer, make_store_writer
+from versiq.durations import DEFAULT_HISTORY_RETENTION_MS
+from versiq.layout import (
+    DEFAULT_BUCKETS,
+    KINDS,
+    REJECT_REASONS,
+    REJECTED_SCHEMA,
+    STORE_FILE_SCHEMA,
+    STORE_SCHEMA,
+    StoreSettings,
+    StoreState,
+)
+from versiq.names import check_store_name
+
+log = logging.getLogger("versiq.ingest")
+
+
+@dataclass(frozen=True)
+class StoreSpec:
+    """One store to ingest. None settings mean: the store's own, or the default for a new one."""
+
+    name: str
+    source: str
+    format: str | None = None
+    kind: str | None = None
+    history_retention_ms: int | None = None
+    partitions: int | None = None
+    buckets: int | None = None
+
+    def settings(self) -> tuple[StoreSettings, set[str]]:
+        explicit = {name for name, value in (("kind", self.kind),
+                                              ("history_retention", self.history_retention_ms),
+                                              ("partitions", self.partitions),
+                                              ("buckets", self.buckets)) if value is not None}
+        settings = StoreSettings(
+            kind=self.kind or "versioned",
+            history_retention_ms=DEFAULT_HISTORY_RETENTION_MS if self.history_retention_ms is None
+            else self.history_retention_ms,
+            partitions=1 if self.partitions is None else self.partitions,
+            buckets=DEFAULT_BUCKETS if self.buckets is None else self.buckets,
+        )
+        return settings, explicit
+
+    def validate(self) -> None:
+        check_store_name(self.name)
+        if self.kind is not None and self.kind not in KINDS:
+            raise UsageError(f"store {self.name!r}: kind must be one of {', '.join(KINDS)}")
+        if self.format is not None and self.format not in ("jsonl", "csv", "parquet"):
+            raise UsageError(f"store {self.name!r}: format must be jsonl, csv or parquet")
+        if self.partitions is not None and not 1 <= self.partitions <= 10_000:
+            raise UsageError(f"store {self.name!r}: partitions must be in [1, 10000]")
+        if self.buckets is not None and not 1 <= self.buckets <= 4096:
+            raise UsageError(f"store {self.name!r}: buckets must be in [1, 4096]")
+        if not os.path.exists(self.source):
+            raise UsageError(f"store {self.name!r}: source {self.source!r} does not exist")
+
+
+@dataclass
+class StoreReport:
+    read: int = 0
+    accepted_latest: int = 0
+    accepted_out_of_order: int = 0
+    replaced_same_timestamp: int = 0
+    tombstones: int = 0
+    rejected: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REJECT_REASONS, 0))
+    snapshot: int | None = None
+    seconds: float = 0.0
+    files: int = 0
+    run: int | None = None
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "read": self.read,
+            "accepted_latest": self.accepted_latest,
+            "accepted_out_of_order": self.accepted_out_of_order,
+            "replaced_same_timestamp": self.replaced_same_timestamp,
+            "tombstones": self.tombstones,
+            "rejected": dict(self.rejected),
+            "snapshot": self.snapshot,
+            "seconds": round(self.seconds, 3),
+            "files": self.files,
+            "run": self.run,
+        }
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
+
+@dataclass
+class RunReport:
+    stores: dict[str, StoreReport] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> bool:
+        return any(r.error is not None for r in self.stores.values())
+
+    def to_json(self) -> dict[str, Any]:
+        return {"stores": {name: r.to_json() for name, r in self.stores.items()}}
+
+
+def list_source_files(source: str) -> dict[str, str]:
+    """Relative path -> absolute path of every file under ``source`` (names starting with
+    '.' or '_' ignored at any depth), sorted by relative path (code point order)."""
+    source = os.path.abspath(source)
+    if os.path.isfile(source):
+        name = os.path.basename(source)
+        return {} if name.startswith((".", "_")) else {name: source}
+    found: dict[str, str] = {}
+    for folder, dirs, files in os.walk(source):
+        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
+        for name in files:
+            if name.startswith((".", "_")):
+                continue
+            full = os.path.join(folder, name)
+            found[os.path.relpath(full, source).replace(os.sep, "/")] = full
+    return dict(sorted(found.items()))
+
+
+def run_ingest(spark: SparkSession, warehouse: str, specs: list[StoreSpec], *,
+               lock_timeout_s: float = 60.0) -> RunReport:
+    """Ingest every store; a failing store is reported (``error``) and the others go on."""
+    for spec in specs:
+        spec.validate()
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise UsageError("a store name appears twice")
+    os.makedirs(warehouse, exist_ok=True)
+    report = RunReport()
+    for spec in specs:
+        started = time.monotonic()
+        try:
+            report.stores[spec.name] = ingest_store(spark, warehouse, spec, lock_timeout_s)
+        except UsageError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - one failed store never stops the others
+            log.exception("store %s failed", spec.name)
+            report.stores[spec.name] = StoreReport(error=f"{type(exc).__name__}: {exc}")
+        report.stores[spec.name].seconds = time.monotonic() - started
+    return report
+
+
+def ingest_store(spark: SparkSession, warehouse: str, spec: StoreSpec, lock_timeout_s: float) -> StoreReport:
+    path = os.path.join(os.path.abspath(warehouse), spec.name)
+    settings, explicit = spec.settings()
+    with writer_lock(path, lock_timeout_s):
+        handle = open_store(path, settings, explicit)
+        if finish_pending_rejected(handle):
+            log.info("store %s: completed the _rejected commit of run %d", spec.name, handle.state.run)
+        files = list_source_files(spec.source)
+        done = set(handle.state.done_files)
+        new = {rel: full for rel, full in files.items() if rel not in done}
+        report = StoreReport()
+        if not new and handle.table is not None:
+            report.snapshot = handle.version
+            log.info("store %s: no new files (snapshot %s)", spec.name, handle.version)
+            return report
+        run = handle.state.run + 1
+        report.run = run
+        report.files = len(new)
+        log.info("store %s: run %d over %d new file(s)", spec.name, run, len(new))
+        _run_once(spark, handle, spec, new, run, report)
+        return report
+
+
+def _parse(spark: SparkSession, files: dict[str, str], fmt: str | None) -> DataFrame:
+    rows = [(full, rel, format_of(rel, fmt)) for rel, full in files.items()]
+    frame = spark.createDataFrame(rows, "path string, source string, fmt string")
+    frame = frame.repartition(max(1, min(len(rows), spark.sparkContext.defaultParallelism * 4)))
+
+    def parse(batches):  # type: ignore[no-untyped-def]
+        for batch in batches:
+            for full, rel, file_fmt in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(),
+                                           batch.column(2).to_pylist(), strict=True):
+                yield from parse_file(full, rel, file_fmt)
+
+    return frame.mapInArrow(parse, from_arrow_schema(PARSED_SCHEMA))
+
+
+def _run_once(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, new: dict[str, str], run: int,
+              report: StoreReport) -> None:
+    settings = handle.settings
+    parsed = _parse(spark, new, spec.format).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        good = parsed.filter(F.col("reason").isNull()).select(
+            "source", "pos", "key", "value", "ts", "part", "offset")
+        keys = pa.table({"key": pa.array([], pa.string())})
+        if handle.table is not None and handle.data_files():
+            keys = good.select("key").distinct().toArrow()
+        existing_arrow = existing_versions(handle, keys)
+        existing = spark.createDataFrame(existing_arrow) if existing_arrow.num_rows else \
+            spark.createDataFrame([], _existing_ddl())
+        ctx = RunContext(settings, handle.state, run)
+        classified = classify(spark, good, existing, ctx).persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            state = _next_state(classified, parsed, handle.state, run, new, report)
+            rows = rows_to_write(classified, existing, ctx)
+            write_tasks = max(1, min(settings.buckets, report.read // 250_000 + 1))
+            store_adds = collect_adds(
+                rows.repartition(write_tasks, "bucket")
+                .mapInArrow(make_store_writer(handle.path, run, STORE_FILE_SCHEMA), FILE_INFO_DDL)
+            )
+            rejected_adds = _write_rejected(parsed, classified, handle.path, run, new, spec.format)
+            state.rejected_adds = rejected_adds
+            version = commit_store(handle, store_adds, state)
+            if rejected_adds:
+                commit_rejected(handle.path, run, rejected_adds)
+            report.snapshot = version
+        finally:
+            classified.unpersist()
+    finally:
+        parsed.unpersist()
+
+
+def _existing_ddl() -> str:
+    names = {"string": "string", "int64": "bigint", "int32": "int", "bool": "boolean"}
+    return ", ".join(f"`{f.name}` {names[str(f.type)]}" for f in STORE_SCHEMA if f.name != "bucket")
+
+
+def _next_state(classified: DataFrame, parsed: DataFrame, state: StoreState, run: int,
+                new: dict[str, str], report: StoreReport) -> StoreState:
+    """Counts for the report and the state after this run, from one aggregation each."""
+    parse_counts = parsed.groupBy("reason").count().collect()
+    for row in parse_counts:
+        report.read += row["count"]
+        if row["reason"] is not None:
+            report.rejected[row["reason"]] = report.rejected.get(row["reason"], 0) + row["count"]
+    outcome_rows = classified.groupBy("outcome").agg(
+        F.count(F.lit(1)).alias("n"),
+        F.sum(F.col("latest").cast("int")).alias("latest"),
+        F.sum(F.col("replaced").cast("int")).alias("replaced"),
+        F.sum(F.col("value").isNull().cast("int")).alias("tombstones"),
+    ).collect()
+    for row in outcome_rows:
+        if row["outcome"] == "accepted":
+            report.accepted_latest = int(row["latest"] or 0)
+            report.accepted_out_of_order = int(row["n"]) - report.accepted_latest
+            report.replaced_same_timestamp = int(row["replaced"] or 0)
+            report.tombstones = int(row["tombstones"] or 0)
+        else:
+            report.rejected[row["outcome"]] = report.rejected.get(row["outcome"], 0) + int(row["n"])
+    per_partition = classified.filter(F.col("outcome").isin("accepted", "late")).groupBy("p").agg(
+        F.max("ts").alias("st"), F.max("offset").alias("off")).collect()
+    stream_time = dict(state.stream_time)
+    max_offset = dict(state.max_offset)
+    for row in per_partition:
+        p = int(row["p"])
+        if row["st"] is not None:
+            stream_time[p] = max(stream_time.get(p, row["st"]), row["st"])
+        if row["off"] is not None:
+            max_offset[p] = max(max_offset.get(p, row["off"]), row["off"])
+    return StoreState(run=run, stream_time=stream_time, max_offset=max_offset,
+                      done_files=sorted(set(state.done_files) | set(new)))
+
+
+def _write_rejected(parsed: DataFrame, classified: DataFrame, store_path: str, run: int,
+                    new: dict[str, str], fmt: str | None) -> list[dict[str, Any]]:
+    rows_sources = [rel for rel in new if format_of(rel, fmt) == "parquet"]
+    early = parsed.filter(F.col("reason").isNotNull()).select(
+        "source", "pos", "part", "offset", F.col("reason"), "detail", "raw")
+    late = classified.filter(F.col("outcome") != "accepted").select(
+        "source", "pos", "part", "offset", F.col("outcome").alias("reason"), "detail")
+    late = late.join(parsed.select("source", "pos", "raw"), ["source", "pos"])
+    is_row = F.col("source").isin(rows_sources) if rows_sources else F.lit(False)
+    ingested_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    out = early.unionByName(late).select(
+        F.lit(run).cast("bigint").alias("run"),
+        "source",
+        F.when(~is_row, F.col("pos")).alias("line"),
+        F.when(is_row, F.col("pos")).alias("row"),
+        F.col("part").alias("partition"),
+        "offset",
+        "reason",
+        "raw",
+        "detail",
+        F.lit(ingested_at).alias("ingested_at"),
+    )
+    root = rejected_path(store_path)
+    return collect_adds(
+        out.repartition(1).sortWithinPartitions("source", "line", "row")
+        .mapInArrow(make_plain_writer(root, run, REJECTED_SCHEMA), FILE_INFO_DDL)
+    )

@@ -1,0 +1,451 @@
+"""Parsing changelog files into records or rejections (runs on Spark executors).
+
+One function per format turns a file into Arrow batches of ``PARSED_SCHEMA``: every non-blank
+line/row becomes exactly one row, either a record (``reason`` null) or a rejection with its
+reason code, a precise ``detail`` and the exact original text. Nothing is dropped here, so the
+run report's ``read`` is simply the row count.
+
+JSON is parsed strictly (CONTRACT.md, Record parsing): Spark's JSON reader accepts trailing
+garbage and coerces types, so the standard library's strict parser is used with hooks that
+reject duplicate member names and NaN/Infinity and keep every number's text verbatim.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from versiq.timestamps import MAX_TIMESTAMP, TimestampError, parse_timestamp
+
+MAX_RECORD_BYTES = 1024 * 1024
+BATCH_ROWS = 8192
+
+PARSED_SCHEMA = pa.schema(
+    [
+        pa.field("source", pa.string()),
+        pa.field("pos", pa.int64()),
+        pa.field("key", pa.string()),
+        pa.field("value", pa.string()),
+        pa.field("ts", pa.int64()),
+        pa.field("part", pa.int64()),
+        pa.field("offset", pa.int64()),
+        pa.field("reason", pa.string()),
+        pa.field("detail", pa.string()),
+        pa.field("raw", pa.string()),
+    ]
+)
+
+FORMAT_BY_EXTENSION = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".csv": "csv",
+                       ".parquet": "parquet"}
+
+
+class Reject(Exception):
+    """A record-level rejection: ``reason`` is a code of ``versiq.layout.REJECT_REASONS``."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+class RawInt(str):
+    """A JSON integer, kept as its source text."""
+
+
+class RawFloat(str):
+    """A JSON number with a fraction or exponent, kept as its source text."""
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        seen: set[str] = set()
+        for name, _ in pairs:
+            if name in seen:
+                raise ValueError(f"duplicate member name {name!r}")
+            seen.add(name)
+    return result
+
+
+_DECODER = json.JSONDecoder(
+    object_pairs_hook=_pairs, parse_int=RawInt, parse_float=RawFloat, parse_constant=_no_constants
+)
+
+
+def strict_loads(text: str) -> Any:
+    """RFC 8259 parse: whitespace only after the value, no duplicates, no NaN; ValueError else."""
+    return _DECODER.decode(text)
+
+
+def compact(value: Any) -> str:
+    """Compact JSON text keeping member order and each number's text verbatim."""
+    if isinstance(value, (RawInt, RawFloat)):
+        return str.__str__(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, dict):
+        return "{" + ",".join(json.dumps(k, ensure_ascii=False) + ":" + compact(v)
+                              for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(compact(v) for v in value) + "]"
+    if isinstance(value, (int, float)):  # from Parquet values, not from JSON text
+        return json.dumps(value)
+    raise TypeError(f"unsupported value type {type(value).__name__}")
+
+
+# ------------------------------------------------------------------ field rules (all formats)
+def key_from_json(value: Any, present: bool) -> str:
+    if not present or value is None:
+        raise Reject("missing_field", "missing field 'key'")
+    if isinstance(value, RawInt):
+        return str(int(value))
+    if isinstance(value, RawFloat) or isinstance(value, (bool, dict, list)):
+        raise Reject("bad_key", f"'key' must be a string or an integer, got {compact(value)}")
+    if isinstance(value, str):
+        if value == "":
+            raise Reject("missing_field", "field 'key' is empty")
+        return value
+    raise Reject("bad_key", f"'key' has unsupported type {type(value).__name__}")
+
+
+def timestamp_from_json(value: Any, present: bool) -> int:
+    if not present or value is None:
+        raise Reject("missing_field", "missing field 'timestamp'")
+    if isinstance(value, RawInt):
+        number = int(value)
+        if number < 0 or number > MAX_TIMESTAMP:
+            raise Reject("bad_timestamp", f"timestamp {value} is outside [0, 2^63-1]")
+        return number
+    if isinstance(value, str) and not isinstance(value, RawFloat):
+        try:
+            return parse_timestamp(value)
+        except TimestampError as exc:
+            raise Reject("bad_timestamp", str(exc)) from None
+    raise Reject("bad_timestamp", f"'timestamp' must be epoch ms or an ISO-8601 instant, got {compact(value)}")
+
+
+def optional_int(value: Any, name: str, reason: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, RawInt) and int(value) >= 0:
+        return int(value)
+    raise Reject(reason, f"'{name}' must be a non-negative integer, got {compact(value)}")
+
+
+def value_from_json_text(text: str) -> str:
+    """A JSON-text value column (CSV, Parquet strings): parse strictly and re-render compactly."""
+    try:
+        return compact(strict_loads(text))
+    except ValueError as exc:
+        raise Reject("bad_value", f"'value' is not JSON text: {exc}") from None
+
+
+# ------------------------------------------------------------------ batches
+class _Batcher:
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.columns: dict[str, list[Any]] = {name: [] for name in PARSED_SCHEMA.names}
+
+    def record(self, pos: int, key: str, value: str | None, ts: int, part: int | None,
+               offset: int | None, raw: str) -> None:
+        self._row(pos, key, value, ts, part, offset, None, None, raw)
+
+    def reject(self, pos: int, reason: str, detail: str, raw: str, part: int | None = None,
+               offset: int | None = None) -> None:
+        self._row(pos, None, None, None, part, offset, reason, detail, raw)
+
+    def _row(self, pos: int, key: str | None, value: str | None, ts: int | None, part: int | None,
+             offset: int | None, reason: str | None, detail: str | None, raw: str) -> None:
+        c = self.columns
+        c["source"].append(self.source)
+        c["pos"].append(pos)
+        c["key"].append(key)
+        c["value"].append(value)
+        c["ts"].append(ts)
+        c["part"].append(part)
+        c["offset"].append(offset)
+        c["reason"].append(reason)
+        c["detail"].append(detail)
+        c["raw"].append(raw)
+
+    def __len__(self) -> int:
+        return len(self.columns["pos"])
+
+    def flush(self) -> pa.RecordBatch:
+        batch = pa.RecordBatch.from_pydict(self.columns, schema=PARSED_SCHEMA)
+        self.columns = {name: [] for name in PARSED_SCHEMA.names}
+        return batch
+
+
+def _too_large(raw_bytes: int) -> bool:
+    return raw_bytes > MAX_RECORD_BYTES
+
+
+def parse_jsonl(path: str, source: str) -> Iterator[pa.RecordBatch]:
+    out = _Batcher(source)
+    with open(path, "rb") as handle:
+        for number, line_bytes in enumerate(handle, start=1):
+            stripped = line_bytes.strip()
+            if not stripped:
+                continue
+            try:
+                raw = line_bytes.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as exc:
+                out.reject(number, "malformed", f"line is not valid UTF-8: {exc}",
+                           line_bytes.decode("utf-8", "replace").rstrip("\r\n"))
+                continue
+            if _too_large(len(line_bytes)):
+                out.reject(number, "too_large", f"record is {len(line_bytes)} bytes (limit 1 MiB)", raw)
+            else:
+                _parse_json_line(out, number, raw)
+            if len(out) >= BATCH_ROWS:
+                yield out.flush()
+    if len(out):
+        yield out.flush()
+
+
+def _parse_json_line(out: _Batcher, number: int, raw: str) -> None:
+    try:
+        obj = strict_loads(raw)
+    except ValueError as exc:
+        out.reject(number, "malformed", f"not one complete JSON object: {exc}", raw)
+        return
+    if not isinstance(obj, dict):
+        out.reject(number, "malformed", "top level is not a JSON object", raw)
+        return
+    part = offset = None
+    try:
+        part = optional_int(obj.get("partition"), "partition", "bad_partition")
+        offset = optional_int(obj.get("offset"), "offset", "bad_offset")
+        key = key_from_json(obj.get("key"), "key" in obj)
+        ts = timestamp_from_json(obj.get("timestamp"), "timestamp" in obj)
+        value = obj.get("value")
+        value_text = None if value is None else compact(value)
+    except Reject as rej:
+        out.reject(number, rej.reason, rej.detail, raw, part, offset)
+        return
+    out.record(number, key, value_text, ts, part, offset, raw)
+
+
+def parse_csv(path: str, source: str) -> Iterator[pa.RecordBatch]:
+    """RFC 4180 CSV with a mandatory header; ``line`` is the 1-based line where a record starts."""
+    out = _Batcher(source)
+    with open(path, encoding="utf-8", newline="", errors="surrogateescape") as handle:
+        consumed: list[str] = []
+        line_no = 0
+
+        def lines() -> Iterator[str]:
+            nonlocal line_no
+            for text in handle:
+                line_no += 1
+                consumed.append(text)
+                yield text
+
+        reader = csv.reader(lines(), strict=True)
+        header: list[str] | None = None
+        while True:
+            consumed.clear()
+            start = line_no + 1
+            try:
+                row = next(reader)
+            except StopIteration:
+                break
+            except csv.Error as exc:
+                raw = "".join(consumed).rstrip("\r\n")
+                out.reject(start, "malformed", f"invalid CSV: {exc}", raw)
+                continue
+            raw = "".join(consumed).rstrip("\r\n")
+            if not row or (len(row) == 1 and row[0].strip() == "" and raw.strip() == ""):
+                continue
+            if header is None:
+                header = [h.strip() for h in row]
+                continue
+            if len(row) != len(header):
+                out.reject(start, "malformed",
+                           f"row has {len(row)} fields, header has {len(header)}", raw)
+            else:
+                _parse_csv_row(out, start, dict(zip(header, row, strict=True)), raw)
+            if len(out) >= BATCH_ROWS:
+                yield out.flush()
+    if len(out):
+        yield out.flush()
+
+
+def _csv_int(cells: dict[str, str], name: str, reason: str) -> int | None:
+    text = cells.get(name, "").strip()
+    if text == "":
+        return None
+    if text.isdigit():
+        return int(text)
+    raise Reject(reason, f"'{name}' must be a non-negative integer, got {text!r}")
+
+
+def _parse_csv_row(out: _Batcher, number: int, cells: dict[str, str], raw: str) -> None:
+    if _too_large(len(raw.encode("utf-8", "surrogateescape"))):
+        out.reject(number, "too_large", "record is larger than 1 MiB", raw)
+        return
+    part = offset = None
+    try:
+        part = _csv_int(cells, "partition", "bad_partition")
+        offset = _csv_int(cells, "offset", "bad_offset")
+        key = cells.get("key")
+        if key is None or key == "":
+            raise Reject("missing_field", "missing field 'key'")
+        ts_text = cells.get("timestamp", "")
+        if ts_text == "":
+            raise Reject("missing_field", "missing field 'timestamp'")
+        try:
+            ts = parse_timestamp(ts_text.strip())
+        except TimestampError as exc:
+            raise Reject("bad_timestamp", str(exc)) from None
+        value_cell = cells.get("value", "")
+        value = None if value_cell == "" else value_from_json_text(value_cell)
+        if value == "null":
+            value = None
+    except Reject as rej:
+        out.reject(number, rej.reason, rej.detail, raw, part, offset)
+        return
+    out.record(number, key, value, ts, part, offset, raw)
+
+
+def _parquet_cell_json(value: Any) -> str:
+    import datetime as dt
+    import decimal
+
+    def default(obj: Any) -> Any:
+        if isinstance(obj, (dt.datetime, dt.date)):
+            return obj.isoformat()
+        if isinstance(obj, decimal.Decimal):
+            return str(obj)
+        if isinstance(obj, bytes):
+            return obj.decode("utf-8", "replace")
+        return str(obj)
+
+    return json.dumps(value, ensure_ascii=False, default=default)
+
+
+def parse_parquet(path: str, source: str) -> Iterator[pa.RecordBatch]:
+    """Parquet rows (``row`` 0-based). ``raw`` is the row rendered as a JSON object."""
+    out = _Batcher(source)
+    try:
+        pfile = pq.ParquetFile(path)
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is one malformed record
+        out.reject(0, "malformed", f"not a readable Parquet file: {exc}", "")
+        yield out.flush()
+        return
+    names = set(pfile.schema_arrow.names)
+    ts_type = pfile.schema_arrow.field("timestamp").type if "timestamp" in names else None
+    row_number = 0
+    for batch in pfile.iter_batches(batch_size=BATCH_ROWS):
+        if ts_type is not None and pa.types.is_timestamp(ts_type):
+            idx = batch.schema.get_field_index("timestamp")
+            millis = batch.column(idx).cast(pa.timestamp("ms", tz=ts_type.tz)).cast(pa.int64())
+            batch = batch.set_column(idx, "timestamp", millis)
+        for row in batch.to_pylist():
+            raw = _parquet_cell_json(row)
+            _parse_parquet_row(out, row_number, row, raw, ts_type)
+            row_number += 1
+        if len(out) >= BATCH_ROWS:
+            yield out.flush()
+    if len(out):
+        yield out.flush()
+
+
+def _parse_parquet_row(out: _Batcher, number: int, row: dict[str, Any], raw: str,
+                       ts_type: pa.DataType | None) -> None:
+    if _too_large(len(raw.encode("utf-8"))):
+        out.reject(number, "too_large", "record is larger than 1 MiB", raw)
+        return
+    part = offset = None
+    try:
+        part = _parquet_int(row.get("partition"), "partition", "bad_partition")
+        offset = _parquet_int(row.get("offset"), "offset", "bad_offset")
+        key = row.get("key")
+        if key is None or key == "":
+            raise Reject("missing_field", "missing field 'key'")
+        if isinstance(key, bool) or not isinstance(key, (str, int)):
+            raise Reject("bad_key", f"'key' must be a string or an integer, got {key!r}")
+        key = str(key)
+        ts = row.get("timestamp")
+        if ts is None:
+            raise Reject("missing_field", "missing field 'timestamp'")
+        if isinstance(ts, bool) or not isinstance(ts, (int, str)):
+            raise Reject("bad_timestamp", f"'timestamp' has unsupported value {ts!r}")
+        if isinstance(ts, str):
+            try:
+                ts = parse_timestamp(ts)
+            except TimestampError as exc:
+                raise Reject("bad_timestamp", str(exc)) from None
+        elif ts < 0:
+            raise Reject("bad_timestamp", f"timestamp {ts} is negative")
+        value = row.get("value")
+        if value is None:
+            value_text = None
+        elif isinstance(value, str):
+            value_text = value_from_json_text(value)
+            if value_text == "null":
+                value_text = None
+        else:
+            value_text = compact(json.loads(_parquet_cell_json(value), parse_int=RawInt,
+                                            parse_float=RawFloat))
+    except Reject as rej:
+        out.reject(number, rej.reason, rej.detail, raw, part, offset)
+        return
+    out.record(number, key, value_text, ts, part, offset, raw)
+
+
+def _parquet_int(value: Any, name: str, reason: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise Reject(reason, f"'{name}' must be a non-negative integer, got {value!r}")
+
+
+PARSERS = {"jsonl": parse_jsonl, "csv": parse_csv, "parquet": parse_parquet}
+
+
+def format_of(path: str, explicit: str | None) -> str:
+    if explicit:
+        return explicit
+    return FORMAT_BY_EXTENSION.get(os.path.splitext(path)[1].lower(), "jsonl")
+
+
+def parse_file(path: str, source: str, fmt: str) -> Iterator[pa.RecordBatch]:
+    """Parse one file; an unreadable file becomes one ``malformed`` rejection, never a crash."""
+    try:
+        yield from PARSERS[fmt](path, source)
+    except OSError as exc:
+        out = _Batcher(source)
+        out.reject(0, "malformed", f"cannot read file: {exc}", "")
+        yield out.flush()
+
+
+def parse_bytes_for_tests(text: str, fmt: str = "jsonl") -> pa.Table:
+    """Parse in-memory text (used by unit tests of the parsing rules)."""
+    import tempfile
+
+    suffix = {"jsonl": ".jsonl", "csv": ".csv"}[fmt]
+    with tempfile.NamedTemporaryFile("w", suffix=suffix, delete=False, encoding="utf-8") as tmp:
+        tmp.write(text)
+    try:
+        return pa.Table.from_batches(list(parse_file(tmp.name, "t" + suffix, fmt)), schema=PARSED_SCHEMA)
+    finally:
+        os.unlink(tmp.name)
+

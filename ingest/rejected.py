@@ -1,0 +1,47 @@
+"""Reading a store's ``_rejected`` table for ``versiq rejected`` (CONTRACT.md)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+
+from ingest.store import UsageError, is_store, rejected_path
+from versiq.layout import REJECT_REASONS
+from versiq.names import check_store_name
+
+
+def iter_rejected(warehouse: str, store: str, reason: str | None = None) -> Iterator[dict[str, Any]]:
+    """Rejected records ordered by (run, source, line/row), as the CLI prints them."""
+    try:
+        check_store_name(store)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    store_path = os.path.join(warehouse, store)
+    if not is_store(store_path):
+        raise UsageError(f"no store {store!r} in warehouse {warehouse}")
+    if reason is not None and reason not in REJECT_REASONS:
+        raise UsageError(f"unknown reason {reason!r}; one of: {', '.join(REJECT_REASONS)}")
+    path = rejected_path(store_path)
+    if not is_store(path):
+        return
+    table = DeltaTable(path).to_pyarrow_table()
+    if reason is not None:
+        table = table.filter(pc.equal(table.column("reason"), reason))
+    table = table.sort_by([("run", "ascending"), ("source", "ascending"), ("line", "ascending"),
+                           ("row", "ascending")])
+    for row in table.to_pylist():
+        out: dict[str, Any] = {"reason": row["reason"], "source": row["source"]}
+        if row["line"] is not None:
+            out["line"] = row["line"]
+        if row["row"] is not None:
+            out["row"] = row["row"]
+        if row["partition"] is not None:
+            out["partition"] = row["partition"]
+        if row["offset"] is not None:
+            out["offset"] = row["offset"]
+        out.update(raw=row["raw"], detail=row["detail"], run=row["run"], ingested_at=row["ingested_at"])
+        yield out

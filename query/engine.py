@@ -1,0 +1,697 @@
+"""The versiq read engine: VersionedKeyQuery / MultiVersionedKeyQuery over the stores of a warehouse.
+
+Usable as a library (no FastAPI)::
+
+    engine = Engine("/path/to/warehouse")
+    engine.start()                      # first load + background refresh thread
+    engine.get("prices", VersionedKeyQuery("k1", as_of=1_700_000_000_000))
+    engine.versions("prices", MultiVersionedKeyQuery("k1"), limit=100)
+    engine.close()
+
+Read paths
+==========
+*Current snapshot* (``snapshot=None`` or the loaded version): an in-memory index per process,
+built at refresh from the Delta snapshot and never touching DuckDB or files at request time.
+The index is one :class:`_BucketIndex` per ``bucket`` (``versiq.layout``) holding the *resolved*
+rows of that bucket (read rule applied: max ``run`` per (key, valid_from) / per key) sorted by
+(key, valid_from) as columnar arrays — ``valid_from``/``valid_to`` int64 and ``tombstone``/
+``partition`` numpy arrays, ``value`` an Arrow string array — plus a dict ``key -> ordinal`` and
+an ``offsets`` array giving each key's row range. A lookup is ``crc32`` for the bucket, one dict
+probe and a ``searchsorted`` over the key's few versions: a few microseconds, no I/O.
+
+*Older snapshots* (``snapshot=V`` below or above the loaded one, and pages pinned to them):
+DuckDB reads the Parquet files of ``DeltaTable(path, version=V)`` for the key's bucket only,
+pruned further with the add actions' min/max ``key`` statistics, with the read rule in SQL
+(``QUALIFY row_number() ... ORDER BY run DESC``). One DuckDB connection per thread. The file
+lists (and ``StoreState``) of the 8 most recently used older snapshots are cached.
+
+Both paths hand the key's resolved versions to ``query.reads``, which implements SEMANTICS.md
+rules 6-11 and the retention edges once, so the paths cannot disagree. Expiry is judged with
+the stream time of the snapshot that answers (``versiq.layout.read_state(path, V)``), for the
+key's partition (its rows' ``partition`` column; ``default_partition_of`` for a key without rows).
+
+Refresh
+=======
+``start()`` loads every store, then a daemon thread calls ``refresh()`` every
+``refresh_interval_s``. A refresh pass discovers new stores (direct children of the warehouse
+with a valid name, ``_delta_log/`` and a versiq settings description; an unknown format version
+or kind is *refused* and reported by ``readiness()``, a Delta table without the versiq marker
+is ignored), brings each store's ``DeltaTable`` up to date (``update_incremental``) and, when
+its version moved, rebuilds **only the buckets whose set of data files changed** (others are
+shared with the previous index), then swaps the store's snapshot reference atomically: a
+reader never sees a half-built index. A failed refresh keeps serving the last good snapshot
+and records the error (``readiness()["stores"][name]["error"]``).
+
+Bound: a commit becomes visible to ``snapshot=None`` reads at most
+``refresh_interval_s + build time of the changed buckets`` after it lands (a full rebuild is
+one DuckDB scan of the store: ~1-2 s per million resolved rows on one core). ``?snapshot=V``
+reads of a version newer than the loaded one are answered from files immediately.
+
+Memory per worker (process): per resolved row 8 (valid_from) + 8 (valid_to) + 1 (tombstone) +
+4 (partition) bytes + the value's UTF-8 bytes + 4-8 bytes Arrow offsets; per distinct key
+~120-150 bytes (dict entry, the key string object, an int, 8 bytes of offsets). Example: 1 M
+keys x 3 versions with 50-byte values ~ 1 M x 150 + 3 M x 75 ~ 0.4 GB. During a rebuild the
+changed buckets exist twice until the swap. Each uvicorn worker holds its own index.
+
+Timestamped stores (KIP-258)
+============================
+A ``timestamped`` store keeps one value per key, so only *latest* reads apply:
+``get`` with ``as_of is None`` returns the current value with its timestamp (``horizon`` None:
+no retention applies). ``get`` with ``as_of`` and every ``versions``/``iter_versions`` call
+raise :class:`UnsupportedQuery`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import threading
+import time
+import urllib.parse
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+
+from query import reads
+from query.api import (
+    InvalidQuery,
+    KeyResult,
+    MultiVersionedKeyQuery,
+    SnapshotGone,
+    SnapshotNotFound,
+    StoreInfo,
+    StoreNotFound,
+    UnsupportedQuery,
+    VersionedKeyQuery,
+    VersionedRecord,
+    VersionsPage,
+)
+from versiq import layout, names
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_CACHE_SIZE = 8
+_LOG_FILE = re.compile(r"(\d{20})\.(?:json|checkpoint\.parquet|checkpoint\.\d+\.\d+\.parquet)\Z")
+
+_RESOLVE_VERSIONED = (
+    "SELECT key, valid_from, valid_to, value, tombstone, \"partition\" "
+    "FROM read_parquet($files, hive_partitioning = false) {where} "
+    "QUALIFY row_number() OVER (PARTITION BY key, valid_from ORDER BY run DESC) = 1 "
+    "ORDER BY key, valid_from"
+)
+_RESOLVE_TIMESTAMPED = (
+    "SELECT key, valid_from, valid_to, value, tombstone, \"partition\" "
+    "FROM read_parquet($files, hive_partitioning = false) {where} "
+    "QUALIFY row_number() OVER (PARTITION BY key ORDER BY run DESC, valid_from DESC) = 1 "
+    "ORDER BY key, valid_from"
+)
+
+
+def _resolve_sql(kind: str, one_key: bool) -> str:
+    template = _RESOLVE_VERSIONED if kind == "versioned" else _RESOLVE_TIMESTAMPED
+    return template.format(where="WHERE key = $key" if one_key else "")
+
+
+def _arrow(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any]) -> pa.Table:
+    rel = con.sql(sql, params=params)
+    assert rel is not None
+    tbl = rel.to_arrow_table()
+    return tbl if isinstance(tbl, pa.Table) else pa.table(tbl)
+
+
+# ---------------------------------------------------------------------------------- files
+@dataclass(frozen=True)
+class _DataFile:
+    path: str  # absolute local path
+    min_key: str | None
+    max_key: str | None
+    num_records: int
+
+    def may_contain(self, key: str) -> bool:
+        if self.min_key is not None and key < self.min_key:
+            return False
+        # String statistics may be truncated prefixes of the true maximum: stay safe.
+        if self.max_key is not None and key > self.max_key and not key.startswith(self.max_key):
+            return False
+        return True
+
+
+def _abs_path(table_path: str, path: str) -> str:
+    if "://" in path:
+        parsed = urllib.parse.urlparse(path)
+        return urllib.parse.unquote(parsed.path)
+    if os.path.isabs(path):
+        return path
+    return os.path.join(table_path, urllib.parse.unquote(path))
+
+
+def _files_by_bucket(dt: DeltaTable, table_path: str) -> dict[int, list[_DataFile]]:
+    adds = pa.table(dt.get_add_actions(flatten=True))
+    cols = adds.column_names
+    paths = adds.column("path").to_pylist()
+    buckets = adds.column("partition.bucket").to_pylist() if "partition.bucket" in cols else None
+    mins = adds.column("min.key").to_pylist() if "min.key" in cols else [None] * len(paths)
+    maxs = adds.column("max.key").to_pylist() if "max.key" in cols else [None] * len(paths)
+    nrec = adds.column("num_records").to_pylist() if "num_records" in cols else [0] * len(paths)
+    out: dict[int, list[_DataFile]] = {}
+    for i, p in enumerate(paths):
+        if buckets is None or buckets[i] is None:
+            raise ValueError("store table is not partitioned by 'bucket' (versiq layout)")
+        out.setdefault(int(buckets[i]), []).append(
+            _DataFile(_abs_path(table_path, p), mins[i], maxs[i], int(nrec[i] or 0))
+        )
+    for files in out.values():
+        files.sort(key=lambda f: f.path)
+    return out
+
+
+def _latest_version_on_disk(table_path: str) -> int:
+    """The newest Delta version whose commit (or checkpoint) file exists; -1 when none."""
+    best = -1
+    try:
+        entries = os.listdir(os.path.join(table_path, "_delta_log"))
+    except FileNotFoundError:
+        return -1
+    for name in entries:
+        m = _LOG_FILE.match(name)
+        if m:
+            best = max(best, int(m.group(1)))
+    return best
+
+
+def _rows_from_table(tbl: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray, pa.Array, np.ndarray]:
+    vf = tbl.column("valid_from").to_numpy().astype(np.int64, copy=False)
+    vt = pc.fill_null(tbl.column("valid_to"), reads.NULL_TS).to_numpy().astype(np.int64, copy=False)
+    tomb = pc.fill_null(tbl.column("tombstone"), False).to_numpy().astype(bool, copy=False)
+    values = tbl.column("value").combine_chunks()
+    part = pc.fill_null(tbl.column("partition"), 0).to_numpy().astype(np.int32, copy=False)
+    return vf, vt, tomb, values, part
+
+
+# ---------------------------------------------------------------------------------- index
+@dataclass(frozen=True)
+class _BucketIndex:
+    """Resolved rows of one bucket of the current snapshot, sorted by (key, valid_from)."""
+
+    files: frozenset[str]
+    keys: dict[str, int]
+    offsets: np.ndarray  # int64, len(keys) + 1
+    valid_from: np.ndarray
+    valid_to: np.ndarray
+    tombstone: np.ndarray
+    partition: np.ndarray
+    values: pa.Array
+    physical_rows: int
+
+    @staticmethod
+    def build(con: duckdb.DuckDBPyConnection, kind: str, files: list[_DataFile]) -> _BucketIndex:
+        tbl = _arrow(con, _resolve_sql(kind, False), {"files": [f.path for f in files]})
+        vf, vt, tomb, values, part = _rows_from_table(tbl)
+        n = tbl.num_rows
+        keycol = tbl.column("key").combine_chunks()
+        if n:
+            neq = pc.not_equal(keycol.slice(1), keycol.slice(0, n - 1))
+            changes = np.flatnonzero(neq.to_numpy(zero_copy_only=False)) + 1
+            starts = np.concatenate([np.zeros(1, dtype=np.int64), changes.astype(np.int64)])
+        else:
+            starts = np.zeros(0, dtype=np.int64)
+        uniq = keycol.take(pa.array(starts)).to_pylist() if n else []
+        keys = {k: i for i, k in enumerate(uniq)}
+        offsets = np.append(starts, np.int64(n)).astype(np.int64)
+        return _BucketIndex(
+            files=frozenset(f.path for f in files),
+            keys=keys,
+            offsets=offsets,
+            valid_from=vf,
+            valid_to=vt,
+            tombstone=tomb,
+            partition=part,
+            values=values,
+            physical_rows=sum(f.num_records for f in files),
+        )
+
+    def rows(self, key: str) -> reads.KeyRows | None:
+        i = self.keys.get(key)
+        if i is None:
+            return None
+        s, e = int(self.offsets[i]), int(self.offsets[i + 1])
+        return reads.KeyRows(
+            self.valid_from, self.valid_to, self.tombstone, self.values, s, e, int(self.partition[s])
+        )
+
+
+@dataclass(frozen=True)
+class _View:
+    """A readable snapshot of a store (current index or older files)."""
+
+    name: str
+    snapshot: int
+    settings: layout.StoreSettings
+    state: layout.StoreState
+    file_count: int
+    physical_rows: int
+
+    def rows(self, engine: Engine, key: str) -> reads.KeyRows | None:  # pragma: no cover
+        raise NotImplementedError
+
+    def counts(self) -> dict[str, int]:
+        return {"files": self.file_count, "rows": self.physical_rows}
+
+
+@dataclass(frozen=True)
+class _Loaded(_View):
+    """The in-memory index of the current snapshot of one store (immutable; swapped whole)."""
+
+    buckets: dict[int, _BucketIndex] = field(default_factory=dict)
+    loaded_at: float = 0.0
+
+    def rows(self, engine: Engine, key: str) -> reads.KeyRows | None:
+        b = self.buckets.get(layout.bucket_of(key, self.settings.buckets))
+        return None if b is None else b.rows(key)
+
+    def counts(self) -> dict[str, int]:
+        return {
+            "files": self.file_count,
+            "rows": self.physical_rows,
+            "keys": sum(len(b.keys) for b in self.buckets.values()),
+            "versions": sum(len(b.valid_from) for b in self.buckets.values()),
+        }
+
+
+@dataclass(frozen=True)
+class _FilesSnapshot(_View):
+    """An older (or not yet loaded) snapshot: file lists per bucket, read with DuckDB per key."""
+
+    path: str = ""
+    files: dict[int, list[_DataFile]] = field(default_factory=dict)
+
+    def rows(self, engine: Engine, key: str) -> reads.KeyRows | None:
+        files = [
+            f.path
+            for f in self.files.get(layout.bucket_of(key, self.settings.buckets), [])
+            if f.may_contain(key)
+        ]
+        if not files:
+            return None
+        try:
+            tbl = _arrow(engine._con(), _resolve_sql(self.settings.kind, True), {"files": files, "key": key})
+        except duckdb.IOException as exc:
+            raise SnapshotGone(f"snapshot {self.snapshot} of store {self.name!r} is gone: {exc}") from exc
+        if tbl.num_rows == 0:
+            return None
+        vf, vt, tomb, values, part = _rows_from_table(tbl)
+        return reads.KeyRows(vf, vt, tomb, values, 0, tbl.num_rows, int(part[0]))
+
+
+# ---------------------------------------------------------------------------------- stores
+@dataclass
+class _StoreHandle:
+    name: str
+    path: str
+    settings: layout.StoreSettings
+    dt: DeltaTable | None = None
+    loaded: _Loaded | None = None
+    error: str | None = None
+    last_refresh: float | None = None  # monotonic time of the last successful refresh check
+
+
+def _settings_or_none(description: str | None) -> layout.StoreSettings | None:
+    """Settings of a versiq store; None for a Delta table without the versiq marker (not a
+    store); ValueError for a versiq store this reader cannot read (refused)."""
+    try:
+        data = json.loads(description) if description else None
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(data, dict) or layout.FORMAT_KEY not in data:
+        return None
+    try:
+        return layout.StoreSettings.from_description(description)
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"invalid versiq settings: {exc!r}") from exc
+
+
+class Engine:
+    """Answers versioned-store queries for every store of ``warehouse`` (see module docstring)."""
+
+    def __init__(self, warehouse: str, *, refresh_interval_s: float = 1.0) -> None:
+        self.warehouse = os.path.abspath(warehouse)
+        self.refresh_interval_s = refresh_interval_s
+        self._stores: dict[str, _StoreHandle] = {}
+        self._refused: dict[str, str] = {}
+        self._ignored: set[str] = set()
+        self._local = threading.local()
+        self._refresh_lock = threading.Lock()
+        self._cache_lock = threading.Lock()
+        self._snapshot_cache: OrderedDict[tuple[str, int], _FilesSnapshot] = OrderedDict()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._started = False
+        self._build_con: duckdb.DuckDBPyConnection | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """First load of every store, then a daemon thread refreshing every refresh_interval_s."""
+        self.refresh()
+        self._started = True
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._loop, name="versiq-refresh", daemon=True)
+            self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+        with self._refresh_lock:
+            if self._build_con is not None:
+                self._build_con.close()
+                self._build_con = None
+
+    def __enter__(self) -> Engine:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.refresh_interval_s):
+            try:
+                self.refresh()
+            except Exception:  # pragma: no cover - refresh records per-store errors itself
+                log.exception("refresh pass failed")
+
+    # ------------------------------------------------------------------ refresh
+    def refresh(self) -> None:
+        """One synchronous refresh pass: discover stores, reload those whose version moved."""
+        with self._refresh_lock:
+            self._started = True
+            try:
+                entries = sorted(os.scandir(self.warehouse), key=lambda e: e.name)
+            except FileNotFoundError:
+                entries = []
+            for entry in entries:
+                name = entry.name
+                if not names.is_valid_store_name(name) or not entry.is_dir():
+                    continue
+                if name in self._stores or name in self._refused or name in self._ignored:
+                    continue
+                if not os.path.isdir(os.path.join(entry.path, "_delta_log")):
+                    continue
+                self._discover(name, entry.path)
+            for handle in list(self._stores.values()):
+                self._refresh_store(handle)
+
+    def _discover(self, name: str, path: str) -> None:
+        try:
+            dt = DeltaTable(path)
+            description = dt.metadata().description
+        except Exception as exc:  # no commit yet, or unreadable: maybe next time
+            log.debug("skipping %s: %s", path, exc)
+            return
+        try:
+            settings = _settings_or_none(description)
+        except ValueError as exc:
+            self._refused[name] = str(exc)
+            log.warning("refusing store %s: %s", name, exc)
+            return
+        if settings is None:
+            self._ignored.add(name)
+            return
+        self._stores[name] = _StoreHandle(name=name, path=path, settings=settings, dt=dt)
+
+    def _build_connection(self) -> duckdb.DuckDBPyConnection:
+        if self._build_con is None:
+            self._build_con = duckdb.connect()
+        return self._build_con
+
+    def _refresh_store(self, handle: _StoreHandle) -> None:
+        try:
+            if handle.dt is None:
+                handle.dt = DeltaTable(handle.path)
+            else:
+                handle.dt.update_incremental()
+            dt = handle.dt
+            version = dt.version()
+            prev = handle.loaded
+            if prev is not None and prev.snapshot == version:
+                handle.error = None
+                handle.last_refresh = time.monotonic()
+                return
+            settings = _settings_or_none(dt.metadata().description)
+            if settings != handle.settings:
+                raise ValueError(f"store settings changed or became unreadable: {settings!r}")
+            state = layout.read_state(handle.path, version)
+            files = _files_by_bucket(dt, handle.path)
+            con = self._build_connection()
+            buckets: dict[int, _BucketIndex] = {}
+            for b, bfiles in files.items():
+                old = prev.buckets.get(b) if prev is not None else None
+                if old is not None and old.files == frozenset(f.path for f in bfiles):
+                    buckets[b] = old
+                else:
+                    buckets[b] = _BucketIndex.build(con, settings.kind, bfiles)
+            handle.loaded = _Loaded(
+                name=handle.name,
+                snapshot=version,
+                settings=settings,
+                state=state,
+                file_count=sum(len(v) for v in files.values()),
+                physical_rows=sum(f.num_records for v in files.values() for f in v),
+                buckets=buckets,
+                loaded_at=time.monotonic(),
+            )
+            handle.error = None
+            handle.last_refresh = time.monotonic()
+        except Exception as exc:
+            handle.error = f"{type(exc).__name__}: {exc}"
+            # Force a full re-read of the log next time (the table object may be inconsistent).
+            handle.dt = None
+            log.warning("refresh of store %s failed (serving last good snapshot): %s", handle.name, exc)
+
+    # ------------------------------------------------------------------ views
+    def _con(self) -> duckdb.DuckDBPyConnection:
+        con: duckdb.DuckDBPyConnection | None = getattr(self._local, "con", None)
+        if con is None:
+            con = duckdb.connect(config={"threads": 1})
+            self._local.con = con
+        return con
+
+    def _handle(self, store: str) -> _StoreHandle:
+        if not isinstance(store, str) or not names.is_valid_store_name(store):
+            raise StoreNotFound(f"invalid store name {store!r}")
+        handle = self._stores.get(store)
+        if handle is None:
+            reason = self._refused.get(store)
+            if reason is not None:
+                raise StoreNotFound(f"store {store!r} is refused: {reason}")
+            raise StoreNotFound(f"no store {store!r}")
+        return handle
+
+    def _current(self, store: str) -> _Loaded:
+        handle = self._handle(store)
+        loaded = handle.loaded
+        if loaded is None:
+            raise StoreNotFound(f"store {store!r} is not loaded yet: {handle.error or 'loading'}")
+        return loaded
+
+    def _view(self, store: str, snapshot: int | None) -> _View:
+        loaded = self._current(store)
+        if snapshot is None or snapshot == loaded.snapshot:
+            return loaded
+        return self._files_view(store, snapshot)
+
+    def _files_view(self, store: str, snapshot: int) -> _FilesSnapshot:
+        """Snapshot ``snapshot`` read from files with DuckDB (never the in-memory index)."""
+        handle = self._handle(store)
+        if isinstance(snapshot, bool) or not isinstance(snapshot, int) or snapshot < 0:
+            raise SnapshotNotFound(f"invalid snapshot {snapshot!r}")
+        cache_key = (store, snapshot)
+        with self._cache_lock:
+            cached = self._snapshot_cache.get(cache_key)
+            if cached is not None:
+                self._snapshot_cache.move_to_end(cache_key)
+                return cached
+        latest = _latest_version_on_disk(handle.path)
+        if handle.loaded is not None:
+            latest = max(latest, handle.loaded.snapshot)
+        if snapshot > latest:
+            raise SnapshotNotFound(f"store {store!r} has no snapshot {snapshot} (latest is {latest})")
+        try:
+            dt = DeltaTable(handle.path, version=snapshot)
+            state = layout.read_state(handle.path, snapshot)
+            files = _files_by_bucket(dt, handle.path)
+        except Exception as exc:
+            raise SnapshotGone(
+                f"snapshot {snapshot} of store {store!r} is no longer readable: {exc}"
+            ) from exc
+        view = _FilesSnapshot(
+            name=store,
+            snapshot=snapshot,
+            settings=handle.settings,
+            state=state,
+            file_count=sum(len(v) for v in files.values()),
+            physical_rows=sum(f.num_records for v in files.values() for f in v),
+            path=handle.path,
+            files=files,
+        )
+        with self._cache_lock:
+            self._snapshot_cache[cache_key] = view
+            while len(self._snapshot_cache) > SNAPSHOT_CACHE_SIZE:
+                self._snapshot_cache.popitem(last=False)
+        return view
+
+    @staticmethod
+    def _horizon(view: _View, key: str, rows: reads.KeyRows | None) -> int | None:
+        p = rows.partition if rows is not None else layout.default_partition_of(key, view.settings.partitions)
+        return layout.horizon(view.state.stream_time.get(p), view.settings.history_retention_ms)
+
+    # ------------------------------------------------------------------ public reads
+    def list_stores(self) -> list[StoreInfo]:
+        """Every loaded store (current snapshot), by name."""
+        out = []
+        for name in sorted(self._stores):
+            loaded = self._stores[name].loaded
+            if loaded is not None:
+                out.append(self._info(loaded))
+        return out
+
+    def store_info(self, store: str, snapshot: int | None = None) -> StoreInfo:
+        """Settings, stream time and counts of a store at ``snapshot`` (default: current).
+
+        ``counts``: ``files`` and ``rows`` (physical rows, from the add actions) always;
+        ``keys`` and ``versions`` (resolved, tombstones included) for the current snapshot.
+        """
+        return self._info(self._view(store, snapshot))
+
+    @staticmethod
+    def _info(view: _View) -> StoreInfo:
+        return StoreInfo(
+            name=view.name,
+            kind=view.settings.kind,
+            history_retention_ms=view.settings.history_retention_ms,
+            partitions=view.settings.partitions,
+            snapshot=view.snapshot,
+            stream_time=dict(view.state.stream_time),
+            counts=view.counts(),
+        )
+
+    def current_snapshot(self, store: str) -> int:
+        return self._current(store).snapshot
+
+    def get(self, store: str, query: VersionedKeyQuery, snapshot: int | None = None) -> KeyResult:
+        """VersionedKeyQuery: latest (rule 6) or as of ``query.as_of`` (rules 7-8, retention edges).
+
+        Timestamped stores answer latest only (UnsupportedQuery for ``as_of``).
+        """
+        view = self._view(store, snapshot)
+        rows = view.rows(self, query.key)
+        if view.settings.kind == "timestamped":
+            if query.as_of is not None:
+                raise UnsupportedQuery(
+                    f"store {store!r} is timestamped (KIP-258): it keeps one value per key, "
+                    "so only latest reads apply (no asOf)"
+                )
+            outcome, record = reads.latest(rows)
+            return KeyResult(outcome, record, view.snapshot, None)
+        h = self._horizon(view, query.key, rows)
+        if query.as_of is None:
+            outcome, record = reads.latest(rows)
+        else:
+            outcome, record = reads.as_of(rows, int(query.as_of), h)
+        return KeyResult(outcome, record, view.snapshot, h)
+
+    def versions(
+        self,
+        store: str,
+        query: MultiVersionedKeyQuery,
+        *,
+        snapshot: int | None = None,
+        resume_after: int | None = None,
+        limit: int = 100,
+    ) -> VersionsPage:
+        """One page of a MultiVersionedKeyQuery (rules 9-11, retention edges).
+
+        ``resume_after`` is the timestamp of the last record of the previous page; ascending
+        pages continue with larger timestamps, descending with smaller. ``resume_after`` of the
+        returned page is None exactly when no record follows. Raises InvalidQuery for
+        ``from_time > to_time`` or ``limit < 1``; UnsupportedQuery on a timestamped store.
+        """
+        return self._page(self._view(store, snapshot), query, resume_after, limit)
+
+    def iter_versions(
+        self,
+        store: str,
+        query: MultiVersionedKeyQuery,
+        *,
+        snapshot: int | None = None,
+        page_size: int = 100,
+    ) -> Iterator[VersionedRecord]:
+        """Every record of a MultiVersionedKeyQuery, fetched lazily page by page from one
+        snapshot (the current one at the first ``next()`` unless ``snapshot`` is given)."""
+        view = self._view(store, snapshot)
+        self._check_versions(view, query, page_size)
+        resume: int | None = None
+        while True:
+            page = self._page(view, query, resume, page_size)
+            yield from page.records
+            if page.resume_after is None:
+                return
+            resume = page.resume_after
+
+    def _check_versions(self, view: _View, query: MultiVersionedKeyQuery, limit: int) -> None:
+        if view.settings.kind == "timestamped":
+            raise UnsupportedQuery(
+                f"store {view.name!r} is timestamped (KIP-258): it keeps no history, "
+                "so versions queries do not apply"
+            )
+        if query.from_time is not None and query.to_time is not None and query.from_time > query.to_time:
+            raise InvalidQuery(f"from ({query.from_time}) is after to ({query.to_time})")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise InvalidQuery(f"invalid page size {limit!r}")
+
+    def _page(
+        self, view: _View, query: MultiVersionedKeyQuery, resume_after: int | None, limit: int
+    ) -> VersionsPage:
+        self._check_versions(view, query, limit)
+        rows = view.rows(self, query.key)
+        h = self._horizon(view, query.key, rows)
+        idx = reads.range_indices(rows, query.from_time, query.to_time, h, query.ascending, resume_after)
+        if rows is None or len(idx) == 0:
+            return VersionsPage([], view.snapshot, h, None)
+        records = [rows.record(int(i)) for i in idx[:limit]]
+        more = len(idx) > limit
+        return VersionsPage(records, view.snapshot, h, records[-1].timestamp if more else None)
+
+    # ------------------------------------------------------------------ health
+    def readiness(self) -> dict[str, Any]:
+        """``{"ready", "stores": {name: {"snapshot", "lastRefreshAgeSeconds", "error"}}, "refused"}``.
+
+        Ready once a refresh pass ran and every discovered (non-refused) store has a loaded
+        snapshot; a store serving its last good snapshot after a failed refresh stays ready
+        (its ``error`` says why it is stale).
+        """
+        now = time.monotonic()
+        stores: dict[str, Any] = {}
+        ready = self._started
+        for name in sorted(self._stores):
+            h = self._stores[name]
+            loaded = h.loaded
+            if loaded is None:
+                ready = False
+            stores[name] = {
+                "snapshot": None if loaded is None else loaded.snapshot,
+                "lastRefreshAgeSeconds": None if h.last_refresh is None else round(now - h.last_refresh, 3),
+                "error": h.error,
+            }
+        return {"ready": ready, "stores": stores, "refused": dict(self._refused)}

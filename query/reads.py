@@ -1,0 +1,121 @@
+"""The read rules of SEMANTICS.md §3 (rules 6-11 and the retention edges) over one key's versions.
+
+Both read paths (the in-memory index of the current snapshot and the DuckDB reader of older
+snapshots) produce a :class:`KeyRows` — the key's *resolved* versions (read rule of
+``versiq.layout`` already applied), ascending by timestamp — and answer through the functions
+here, so the two paths cannot disagree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from query.api import Outcome, VersionedRecord
+
+#: Sentinel for a null ``valid_to`` in the int64 arrays (timestamps are >= -1).
+NULL_TS = np.iinfo(np.int64).min
+
+
+@dataclass(frozen=True)
+class KeyRows:
+    """One key's resolved versions: rows ``[start, end)`` of the column arrays, ascending."""
+
+    valid_from: np.ndarray  # int64, ascending within [start, end)
+    valid_to: np.ndarray  # int64, NULL_TS = still valid
+    tombstone: np.ndarray  # bool
+    values: pa.Array  # string (null for tombstones)
+    start: int
+    end: int
+    partition: int
+
+    def __len__(self) -> int:
+        return self.end - self.start
+
+    def record(self, i: int) -> VersionedRecord:
+        """The record of version ``i`` (0-based within the key)."""
+        j = self.start + i
+        vt = int(self.valid_to[j])
+        value: Any = self.values[j].as_py()
+        return VersionedRecord(
+            value=value, timestamp=int(self.valid_from[j]), valid_to=None if vt == NULL_TS else vt
+        )
+
+    def is_tombstone(self, i: int) -> bool:
+        return bool(self.tombstone[self.start + i])
+
+    def timestamp(self, i: int) -> int:
+        return int(self.valid_from[self.start + i])
+
+
+def latest(rows: KeyRows | None) -> tuple[Outcome, VersionedRecord | None]:
+    """Rule 6 (and rule 12 for a timestamped store, whose key has exactly one resolved row)."""
+    if rows is None or len(rows) == 0:
+        return "not-found", None
+    n = len(rows)
+    if rows.is_tombstone(n - 1):
+        return "not-found", None
+    rec = rows.record(n - 1)
+    # The latest version is returned without validTo (rule 6).
+    return "ok", VersionedRecord(rec.value, rec.timestamp, None)
+
+
+def as_of(rows: KeyRows | None, t: int, h: int | None) -> tuple[Outcome, VersionedRecord | None]:
+    """Rules 7-8 with the retention edges (``h`` = streamTime - H of the key's partition)."""
+    if rows is None or len(rows) == 0:
+        return "not-found", None
+    n = len(rows)
+    if h is not None and t < h:
+        if rows.timestamp(n - 1) <= t:
+            if rows.is_tombstone(n - 1):
+                return "not-found", None
+            return "ok", rows.record(n - 1)
+        return "expired", None
+    vf = rows.valid_from[rows.start : rows.end]
+    i = int(np.searchsorted(vf, t, side="right")) - 1
+    if i < 0 or rows.is_tombstone(i):
+        return "not-found", None
+    return "ok", rows.record(i)
+
+
+def range_indices(
+    rows: KeyRows | None,
+    lo: int | None,
+    hi: int | None,
+    h: int | None,
+    ascending: bool,
+    resume_after: int | None,
+) -> np.ndarray:
+    """Indices (within the key) of the versions rules 9-11 return, in the requested order,
+    restricted to timestamps after ``resume_after`` (ascending) / before it (descending)."""
+    empty = np.empty(0, dtype=np.int64)
+    if rows is None or len(rows) == 0:
+        return empty
+    s, e = rows.start, rows.end
+    vf = rows.valid_from[s:e]
+    vt = rows.valid_to[s:e]
+    live = ~rows.tombstone[s:e]
+    n = e - s
+    if h is not None and hi is not None and hi < h:
+        # Rule 10: only the latest version may qualify.
+        if live[n - 1] and vf[n - 1] <= hi:
+            idx = np.array([n - 1], dtype=np.int64)
+        else:
+            idx = empty
+    else:
+        mask = live.copy()
+        if hi is not None:
+            mask &= vf <= hi
+        still_valid = vt == NULL_TS
+        if lo is not None:
+            mask &= still_valid | (vt > lo)
+        if h is not None:
+            # History that ended at or before the horizon is expired (retention edges).
+            mask &= still_valid | (vt >= h)
+        idx = np.flatnonzero(mask).astype(np.int64)
+    if resume_after is not None and len(idx):
+        idx = idx[vf[idx] > resume_after] if ascending else idx[vf[idx] < resume_after]
+    return idx if ascending else idx[::-1]

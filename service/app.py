@@ -1,0 +1,459 @@
+"""The HTTP face of versiq: IQv2 versioned queries over HTTP (issue 4, CONTRACT.md).
+
+Routes are thin: all query logic lives in ``query.engine``. Everything under ``/v1`` is routed
+on the raw path (see ``service.params``) by ``VersiqMiddleware``, which also does metrics,
+bearer-token auth and problem+json errors; FastAPI serves the operational endpoints
+(``/healthz``, ``/readyz``, ``/metrics``, ``/openapi.json``).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from contextlib import asynccontextmanager
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
+
+from query.api import (
+    InvalidQuery,
+    MultiVersionedKeyQuery,
+    SnapshotGone,
+    SnapshotNotFound,
+    StoreInfo,
+    StoreNotFound,
+    UnsupportedQuery,
+    VersionedKeyQuery,
+)
+from service.metrics import Metrics
+from service.params import (
+    ROUTE_KEY,
+    ROUTE_STORE,
+    ROUTE_STORES,
+    ROUTE_VERSIONS,
+    Route,
+    match_v1,
+    order_param,
+    page_size_param,
+    parse_query,
+    snapshot_param,
+    split_path,
+    timestamp_param,
+)
+from service.problems import PROBLEM_MEDIA_TYPE, Problem, bad_request
+from service.settings import Settings
+from service.tokens import PageQuery, PageTokens
+from versiq.names import is_valid_store_name
+
+if TYPE_CHECKING:
+    from query.engine import Engine
+
+log = logging.getLogger("versiq.service")
+
+OPENAPI_PATH = Path(__file__).with_name("openapi.yaml")
+JSON = "application/json"
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+_OPS_ROUTES = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json"})
+_OPEN_ROUTES = frozenset({"/healthz", "/readyz", "/openapi.json"})
+
+
+@lru_cache(maxsize=1)
+def openapi_document() -> dict[str, Any]:
+    """The committed contract (``service/openapi.yaml``, equal to the repo's ``openapi.yaml``)."""
+    with OPENAPI_PATH.open(encoding="utf-8") as fh:
+        doc: dict[str, Any] = yaml.safe_load(fh)
+    return doc
+
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def _int_or_null(value: int | None) -> bytes:
+    return b"null" if value is None else str(int(value)).encode("ascii")
+
+
+def store_info_json(info: StoreInfo) -> dict[str, Any]:
+    versioned = info.kind == "versioned"
+    per_partition = []
+    for partition in sorted(info.stream_time):
+        st = info.stream_time[partition]
+        per_partition.append({
+            "partition": partition,
+            "streamTime": st,
+            "oldestQueryableTimestamp": max(0, st - info.history_retention_ms) if versioned else None,
+        })
+    stream_time = max(info.stream_time.values()) if info.stream_time else None
+    oldest = None
+    if versioned and stream_time is not None:
+        oldest = max(0, stream_time - info.history_retention_ms)
+    return {
+        "name": info.name,
+        "kind": info.kind,
+        "historyRetentionMs": info.history_retention_ms,
+        "partitions": info.partitions,
+        "streamTime": stream_time,
+        "partitionStreamTimes": per_partition,
+        "snapshot": info.snapshot,
+        "oldestQueryableTimestamp": oldest,
+        "counts": dict(info.counts),
+    }
+
+
+class Service:
+    """Per-app state: the engine, page tokens, auth and metrics."""
+
+    def __init__(self, settings: Settings, engine: Engine | None) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.tokens = PageTokens(settings.token_secret, settings.token_ttl_s)
+        self.metrics = Metrics(self.readiness)
+
+    def readiness(self) -> dict[str, Any]:
+        if self.engine is None:
+            return {"ready": False, "stores": {}, "refused": {}}
+        return self.engine.readiness()
+
+    def require_engine(self) -> Engine:
+        if self.engine is None:
+            raise Problem("not-ready", "the query engine is not started")
+        return self.engine
+
+    def authorized(self, scope: Scope) -> Problem | None:
+        tokens = self.settings.api_tokens
+        if tokens is None:
+            return None
+        header = b""
+        for name, value in scope.get("headers", ()):
+            if name == b"authorization":
+                header = value
+                break
+        scheme, _, presented = header.partition(b" ")
+        if not header:
+            return Problem("unauthorized", "this server requires a bearer token: send "
+                           "'Authorization: Bearer <token>'",
+                           headers={"www-authenticate": 'Bearer realm="versiq"'})
+        ok = False
+        if scheme.lower() == b"bearer":
+            candidate = presented.strip()
+            for token in tokens:
+                if hmac.compare_digest(candidate, token.encode("utf-8")):
+                    ok = True
+        if ok:
+            return None
+        return Problem("unauthorized", "the bearer token is not valid for this server",
+                       headers={"www-authenticate": 'Bearer realm="versiq", error="invalid_token"'})
+
+    # ------------------------------------------------------------------ /v1 handlers
+    async def handle_v1(self, route: Route, query_string: bytes) -> bytes:
+        if route.template == ROUTE_STORES:
+            parse_query(query_string, ())
+            engine = self.require_engine()
+            stores = await run_in_threadpool(engine.list_stores)
+            return _dumps({"stores": [store_info_json(s) for s in stores]})
+        store = route.store or ""
+        if not is_valid_store_name(store):
+            raise Problem("store-not-found", f"no store named {store!r}: store names are 1-100 "
+                          "letters, digits, '_', '-' or '.', starting with a letter or digit",
+                          store=store)
+        if route.template == ROUTE_STORE:
+            params = parse_query(query_string, ("snapshot",))
+            snapshot = snapshot_param(params)
+            engine = self.require_engine()
+            info = await self._call(store, snapshot, engine.store_info, store, snapshot)
+            return _dumps(store_info_json(info))
+        key = route.key or ""
+        if route.template == ROUTE_KEY:
+            return await self._get(store, key, query_string)
+        assert route.template == ROUTE_VERSIONS
+        return await self._versions(store, key, query_string)
+
+    async def _call(self, store: str, at: int | None, fn: Callable[..., Any], *args: Any,
+                    **kwargs: Any) -> Any:
+        snapshot = at
+        try:
+            return await run_in_threadpool(fn, *args, **kwargs)
+        except StoreNotFound as exc:
+            raise Problem("store-not-found", str(exc) or f"no store named {store!r} in the warehouse",
+                          store=store) from None
+        except SnapshotNotFound as exc:
+            raise Problem("snapshot-not-found", str(exc) or f"store {store!r} has no snapshot {snapshot}",
+                          store=store, snapshot=snapshot) from None
+        except SnapshotGone as exc:
+            raise Problem("gone", str(exc) or f"snapshot {snapshot} of store {store!r} is no longer "
+                          "readable (vacuumed)", store=store, snapshot=snapshot) from None
+        except InvalidQuery as exc:
+            raise bad_request(str(exc) or "invalid query") from None
+        except UnsupportedQuery as exc:
+            raise Problem("unsupported-query", str(exc) or "the query does not apply to this store",
+                          store=store) from None
+
+    async def _get(self, store: str, key: str, query_string: bytes) -> bytes:
+        params = parse_query(query_string, ("asOf", "snapshot"))
+        if not key:
+            raise bad_request("the key must not be empty")
+        as_of = timestamp_param(params, "asOf")
+        snapshot = snapshot_param(params)
+        engine = self.require_engine()
+        result = await self._call(store, snapshot, engine.get, store,
+                                  VersionedKeyQuery(key, as_of), snapshot=snapshot)
+        if result.outcome == "ok" and result.record is not None:
+            rec = result.record
+            return b"".join((
+                b'{"key":', _dumps(key), b',"value":', rec.value.encode("utf-8"),
+                b',"timestamp":', _int_or_null(rec.timestamp),
+                b',"validTo":', _int_or_null(rec.valid_to),
+                b',"snapshot":', _int_or_null(result.snapshot), b"}",
+            ))
+        when = "now (latest)" if as_of is None else f"as of {as_of}"
+        extra = {"key": key, "snapshot": result.snapshot, "horizon": result.horizon}
+        if result.outcome == "expired":
+            raise Problem(
+                "expired",
+                f"asOf {as_of} is older than the history-retention horizon {result.horizon} "
+                f"(stream time - historyRetentionMs of the key's partition) of store {store!r} at "
+                f"snapshot {result.snapshot}; the latest version of key {key!r} is newer than "
+                "that, so no answer can be given",
+                **extra,
+            )
+        raise Problem("not-found", f"key {key!r} has no value {when} in store {store!r} at "
+                      f"snapshot {result.snapshot}", **extra)
+
+    async def _versions(self, store: str, key: str, query_string: bytes) -> bytes:
+        params = parse_query(query_string,
+                             ("from", "to", "order", "pageSize", "pageToken", "snapshot"))
+        if not key:
+            raise bad_request("the key must not be empty")
+        from_time = timestamp_param(params, "from")
+        to_time = timestamp_param(params, "to")
+        if from_time is not None and to_time is not None and from_time > to_time:
+            raise bad_request(f"'from' ({from_time}) is after 'to' ({to_time})", parameter="from")
+        order = order_param(params)
+        page_size = page_size_param(params)
+        snapshot = snapshot_param(params)
+        query = PageQuery(store, key, from_time, to_time, order)
+        resume_after: int | None = None
+        token = params.get("pageToken")
+        if token is not None:
+            position = self.tokens.resolve(token, query)
+            if snapshot is not None and snapshot != position.snapshot:
+                raise bad_request(
+                    f"query parameter 'snapshot' ({snapshot}) differs from the snapshot the page "
+                    f"token pins ({position.snapshot}); omit it or repeat it unchanged",
+                    parameter="snapshot",
+                )
+            snapshot = position.snapshot
+            resume_after = position.resume_after
+        engine = self.require_engine()
+        page = await self._call(
+            store, snapshot, engine.versions, store,
+            MultiVersionedKeyQuery(key, from_time, to_time, order == "asc"),
+            snapshot=snapshot, resume_after=resume_after, limit=page_size,
+        )
+        next_token = None
+        if page.resume_after is not None:
+            next_token = self.tokens.issue(query, page.snapshot, page.resume_after)
+        records = b",".join(
+            b"".join((b'{"value":', r.value.encode("utf-8"), b',"timestamp":',
+                      _int_or_null(r.timestamp), b',"validTo":', _int_or_null(r.valid_to), b"}"))
+            for r in page.records
+        )
+        return b"".join((
+            b'{"key":', _dumps(key), b',"records":[', records, b'],"nextPageToken":',
+            _dumps(next_token), b',"snapshot":', _int_or_null(page.snapshot),
+            b',"horizon":', _int_or_null(page.horizon), b"}",
+        ))
+
+
+async def _send(send: Send, status: int, body: bytes, content_type: str,
+                headers: dict[str, str] | None = None) -> None:
+    raw_headers = [(b"content-type", content_type.encode("latin-1")),
+                   (b"content-length", str(len(body)).encode("ascii"))]
+    for name, value in (headers or {}).items():
+        raw_headers.append((name.encode("latin-1"), value.encode("latin-1")))
+    await send({"type": "http.response.start", "status": status, "headers": raw_headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _send_problem(send: Send, problem: Problem) -> None:
+    await _send(send, problem.status, problem.body(), PROBLEM_MEDIA_TYPE, problem.headers)
+
+
+class VersiqMiddleware:
+    """Metrics for every request, auth, and raw-path routing of ``/v1/...``."""
+
+    def __init__(self, app: ASGIApp, service: Service) -> None:
+        self.app = app
+        self.service = service
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status_box = [500]
+
+        async def send_wrapper(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status_box[0] = message["status"]
+            await send(message)
+
+        raw_path: bytes = scope.get("raw_path") or scope["path"].encode("utf-8")
+        raw_path = raw_path.split(b"?", 1)[0]
+        template = "unmatched"
+        try:
+            if raw_path == b"/v1" or raw_path.startswith(b"/v1/"):
+                template = await self._v1(scope, raw_path, send_wrapper)
+            else:
+                path = scope.get("path", "")
+                if path in _OPS_ROUTES:
+                    template = path
+                if path == "/metrics":
+                    problem = self.service.authorized(scope)
+                    if problem is not None:
+                        await _send_problem(send_wrapper, problem)
+                        return
+                await self.app(scope, receive, send_wrapper)
+        finally:
+            self.service.metrics.observe(scope.get("method", ""), template, status_box[0],
+                                         time.perf_counter() - start)
+
+    async def _v1(self, scope: Scope, raw_path: bytes, send: Send) -> str:
+        template = "unmatched"
+        try:
+            problem = self.service.authorized(scope)
+            if problem is not None:
+                raise problem
+            route = match_v1(split_path(raw_path))
+            if route is None:
+                raise Problem("route-not-found", f"no resource at {raw_path.decode('latin-1')!r}")
+            template = route.template
+            if scope["method"] != "GET":
+                raise Problem("method-not-allowed", f"{scope['method']} is not allowed here; use GET",
+                              headers={"allow": "GET"})
+            body = await self.service.handle_v1(route, scope.get("query_string", b""))
+            await _send(send, 200, body, JSON)
+        except Problem as problem:
+            await _send_problem(send, problem)
+        except Exception:
+            log.exception("internal error serving %s", raw_path.decode("latin-1"))
+            await _send_problem(send, Problem("internal-error", "an internal error occurred; it "
+                                              "has been logged"))
+        return template
+
+
+def create_app(engine_or_settings: Engine | Settings, *, settings: Settings | None = None) -> FastAPI:
+    """Build the app around a started ``Engine`` (the caller owns it) or from ``Settings``
+    (the app starts the engine on startup and closes it on shutdown)."""
+    if isinstance(engine_or_settings, Settings):
+        settings = engine_or_settings
+        engine: Engine | None = None
+        owns_engine = True
+    else:
+        engine = engine_or_settings
+        settings = settings or Settings(warehouse=str(getattr(engine, "warehouse", "")))
+        owns_engine = False
+    service = Service(settings, engine)
+    openapi_bytes = _dumps(openapi_document())
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        if owns_engine:
+            from query.engine import Engine as EngineImpl
+
+            started = EngineImpl(settings.warehouse, refresh_interval_s=settings.refresh_interval_s)
+            await run_in_threadpool(started.start)
+            service.engine = started
+        try:
+            yield
+        finally:
+            if owns_engine and service.engine is not None:
+                await run_in_threadpool(service.engine.close)
+                service.engine = None
+
+    app = FastAPI(title="versiq", docs_url=None, redoc_url=None, openapi_url=None,
+                  lifespan=lifespan)
+    app.state.service = service
+
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/readyz")
+    async def readyz() -> Response:
+        state = await run_in_threadpool(service.readiness)
+        if state.get("ready"):
+            return JSONResponse(state)
+        problem = Problem("not-ready", _not_ready_detail(state, service.engine is None), **state)
+        return Response(problem.body(), status_code=503, media_type=PROBLEM_MEDIA_TYPE)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        body = await run_in_threadpool(generate_latest, service.metrics.registry)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/openapi.json")
+    async def openapi() -> Response:
+        return Response(openapi_bytes, media_type=JSON)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 404:
+            problem = Problem("route-not-found", f"no resource at {request.url.path!r}")
+        elif exc.status_code == 405:
+            problem = Problem("method-not-allowed",
+                              f"{request.method} is not allowed here; use GET",
+                              headers={"allow": "GET"})
+        else:
+            problem = Problem("bad-request", str(exc.detail))
+            problem.status = exc.status_code
+        return Response(problem.body(), status_code=problem.status, media_type=PROBLEM_MEDIA_TYPE,
+                        headers=problem.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> Response:
+        problem = bad_request(f"invalid request: {exc.errors()}")
+        return Response(problem.body(), status_code=400, media_type=PROBLEM_MEDIA_TYPE)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> Response:
+        log.error("internal error serving %s", request.url.path, exc_info=exc)
+        problem = Problem("internal-error", "an internal error occurred; it has been logged")
+        return Response(problem.body(), status_code=500, media_type=PROBLEM_MEDIA_TYPE)
+
+    app.add_middleware(VersiqMiddleware, service=service)
+    if settings.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins),
+                           allow_methods=["GET"], allow_headers=["Authorization"])
+    return app
+
+
+def _not_ready_detail(state: dict[str, Any], no_engine: bool) -> str:
+    if no_engine:
+        return "the query engine is not started"
+    reasons = [f"store {name!r}: {info['error']}" for name, info in state.get("stores", {}).items()
+               if info.get("error")]
+    reasons += [f"store {name!r} refused: {why}" for name, why in state.get("refused", {}).items()]
+    return "not ready" + (": " + "; ".join(reasons) if reasons else ": stores not loaded yet")
+
+
+def app_from_env() -> FastAPI:
+    """Factory for ``uvicorn service.app:app_from_env --factory`` (used by ``versiq serve``)."""
+    return create_app(Settings.from_env())

@@ -1,0 +1,72 @@
+"""``versiq serve``: run the HTTP API under uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import sys
+from typing import Any
+
+from service.settings import ConfigError, Settings
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+
+
+def uvicorn_log_config(log_format: str, level: str) -> dict[str, Any]:
+    """uvicorn's loggers in versiq's format (``--log-format json``: one JSON object per line)."""
+    formatter: dict[str, Any]
+    if log_format == "json":
+        formatter = {"()": "versiq.logs.JsonFormatter"}
+    else:
+        formatter = {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"versiq": formatter},
+        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "versiq",
+                                "stream": "ext://sys.stderr"}},
+        "loggers": {
+            "uvicorn": {"handlers": ["stderr"], "level": level.upper(), "propagate": False},
+            "uvicorn.error": {"level": level.upper()},
+            "uvicorn.access": {"handlers": ["stderr"], "level": level.upper(), "propagate": False},
+            "versiq": {"handlers": ["stderr"], "level": level.upper(), "propagate": False},
+        },
+    }
+
+
+def serve_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    warehouse = args.warehouse
+    if not warehouse:
+        print("versiq serve: no warehouse: pass --warehouse DIR or set VERSIQ_WAREHOUSE",
+              file=sys.stderr)
+        return EXIT_USAGE
+    if not os.path.isdir(warehouse):
+        print(f"versiq serve: warehouse {warehouse!r} is not a directory", file=sys.stderr)
+        return EXIT_USAGE
+    if args.workers < 1:
+        print("versiq serve: --workers must be at least 1", file=sys.stderr)
+        return EXIT_USAGE
+    os.environ["VERSIQ_WAREHOUSE"] = os.path.abspath(warehouse)
+    # Every worker must verify the page tokens the others issued.
+    os.environ.setdefault("VERSIQ_TOKEN_SECRET", secrets.token_hex(32))
+    try:
+        Settings.from_env()  # fail fast on bad configuration, before forking workers
+    except ConfigError as exc:
+        print(f"versiq serve: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+    import uvicorn
+
+    uvicorn.run(
+        "service.app:app_from_env",
+        factory=True,
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        log_config=uvicorn_log_config(args.log_format, args.log_level),
+        access_log=True,
+        proxy_headers=False,
+    )
+    return EXIT_OK

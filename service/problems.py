@@ -1,0 +1,55 @@
+"""RFC 9457 problem details: every error the service returns is one of these types.
+
+Each ``type`` is ``PROBLEM_BASE + <name>``; openapi.yaml documents every one of them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+PROBLEM_BASE = "https://versiq.dev/problems/"
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+
+#: name -> (status, title)
+PROBLEM_TYPES: dict[str, tuple[int, str]] = {
+    "bad-request": (400, "Bad request"),
+    "unsupported-query": (400, "Unsupported query"),
+    "unauthorized": (401, "Unauthorized"),
+    "not-found": (404, "No version of the key at that time"),
+    "expired": (404, "Older than the store's history retention"),
+    "store-not-found": (404, "Store not found"),
+    "snapshot-not-found": (404, "Snapshot not found"),
+    "route-not-found": (404, "No such resource"),
+    "method-not-allowed": (405, "Method not allowed"),
+    "gone": (410, "Gone"),
+    "internal-error": (500, "Internal server error"),
+    "not-ready": (503, "Not ready"),
+}
+
+
+class Problem(Exception):
+    """Raised anywhere in request handling; rendered as problem+json."""
+
+    def __init__(self, name: str, detail: str, *, headers: dict[str, str] | None = None,
+                 **extensions: Any) -> None:
+        super().__init__(detail)
+        self.name = name
+        self.status, self.title = PROBLEM_TYPES[name]
+        self.detail = detail
+        self.headers = headers or {}
+        self.extensions = extensions
+
+    def body(self) -> bytes:
+        payload: dict[str, Any] = {
+            "type": PROBLEM_BASE + self.name,
+            "title": self.title,
+            "status": self.status,
+            "detail": self.detail,
+        }
+        payload.update(self.extensions)
+        return json.dumps(payload, ensure_ascii=False).encode("utf-8")
+
+
+def bad_request(detail: str, **extensions: Any) -> Problem:
+    return Problem("bad-request", detail, **extensions)

@@ -1,0 +1,121 @@
+"""A Python client generated from openapi.yaml (openapi-python-client) against a live server."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_service_support import HIST_VERSIONS, HOUR, ODD_KEYS, T0, Warehouse, build_warehouse, live_server
+
+from service.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="module")
+def s_generated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    out = tmp_path_factory.mktemp("gen")
+    generator = shutil.which("openapi-python-client", path=str(VENV_BIN)) or "openapi-python-client"
+    env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    proc = subprocess.run(
+        [generator, "generate", "--path", str(ROOT / "openapi.yaml"), "--meta", "none",
+         "--output-path", str(out / "versiq_client")],
+        env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Warning" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    sys.path.insert(0, str(out))
+    try:
+        yield importlib.import_module("versiq_client")
+    finally:
+        sys.path.remove(str(out))
+        for name in [m for m in sys.modules if m == "versiq_client" or m.startswith("versiq_client.")]:
+            del sys.modules[name]
+
+
+@pytest.fixture(scope="module")
+def s_wh(tmp_path_factory: pytest.TempPathFactory) -> Warehouse:
+    return build_warehouse(str(tmp_path_factory.mktemp("wh")))
+
+
+def test_generated_client_every_endpoint(s_generated: Any, s_wh: Warehouse) -> None:
+    from versiq_client import AuthenticatedClient, Client
+    from versiq_client.api.operations import healthz, metrics, openapi, readyz
+    from versiq_client.api.queries import get_key, list_versions
+    from versiq_client.api.stores import get_store, list_stores
+    from versiq_client.models import KeyValue, Problem, StoreInfo, StoreList, VersionsPage
+    from versiq_client.models.list_versions_order import ListVersionsOrder
+
+    settings = Settings.from_env({"VERSIQ_WAREHOUSE": s_wh.path, "VERSIQ_API_TOKENS": "secret-1"})
+    with live_server(settings) as url:
+        anon = Client(base_url=url)
+        client = AuthenticatedClient(base_url=url, token="secret-1")
+        wrong = AuthenticatedClient(base_url=url, token="nope")
+
+        assert healthz.sync(client=anon).status == "ok"
+        ready = readyz.sync_detailed(client=anon)
+        assert ready.status_code == 200 and ready.parsed.ready is True
+        assert openapi.sync_detailed(client=anon).status_code == 200
+        assert metrics.sync_detailed(client=client).status_code == 200
+        assert metrics.sync_detailed(client=anon).status_code == 401
+
+        stores = list_stores.sync(client=client)
+        assert isinstance(stores, StoreList)
+        assert [s.name for s in stores.stores] == ["live", "prices", "sessions"]
+        denied = list_stores.sync(client=wrong)
+        assert isinstance(denied, Problem) and denied.status == 401
+
+        info = get_store.sync("prices", client=client, snapshot=0)
+        assert isinstance(info, StoreInfo) and info.snapshot == 0 and info.kind.value == "versioned"
+        missing = get_store.sync("nope", client=client)
+        assert isinstance(missing, Problem) and missing.type_.endswith("/store-not-found")
+
+        latest = get_key.sync("prices", "p-1", client=client)
+        assert isinstance(latest, KeyValue) and latest.value == {"price": 2.0, "currency": "EUR"}
+        old = get_key.sync("prices", "p-1", client=client, as_of=T0 + 9 * HOUR + 100)
+        assert isinstance(old, KeyValue) and old.timestamp == T0 and old.valid_to == latest.timestamp
+        iso = get_key.sync("prices", "p-1", client=client, as_of="2023-11-15T07:13:20.100Z")
+        assert isinstance(iso, KeyValue) and iso.timestamp == T0
+        for key in ODD_KEYS:
+            got = get_key.sync("prices", key, client=client)
+            assert isinstance(got, KeyValue) and got.key == key, key
+        expired = get_key.sync("prices", "expiring", client=client, as_of=T0 + 1)
+        assert isinstance(expired, Problem) and expired.type_.endswith("/expired")
+        bad = get_key.sync("prices", "p-1", client=client, as_of="soon")
+        assert isinstance(bad, Problem) and bad.status == 400
+
+        # paging to the end, both orders
+        for order in (ListVersionsOrder.ASC, ListVersionsOrder.DESC):
+            values: list[int] = []
+            token: Any = None
+            pages = 0
+            while True:
+                kwargs: dict[str, Any] = {"client": client, "order": order, "page_size": 60}
+                if token:
+                    kwargs["page_token"] = token
+                page = list_versions.sync("prices", "hist", **kwargs)
+                assert isinstance(page, VersionsPage)
+                pages += 1
+                values += [r.value for r in page.records]
+                token = page.next_page_token
+                if token is None:
+                    break
+            expected = list(range(HIST_VERSIONS))
+            assert values == (expected if order == ListVersionsOrder.ASC else expected[::-1])
+            assert pages == 5
+        empty = list_versions.sync("prices", "missing", client=client)
+        assert isinstance(empty, VersionsPage) and empty.records == []
+        too_big = list_versions.sync("prices", "hist", client=client, page_size=1001)
+        assert isinstance(too_big, Problem) and too_big.status == 400
+
+
+def test_root_openapi_equals_packaged_copy() -> None:
+    assert (ROOT / "openapi.yaml").read_bytes() == (ROOT / "service" / "openapi.yaml").read_bytes()

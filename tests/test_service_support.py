@@ -1,0 +1,104 @@
+"""Shared helpers of the service tests: real Delta stores (tests.q_storebuilder) and a live
+uvicorn server on 127.0.0.1 in a background thread. No tests here."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote
+
+import uvicorn
+
+# q_storebuilder imports ``tests.reference``: make the repository root importable under plain
+# ``pytest`` too (pytest's default import mode only adds this directory to sys.path).
+_ROOT = str(Path(__file__).resolve().parent.parent)
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+from service.app import create_app  # noqa: E402
+from service.settings import Settings  # noqa: E402
+from tests.q_storebuilder import StoreBuilder  # noqa: E402
+
+T0 = 1_700_000_000_000
+HOUR = 3_600_000
+#: Keys that must round-trip through the path (CONTRACT.md, HTTP request details).
+ODD_KEYS = [
+    "a/b", "foo/versions", "100%", "a%2Fb", "what?x=1&y=2", "with space", "+plus+",
+    "ünïcødé/🎉", "#hash", "semi;colon", "back\\slash", "tab\there",
+]
+#: Dot-segment keys: HTTP clients remove ``.``/``..`` segments, so they must be sent as ``%2E``.
+DOT_KEYS = [".", ".."]
+HIST_VERSIONS = 250
+
+
+@dataclass
+class Warehouse:
+    path: str
+    prices: StoreBuilder
+    live: StoreBuilder
+
+
+def build_warehouse(path: str) -> Warehouse:
+    """``prices`` (versioned, 1 h retention), ``sessions`` (timestamped), ``live`` (mutated by tests)."""
+    prices = StoreBuilder(path, "prices", history_retention_ms=HOUR)
+    recs: list[tuple[str, str | None, int]] = [
+        ("p-1", '{"price":1.50,"currency":"EUR"}', T0),
+        ("expiring", '"v1"', T0),
+        ("expiring", '"v2"', T0 + 1000),
+        ("p-1", '{"price":2.00,"currency":"EUR"}', T0 + 9 * HOUR + 500),
+        ("deleted", '"alive"', T0 + 9 * HOUR + 100),
+        ("deleted", None, T0 + 9 * HOUR + 200),
+        ("empty", '""', T0 + 9 * HOUR),
+    ]
+    recs += [(k, '{"k":' + _json_str(k) + "}", T0 + 9 * HOUR + i) for i, k in enumerate(ODD_KEYS + DOT_KEYS)]
+    recs += [("hist", str(i), T0 + 9 * HOUR + i * 1000) for i in range(HIST_VERSIONS)]
+    recs += [("clock", "0", T0 + 10 * HOUR)]
+    prices.apply(recs)
+    sessions = StoreBuilder(path, "sessions", kind="timestamped")
+    sessions.apply([("s-1", '{"user":"ann"}', T0), ("s-1", '{"user":"bob"}', T0 - 5)])
+    live = StoreBuilder(path, "live", history_retention_ms=100 * HOUR)
+    live.apply([("k", str(i), T0 + i) for i in range(0, 100, 2)])
+    return Warehouse(path, prices, live)
+
+
+def _json_str(text: str) -> str:
+    import json
+
+    return json.dumps(text)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def live_server(settings: Settings) -> Iterator[str]:
+    """Serve ``create_app(settings)`` on 127.0.0.1 (random port); yields the base URL."""
+    app = create_app(settings)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                           lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def key_path(store: str, key: str, suffix: str = "") -> str:
+    return f"/v1/stores/{quote(store, safe='')}/keys/{quote(key, safe='')}{suffix}"
