@@ -114,7 +114,7 @@ def range_indices(
             mask &= still_valid | (vt > lo)
         if h is not None:
             # History that ended at or before the horizon is expired (retention edges).
-            mask &= still_valid | (vt >= h)
+            mask &= still_valid | (vt > h)
         idx = np.flatnonzero(mask).astype(np.int64)
     if resume_after is not None and len(idx):
         idx = idx[vf[idx] > resume_after] if ascending else idx[vf[idx] < resume_after]

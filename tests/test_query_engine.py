@@ -287,7 +287,8 @@ def test_snapshot_answers_as_at_v(q_warehouse, q_engine):
                 r = e.get("s", VersionedKeyQuery(key, t), snapshot=v)
                 assert r.snapshot == v
                 want = ref.as_of(key, t)
-                got_rec = None if r.record is None else (r.record.value, r.record.timestamp, r.record.valid_to)
+                rr = r.record
+                got_rec = None if rr is None else (rr.value, rr.timestamp, rr.valid_to)
                 want_rec = None if want[1] is None else (want[1].value, want[1].timestamp, want[1].valid_to)
                 assert (r.outcome, got_rec) == (want[0], want_rec), (v, key, t)
                 assert r.horizon == ref.horizon(key)
@@ -471,7 +472,7 @@ def test_read_rule_max_run_wins(q_warehouse, q_engine):
     bucket = layout.bucket_of("k", 2)
     stale = {"bucket": bucket, "key": "k", "valid_from": 10, "valid_to": None, "value": "stale",
              "tombstone": False, "partition": 0, "run": 1}
-    b.commit(extra_rows=[stale])
+    b.commit(extra_rows=[stale, {**stale, "valid_to": 20, "value": "1", "run": 2}])
     b.apply([("k", "3", 5)])
     e = q_engine()
     for eng in (e, _FilesEngine(e, e._files_view("s", b.version))):
@@ -524,3 +525,38 @@ def test_explicit_partitions_use_the_keys_partition(q_warehouse, q_engine):
         p = layout.default_partition_of("nokey", 2)
         assert nokey.horizon == {0: 990, 1: 10}[p]
         assert nokey.outcome == "not-found"
+
+
+def test_readers_never_see_a_half_built_index(q_warehouse, q_engine):
+    import threading
+
+    b = StoreBuilder(q_warehouse, "s", buckets=4)
+    b.apply([(f"k{i}", "0", 0) for i in range(50)])
+    e = q_engine()
+    stop = threading.Event()
+    seen: list[tuple[int, str | None, str | None]] = []
+    errors: list[BaseException] = []
+
+    def reader() -> None:
+        try:
+            while not stop.is_set():
+                for key in ("k1", "k2", "k33"):
+                    r = e.get("s", VersionedKeyQuery(key))
+                    seen.append((r.snapshot, key, None if r.record is None else r.record.value))
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=reader) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for run in range(1, 5):
+        b.apply([(f"k{i}", str(run), run) for i in range(50)])
+        e.refresh()
+    stop.set()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert {s for s, _, _ in seen} >= {b.version}
+    for snap, key, value in seen:
+        want = b.at[snap].latest(key)
+        assert value == (None if want is None else want.value)
