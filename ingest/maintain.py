@@ -112,7 +112,7 @@ def compact(path: str) -> dict[str, Any]:
             if settings.kind == "versioned":
                 sql = (f"SELECT * FROM ({sql}) WHERE valid_to IS NULL OR {horizon_sql} IS NULL "
                        f"OR valid_to > {horizon_sql}")
-            resolved = con.execute(sql + " ORDER BY key, valid_from", {"files": full}).to_arrow_table()
+            resolved = con.sql(sql + " ORDER BY key, valid_from", params={"files": full}).to_arrow_table()
             if len(files) == 1 and resolved.num_rows == count:
                 continue
             rewritten += 1

@@ -23,6 +23,7 @@ from deltalake import DeltaTable, Schema
 from deltalake.transaction import (
     AddAction,
     CommitProperties,
+    RemoveAction,
     Transaction,
     create_table_with_add_actions,
 )
@@ -75,7 +76,8 @@ def writer_lock(store_path: str, timeout_s: float) -> Iterator[None]:
                 time.sleep(0.2)
         handle.seek(0)
         handle.truncate()
-        handle.write(f"pid={os.getpid()} host={socket.gethostname()} since={time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}")
+        since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        handle.write(f"pid={os.getpid()} host={socket.gethostname()} since={since}")
         handle.flush()
         yield
     finally:
@@ -148,7 +150,7 @@ def existing_versions(handle: StoreHandle, keys: pa.Table) -> pa.Table:
             "FROM read_parquet($files) WHERE key IN (SELECT key FROM batch_keys) "
             f"QUALIFY row_number() OVER (PARTITION BY {group} ORDER BY run DESC) = 1"
         )
-        result = con.execute(sql, {"files": files}).to_arrow_table()
+        result = con.sql(sql, params={"files": files}).to_arrow_table()
     finally:
         con.close()
     return result.cast(schema)
@@ -207,7 +209,7 @@ def commit_store(handle: StoreHandle, adds: list[dict[str, Any]], state: StoreSt
         handle.table = DeltaTable(handle.path)
     else:
         handle.table.create_write_transaction(
-            _to_actions(adds), mode="append", schema=STORE_SCHEMA, partition_by=STORE_PARTITION_COLUMNS,
+            list[AddAction | RemoveAction](_to_actions(adds)), mode="append", schema=STORE_SCHEMA, partition_by=STORE_PARTITION_COLUMNS,
             commit_properties=props,
         )
         handle.table.update_incremental()
@@ -233,7 +235,7 @@ def commit_rejected(store_path: str, run: int, adds: list[dict[str, Any]]) -> No
     table = DeltaTable(path)
     if (table.transaction_version(APP_ID) or 0) >= run:
         return
-    table.create_write_transaction(_to_actions(adds), mode="append", schema=REJECTED_SCHEMA,
+    table.create_write_transaction(list[AddAction | RemoveAction](_to_actions(adds)), mode="append", schema=REJECTED_SCHEMA,
                                    commit_properties=props)
 
 
