@@ -183,6 +183,10 @@ def validate_adds(adds: list[dict[str, Any]], root: str, partitioned: bool) -> N
                 raise RuntimeError(f"file {path} does not belong to partition bucket={bucket}")
 
 
+def _actions(adds: list[dict[str, Any]]) -> list[AddAction | RemoveAction]:
+    return list[AddAction | RemoveAction](_to_actions(adds))
+
+
 def _to_actions(adds: list[dict[str, Any]]) -> list[AddAction]:
     return [
         AddAction(a["path"], int(a["size"]), a["partition_values"], int(a["modification_time"]), True,
@@ -209,7 +213,7 @@ def commit_store(handle: StoreHandle, adds: list[dict[str, Any]], state: StoreSt
         handle.table = DeltaTable(handle.path)
     else:
         handle.table.create_write_transaction(
-            list[AddAction | RemoveAction](_to_actions(adds)), mode="append", schema=STORE_SCHEMA, partition_by=STORE_PARTITION_COLUMNS,
+            _actions(adds), mode="append", schema=STORE_SCHEMA, partition_by=STORE_PARTITION_COLUMNS,
             commit_properties=props,
         )
         handle.table.update_incremental()
@@ -235,7 +239,7 @@ def commit_rejected(store_path: str, run: int, adds: list[dict[str, Any]]) -> No
     table = DeltaTable(path)
     if (table.transaction_version(APP_ID) or 0) >= run:
         return
-    table.create_write_transaction(list[AddAction | RemoveAction](_to_actions(adds)), mode="append", schema=REJECTED_SCHEMA,
+    table.create_write_transaction(_actions(adds), mode="append", schema=REJECTED_SCHEMA,
                                    commit_properties=props)
 
 
