@@ -219,16 +219,18 @@ def _run_once(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, new: di
     try:
         good = parsed.filter(F.col("reason").isNull()).select(
             "source", "pos", "key", "value", "ts", "part", "offset")
+        flags = _parse_stats(parsed, report)  # first action: parses and caches every file
         keys = pa.table({"key": pa.array([], pa.string())})
         if handle.table is not None and handle.data_files():
             keys = good.select("key").distinct().toArrow()
         existing_arrow = existing_versions(handle, keys)
         existing = spark.createDataFrame(existing_arrow) if existing_arrow.num_rows else \
             spark.createDataFrame([], _existing_ddl())
-        ctx = RunContext(settings, handle.state, run)
+        ctx = RunContext(settings, handle.state, run, explicit_partitions=flags["part"] > 0,
+                         any_offsets=flags["offset"] > 0)
         classified = classify(spark, good, existing, ctx).persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            state = _next_state(classified, parsed, handle.state, run, new, report)
+            state = _next_state(classified, handle.state, run, new, report)
             rows = rows_to_write(classified, existing, ctx)
             write_tasks = max(1, min(settings.buckets, report.read // 250_000 + 1))
             store_adds = collect_adds(
@@ -252,14 +254,24 @@ def _existing_ddl() -> str:
     return ", ".join(f"`{f.name}` {names[str(f.type)]}" for f in STORE_SCHEMA if f.name != "bucket")
 
 
-def _next_state(classified: DataFrame, parsed: DataFrame, state: StoreState, run: int,
-                new: dict[str, str], report: StoreReport) -> StoreState:
-    """Counts for the report and the state after this run, from one aggregation each."""
-    parse_counts = parsed.groupBy("reason").count().collect()
-    for row in parse_counts:
-        report.read += row["count"]
+def _parse_stats(parsed: DataFrame, report: StoreReport) -> dict[str, int]:
+    """Fill ``read`` and the parse-stage rejections; count records naming partitions/offsets."""
+    flags = {"part": 0, "offset": 0}
+    rows = parsed.groupBy("reason").agg(
+        F.count(F.lit(1)).alias("n"), F.count("part").alias("part"), F.count("offset").alias("offset")
+    ).collect()
+    for row in rows:
+        report.read += row["n"]
         if row["reason"] is not None:
-            report.rejected[row["reason"]] = report.rejected.get(row["reason"], 0) + row["count"]
+            report.rejected[row["reason"]] = report.rejected.get(row["reason"], 0) + row["n"]
+        else:
+            flags = {"part": row["part"], "offset": row["offset"]}
+    return flags
+
+
+def _next_state(classified: DataFrame, state: StoreState, run: int,
+                new: dict[str, str], report: StoreReport) -> StoreState:
+    """Outcome counts for the report and the store state after this run."""
     outcome_rows = classified.groupBy("outcome").agg(
         F.count(F.lit(1)).alias("n"),
         F.sum(F.col("latest").cast("int")).alias("latest"),

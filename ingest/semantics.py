@@ -38,6 +38,10 @@ class RunContext:
     settings: StoreSettings
     state: StoreState
     run: int
+    #: Whether any record of this run names a partition / carries an offset. When none does,
+    #: the windows that only those fields need are skipped (the common case, and much cheaper).
+    explicit_partitions: bool = True
+    any_offsets: bool = True
 
 
 def _map_literal(values: dict[int, int]) -> Column:
@@ -69,11 +73,14 @@ def classify(spark: SparkSession, records: DataFrame, existing: DataFrame, ctx: 
 
     # Home partition: stored versions first, else the first record of the key in this run.
     homes = existing.groupBy("key").agg(F.first("partition").alias("home_stored"))
-    w_first = Window.partitionBy("key").orderBy("source", "pos")
-    recs = recs.withColumn(
-        "home_run", F.first(F.when(~bad_part, F.col("p")), ignorenulls=True).over(
-            w_first.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing))
-    )
+    if ctx.explicit_partitions:
+        w_first = Window.partitionBy("key").orderBy("source", "pos")
+        recs = recs.withColumn(
+            "home_run", F.first(F.when(~bad_part, F.col("p")), ignorenulls=True).over(
+                w_first.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing))
+        )
+    else:  # every partition is crc32(key) mod P: a key's records all agree
+        recs = recs.withColumn("home_run", F.col("p"))
     recs = recs.join(homes, "key", "left")
     home = F.coalesce(F.col("home_stored"), F.col("home_run"))
     conflict = ~bad_part & (F.col("p") != home)
@@ -89,22 +96,28 @@ def classify(spark: SparkSession, records: DataFrame, existing: DataFrame, ctx: 
 
     # Processing order inside a partition: by offset when every record of it has one.
     valid = recs.filter(F.col("outcome").isNull())
-    all_offsets = valid.groupBy("p").agg(
-        (F.count(F.lit(1)) == F.count("offset")).alias("by_offset")
-    )
-    valid = valid.join(F.broadcast(all_offsets), "p").withColumn(
-        "ord0", F.when(F.col("by_offset"), F.col("offset"))
-    )
+    if ctx.any_offsets:
+        all_offsets = valid.groupBy("p").agg(
+            (F.count(F.lit(1)) == F.count("offset")).alias("by_offset")
+        )
+        valid = valid.join(F.broadcast(all_offsets), "p").withColumn(
+            "ord0", F.when(F.col("by_offset"), F.col("offset"))
+        )
+    else:
+        valid = valid.withColumn("ord0", F.lit(None).cast("bigint"))
     order = [F.col("ord0").asc_nulls_first(), F.col("source"), F.col("pos")]
 
-    max_offset = _map_literal(ctx.state.max_offset)
-    prev_max_off = F.element_at(max_offset, F.col("p"))
-    w_off = Window.partitionBy("p", "offset").orderBy(*order)
-    dup = F.col("offset").isNotNull() & (
-        (prev_max_off.isNotNull() & (F.col("offset") <= prev_max_off))
-        | (F.row_number().over(w_off) > 1)
-    )
-    valid = valid.withColumn("dup", F.when(F.col("offset").isNull(), F.lit(False)).otherwise(dup))
+    if ctx.any_offsets:
+        max_offset = _map_literal(ctx.state.max_offset)
+        prev_max_off = F.element_at(max_offset, F.col("p"))
+        w_off = Window.partitionBy("p", "offset").orderBy(*order)
+        dup = F.col("offset").isNotNull() & (
+            (prev_max_off.isNotNull() & (F.col("offset") <= prev_max_off))
+            | (F.row_number().over(w_off) > 1)
+        )
+        valid = valid.withColumn("dup", F.when(F.col("offset").isNull(), F.lit(False)).otherwise(dup))
+    else:
+        valid = valid.withColumn("dup", F.lit(False))
     valid = valid.withColumn(
         "outcome", F.when(F.col("dup"), F.lit("duplicate_offset"))
     ).withColumn(
