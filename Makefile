@@ -48,6 +48,8 @@ demo: $(BASE_STAMP) java
 	$(VENV)/bin/versiq demo $(DEMO_ARGS)
 
 test: $(DEV_STAMP) java
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: $(DEV_STAMP)

@@ -220,6 +220,7 @@ def _run_once(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, new: di
         good = parsed.filter(F.col("reason").isNull()).select(
             "source", "pos", "key", "value", "ts", "part", "offset")
         flags = _parse_stats(parsed, report)  # first action: parses and caches every file
+        log.info("store %s: parsed %d record(s) from %d file(s)", spec.name, report.read, len(new))
         keys = pa.table({"key": pa.array([], pa.string())})
         if handle.table is not None and handle.data_files():
             keys = good.select("key").distinct().toArrow()
@@ -231,6 +232,8 @@ def _run_once(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, new: di
         classified = classify(spark, good, existing, ctx).persist(StorageLevel.MEMORY_AND_DISK)
         try:
             state = _next_state(classified, handle.state, run, new, report)
+            log.info("store %s: %d accepted, %d rejected; writing", spec.name,
+                     report.accepted_latest + report.accepted_out_of_order, sum(report.rejected.values()))
             rows = rows_to_write(classified, existing, ctx)
             write_tasks = max(1, min(settings.buckets, report.read // 250_000 + 1))
             store_adds = collect_adds(
@@ -239,6 +242,8 @@ def _run_once(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, new: di
             )
             rejected_adds = _write_rejected(parsed, classified, handle.path, run, new, spec.format)
             state.rejected_adds = rejected_adds
+            log.info("store %s: committing %d data file(s), %d rejected file(s)", spec.name, len(store_adds),
+                     len(rejected_adds))
             version = commit_store(handle, store_adds, state)
             if rejected_adds:
                 commit_rejected(handle.path, run, rejected_adds)

@@ -19,6 +19,7 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+import pyarrow.parquet as pq
 from deltalake import DeltaTable, Schema
 from deltalake.transaction import (
     AddAction,
@@ -164,7 +165,9 @@ def _commit_properties(state: StoreState, run: int) -> CommitProperties:
 
 
 def validate_adds(adds: list[dict[str, Any]], root: str, partitioned: bool) -> None:
-    """Checks delta-rs does not make: unique paths, files present, partition membership."""
+    """Checks delta-rs does not make: unique paths, files present with the table's schema,
+    full stats, partition membership."""
+    expected = STORE_FILE_SCHEMA if partitioned else REJECTED_SCHEMA
     seen: set[str] = set()
     for add in adds:
         path = add["path"]
@@ -174,8 +177,11 @@ def validate_adds(adds: list[dict[str, Any]], root: str, partitioned: bool) -> N
         if not os.path.isfile(os.path.join(root, path)):
             raise RuntimeError(f"file to commit is missing: {path}")
         stats = json.loads(add["stats"])
-        if stats.get("numRecords", 0) <= 0:
-            raise RuntimeError(f"file to commit has no records: {path}")
+        if stats.get("numRecords", 0) <= 0 or not {"minValues", "maxValues", "nullCount"} <= set(stats):
+            raise RuntimeError(f"file to commit has no records or incomplete stats: {path}")
+        schema = pq.read_schema(os.path.join(root, path))
+        if not schema.remove_metadata().equals(expected):
+            raise RuntimeError(f"file {path} has schema {schema} instead of the table's {expected}")
         if partitioned:
             bucket = add["partition_values"]["bucket"]
             if not path.startswith(f"bucket={bucket}/") or add.get("bucket_min") != add.get("bucket_max") \

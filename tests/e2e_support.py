@@ -74,10 +74,14 @@ class IngestedStore:
         self.source = source
         self.name = name
         self.settings = settings
+        def setting(name: str, default: Any) -> Any:
+            value = settings.get(name)
+            return default if value is None else value
+
         self.model = ReferenceStore(
-            kind=settings.get("kind") or "versioned",
-            history_retention_ms=settings.get("history_retention_ms") or 86_400_000,
-            partitions=settings.get("partitions") or 1,
+            kind=setting("kind", "versioned"),
+            history_retention_ms=setting("history_retention_ms", 86_400_000),
+            partitions=setting("partitions", 1),
         )
         self.models: dict[int, ReferenceStore] = {}
         self.reports: list[StoreReport | None] = []

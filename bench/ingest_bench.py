@@ -1,0 +1,204 @@
+"""Ingest benchmark (issue 3): full-build throughput and incremental-batch cost.
+
+- Full build: a fresh store from a generated changelog of ``keys x 10`` events, once from
+  Parquet and once from JSONL (8 files each); events/s = events read / run seconds.
+  Default 1M events (100k keys x 10 versions); ``--big`` adds 10M (1M keys x 10).
+- Incremental: after a full build, a 10k-event JSONL batch (random existing keys, 10% out of
+  order, 1% tombstones, 0.1% late) is ingested ``--batches`` times into the same store; the
+  median is the figure, for the 1M-version store and (``--big``) the 10M-version store, and the
+  ratio between them (goal: within 1.5x, cost follows the batch, not the table).
+
+One SparkSession (``get_spark("local[*]")``) for every run. Prints a table and writes
+``bench/results/ingest-<date>.json``. ``--profile`` runs cProfile on the driver for one
+incremental batch and stores the top functions by cumulative time (Spark actions show up as
+the pipeline functions that trigger them).
+
+    .venv/bin/python bench/ingest_bench.py [--big] [--work /tmp/versiq-bench]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import gen_changelog as gen  # noqa: E402
+
+from ingest.pipeline import StoreSpec, run_ingest  # noqa: E402
+from ingest.spark import get_spark  # noqa: E402
+
+VERSIONS = 10
+BATCH_EVENTS = 10_000
+
+
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
+def loadavg() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def ensure_changelog(work: str, keys: int) -> str:
+    out = os.path.join(work, f"changelog-{keys * VERSIONS}")
+    marker = os.path.join(out, "_done.json")
+    if not os.path.exists(marker):
+        shutil.rmtree(out, ignore_errors=True)
+        t0 = time.perf_counter()
+        tbl = gen.make_events(keys, VERSIONS, seed=42)
+        gen.write_changelog(tbl, out, "both", files=8 if keys * VERSIONS <= 1_000_000 else 16)
+        info = {**gen.summary(tbl), "seconds": round(time.perf_counter() - t0, 2)}
+        with open(marker, "w") as fh:
+            json.dump(info, fh)
+        print(f"generated {out}: {info}", flush=True)
+    return out
+
+
+def link_source(src_folder: str, dest: str) -> str:
+    shutil.rmtree(dest, ignore_errors=True)
+    os.makedirs(dest)
+    for name in sorted(os.listdir(src_folder)):
+        os.link(os.path.join(src_folder, name), os.path.join(dest, name))
+    return dest
+
+
+def report_of(rep, name: str) -> dict:  # type: ignore[no-untyped-def]
+    r = rep.stores[name]
+    if r.error:
+        raise RuntimeError(f"store {name} failed: {r.error}")
+    return r.to_json()
+
+
+def full_build(spark, work: str, keys: int, fmt: str) -> dict:  # type: ignore[no-untyped-def]
+    events = keys * VERSIONS
+    changelog = ensure_changelog(work, keys)
+    warehouse = os.path.join(work, "wh-ingest")
+    name = f"full_{fmt}_{events}"
+    shutil.rmtree(os.path.join(warehouse, name), ignore_errors=True)
+    source = link_source(os.path.join(changelog, fmt), os.path.join(work, "src", name))
+    load_before = loadavg()
+    t0 = time.perf_counter()
+    rep = run_ingest(spark, warehouse, [StoreSpec(name, source, format=fmt, history_retention_ms=gen.GRACE_MS)])
+    seconds = time.perf_counter() - t0
+    r = report_of(rep, name)
+    out = {"format": fmt, "events": events, "keys": keys, "seconds": round(seconds, 2),
+           "events_per_s": round(r["read"] / seconds), "report": r,
+           "load_before": load_before, "load_after": loadavg()}
+    print(f"full build {fmt:7s} {events:>10,} events: {seconds:7.1f} s  "
+          f"{r['read'] / seconds:>9,.0f} events/s  (load {load_before} -> {out['load_after']})", flush=True)
+    return out
+
+
+def incremental(spark, work: str, keys: int, fmt: str, batches: int, profile: bool) -> dict:  # type: ignore[no-untyped-def]
+    """Batches into the store that ``full_build(keys, fmt)`` left behind."""
+    events = keys * VERSIONS
+    warehouse = os.path.join(work, "wh-ingest")
+    name = f"full_{fmt}_{events}"
+    source = os.path.join(work, "src", name)
+    runs = []
+    prof_text = None
+    for b in range(batches):
+        batch_events = events + b * BATCH_EVENTS
+        tbl = gen.make_events(keys, VERSIONS, seed=42, batch=BATCH_EVENTS, after_events=batch_events)
+        batch_dir = os.path.join(work, "batches", name, str(b))
+        shutil.rmtree(batch_dir, ignore_errors=True)
+        gen.write_changelog(tbl, batch_dir, "jsonl", files=1, prefix=f"part-b{b:03d}")
+        for f in os.listdir(os.path.join(batch_dir, "jsonl")):
+            shutil.copy(os.path.join(batch_dir, "jsonl", f), os.path.join(source, f))
+        spec = StoreSpec(name, source, history_retention_ms=gen.GRACE_MS)
+        load_before = loadavg()
+        prof = cProfile.Profile() if (profile and b == batches - 1) else None
+        t0 = time.perf_counter()
+        if prof:
+            prof.enable()
+        rep = run_ingest(spark, warehouse, [spec])
+        if prof:
+            prof.disable()
+        seconds = time.perf_counter() - t0
+        r = report_of(rep, name)
+        assert r["read"] == BATCH_EVENTS, r
+        runs.append({"seconds": round(seconds, 2), "report": r, "load_before": load_before})
+        print(f"incremental {BATCH_EVENTS:,} events into {events:>10,} versions: batch {b}: "
+              f"{seconds:6.2f} s (load {load_before})", flush=True)
+        if prof:
+            s = io.StringIO()
+            pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(35)
+            prof_text = s.getvalue()
+    secs = [r["seconds"] for r in runs]
+    out = {"store_versions": events, "batch_events": BATCH_EVENTS, "median_s": statistics.median(secs),
+           "runs": runs}
+    if prof_text:
+        out["driver_profile_top"] = prof_text
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--work", default=os.environ.get("VERSIQ_BENCH_WORK", "/tmp/versiq-bench"))
+    ap.add_argument("--keys", type=int, default=100_000, help="keys of the small scale (x10 events)")
+    ap.add_argument("--big", action="store_true", help="also 10M events (1M keys x 10)")
+    ap.add_argument("--only-big", action="store_true", help="only the 10M scale")
+    ap.add_argument("--formats", default="parquet,jsonl")
+    ap.add_argument("--batches", type=int, default=3)
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--results", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    args = ap.parse_args()
+    os.makedirs(args.work, exist_ok=True)
+    scales = [] if args.only_big else [args.keys]
+    if args.big or args.only_big:
+        scales.append(1_000_000)
+    started = datetime.now(UTC)
+    result: dict = {"date": started.strftime("%Y-%m-%d"), "started": started.isoformat(timespec="seconds"),
+                    "machine": {"nproc": os.cpu_count(), "uptime_start": uptime()},
+                    "full_build": [], "incremental": []}
+    t0 = time.perf_counter()
+    spark = get_spark("local[*]")
+    result["spark_start_s"] = round(time.perf_counter() - t0, 2)
+    result["spark"] = {"version": spark.version, "master": spark.sparkContext.master,
+                       "default_parallelism": spark.sparkContext.defaultParallelism}
+    formats = args.formats.split(",")
+    for keys in scales:
+        for fmt in formats:
+            result["full_build"].append(full_build(spark, args.work, keys, fmt))
+        # incremental batches into the store built from the last format
+        result["incremental"].append(incremental(spark, args.work, keys, formats[-1], args.batches, args.profile))
+    result["machine"]["uptime_end"] = uptime()
+    if len(result["incremental"]) == 2:
+        a, b = result["incremental"]
+        result["incremental_ratio"] = round(b["median_s"] / a["median_s"], 2)
+    spark.stop()
+
+    print()
+    print(f"{'benchmark':48s} {'seconds':>9s} {'figure':>16s}")
+    for fb in result["full_build"]:
+        print(f"{'full build ' + fb['format'] + ' ' + format(fb['events'], ','):48s} {fb['seconds']:9.1f} "
+              f"{fb['events_per_s']:>10,} ev/s")
+    for inc in result["incremental"]:
+        label = f"incremental {inc['batch_events']:,} into {inc['store_versions']:,} versions (median)"
+        print(f"{label:48s} {inc['median_s']:9.2f} {'':>16s}")
+    if "incremental_ratio" in result:
+        print(f"{'incremental ratio (big / small)':48s} {result['incremental_ratio']:>26}x")
+    print(result["machine"]["uptime_start"])
+    print(result["machine"]["uptime_end"])
+    os.makedirs(args.results, exist_ok=True)
+    suffix = "-big" if (args.big or args.only_big) else ""
+    path = os.path.join(args.results, f"ingest-{result['date']}{suffix}.json")
+    with open(path, "w") as fh:
+        json.dump(result, fh, indent=2)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

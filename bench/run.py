@@ -1,0 +1,32 @@
+"""``make bench``: the ingest benchmark, then the query benchmark (results in bench/results/).
+
+Arguments after ``--`` are not parsed; use the environment instead:
+``BENCH_BIG=1`` adds the 10M-event ingest scale, ``BENCH_QUERY_KEYS`` sets the query store's
+keys (default 1,000,000; e.g. 200000 on a busy machine).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def main() -> int:
+    ingest = [sys.executable, os.path.join(HERE, "ingest_bench.py"), "--profile"]
+    if os.environ.get("BENCH_BIG"):
+        ingest.append("--big")
+    query = [sys.executable, os.path.join(HERE, "query_bench.py"),
+             "--keys", os.environ.get("BENCH_QUERY_KEYS", "1000000")]
+    for cmd in (ingest, query):
+        print("+", " ".join(cmd), flush=True)
+        rc = subprocess.call(cmd)
+        if rc:
+            return rc
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
