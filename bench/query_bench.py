@@ -1,7 +1,7 @@
 """Query benchmark (issue 4): in-process floors, sequential HTTP latency, 32-client throughput.
 
 1. Store: ``--keys`` keys x 10 versions (default 1M keys; ``--keys 200000`` to scale down),
-   built with the real ingest (``run_ingest`` on ``local[*]``) from a generated Parquet
+   built with the real ingest (``run_ingest`` on ``local[*]``) from a generated JSONL
    changelog, plus 100 "hot" keys with 150 versions each so that a versions page really holds
    100 records. Reused when it already exists under ``--work``.
 2. In-process floors: ``query.engine.Engine`` directly (no HTTP): latest, as-of, a 100-record
@@ -88,8 +88,6 @@ def ensure_store(work: str, keys: int) -> tuple[str, dict]:
             info = json.load(fh)
         print(f"reusing store {warehouse} ({info['events']:,} events)", flush=True)
         return warehouse, info
-    import pyarrow.parquet as pq
-
     from ingest.pipeline import StoreSpec, run_ingest
     from ingest.spark import get_spark
 
@@ -97,12 +95,13 @@ def ensure_store(work: str, keys: int) -> tuple[str, dict]:
     source = os.path.join(work, f"src-query-{keys}")
     shutil.rmtree(source, ignore_errors=True)
     tbl = gen.make_events(keys, VERSIONS, seed=1)
-    gen.write_changelog(tbl, source, "parquet", files=16 if keys * VERSIONS > 1_000_000 else 8)
-    pq.write_table(hot_keys_table(2), os.path.join(source, "parquet", "zz-hot.parquet"))
+    gen.write_changelog(tbl, source, "jsonl", files=16 if keys * VERSIONS > 1_000_000 else 8)
+    with open(os.path.join(source, "jsonl", "zz-hot.jsonl"), "wb") as fh:
+        fh.write(gen._jsonl_bytes(hot_keys_table(2)))
     spark = get_spark("local[*]")
     t0 = time.perf_counter()
-    rep = run_ingest(spark, warehouse, [StoreSpec(STORE, os.path.join(source, "parquet"),
-                                                 format="parquet", history_retention_ms=gen.GRACE_MS)])
+    rep = run_ingest(spark, warehouse, [StoreSpec(STORE, os.path.join(source, "jsonl"),
+                                                 format="jsonl", history_retention_ms=gen.GRACE_MS)])
     seconds = time.perf_counter() - t0
     spark.stop()
     r = rep.stores[STORE]
