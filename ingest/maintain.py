@@ -25,7 +25,7 @@ import duckdb
 from deltalake import DeltaTable
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction
 
-from ingest.store import UsageError, is_store, writer_lock
+from ingest.store import existing_store_path, is_store, writer_lock
 from ingest.writer import file_stats
 from versiq.layout import (
     STATE_KEY,
@@ -35,7 +35,6 @@ from versiq.layout import (
     StoreSettings,
     read_state,
 )
-from versiq.names import check_store_name
 
 log = logging.getLogger("versiq.maintain")
 
@@ -43,19 +42,8 @@ VACUUM_RETENTION_HOURS = int(os.environ.get("VERSIQ_VACUUM_RETENTION_HOURS", "1"
 COMPACT_FILES_PER_BUCKET = 4
 
 
-def _store_path(warehouse: str, store: str) -> str:
-    try:
-        check_store_name(store)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    path = os.path.join(warehouse, store)
-    if not is_store(path):
-        raise UsageError(f"no store {store!r} in warehouse {warehouse}")
-    return path
-
-
 def maintain_store(warehouse: str, store: str, lock_timeout_s: float = 60.0) -> dict[str, Any]:
-    path = _store_path(warehouse, store)
+    path = existing_store_path(warehouse, store)
     with writer_lock(path, lock_timeout_s):
         result = compact(path)
         table = DeltaTable(path)

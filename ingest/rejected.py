@@ -2,27 +2,19 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from ingest.store import UsageError, is_store, rejected_path
+from ingest.store import UsageError, existing_store_path, is_store, rejected_path
 from versiq.layout import REJECT_REASONS
-from versiq.names import check_store_name
 
 
 def iter_rejected(warehouse: str, store: str, reason: str | None = None) -> Iterator[dict[str, Any]]:
     """Rejected records ordered by (run, source, line/row), as the CLI prints them."""
-    try:
-        check_store_name(store)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    store_path = os.path.join(warehouse, store)
-    if not is_store(store_path):
-        raise UsageError(f"no store {store!r} in warehouse {warehouse}")
+    store_path = existing_store_path(warehouse, store)
     if reason is not None and reason not in REJECT_REASONS:
         raise UsageError(f"unknown reason {reason!r}; one of: {', '.join(REJECT_REASONS)}")
     path = rejected_path(store_path)

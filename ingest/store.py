@@ -43,6 +43,7 @@ from versiq.layout import (
     StoreState,
     read_state,
 )
+from versiq.names import check_store_name
 
 
 class UsageError(Exception):
@@ -89,6 +90,18 @@ def writer_lock(store_path: str, timeout_s: float) -> Iterator[None]:
 
 def is_store(path: str) -> bool:
     return os.path.isdir(os.path.join(path, "_delta_log")) and DeltaTable.is_deltatable(path)
+
+
+def existing_store_path(warehouse: str, store: str) -> str:
+    """The path of an existing store; UsageError for an invalid name or a missing store."""
+    try:
+        check_store_name(store)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    path = os.path.join(warehouse, store)
+    if not is_store(path):
+        raise UsageError(f"no store {store!r} in warehouse {warehouse}")
+    return path
 
 
 @dataclass
