@@ -57,7 +57,7 @@ def make_events(keys: int, versions: int, seed: int, *, batch: int | None = None
     else:
         n = batch
         key_ids = rng.integers(0, keys, size=n, dtype=np.int64)
-        step = step_ms_for(after_events)
+        step = step_ms_for(keys * versions)  # the time step of the changelog it continues
     pos = np.arange(after_events, after_events + n, dtype=np.int64)
     ts = START_MS + pos * step
     u = rng.random(n)

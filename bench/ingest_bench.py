@@ -43,6 +43,49 @@ VERSIONS = 10
 BATCH_EVENTS = 10_000
 
 
+PHASES: dict[str, float] = {}
+PHASE_NAMES = {
+    "_parse_stats": "parse + cache (first action)",
+    "existing_versions": "read existing versions (delta-rs/DuckDB)",
+    "_next_state": "classify: outcome counts + stream time (window functions)",
+    "collect_adds": "write store + _rejected files (both collect_adds calls)",
+    "commit_store": "Delta commit of the store",
+    "commit_rejected": "Delta commit of _rejected",
+}
+
+
+def instrument() -> None:
+    """Time the pipeline's phases: each wrapped function runs the Spark actions of one phase
+    (the pipeline is lazy, so a phase's seconds include the plan it triggers)."""
+    import functools
+
+    import ingest.pipeline as pipeline
+
+    for name in PHASE_NAMES:
+        fn = getattr(pipeline, name, None)
+        if fn is None:
+            continue
+
+        def wrap(fn, name=name):  # type: ignore[no-untyped-def]
+            @functools.wraps(fn)
+            def timed(*a, **kw):  # type: ignore[no-untyped-def]
+                t = time.perf_counter()
+                try:
+                    return fn(*a, **kw)
+                finally:
+                    PHASES[name] = PHASES.get(name, 0.0) + time.perf_counter() - t
+            return timed
+
+        setattr(pipeline, name, wrap(fn))
+
+
+def take_phases(total: float) -> dict[str, float]:
+    out = {k: round(v, 2) for k, v in PHASES.items()}
+    out["other (plan building, listing, state)"] = round(total - sum(PHASES.values()), 2)
+    PHASES.clear()
+    return out
+
+
 def uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
@@ -93,11 +136,13 @@ def full_build(spark, work: str, keys: int, fmt: str) -> dict:  # type: ignore[n
     rep = run_ingest(spark, warehouse, [StoreSpec(name, source, format=fmt, history_retention_ms=gen.GRACE_MS)])
     seconds = time.perf_counter() - t0
     r = report_of(rep, name)
-    out = {"format": fmt, "events": events, "keys": keys, "seconds": round(seconds, 2),
+    phases = take_phases(seconds)
+    out = {"phases_s": phases, "format": fmt, "events": events, "keys": keys, "seconds": round(seconds, 2),
            "events_per_s": round(r["read"] / seconds), "report": r,
            "load_before": load_before, "load_after": loadavg()}
     print(f"full build {fmt:7s} {events:>10,} events: {seconds:7.1f} s  "
           f"{r['read'] / seconds:>9,.0f} events/s  (load {load_before} -> {out['load_after']})", flush=True)
+    print(f"  phases: {phases}", flush=True)
     return out
 
 
@@ -109,7 +154,8 @@ def incremental(spark, work: str, keys: int, fmt: str, batches: int, profile: bo
     source = os.path.join(work, "src", name)
     runs = []
     prof_text = None
-    for b in range(batches):
+    first = len([f for f in os.listdir(source) if f.startswith("part-b")])  # batches of earlier runs
+    for b in range(first, first + batches):
         batch_events = events + b * BATCH_EVENTS
         tbl = gen.make_events(keys, VERSIONS, seed=42, batch=BATCH_EVENTS, after_events=batch_events)
         batch_dir = os.path.join(work, "batches", name, str(b))
@@ -119,7 +165,7 @@ def incremental(spark, work: str, keys: int, fmt: str, batches: int, profile: bo
             shutil.copy(os.path.join(batch_dir, "jsonl", f), os.path.join(source, f))
         spec = StoreSpec(name, source, history_retention_ms=gen.GRACE_MS)
         load_before = loadavg()
-        prof = cProfile.Profile() if (profile and b == batches - 1) else None
+        prof = cProfile.Profile() if (profile and b == first + batches - 1) else None
         t0 = time.perf_counter()
         if prof:
             prof.enable()
@@ -129,9 +175,11 @@ def incremental(spark, work: str, keys: int, fmt: str, batches: int, profile: bo
         seconds = time.perf_counter() - t0
         r = report_of(rep, name)
         assert r["read"] == BATCH_EVENTS, r
-        runs.append({"seconds": round(seconds, 2), "report": r, "load_before": load_before})
+        assert r["files"] == 1, r
+        runs.append({"seconds": round(seconds, 2), "phases_s": take_phases(seconds), "report": r,
+                     "load_before": load_before})
         print(f"incremental {BATCH_EVENTS:,} events into {events:>10,} versions: batch {b}: "
-              f"{seconds:6.2f} s (load {load_before})", flush=True)
+              f"{seconds:6.2f} s (load {load_before})  phases: {runs[-1]['phases_s']}", flush=True)
         if prof:
             s = io.StringIO()
             pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(35)
@@ -152,10 +200,13 @@ def main() -> None:
     ap.add_argument("--only-big", action="store_true", help="only the 10M scale")
     ap.add_argument("--formats", default="parquet,jsonl")
     ap.add_argument("--batches", type=int, default=3)
+    ap.add_argument("--reuse-big", action="store_true",
+                    help="with --big: no 10M full build, batches into the 10M store a previous run built")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--results", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
+    instrument()
     scales = [] if args.only_big else [args.keys]
     if args.big or args.only_big:
         scales.append(1_000_000)
@@ -171,9 +222,15 @@ def main() -> None:
     formats = args.formats.split(",")
     for keys in scales:
         for fmt in formats:
+            if keys == 1_000_000 and args.reuse_big:
+                continue
             result["full_build"].append(full_build(spark, args.work, keys, fmt))
-        # incremental batches into the store built from the last format
-        result["incremental"].append(incremental(spark, args.work, keys, formats[-1], args.batches, args.profile))
+        # batches go into the store built from the last format (the 10M store of an earlier run
+        # with --reuse-big: it was built from JSONL)
+        inc_fmt = "jsonl" if (keys == 1_000_000 and args.reuse_big) else formats[-1]
+        if args.batches < 1:
+            continue
+        result["incremental"].append(incremental(spark, args.work, keys, inc_fmt, args.batches, args.profile))
     result["machine"]["uptime_end"] = uptime()
     if len(result["incremental"]) == 2:
         a, b = result["incremental"]
@@ -195,6 +252,8 @@ def main() -> None:
     os.makedirs(args.results, exist_ok=True)
     suffix = "-big" if (args.big or args.only_big) else ""
     path = os.path.join(args.results, f"ingest-{result['date']}{suffix}.json")
+    if os.path.exists(path):
+        path = path[:-5] + "-" + started.strftime("%H%M") + ".json"
     with open(path, "w") as fh:
         json.dump(result, fh, indent=2)
     print(f"wrote {path}")

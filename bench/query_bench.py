@@ -184,6 +184,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def proc_tree_rss_mb(pid: int) -> dict[int, float]:
+    """Resident memory (MB) of pid and each direct child (the uvicorn workers)."""
+    out = subprocess.run(["ps", "-o", "pid=,rss=", "--ppid", str(pid), "-p", str(pid)],
+                         capture_output=True, text=True).stdout
+    return {int(p): round(int(r) / 1024, 1) for p, r in (line.split() for line in out.splitlines())}
+
+
 def proc_tree_cpu(pid: int) -> float:
     """CPU seconds (user+system) of pid and its descendants (live ones)."""
     total = 0.0
@@ -370,6 +377,8 @@ def main() -> None:
         server = Server(warehouse, workers, os.path.join(args.work, f"serve-w{workers}.log"))
         try:
             ready_s = server.wait_ready()
+            rss = proc_tree_rss_mb(server.proc.pid)
+            print(f"workers={workers} ready in {ready_s:.1f} s, RSS MB per process: {rss}", flush=True)
             seq = sequential(server.base, wl, args.n)
             print(f"workers={workers} sequential:", json.dumps(seq), flush=True)
             loads = []
@@ -379,7 +388,7 @@ def main() -> None:
                 print(f"workers={workers} load {kind}: {load['requests_per_s']} req/s "
                       f"({load['generator']}, generator CPU {load['generator_cpu_share']} cores, "
                       f"server CPU {load['server_cpu_share']} cores, non-2xx {load['non_2xx']})", flush=True)
-            result["http"][f"workers_{workers}"] = {"ready_s": round(ready_s, 1), "sequential": seq,
+            result["http"][f"workers_{workers}"] = {"ready_s": round(ready_s, 1), "rss_mb": rss, "sequential": seq,
                                                      "concurrent": loads, "load": uptime()}
         finally:
             server.stop()
@@ -405,6 +414,8 @@ def main() -> None:
     print(result["machine"]["uptime_end"])
     os.makedirs(args.results, exist_ok=True)
     path = os.path.join(args.results, f"query-{result['date']}-{args.keys}keys.json")
+    if os.path.exists(path):
+        path = path[:-5] + "-" + started.strftime("%H%M") + ".json"
     with open(path, "w") as fh:
         json.dump(result, fh, indent=2)
     print(f"wrote {path}")

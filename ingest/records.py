@@ -16,6 +16,7 @@ import csv
 import json
 import os
 from collections.abc import Iterator
+from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any
 
 import pyarrow as pa
@@ -149,9 +150,14 @@ def optional_int(value: Any, name: str, reason: str) -> int | None:
 
 
 def value_from_json_text(text: str) -> str:
-    """A JSON-text value column (CSV, Parquet strings): parse strictly and re-render compactly."""
+    """A JSON-text value column (CSV, Parquet strings): parse strictly and re-render compactly.
+
+    Text with no whitespace and no escapes is already its own compact form once it parses."""
     try:
-        return compact(strict_loads(text))
+        parsed = strict_loads(text)
+        if " " not in text and "\\" not in text and "\t" not in text and "\n" not in text and "\r" not in text:
+            return text
+        return compact(parsed)
     except ValueError as exc:
         raise Reject("bad_value", f"'value' is not JSON text: {exc}") from None
 
@@ -220,15 +226,47 @@ def parse_jsonl(path: str, source: str) -> Iterator[pa.RecordBatch]:
         yield out.flush()
 
 
-def _parse_json_line(out: _Batcher, number: int, raw: str) -> None:
+def _compact_members(raw: str) -> dict[str, tuple[Any, str]] | None:
+    """Fast path for a line with no whitespace and no escapes: the top-level members with each
+    value's source text, which for such a line *is* its compact form (the same text
+    ``compact`` would produce). None means: use the general path (which also words errors)."""
+    if raw[:1] != "{" or " " in raw or "\t" in raw or "\\" in raw or "\r" in raw:
+        return None
+    members: dict[str, tuple[Any, str]] = {}
+    if raw == "{}":
+        return members
+    idx, end = 1, len(raw)
     try:
-        obj = strict_loads(raw)
-    except ValueError as exc:
-        out.reject(number, "malformed", f"not one complete JSON object: {exc}", raw)
-        return
-    if not isinstance(obj, dict):
-        out.reject(number, "malformed", "top level is not a JSON object", raw)
-        return
+        while True:
+            if raw[idx] != '"':
+                return None
+            name, idx = scanstring(raw, idx + 1, True)
+            if raw[idx] != ":" or name in members:
+                return None
+            value, stop = _DECODER.scan_once(raw, idx + 1)  # type: ignore[attr-defined]
+            members[name] = (value, raw[idx + 1:stop])
+            if stop == end - 1 and raw[stop] == "}":
+                return members
+            if raw[stop] != ",":
+                return None
+            idx = stop + 1
+    except (StopIteration, ValueError, IndexError):
+        return None
+
+
+def _parse_json_line(out: _Batcher, number: int, raw: str) -> None:
+    fast = _compact_members(raw)
+    if fast is not None:
+        obj: Any = {name: value for name, (value, _text) in fast.items()}
+    else:
+        try:
+            obj = strict_loads(raw)
+        except ValueError as exc:
+            out.reject(number, "malformed", f"not one complete JSON object: {exc}", raw)
+            return
+        if not isinstance(obj, dict):
+            out.reject(number, "malformed", "top level is not a JSON object", raw)
+            return
     part = offset = None
     try:
         part = optional_int(obj.get("partition"), "partition", "bad_partition")
@@ -236,7 +274,12 @@ def _parse_json_line(out: _Batcher, number: int, raw: str) -> None:
         key = key_from_json(obj.get("key"), "key" in obj)
         ts = timestamp_from_json(obj.get("timestamp"), "timestamp" in obj)
         value = obj.get("value")
-        value_text = None if value is None else compact(value)
+        if value is None:
+            value_text = None
+        elif fast is not None:
+            value_text = fast["value"][1]
+        else:
+            value_text = compact(value)
     except Reject as rej:
         out.reject(number, rej.reason, rej.detail, raw, part, offset)
         return
