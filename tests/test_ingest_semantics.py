@@ -177,3 +177,31 @@ def test_timestamped_store_keeps_latest_by_processing_order(spark, tmp_path):
     path2, [rep2] = ingest(spark, tmp_path, "ts", [[("b.jsonl", lines([("a", "9", 1)], "b.jsonl"))]])
     assert timestamped_values(path2)["a"] == ("9", 1)
     assert rep2.accepted_out_of_order == 1
+
+
+def test_maintain_compacts_prunes_expired_history_and_keeps_old_snapshots(spark, tmp_path):
+    """`versiq maintain`: one file per bucket, superseded rows gone, history that ended at or
+    before the horizon dropped (no query can return it), older snapshots still readable."""
+    from deltalake import DeltaTable
+
+    from ingest.maintain import maintain_store
+
+    run1 = [("a.jsonl", lines([("k", str(t), t) for t in (10, 20, 30, 40)] + [("j", "1", 50)]))]
+    run2 = [("b.jsonl", lines([("k", "99", 20), ("k", "100", 100), ("j", None, 60)], "b.jsonl"))]
+    path, _ = ingest(spark, tmp_path, "m", [run1, run2], history_retention_ms=60, buckets=2)
+    before = store_versions(path)
+    version_before = DeltaTable(path).version()
+    result = maintain_store(str(tmp_path / "wh"), "m")
+    assert result["buckets_rewritten"] >= 1
+    horizon = 100 - 60
+    expected = {k: [v for v in vs if v.valid_to is None or v.valid_to > horizon] for k, vs in before.items()}
+    assert store_versions(path) == expected
+    assert expected["k"][0].timestamp == 40  # 10 (validTo 20), 20 (validTo 30), 30 (validTo 40) pruned
+    table = DeltaTable(path)
+    buckets = [uri.split("bucket=")[1].split("/")[0] for uri in table.file_uris()]
+    assert len(buckets) == len(set(buckets))
+    assert store_versions(path, version_before) == before
+    assert stream_times(path) == {0: 100}
+    # a later run still sees the same store (state carried by the compaction commit)
+    path, [rep] = ingest(spark, tmp_path, "m", [[("c.jsonl", lines([("k", "7", 39), ("k", "8", 40)], "c.jsonl"))]])
+    assert rep.rejected["late"] == 1 and rep.replaced_same_timestamp == 1
