@@ -82,6 +82,8 @@ class StoreSpec:
             raise UsageError(f"store {self.name!r}: kind must be one of {', '.join(KINDS)}")
         if self.format is not None and self.format not in ("jsonl", "csv", "parquet"):
             raise UsageError(f"store {self.name!r}: format must be jsonl, csv or parquet")
+        if self.history_retention_ms is not None and not 0 <= self.history_retention_ms <= 2**63 - 1:
+            raise UsageError(f"store {self.name!r}: history_retention must be in [0, 2^63-1] ms")
         if self.partitions is not None and not 1 <= self.partitions <= 10_000:
             raise UsageError(f"store {self.name!r}: partitions must be in [1, 10000]")
         if self.buckets is not None and not 1 <= self.buckets <= 4096:

@@ -88,8 +88,7 @@ def strict_loads(text: str) -> Any:
     return _DECODER.decode(text)
 
 
-def compact(value: Any) -> str:
-    """Compact JSON text keeping member order and each number's text verbatim."""
+def _compact_scalar(value: Any) -> str:
     if isinstance(value, (RawInt, RawFloat)):
         return str.__str__(value)
     if isinstance(value, str):
@@ -100,14 +99,70 @@ def compact(value: Any) -> str:
         return "true"
     if value is False:
         return "false"
-    if isinstance(value, dict):
-        return "{" + ",".join(json.dumps(k, ensure_ascii=False) + ":" + compact(v)
-                              for k, v in value.items()) + "}"
-    if isinstance(value, list):
-        return "[" + ",".join(compact(v) for v in value) + "]"
     if isinstance(value, (int, float)):  # from Parquet values, not from JSON text
         return json.dumps(value)
     raise TypeError(f"unsupported value type {type(value).__name__}")
+
+
+class _Text(str):
+    """Already-rendered output text on ``compact``'s work stack."""
+
+
+def compact(value: Any) -> str:
+    """Compact JSON text keeping member order and each number's text verbatim.
+
+    Iterative, so any value the (C) parser accepted renders, however deeply it is nested."""
+    out: list[str] = []
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, _Text):
+            out.append(item)
+        elif isinstance(item, dict):
+            parts: list[Any] = [_Text("{")]
+            for i, (name, member) in enumerate(item.items()):
+                parts += [_Text(("," if i else "") + json.dumps(name, ensure_ascii=False) + ":"), member]
+            parts.append(_Text("}"))
+            stack.extend(reversed(parts))
+        elif isinstance(item, list):
+            parts = [_Text("[")]
+            for i, element in enumerate(item):
+                if i:
+                    parts.append(_Text(","))
+                parts.append(element)
+            parts.append(_Text("]"))
+            stack.extend(reversed(parts))
+        else:
+            out.append(_compact_scalar(item))
+    return "".join(out)
+
+
+MAX_INT64 = 2**63 - 1
+
+
+def _json_int(value: RawInt) -> int | None:
+    """A JSON integer's value, or None when it is outside the signed 64-bit range (checked on
+    the text first: ``int()`` refuses texts over 4300 digits)."""
+    if len(value.lstrip("-")) > 19:
+        return None
+    number = int(value)
+    return number if -MAX_INT64 - 1 <= number <= MAX_INT64 else None
+
+
+def _has_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _safe_text(text: str | None) -> str | None:
+    """Text that can be stored as UTF-8: lone surrogates (JSON escapes like \\ud800, or
+    undecodable bytes kept by ``surrogateescape``) become U+FFFD."""
+    if text is None or not _has_surrogate(text):
+        return text
+    return "".join("\ufffd" if 0xD800 <= ord(c) <= 0xDFFF else c for c in text)
 
 
 # ------------------------------------------------------------------ field rules (all formats)
@@ -115,7 +170,8 @@ def key_from_json(value: Any, present: bool) -> str:
     if not present or value is None:
         raise Reject("missing_field", "missing field 'key'")
     if isinstance(value, RawInt):
-        return str(int(value))
+        # JSON integer text is canonical (no leading zeros, no '+') except for "-0".
+        return "0" if value == "-0" else str.__str__(value)
     if isinstance(value, RawFloat) or isinstance(value, (bool, dict, list)):
         raise Reject("bad_key", f"'key' must be a string or an integer, got {compact(value)}")
     if isinstance(value, str):
@@ -129,8 +185,8 @@ def timestamp_from_json(value: Any, present: bool) -> int:
     if not present or value is None:
         raise Reject("missing_field", "missing field 'timestamp'")
     if isinstance(value, RawInt):
-        number = int(value)
-        if number < 0 or number > MAX_TIMESTAMP:
+        number = _json_int(value)
+        if number is None or number < 0 or number > MAX_TIMESTAMP:
             raise Reject("bad_timestamp", f"timestamp {value} is outside [0, 2^63-1]")
         return number
     if isinstance(value, str) and not isinstance(value, RawFloat):
@@ -144,8 +200,10 @@ def timestamp_from_json(value: Any, present: bool) -> int:
 def optional_int(value: Any, name: str, reason: str) -> int | None:
     if value is None:
         return None
-    if isinstance(value, RawInt) and int(value) >= 0:
-        return int(value)
+    if isinstance(value, RawInt):
+        number = _json_int(value)
+        if number is not None and number >= 0:
+            return number
     raise Reject(reason, f"'{name}' must be a non-negative integer, got {compact(value)}")
 
 
@@ -158,7 +216,7 @@ def value_from_json_text(text: str) -> str:
         if " " not in text and "\\" not in text and "\t" not in text and "\n" not in text and "\r" not in text:
             return text
         return compact(parsed)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise Reject("bad_value", f"'value' is not JSON text: {exc}") from None
 
 
@@ -170,7 +228,13 @@ class _Batcher:
 
     def record(self, pos: int, key: str, value: str | None, ts: int, part: int | None,
                offset: int | None, raw: str) -> None:
-        self._row(pos, key, value, ts, part, offset, None, None, raw)
+        if _has_surrogate(key):
+            self.reject(pos, "bad_key", "'key' is not valid Unicode (lone surrogate)", raw, part, offset)
+        elif value is not None and _has_surrogate(value):
+            self.reject(pos, "bad_value", "'value' is not valid Unicode (lone surrogate)", raw, part,
+                        offset)
+        else:
+            self._row(pos, key, value, ts, part, offset, None, None, raw)
 
     def reject(self, pos: int, reason: str, detail: str, raw: str, part: int | None = None,
                offset: int | None = None) -> None:
@@ -187,8 +251,8 @@ class _Batcher:
         c["part"].append(part)
         c["offset"].append(offset)
         c["reason"].append(reason)
-        c["detail"].append(detail)
-        c["raw"].append(raw)
+        c["detail"].append(_safe_text(detail))
+        c["raw"].append(_safe_text(raw))
 
     def __len__(self) -> int:
         return len(self.columns["pos"])
@@ -216,8 +280,9 @@ def parse_jsonl(path: str, source: str) -> Iterator[pa.RecordBatch]:
                 out.reject(number, "malformed", f"line is not valid UTF-8: {exc}",
                            line_bytes.decode("utf-8", "replace").rstrip("\r\n"))
                 continue
-            if _too_large(len(line_bytes)):
-                out.reject(number, "too_large", f"record is {len(line_bytes)} bytes (limit 1 MiB)", raw)
+            size = len(line_bytes.rstrip(b"\r\n"))
+            if _too_large(size):
+                out.reject(number, "too_large", f"record is {size} bytes (limit 1 MiB)", raw)
             else:
                 _parse_json_line(out, number, raw)
             if len(out) >= BATCH_ROWS:
@@ -250,7 +315,7 @@ def _compact_members(raw: str) -> dict[str, tuple[Any, str]] | None:
             if raw[stop] != ",":
                 return None
             idx = stop + 1
-    except (StopIteration, ValueError, IndexError):
+    except (StopIteration, ValueError, IndexError, RecursionError):
         return None
 
 
@@ -261,7 +326,7 @@ def _parse_json_line(out: _Batcher, number: int, raw: str) -> None:
     else:
         try:
             obj = strict_loads(raw)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             out.reject(number, "malformed", f"not one complete JSON object: {exc}", raw)
             return
         if not isinstance(obj, dict):
@@ -314,6 +379,9 @@ def parse_csv(path: str, source: str) -> Iterator[pa.RecordBatch]:
                 out.reject(start, "malformed", f"invalid CSV: {exc}", raw)
                 continue
             raw = "".join(consumed).rstrip("\r\n")
+            if header is not None and _has_surrogate(raw):
+                out.reject(start, "malformed", "line is not valid UTF-8", raw)
+                continue
             if not row or (len(row) == 1 and row[0].strip() == "" and raw.strip() == ""):
                 continue
             if header is None:
@@ -334,8 +402,9 @@ def _csv_int(cells: dict[str, str], name: str, reason: str) -> int | None:
     text = cells.get(name, "").strip()
     if text == "":
         return None
-    if text.isdigit():
-        return int(text)
+    digits = text.lstrip("0") or "0"
+    if text.isascii() and text.isdigit() and len(digits) <= 19 and int(digits) <= MAX_INT64:
+        return int(digits)
     raise Reject(reason, f"'{name}' must be a non-negative integer, got {text!r}")
 
 
@@ -394,13 +463,29 @@ def parse_parquet(path: str, source: str) -> Iterator[pa.RecordBatch]:
         return
     names = set(pfile.schema_arrow.names)
     ts_type = pfile.schema_arrow.field("timestamp").type if "timestamp" in names else None
+    is_ts = ts_type is not None and pa.types.is_timestamp(ts_type)
     row_number = 0
-    for batch in pfile.iter_batches(batch_size=BATCH_ROWS):
-        if ts_type is not None and pa.types.is_timestamp(ts_type):
+    batches = pfile.iter_batches(batch_size=BATCH_ROWS)
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            break
+        except Exception as exc:  # noqa: BLE001 - unreadable rows end the file as one rejection
+            out.reject(row_number, "malformed", f"cannot read Parquet rows from row {row_number} on: {exc}",
+                       "")
+            break
+        unit = None
+        if is_ts:
+            # Epoch ms with sub-millisecond digits truncated (floor: an instant before the epoch
+            # stays negative). Arrow's own cast refuses to drop digits, so divide the raw ticks.
             idx = batch.schema.get_field_index("timestamp")
-            millis = batch.column(idx).cast(pa.timestamp("ms", tz=ts_type.tz)).cast(pa.int64())
-            batch = batch.set_column(idx, "timestamp", millis)
+            unit = batch.schema.field(idx).type.unit
+            batch = batch.set_column(idx, "timestamp", batch.column(idx).cast(pa.int64()))
         for row in batch.to_pylist():
+            ticks = row.get("timestamp")
+            if unit is not None and ticks is not None:
+                row["timestamp"] = ticks * 1000 if unit == "s" else ticks // _TICKS_PER_MS[unit]
             raw = _parquet_cell_json(row)
             _parse_parquet_row(out, row_number, row, raw, ts_type)
             row_number += 1
@@ -408,6 +493,9 @@ def parse_parquet(path: str, source: str) -> Iterator[pa.RecordBatch]:
             yield out.flush()
     if len(out):
         yield out.flush()
+
+
+_TICKS_PER_MS = {"ms": 1, "us": 1000, "ns": 1_000_000}
 
 
 def _parse_parquet_row(out: _Batcher, number: int, row: dict[str, Any], raw: str,
@@ -430,13 +518,16 @@ def _parse_parquet_row(out: _Batcher, number: int, row: dict[str, Any], raw: str
             raise Reject("missing_field", "missing field 'timestamp'")
         if isinstance(ts, bool) or not isinstance(ts, (int, str)):
             raise Reject("bad_timestamp", f"'timestamp' has unsupported value {ts!r}")
+        if ts_type is not None and pa.types.is_timestamp(ts_type) and ts_type.tz is None:
+            raise Reject("bad_timestamp", "the 'timestamp' column is a TIMESTAMP that is not "
+                                          "UTC-adjusted (no time zone): its instant is unknown")
         if isinstance(ts, str):
             try:
                 ts = parse_timestamp(ts)
             except TimestampError as exc:
                 raise Reject("bad_timestamp", str(exc)) from None
-        elif ts < 0:
-            raise Reject("bad_timestamp", f"timestamp {ts} is negative")
+        elif ts < 0 or ts > MAX_TIMESTAMP:
+            raise Reject("bad_timestamp", f"timestamp {ts} is outside [0, 2^63-1]")
         value = row.get("value")
         if value is None:
             value_text = None
@@ -445,8 +536,11 @@ def _parse_parquet_row(out: _Batcher, number: int, row: dict[str, Any], raw: str
             if value_text == "null":
                 value_text = None
         else:
-            value_text = compact(json.loads(_parquet_cell_json(value), parse_int=RawInt,
-                                            parse_float=RawFloat))
+            try:
+                value_text = compact(json.loads(_parquet_cell_json(value), parse_int=RawInt,
+                                                parse_float=RawFloat, parse_constant=_no_constants))
+            except (ValueError, RecursionError) as exc:
+                raise Reject("bad_value", f"'value' is not representable as JSON: {exc}") from None
     except Reject as rej:
         out.reject(number, rej.reason, rej.detail, raw, part, offset)
         return
@@ -456,9 +550,9 @@ def _parse_parquet_row(out: _Batcher, number: int, row: dict[str, Any], raw: str
 def _parquet_int(value: Any, name: str, reason: str) -> int | None:
     if value is None:
         return None
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_INT64:
         return value
-    raise Reject(reason, f"'{name}' must be a non-negative integer, got {value!r}")
+    raise Reject(reason, f"'{name}' must be a non-negative 64-bit integer, got {value!r}")
 
 
 PARSERS = {"jsonl": parse_jsonl, "csv": parse_csv, "parquet": parse_parquet}

@@ -18,7 +18,8 @@ MAX_TIMESTAMP = 2**63 - 1
 _INTEGER = re.compile(r"[0-9]+\Z")
 _RFC3339 = re.compile(
     r"(\d{4})-(\d{2})-(\d{2})[Tt](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?"
-    r"(?:([Zz])|([+-])(\d{2}):(\d{2}))\Z"
+    r"(?:([Zz])|([+-])(\d{2}):(\d{2}))\Z",
+    re.ASCII,  # RFC 3339 digits are ASCII: no other Unicode decimal digits
 )
 
 
@@ -33,7 +34,9 @@ def parse_timestamp(text: str, *, query_string: bool = False) -> int:
     URL query arrives form-decoded as a space, and users paste ISO instants unencoded.
     """
     if _INTEGER.match(text):
-        value = int(text)
+        digits = text.lstrip("0") or "0"
+        # checked on the text first: int() refuses texts over 4300 digits
+        value = int(digits) if len(digits) <= 19 else MAX_TIMESTAMP + 1
         if value > MAX_TIMESTAMP:
             raise TimestampError(f"timestamp {text!r} is above 2^63-1")
         return value
