@@ -231,12 +231,14 @@ def _run_once(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, new: di
             spark.createDataFrame([], _existing_ddl())
         ctx = RunContext(settings, handle.state, run, explicit_partitions=flags["part"] > 0,
                          any_offsets=flags["offset"] > 0)
-        classified = classify(spark, good, existing, ctx).persist(StorageLevel.MEMORY_AND_DISK)
+        empty = existing_arrow.num_rows == 0
+        classified = classify(spark, good, existing, ctx, existing_empty=empty).persist(
+            StorageLevel.MEMORY_AND_DISK)
         try:
             state = _next_state(classified, handle.state, run, new, report)
             log.info("store %s: %d accepted, %d rejected; writing", spec.name,
                      report.accepted_latest + report.accepted_out_of_order, sum(report.rejected.values()))
-            rows = rows_to_write(classified, existing, ctx)
+            rows = rows_to_write(classified, existing, ctx, existing_empty=empty)
             write_tasks = max(1, min(settings.buckets, report.read // 250_000 + 1))
             store_adds = collect_adds(
                 rows.repartition(write_tasks, "bucket")

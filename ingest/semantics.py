@@ -13,6 +13,11 @@ Record-at-a-time semantics without a record-at-a-time loop:
   (same-timestamp replacement); ``valid_to`` is the next timestamp of the key (``lead``).
   Only rows whose content changed are written (append layout, ``versiq.layout``).
 
+Every decision is a column of one DataFrame (no filter-then-union branches, which made Spark
+recompute the upstream windows per branch): the run's records are shuffled once by stream-time
+partition and once by key, and the merge with stored versions reuses the key partitioning of
+the persisted result (a first build of a store shuffles nothing more).
+
 Check order for a record: parse rules (ingest.records) -> ``bad_partition`` ->
 ``partition_conflict`` -> ``duplicate_offset`` -> ``late`` (versioned stores only).
 
@@ -44,17 +49,6 @@ class RunContext:
     any_offsets: bool = True
 
 
-def _map_literal(values: dict[int, int]) -> Column:
-    """A map literal partition -> value (kept for ingest.semantics_linear; a lookup in it is a
-    linear scan, so ``classify`` joins ``_with_prior_state`` instead)."""
-    if not values:
-        return F.create_map().cast("map<int,bigint>")
-    items: list[Column] = []
-    for key, value in sorted(values.items()):
-        items += [F.lit(key).cast("int"), F.lit(value).cast("bigint")]
-    return F.create_map(*items)
-
-
 def _with_prior_state(spark: SparkSession, frame: DataFrame, state: StoreState) -> DataFrame:
     """Add ``prev_st`` / ``prev_off``: the partition's stream time / highest offset from earlier
     runs. A broadcast join, not a map literal: Spark looks a map up by a linear scan, which
@@ -69,132 +63,121 @@ def _with_prior_state(spark: SparkSession, frame: DataFrame, state: StoreState) 
     return frame.join(F.broadcast(prior), "p", "left")
 
 
-def classify(spark: SparkSession, records: DataFrame, existing: DataFrame, ctx: RunContext) -> DataFrame:
-    """Decide every well-formed record: ``outcome`` is 'accepted' or a rejection reason.
+def _null(kind: str) -> Column:
+    return F.lit(None).cast(kind)
 
-    ``records``: source, pos, key, value, ts, part, offset (parse-valid records only).
-    ``existing``: the store's current rows of the batch's keys (read rule applied).
-    Adds: p (partition), ord0 (offset when the partition orders by offset), outcome, detail,
-    and for accepted records ``latest`` and ``replaced``.
-    """
+
+def classify(spark: SparkSession, records: DataFrame, existing: DataFrame, ctx: RunContext,
+             existing_empty: bool = False) -> DataFrame:
     s = ctx.settings
     P = s.partitions
     bad_part = F.col("part").isNotNull() & (F.col("part") >= P)
     # A bad partition (any int64) must not reach the int cast: ANSI mode raises on overflow.
-    recs = records.withColumn(
+    df = records.withColumn(
         "p",
         F.when(bad_part, F.lit(None).cast("int"))
         .when(F.col("part").isNotNull(), F.col("part").cast("int")).otherwise(
             F.pmod(F.crc32(F.encode(F.col("key"), "UTF-8")), F.lit(P)).cast("int")
         ),
     )
-
-    # Home partition: stored versions first, else the first record of the key in this run.
-    homes = existing.groupBy("key").agg(F.first("partition").alias("home_stored"))
+    if existing_empty:
+        df = df.withColumn("home_stored", _null("int"))
+    else:
+        homes = existing.groupBy("key").agg(F.first("partition").alias("home_stored"))
+        df = df.join(homes, "key", "left")
     if ctx.explicit_partitions:
-        w_first = Window.partitionBy("key").orderBy("source", "pos")
-        recs = recs.withColumn(
-            "home_run", F.first(F.when(~bad_part, F.col("p")), ignorenulls=True).over(
-                w_first.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing))
-        )
+        w_first = Window.partitionBy("key").orderBy("source", "pos").rowsBetween(
+            Window.unboundedPreceding, Window.unboundedFollowing)
+        df = df.withColumn("home_run", F.first(F.when(~bad_part, F.col("p")), ignorenulls=True).over(w_first))
     else:  # every partition is crc32(key) mod P: a key's records all agree
-        recs = recs.withColumn("home_run", F.col("p"))
-    recs = recs.join(homes, "key", "left")
+        df = df.withColumn("home_run", F.col("p"))
     home = F.coalesce(F.col("home_stored"), F.col("home_run"))
     conflict = ~bad_part & (F.col("p") != home)
-    recs = recs.withColumn(
-        "outcome",
-        F.when(bad_part, F.lit("bad_partition")).when(conflict, F.lit("partition_conflict")),
+    df = df.withColumn(
+        "outcome0", F.when(bad_part, F.lit("bad_partition")).when(conflict, F.lit("partition_conflict"))
     ).withColumn(
-        "detail",
+        "detail0",
         F.when(bad_part, F.format_string("partition %d is not in [0, %d)", F.col("part"), F.lit(P)))
         .when(conflict, F.format_string("key belongs to partition %d, record names partition %d",
                                         home, F.col("p"))),
-    )
+    ).withColumn("valid0", F.col("outcome0").isNull())
+    df = _with_prior_state(spark, df, ctx.state)
 
-    # Processing order inside a partition: by offset when every record of it has one.
-    valid = _with_prior_state(spark, recs.filter(F.col("outcome").isNull()), ctx.state)
+    # Processing order inside a partition: by offset when every (valid) record of it has one.
     if ctx.any_offsets:
-        all_offsets = valid.groupBy("p").agg(
-            (F.count(F.lit(1)) == F.count("offset")).alias("by_offset")
-        )
-        valid = valid.join(F.broadcast(all_offsets), "p").withColumn(
-            "ord0", F.when(F.col("by_offset"), F.col("offset"))
-        )
+        w_p = Window.partitionBy("p")
+        by_offset = F.count(F.when(F.col("valid0"), F.lit(1))).over(w_p) == \
+            F.count(F.when(F.col("valid0"), F.col("offset"))).over(w_p)
+        df = df.withColumn("ord0", F.when(by_offset, F.col("offset")))
     else:
-        valid = valid.withColumn("ord0", F.lit(None).cast("bigint"))
+        df = df.withColumn("ord0", _null("bigint"))
     order = [F.col("ord0").asc_nulls_first(), F.col("source"), F.col("pos")]
 
     if ctx.any_offsets:
         prev_max_off = F.col("prev_off")
-        w_off = Window.partitionBy("p", "offset").orderBy(*order)
-        dup = F.col("offset").isNotNull() & (
-            (prev_max_off.isNotNull() & (F.col("offset") <= prev_max_off))
-            | (F.row_number().over(w_off) > 1)
+        w_off = Window.partitionBy("p", "offset", "valid0").orderBy(*order)
+        dup = F.col("valid0") & F.col("offset").isNotNull() & (
+            (prev_max_off.isNotNull() & (F.col("offset") <= prev_max_off)) | (F.row_number().over(w_off) > 1)
         )
-        valid = valid.withColumn("dup", F.when(F.col("offset").isNull(), F.lit(False)).otherwise(dup))
+        df = df.withColumn("dup", dup)
     else:
-        valid = valid.withColumn("dup", F.lit(False))
-    valid = valid.withColumn(
-        "outcome", F.when(F.col("dup"), F.lit("duplicate_offset"))
-    ).withColumn(
-        "detail",
-        F.when(F.col("dup"), F.format_string(
-            "offset %d of partition %d was already processed", F.col("offset"), F.col("p"))),
-    )
+        df = df.withColumn("dup", F.lit(False))
+    df = df.withColumn("valid1", F.col("valid0") & ~F.col("dup"))
 
-    # Grace (versioned stores): running max of earlier valid timestamps in the partition.
-    nondup = valid.filter(~F.col("dup"))
+    # Stream time before each record: running max of earlier valid timestamps in its partition.
     w_part = Window.partitionBy("p").orderBy(*order).rowsBetween(Window.unboundedPreceding, -1)
-    st_before = F.greatest(F.col("prev_st"), F.max("ts").over(w_part))
-    nondup = nondup.withColumn("st_before", st_before)
+    st_before = F.greatest(F.col("prev_st"), F.max(F.when(F.col("valid1"), F.col("ts"))).over(w_part))
+    df = df.withColumn("st_before", F.when(F.col("valid1"), st_before))
     if s.kind == "versioned":
-        late = F.col("st_before").isNotNull() & (F.col("ts") < F.col("st_before") - F.lit(s.history_retention_ms))
+        late = F.col("valid1") & F.col("st_before").isNotNull() & \
+            (F.col("ts") < F.col("st_before") - F.lit(s.history_retention_ms))
     else:
         late = F.lit(False)
-    nondup = nondup.withColumn("late", late).withColumn(
-        "outcome", F.when(F.col("late"), F.lit("late")).otherwise(F.lit("accepted"))
-    ).withColumn(
-        "detail",
+    df = df.withColumn("late", late).withColumn("accepted", F.col("valid1") & ~F.col("late"))
+
+    # Put outcomes of accepted records against the key's stored versions and earlier records.
+    if existing_empty:
+        df = df.withColumn("stored_max", _null("bigint")).withColumn("stored_hit", _null("boolean"))
+    else:
+        stored = existing.groupBy("key").agg(F.max("valid_from").alias("stored_max"))
+        stored_ts = existing.select("key", F.col("valid_from").alias("ts"), F.lit(True).alias("stored_hit"))
+        df = df.join(stored, "key", "left").join(stored_ts, ["key", "ts"], "left")
+    w_key = Window.partitionBy("key").orderBy(*order).rowsBetween(Window.unboundedPreceding, -1)
+    accepted_ts = F.when(F.col("accepted"), F.col("ts"))
+    if s.kind == "timestamped":
+        prev_ts = F.coalesce(F.last(accepted_ts, ignorenulls=True).over(w_key), F.col("stored_max"))
+        latest = prev_ts.isNull() | (F.col("ts") >= prev_ts)
+        replaced = F.lit(False)
+    else:
+        prior = F.greatest(F.col("stored_max"), F.max(accepted_ts).over(w_key))
+        latest = prior.isNull() | (F.col("ts") >= prior)
+        w_kts = Window.partitionBy("key", "ts", "accepted").orderBy(*order)
+        replaced = F.col("stored_hit").isNotNull() | (F.row_number().over(w_kts) > 1)
+    df = df.withColumn("latest", F.when(F.col("accepted"), latest)).withColumn(
+        "replaced", F.when(F.col("accepted"), replaced))
+
+    outcome = F.coalesce(
+        F.col("outcome0"),
+        F.when(F.col("dup"), F.lit("duplicate_offset")),
+        F.when(F.col("late"), F.lit("late")),
+        F.lit("accepted"),
+    )
+    detail = F.coalesce(
+        F.col("detail0"),
+        F.when(F.col("dup"), F.format_string(
+            "offset %d of partition %d was already processed", F.col("offset"), F.col("p"))),
         F.when(F.col("late"), F.format_string(
             "timestamp %d is older than stream time %d minus history retention %d ms (horizon %d)",
             F.col("ts"), F.col("st_before"), F.lit(s.history_retention_ms),
             F.col("st_before") - F.lit(s.history_retention_ms))),
     )
-
-    # Put outcomes of accepted records.
-    acc = nondup.filter(F.col("outcome") == "accepted")
-    stored = existing.groupBy("key").agg(F.max("valid_from").alias("stored_max"))
-    stored_ts = existing.select("key", F.col("valid_from").alias("ts"), F.lit(True).alias("stored_hit"))
-    acc = acc.join(stored, "key", "left").join(stored_ts, ["key", "ts"], "left")
-    w_key = Window.partitionBy("key").orderBy(*order).rowsBetween(Window.unboundedPreceding, -1)
-    prior = F.greatest(F.col("stored_max"), F.max("ts").over(w_key))
-    w_kts = Window.partitionBy("key", "ts").orderBy(*order)
-    if s.kind == "versioned":
-        replaced = F.col("stored_hit").isNotNull() | (F.row_number().over(w_kts) > 1)
-    else:
-        replaced = F.lit(False)
-    if s.kind == "timestamped":
-        prev_ts = F.coalesce(F.lag("ts").over(Window.partitionBy("key").orderBy(*order)), F.col("stored_max"))
-        latest = prev_ts.isNull() | (F.col("ts") >= prev_ts)
-    else:
-        latest = prior.isNull() | (F.col("ts") >= prior)
-    acc = acc.withColumn("latest", latest).withColumn("replaced", replaced)
-
-    keep = ["source", "pos", "key", "value", "ts", "part", "offset", "p", "ord0", "outcome", "detail",
-            "st_before"]
-    rejected_early = recs.filter(F.col("outcome").isNotNull()).select(
-        "source", "pos", "key", "value", "ts", "part", "offset", "p",
-        F.lit(None).cast("bigint").alias("ord0"), "outcome", "detail",
-        F.lit(None).cast("bigint").alias("st_before"))
-    dups = valid.filter(F.col("dup")).select(*keep[:-1], F.lit(None).cast("bigint").alias("st_before"))
-    lates = nondup.filter(F.col("outcome") == "late").select(*keep)
-    rejected = rejected_early.unionByName(dups).unionByName(lates).withColumn(
-        "latest", F.lit(None).cast("boolean")).withColumn("replaced", F.lit(None).cast("boolean"))
-    return acc.select(*keep, "latest", "replaced").unionByName(rejected)
+    return df.select("source", "pos", "key", "value", "ts", "part", "offset", "p", "ord0",
+                     outcome.alias("outcome"), detail.alias("detail"),
+                     F.when(F.col("late"), F.col("st_before")).alias("st_before"), "latest", "replaced")
 
 
-def rows_to_write(classified: DataFrame, existing: DataFrame, ctx: RunContext) -> DataFrame:
+def rows_to_write(classified: DataFrame, existing: DataFrame, ctx: RunContext,
+                  existing_empty: bool = False) -> DataFrame:
     """The store rows this run appends: changed versions (versioned) or keys (timestamped)."""
     s = ctx.settings
     acc = classified.filter(F.col("outcome") == "accepted")
@@ -202,25 +185,26 @@ def rows_to_write(classified: DataFrame, existing: DataFrame, ctx: RunContext) -
     if s.kind == "timestamped":
         w = Window.partitionBy("key").orderBy(*order_desc)
         rows = acc.withColumn("rn", F.row_number().over(w)).filter(F.col("rn") == 1).select(
-            "key", F.col("ts").alias("valid_from"), F.lit(None).cast("bigint").alias("valid_to"),
+            "key", F.col("ts").alias("valid_from"), _null("bigint").alias("valid_to"),
             "value", F.col("value").isNull().alias("tombstone"), F.col("p").alias("partition"))
         return _finish(rows, ctx)
     w = Window.partitionBy("key", "ts").orderBy(*order_desc)
     new = acc.withColumn("rn", F.row_number().over(w)).filter(F.col("rn") == 1).select(
-        "key", F.col("ts").alias("valid_from"), F.col("value").alias("new_value"),
-        F.col("p").alias("new_partition"), F.lit(True).alias("is_new"))
-    old = existing.select("key", "valid_from", F.col("valid_to").alias("old_valid_to"),
-                          F.col("value").alias("old_value"), F.col("tombstone").alias("old_tombstone"),
-                          F.col("partition").alias("old_partition"))
-    merged = old.join(new, ["key", "valid_from"], "full_outer")
-    value = F.when(F.col("is_new").isNotNull(), F.col("new_value")).otherwise(F.col("old_value"))
-    merged = merged.withColumn("value", value).withColumn(
-        "tombstone", F.when(F.col("is_new").isNotNull(), F.col("new_value").isNull())
-        .otherwise(F.col("old_tombstone"))
-    ).withColumn("partition", F.coalesce(F.col("old_partition"), F.col("new_partition")))
+        "key", F.col("ts").alias("valid_from"), "value", F.col("value").isNull().alias("tombstone"),
+        F.col("p").alias("partition"), F.lit(1).alias("src"), _null("bigint").alias("old_valid_to"))
+    if existing_empty:
+        merged = new
+    else:
+        old = existing.select("key", "valid_from", "value", "tombstone", "partition", F.lit(0).alias("src"),
+                              F.col("valid_to").alias("old_valid_to"))
+        merged = new.unionByName(old)
+        # a new version replaces the stored one at the same (key, valid_from): it sorts first
+        w_dedupe = Window.partitionBy("key").orderBy("valid_from", F.col("src").desc())
+        merged = merged.withColumn("prev_from", F.lag("valid_from").over(w_dedupe)).filter(
+            F.col("prev_from").isNull() | (F.col("prev_from") != F.col("valid_from")))
     merged = merged.withColumn(
         "valid_to", F.lead("valid_from").over(Window.partitionBy("key").orderBy("valid_from")))
-    changed = F.col("is_new").isNotNull() | ~F.col("valid_to").eqNullSafe(F.col("old_valid_to"))
+    changed = (F.col("src") == 1) | ~F.col("valid_to").eqNullSafe(F.col("old_valid_to"))
     rows = merged.filter(changed).select("key", "valid_from", "valid_to", "value", "tombstone",
                                          F.col("partition").cast("int"))
     return _finish(rows, ctx)
