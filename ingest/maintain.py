@@ -48,8 +48,11 @@ def maintain_store(warehouse: str, store: str, lock_timeout_s: float = 60.0) -> 
         result = compact(path)
         table = DeltaTable(path)
         table.create_checkpoint()
+        # vacuum may commit too: carry the state so the newest commit always has it
+        state = read_state(path, table.version())
         removed = table.vacuum(retention_hours=VACUUM_RETENTION_HOURS, dry_run=False,
-                               enforce_retention_duration=False)
+                               enforce_retention_duration=False,
+                               commit_properties=CommitProperties(custom_metadata={STATE_KEY: state.to_json()}))
         result.update(checkpoint=table.version(), vacuumed_files=len(removed))
         return result
 

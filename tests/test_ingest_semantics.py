@@ -205,3 +205,25 @@ def test_maintain_compacts_prunes_expired_history_and_keeps_old_snapshots(spark,
     # a later run still sees the same store (state carried by the compaction commit)
     path, [rep] = ingest(spark, tmp_path, "m", [[("c.jsonl", lines([("k", "7", 39), ("k", "8", 40)], "c.jsonl"))]])
     assert rep.rejected["late"] == 1 and rep.replaced_same_timestamp == 1
+
+
+def test_every_commit_after_maintain_carries_the_store_state(spark, tmp_path, monkeypatch):
+    """Vacuum writes commits of its own (VACUUM START/END): they carry the state too, so the
+    newest commit of a store always has it, whatever log cleanup removed before."""
+    import json as _json
+
+    from deltalake import DeltaTable
+
+    import ingest.maintain as maintain
+    from versiq.layout import STATE_KEY, log_file
+
+    path, _ = ingest(spark, tmp_path, "v", [[("a.jsonl", lines([("k", "1", 1)]))],
+                                            [("b.jsonl", lines([("k", "2", 2)], "b.jsonl"))]])
+    monkeypatch.setattr(maintain, "VACUUM_RETENTION_HOURS", 0)
+    result = maintain.maintain_store(str(tmp_path / "wh"), "v")
+    assert result["vacuumed_files"] >= 2
+    newest = DeltaTable(path).version()
+    with open(log_file(path, newest)) as handle:
+        info = next(_json.loads(line)["commitInfo"] for line in handle if line.startswith('{"commitInfo"'))
+    assert _json.loads(info[STATE_KEY])["run"] == 2
+    assert stream_times(path) == {0: 2}
