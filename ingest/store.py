@@ -273,6 +273,3 @@ def finish_pending_rejected(handle: StoreHandle) -> bool:
     commit_rejected(handle.path, state.run, state.rejected_adds)
     return True
 
-
-def store_file_schema() -> pa.Schema:
-    return STORE_FILE_SCHEMA
