@@ -33,6 +33,7 @@ from versiq.layout import (
     STORE_PARTITION_COLUMNS,
     STORE_SCHEMA,
     StoreSettings,
+    read_rule_sql,
     read_state,
 )
 
@@ -82,7 +83,6 @@ def compact(path: str) -> dict[str, Any]:
     by_bucket: dict[int, list[dict[str, Any]]] = {}
     for action in actions:
         by_bucket.setdefault(int(action["partition.bucket"]), []).append(action)
-    group = "key, valid_from" if settings.kind == "versioned" else "key"
     horizon_sql = "NULL"
     if settings.kind == "versioned" and state.stream_time:
         cases = " ".join(f"WHEN {p} THEN {t - settings.history_retention_ms}"
@@ -97,8 +97,7 @@ def compact(path: str) -> dict[str, Any]:
             count = sum(int(f["num_records"]) for f in files)
             sql = (
                 "SELECT key, valid_from, valid_to, value, tombstone, \"partition\", run "
-                "FROM read_parquet($files) "
-                f"QUALIFY row_number() OVER (PARTITION BY {group} ORDER BY run DESC) = 1"
+                "FROM read_parquet($files) " + read_rule_sql(settings.kind)
             )
             if settings.kind == "versioned":
                 sql = (f"SELECT * FROM ({sql}) WHERE valid_to IS NULL OR {horizon_sql} IS NULL "

@@ -41,6 +41,7 @@ from versiq.layout import (
     STORE_SCHEMA,
     StoreSettings,
     StoreState,
+    read_rule_sql,
     read_state,
 )
 from versiq.names import check_store_name
@@ -158,11 +159,10 @@ def existing_versions(handle: StoreHandle, keys: pa.Table) -> pa.Table:
     con = duckdb.connect()
     try:
         con.register("batch_keys", keys)
-        group = "key, valid_from" if handle.settings.kind == "versioned" else "key"
         sql = (
             "SELECT key, valid_from, valid_to, value, tombstone, \"partition\", run "
             "FROM read_parquet($files) WHERE key IN (SELECT key FROM batch_keys) "
-            f"QUALIFY row_number() OVER (PARTITION BY {group} ORDER BY run DESC) = 1"
+            + read_rule_sql(handle.settings.kind)
         )
         result = con.sql(sql, params={"files": files}).to_arrow_table()
     finally:

@@ -103,23 +103,13 @@ log = logging.getLogger(__name__)
 SNAPSHOT_CACHE_SIZE = 8
 _LOG_FILE = re.compile(r"(\d{20})\.(?:json|checkpoint\.parquet|checkpoint\.\d+\.\d+\.parquet)\Z")
 
-_RESOLVE_VERSIONED = (
-    "SELECT key, valid_from, valid_to, value, tombstone, \"partition\" "
-    "FROM read_parquet($files, hive_partitioning = false) {where} "
-    "QUALIFY row_number() OVER (PARTITION BY key, valid_from ORDER BY run DESC) = 1 "
-    "ORDER BY key, valid_from"
-)
-_RESOLVE_TIMESTAMPED = (
-    "SELECT key, valid_from, valid_to, value, tombstone, \"partition\" "
-    "FROM read_parquet($files, hive_partitioning = false) {where} "
-    "QUALIFY row_number() OVER (PARTITION BY key ORDER BY run DESC, valid_from DESC) = 1 "
-    "ORDER BY key, valid_from"
-)
-
-
 def _resolve_sql(kind: str, one_key: bool) -> str:
-    template = _RESOLVE_VERSIONED if kind == "versioned" else _RESOLVE_TIMESTAMPED
-    return template.format(where="WHERE key = $key" if one_key else "")
+    where = "WHERE key = $key " if one_key else ""
+    return (
+        "SELECT key, valid_from, valid_to, value, tombstone, \"partition\" "
+        f"FROM read_parquet($files, hive_partitioning = false) {where}"
+        f"{layout.read_rule_sql(kind)} ORDER BY key, valid_from"
+    )
 
 
 def _arrow(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any]) -> pa.Table:

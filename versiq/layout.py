@@ -129,6 +129,14 @@ REJECT_REASONS = (
 )
 
 
+def read_rule_sql(kind: str) -> str:
+    """The read rule as a DuckDB ``QUALIFY`` clause over store rows (with a ``run`` column):
+    the greatest run per (key, valid_from) for versioned stores, per key for timestamped ones."""
+    if kind == "versioned":
+        return "QUALIFY row_number() OVER (PARTITION BY key, valid_from ORDER BY run DESC) = 1"
+    return "QUALIFY row_number() OVER (PARTITION BY key ORDER BY run DESC, valid_from DESC) = 1"
+
+
 def bucket_of(key: str, buckets: int) -> int:
     """The physical bucket of ``key``: zlib CRC-32 of its UTF-8 bytes modulo ``buckets``."""
     return zlib.crc32(key.encode("utf-8")) % buckets
