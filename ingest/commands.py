@@ -31,14 +31,14 @@ log = logging.getLogger("versiq.ingest")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
-def _specs_from_args(args: argparse.Namespace) -> list[Any]:
-    from ingest.config import load_config
+def _pipeline_from_args(args: argparse.Namespace) -> Any:
+    from ingest.config import Pipeline, load_config
     from ingest.pipeline import StoreSpec
 
     if args.config:
         if args.store or args.source:
             raise UsageError("give either --config or --store/--source, not both")
-        return load_config(args.config)
+        return load_config(args.config, args.warehouse)
     if not args.store or not args.source:
         raise UsageError("--store and --source are required (or --config FILE)")
     retention = None
@@ -47,8 +47,9 @@ def _specs_from_args(args: argparse.Namespace) -> list[Any]:
             retention = parse_duration_ms(args.history_retention)
         except DurationError as exc:
             raise UsageError(f"--history-retention: {exc}") from None
-    return [StoreSpec(name=args.store, source=args.source, format=args.format, kind=args.kind,
-                      history_retention_ms=retention, partitions=args.partitions, buckets=args.buckets)]
+    return Pipeline(stores=[StoreSpec(name=args.store, source=args.source, format=args.format, kind=args.kind,
+                                      history_retention_ms=retention, partitions=args.partitions,
+                                      buckets=args.buckets)])
 
 
 def _seconds(text: str, flag: str) -> float:
@@ -70,6 +71,22 @@ def write_report(path: str, report: dict[str, Any]) -> None:
 
 
 def print_summary(report: dict[str, Any]) -> None:
+    for name, entry in report.get("streams", {}).items():
+        if "error" in entry:
+            print(f"stream {name}: FAILED: {entry['error']}", file=sys.stderr)
+            continue
+        rejected = {k: v for k, v in entry["rejected"].items() if v}
+        print(f"stream {name}: read {entry['read']}, appended {entry['appended']}, rejected "
+              f"{sum(rejected.values())} {json.dumps(rejected) if rejected else ''}"
+              f"-> snapshot {entry['snapshot']} in {entry['seconds']:.1f}s", file=sys.stderr)
+    for name, entry in report.get("tables", {}).items():
+        if "error" in entry:
+            print(f"table {name}: FAILED: {entry['error']}", file=sys.stderr)
+            continue
+        print(f"table {name} ({entry['kind']}): emitted {entry['emitted']}, accepted {entry['accepted_latest']} "
+              f"latest + {entry['accepted_out_of_order']} out-of-order, late {entry['rejected']['late']} "
+              f"-> snapshot {entry['snapshot']} (inputs {json.dumps(entry['inputs'])}) in {entry['seconds']:.1f}s",
+              file=sys.stderr)
     for name, entry in report["stores"].items():
         if "error" in entry:
             print(f"store {name}: FAILED: {entry['error']}", file=sys.stderr)
@@ -87,8 +104,8 @@ def print_summary(report: dict[str, Any]) -> None:
 
 def ingest_command(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None) -> int:
     try:
-        specs = _specs_from_args(args)
-        for spec in specs:
+        pipeline = _pipeline_from_args(args)
+        for spec in [*pipeline.stores, *pipeline.streams]:
             spec.validate()
         lock_timeout = _seconds(args.lock_timeout, "--lock-timeout")
         interval = _seconds(args.trigger_interval, "--trigger-interval")
@@ -96,13 +113,13 @@ def ingest_command(args: argparse.Namespace, parser: argparse.ArgumentParser | N
         print(f"versiq ingest: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
 
-    from ingest.pipeline import run_ingest
+    from ingest.derived.run import run_pipeline
     from ingest.spark import get_spark
 
     spark = get_spark(args.master)
     if not args.continuous:
         try:
-            return _one_run(spark, args, specs, lock_timeout)
+            return _one_run(spark, args, pipeline, lock_timeout)
         finally:
             spark.stop()  # the demo serves in the same process afterwards: free the JVM
     stop = {"now": False}
@@ -118,32 +135,33 @@ def ingest_command(args: argparse.Namespace, parser: argparse.ArgumentParser | N
     status = EXIT_OK
     while not stop["now"]:
         try:
-            report = run_ingest(spark, args.warehouse, specs, lock_timeout_s=lock_timeout)
+            report = run_pipeline(spark, args.warehouse, pipeline, lock_timeout_s=lock_timeout)
         except (UsageError, LockTimeout) as exc:
             print(f"versiq ingest: error: {exc}", file=sys.stderr)
             return EXIT_USAGE if isinstance(exc, UsageError) else EXIT_FAILED
         data = report.to_json()
-        if any(entry.get("run") for entry in data["stores"].values()) or report.failed:
+        entries = [*data["stores"].values(), *data.get("streams", {}).values(), *data.get("tables", {}).values()]
+        if any(entry.get("run") for entry in entries) or report.failed:
             print_summary(data)
             if args.report:
                 write_report(args.report, data)
         status = EXIT_FAILED if report.failed else EXIT_OK
-        for spec in specs:
+        for name in [s.name for s in pipeline.stores] + [t.name for t in pipeline.tables if not t.is_stream]:
             try:
-                compact_if_due(args.warehouse, spec.name, lock_timeout)
+                compact_if_due(args.warehouse, name, lock_timeout)
             except Exception:  # noqa: BLE001 - maintenance failure must not stop ingest
-                log.exception("maintenance of %s failed", spec.name)
+                log.exception("maintenance of %s failed", name)
         deadline = time.monotonic() + interval
         while not stop["now"] and time.monotonic() < deadline:
             time.sleep(min(0.2, interval))
     return status
 
 
-def _one_run(spark: Any, args: argparse.Namespace, specs: list[Any], lock_timeout: float) -> int:
-    from ingest.pipeline import run_ingest
+def _one_run(spark: Any, args: argparse.Namespace, pipeline: Any, lock_timeout: float) -> int:
+    from ingest.derived.run import run_pipeline
 
     try:
-        report = run_ingest(spark, args.warehouse, specs, lock_timeout_s=lock_timeout)
+        report = run_pipeline(spark, args.warehouse, pipeline, lock_timeout_s=lock_timeout)
     except UsageError as exc:
         print(f"versiq ingest: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

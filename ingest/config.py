@@ -1,4 +1,4 @@
-"""The YAML pipeline file of ``versiq ingest --config`` (issue #3):
+"""The YAML pipeline file of ``versiq ingest --config`` (issues #3 and #5):
 
 ```yaml
 stores:
@@ -9,25 +9,53 @@ stores:
     history_retention: 7d        # ms integer, 5m / 12h / 7d, or ISO-8601 (P7D)
     partitions: 4
     buckets: 16                  # optional physical layout
+streams:                         # append-only event logs (docs/derived-tables.md)
+  - name: clicks
+    source: data/clicks/
+tables:                          # derived tables (docs/derived-tables.md)
+  - name: big_prices
+    from: prices
+    filter: "value.amount > 100"
 ```
-Errors are ``UsageError`` naming the store and the field, raised before any data is touched.
+Errors are ``UsageError`` naming the entry and the field, raised before any data is touched.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import yaml
 
+from ingest.derived.spec import TableSpec, check_global_store, parse_tables
 from ingest.pipeline import StoreSpec
 from ingest.store import UsageError
+from ingest.streams import StreamSpec
 from versiq.durations import DurationError, parse_duration_ms
+from versiq.layout import STREAM_KIND, StoreSettings
 
-_STORE_FIELDS = {"name", "source", "format", "kind", "history_retention", "partitions", "buckets"}
+_STORE_FIELDS = {"name", "source", "format", "kind", "history_retention", "partitions", "buckets", "global"}
+_STREAM_FIELDS = {"name", "source", "format", "buckets"}
 
 
-def load_config(path: str) -> list[StoreSpec]:
+@dataclass(frozen=True)
+class Pipeline:
+    """A whole pipeline file. ``inputs`` is the declaration order of the source inputs (stores,
+    then streams, as the sections appear): the tie-break of the input merge."""
+
+    stores: list[StoreSpec]
+    streams: list[StreamSpec] = field(default_factory=list)
+    tables: list[TableSpec] = field(default_factory=list)
+
+    @property
+    def inputs(self) -> list[str]:
+        return [s.name for s in self.stores] + [s.name for s in self.streams]
+
+
+def load_config(path: str, warehouse: str | None = None) -> Pipeline:
+    """Load and check a pipeline file. With ``warehouse``, the kind of an existing store that
+    the file does not state is read from the store (it decides rules 15 and 18)."""
     try:
         with open(path, encoding="utf-8") as handle:
             data = yaml.safe_load(handle)
@@ -35,16 +63,65 @@ def load_config(path: str) -> list[StoreSpec]:
         raise UsageError(f"cannot read config {path}: {exc}") from None
     except yaml.YAMLError as exc:
         raise UsageError(f"config {path} is not valid YAML: {exc}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("stores"), list) or not data["stores"]:
-        raise UsageError(f"config {path}: expected a non-empty 'stores:' list")
+    if not isinstance(data, dict):
+        raise UsageError(f"config {path}: expected a mapping with 'stores:' (and 'streams:', 'tables:')")
     unknown_top = set(data) - {"stores", "streams", "tables"}
     if unknown_top:
         raise UsageError(f"config {path}: unknown top-level key(s): {', '.join(sorted(unknown_top))}")
-    for section in ("streams", "tables"):
-        if data.get(section):
-            raise UsageError(f"config {path}: '{section}:' (derived tables) is not supported yet")
+    for section in ("stores", "streams"):
+        if data.get(section) is not None and not isinstance(data[section], list):
+            raise UsageError(f"config {path}: '{section}:' must be a list")
+    if not data.get("stores") and not data.get("streams"):
+        raise UsageError(f"config {path}: expected a non-empty 'stores:' (or 'streams:') list")
     base = os.path.dirname(os.path.abspath(path))
-    return [_store(entry, i, base) for i, entry in enumerate(data["stores"])]
+    stores = [_store(entry, i, base) for i, entry in enumerate(data.get("stores") or [])]
+    streams = [_stream(entry, i, base) for i, entry in enumerate(data.get("streams") or [])]
+    kinds: dict[str, str] = {}
+    for index, spec in enumerate(stores):
+        kind = spec.kind or _existing_kind(warehouse, spec.name) or "versioned"
+        kinds[spec.name] = kind
+        check_global_store(f"stores[{index}] ({spec.name})", data["stores"][index], kind)
+    for stream in streams:
+        if stream.name in kinds:
+            raise UsageError(f"config {path}: the name {stream.name!r} is used twice")
+        kinds[stream.name] = STREAM_KIND
+    if len(kinds) != len(stores) + len(streams):
+        raise UsageError(f"config {path}: a store name appears twice")
+    tables = parse_tables(data.get("tables"), kinds)
+    needed = {name for t in tables for name in t.inputs}
+    stores = [replace(s, changelog=True) if s.name in needed else s for s in stores]
+    return Pipeline(stores=stores, streams=streams, tables=tables)
+
+
+def _existing_kind(warehouse: str | None, name: str) -> str | None:
+    if warehouse is None:
+        return None
+    try:
+        from deltalake import DeltaTable
+
+        table = DeltaTable(os.path.join(warehouse, name))
+        return StoreSettings.from_description(table.metadata().description).kind
+    except Exception:  # noqa: BLE001 - no store yet (or not readable): the default applies
+        return None
+
+
+def _stream(entry: Any, index: int, base: str) -> StreamSpec:
+    where = f"streams[{index}]"
+    if not isinstance(entry, dict):
+        raise UsageError(f"{where}: expected a mapping")
+    unknown = set(entry) - _STREAM_FIELDS
+    if unknown:
+        raise UsageError(f"{where}: unknown field(s): {', '.join(sorted(unknown))} (a stream has no kind, "
+                         "history retention or partitions)")
+    for required in ("name", "source"):
+        if not isinstance(entry.get(required), str) or not entry[required]:
+            raise UsageError(f"{where}: '{required}' is required (a string)")
+    if "buckets" in entry and (not isinstance(entry["buckets"], int) or isinstance(entry["buckets"], bool)):
+        raise UsageError(f"{where} ({entry['name']}): 'buckets' must be an integer")
+    source = entry["source"]
+    if not os.path.isabs(source):
+        source = os.path.join(base, source)
+    return StreamSpec(name=entry["name"], source=source, format=entry.get("format"), buckets=entry.get("buckets"))
 
 
 def _store(entry: Any, index: int, base: str) -> StoreSpec:

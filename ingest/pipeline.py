@@ -16,7 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -26,6 +26,7 @@ from ingest.store import (
     StoreHandle,
     UsageError,
     commit_rejected,
+    commit_side,
     commit_store,
     existing_versions,
     finish_pending_rejected,
@@ -36,6 +37,8 @@ from ingest.store import (
 from ingest.writer import FILE_INFO_DDL, collect_adds, make_plain_writer, make_store_writer
 from versiq.durations import DEFAULT_HISTORY_RETENTION_MS
 from versiq.layout import (
+    CHANGELOG_DIR,
+    CHANGELOG_SCHEMA,
     DEFAULT_BUCKETS,
     KINDS,
     REJECT_REASONS,
@@ -61,6 +64,8 @@ class StoreSpec:
     history_retention_ms: int | None = None
     partitions: int | None = None
     buckets: int | None = None
+    #: Keep a ``_changelog`` of accepted records (set when derived tables read this store).
+    changelog: bool = False
 
     def settings(self) -> tuple[StoreSettings, set[str]]:
         explicit = {name for name, value in (("kind", self.kind),
@@ -125,15 +130,47 @@ class StoreReport:
 
 
 @dataclass
+class StreamReport:
+    """A source stream's run: records read, appended and rejected (no grace: never late)."""
+
+    read: int = 0
+    appended: int = 0
+    rejected: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REJECT_REASONS, 0))
+    snapshot: int | None = None
+    seconds: float = 0.0
+    files: int = 0
+    run: int | None = None
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "read": self.read, "appended": self.appended, "rejected": dict(self.rejected),
+            "snapshot": self.snapshot, "seconds": round(self.seconds, 3), "files": self.files, "run": self.run,
+        }
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
+
+@dataclass
 class RunReport:
     stores: dict[str, StoreReport] = field(default_factory=dict)
+    streams: dict[str, StreamReport] = field(default_factory=dict)
+    #: Derived tables and stream outputs (``ingest.derived.report.TableReport``).
+    tables: dict[str, Any] = field(default_factory=dict)
 
     @property
     def failed(self) -> bool:
-        return any(r.error is not None for r in self.stores.values())
+        entries = [*self.stores.values(), *self.streams.values(), *self.tables.values()]
+        return any(r.error is not None for r in entries)
 
     def to_json(self) -> dict[str, Any]:
-        return {"stores": {name: r.to_json() for name, r in self.stores.items()}}
+        out: dict[str, Any] = {"stores": {name: r.to_json() for name, r in self.stores.items()}}
+        if self.streams:
+            out["streams"] = {name: r.to_json() for name, r in self.streams.items()}
+        if self.tables:
+            out["tables"] = {name: r.to_json() for name, r in self.tables.items()}
+        return out
 
 
 def list_source_files(source: str) -> dict[str, str]:
@@ -246,11 +283,17 @@ def _run_once(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, new: di
             )
             rejected_adds = _write_rejected(parsed, classified, handle.path, run, new, spec.format)
             state.rejected_adds = rejected_adds
+            if spec.changelog:
+                if state.changelog_since is None:
+                    state.changelog_since = run
+                state.changelog_adds = _write_changelog(classified, handle.path, run, ctx)
             log.info("store %s: committing %d data file(s), %d rejected file(s)", spec.name, len(store_adds),
                      len(rejected_adds))
             version = commit_store(handle, store_adds, state)
             if rejected_adds:
                 commit_rejected(handle.path, run, rejected_adds)
+            if state.changelog_adds:
+                commit_side(handle.path, CHANGELOG_DIR, run, state.changelog_adds)
             report.snapshot = version
         finally:
             classified.unpersist()
@@ -306,20 +349,49 @@ def _next_state(classified: DataFrame, state: StoreState, run: int,
         if row["off"] is not None:
             max_offset[p] = max(max_offset.get(p, row["off"]), row["off"])
     return StoreState(run=run, stream_time=stream_time, max_offset=max_offset,
-                      done_files=sorted(set(state.done_files) | set(new)))
+                      done_files=sorted(set(state.done_files) | set(new)), changelog_since=state.changelog_since)
 
 
-def _write_rejected(parsed: DataFrame, classified: DataFrame, store_path: str, run: int,
+def _write_changelog(classified: DataFrame, store_path: str, run: int, ctx: RunContext) -> list[dict[str, Any]]:
+    """The run's accepted records in processing order (``seq`` 1, 2, ...) into ``_changelog``.
+
+    Across partitions the order is (path, line/row); inside a partition ordered by offset, the
+    k-th record of the partition takes the k-th (path, line/row) slot of that partition, which
+    keeps every partition's own order (SEMANTICS.md §1) in one sequence.
+    """
+    acc = classified.filter(F.col("outcome") == "accepted").select(
+        "key", "value", "ts", "p", "ord0", "source", "pos")
+    if ctx.any_offsets:
+        by_order = Window.partitionBy("p").orderBy(F.col("ord0").asc_nulls_first(), "source", "pos")
+        by_slot = Window.partitionBy("p").orderBy("slot_source", "slot_pos")
+        records = acc.withColumn("k", F.row_number().over(by_order)).drop("source", "pos")
+        slots = acc.select("p", F.col("source").alias("slot_source"), F.col("pos").alias("slot_pos")).withColumn(
+            "k", F.row_number().over(by_slot))
+        acc = records.join(slots, ["p", "k"]).withColumnRenamed("slot_source", "source").withColumnRenamed(
+            "slot_pos", "pos")
+    out = acc.select(
+        F.lit(run).cast("bigint").alias("run"),
+        F.row_number().over(Window.orderBy("source", "pos")).cast("bigint").alias("seq"),
+        "key", "value", F.col("ts").alias("timestamp"), F.col("p").cast("int").alias("partition"),
+    )
+    root = os.path.join(store_path, CHANGELOG_DIR)
+    return collect_adds(out.repartition(1).sortWithinPartitions("seq").mapInArrow(
+        make_plain_writer(root, run, CHANGELOG_SCHEMA), FILE_INFO_DDL))
+
+
+def _write_rejected(parsed: DataFrame, classified: DataFrame | None, store_path: str, run: int,
                     new: dict[str, str], fmt: str | None) -> list[dict[str, Any]]:
+    """The run's rejected records (parse stage, and decisions when ``classified`` is given)."""
     rows_sources = [rel for rel in new if format_of(rel, fmt) == "parquet"]
     early = parsed.filter(F.col("reason").isNotNull()).select(
         "source", "pos", "part", "offset", F.col("reason"), "detail", "raw")
-    late = classified.filter(F.col("outcome") != "accepted").select(
-        "source", "pos", "part", "offset", F.col("outcome").alias("reason"), "detail")
-    late = late.join(parsed.select("source", "pos", "raw"), ["source", "pos"])
+    if classified is not None:
+        late = classified.filter(F.col("outcome") != "accepted").select(
+            "source", "pos", "part", "offset", F.col("outcome").alias("reason"), "detail")
+        early = early.unionByName(late.join(parsed.select("source", "pos", "raw"), ["source", "pos"]))
     is_row = F.col("source").isin(rows_sources) if rows_sources else F.lit(False)
     ingested_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    out = early.unionByName(late).select(
+    out = early.select(
         F.lit(run).cast("bigint").alias("run"),
         "source",
         F.when(~is_row, F.col("pos")).alias("line"),

@@ -31,6 +31,10 @@ from deltalake.transaction import (
 
 from versiq.layout import (
     APP_ID,
+    CHANGELOG_DIR,
+    CHANGELOG_SCHEMA,
+    EMITTED_DIR,
+    EMITTED_SCHEMA,
     LOCK_FILE,
     PRIVATE_DIR,
     REJECTED_DIR,
@@ -39,6 +43,9 @@ from versiq.layout import (
     STORE_FILE_SCHEMA,
     STORE_PARTITION_COLUMNS,
     STORE_SCHEMA,
+    STREAM_FILE_SCHEMA,
+    STREAM_KIND,
+    STREAM_SCHEMA,
     StoreSettings,
     StoreState,
     read_rule_sql,
@@ -177,10 +184,27 @@ def _commit_properties(state: StoreState, run: int) -> CommitProperties:
     )
 
 
-def validate_adds(adds: list[dict[str, Any]], root: str, partitioned: bool) -> None:
+def table_schema(kind: str) -> pa.Schema:
+    """The Delta schema of a store (versioned/timestamped) or stream table."""
+    return STREAM_SCHEMA if kind == STREAM_KIND else STORE_SCHEMA
+
+
+def file_schema(kind: str) -> pa.Schema:
+    """The schema of the Parquet files of a store or stream table (without partition columns)."""
+    return STREAM_FILE_SCHEMA if kind == STREAM_KIND else STORE_FILE_SCHEMA
+
+
+#: The side tables of a store: directory -> schema. Each is committed after the store's own
+#: commit with the same transaction id; the store state keeps their add actions until then.
+SIDE_TABLES = {REJECTED_DIR: REJECTED_SCHEMA, CHANGELOG_DIR: CHANGELOG_SCHEMA, EMITTED_DIR: EMITTED_SCHEMA}
+
+
+def validate_adds(adds: list[dict[str, Any]], root: str, partitioned: bool,
+                  expected: pa.Schema | None = None) -> None:
     """Checks delta-rs does not make: unique paths, files present with the table's schema,
     full stats, partition membership."""
-    expected = STORE_FILE_SCHEMA if partitioned else REJECTED_SCHEMA
+    if expected is None:
+        expected = STORE_FILE_SCHEMA if partitioned else REJECTED_SCHEMA
     seen: set[str] = set()
     for add in adds:
         path = add["path"]
@@ -216,12 +240,13 @@ def _to_actions(adds: list[dict[str, Any]]) -> list[AddAction]:
 
 def commit_store(handle: StoreHandle, adds: list[dict[str, Any]], state: StoreState) -> int:
     """Commit the run's data files and state in one Delta transaction; returns the new version."""
-    validate_adds(adds, handle.path, partitioned=True)
+    kind = handle.settings.kind
+    validate_adds(adds, handle.path, partitioned=True, expected=file_schema(kind))
     props = _commit_properties(state, state.run)
     if handle.table is None:
         create_table_with_add_actions(
             handle.path,
-            Schema.from_arrow(STORE_SCHEMA),
+            Schema.from_arrow(table_schema(kind)),
             _to_actions(adds),
             mode="error",
             partition_by=STORE_PARTITION_COLUMNS,
@@ -232,7 +257,7 @@ def commit_store(handle: StoreHandle, adds: list[dict[str, Any]], state: StoreSt
         handle.table = DeltaTable(handle.path)
     else:
         handle.table.create_write_transaction(
-            _actions(adds), mode="append", schema=STORE_SCHEMA, partition_by=STORE_PARTITION_COLUMNS,
+            _actions(adds), mode="append", schema=table_schema(kind), partition_by=STORE_PARTITION_COLUMNS,
             commit_properties=props,
         )
         handle.table.update_incremental()
@@ -244,32 +269,50 @@ def rejected_path(store_path: str) -> str:
     return os.path.join(store_path, REJECTED_DIR)
 
 
-def commit_rejected(store_path: str, run: int, adds: list[dict[str, Any]]) -> None:
-    """Commit a run's rejected-record files with the run's txn id (skipped if already there)."""
-    path = rejected_path(store_path)
-    validate_adds(adds, path, partitioned=False)
+def commit_side(store_path: str, side: str, run: int, adds: list[dict[str, Any]]) -> None:
+    """Commit a run's files of a side table (``_rejected``, ``_changelog``, ``_emitted``) with
+    the run's txn id; skipped when that run is already there (a rerun finishing a crashed run)."""
+    path = os.path.join(store_path, side)
+    schema = SIDE_TABLES[side]
+    validate_adds(adds, path, partitioned=False, expected=schema)
     props = CommitProperties(app_transactions=[Transaction(APP_ID, run)])
     if not is_store(path):
         create_table_with_add_actions(
-            path, Schema.from_arrow(REJECTED_SCHEMA), _to_actions(adds), mode="error",
-            name=os.path.basename(store_path) + "._rejected", commit_properties=props,
+            path, Schema.from_arrow(schema), _to_actions(adds), mode="error",
+            name=os.path.basename(store_path) + "." + side, commit_properties=props,
         )
         return
     table = DeltaTable(path)
     if (table.transaction_version(APP_ID) or 0) >= run:
         return
-    table.create_write_transaction(_actions(adds), mode="append", schema=REJECTED_SCHEMA,
-                                   commit_properties=props)
+    table.create_write_transaction(_actions(adds), mode="append", schema=schema, commit_properties=props)
+
+
+def commit_rejected(store_path: str, run: int, adds: list[dict[str, Any]]) -> None:
+    commit_side(store_path, REJECTED_DIR, run, adds)
+
+
+def commit_pending_sides(store_path: str, state: StoreState) -> None:
+    """Commit the side tables of the run ``state`` describes (after its store commit)."""
+    for side, adds in ((REJECTED_DIR, state.rejected_adds), (CHANGELOG_DIR, state.changelog_adds),
+                       (EMITTED_DIR, state.emitted_adds)):
+        if adds:
+            commit_side(store_path, side, state.run, adds)
 
 
 def finish_pending_rejected(handle: StoreHandle) -> bool:
-    """Complete a run whose store commit landed but whose ``_rejected`` commit did not."""
+    """Complete a run whose store commit landed but whose side-table commits did not."""
     state = handle.state
-    if state.run == 0 or not state.rejected_adds:
+    if state.run == 0:
         return False
-    path = rejected_path(handle.path)
-    if is_store(path) and (DeltaTable(path).transaction_version(APP_ID) or 0) >= state.run:
-        return False
-    commit_rejected(handle.path, state.run, state.rejected_adds)
-    return True
-
+    finished = False
+    for side, adds in ((REJECTED_DIR, state.rejected_adds), (CHANGELOG_DIR, state.changelog_adds),
+                       (EMITTED_DIR, state.emitted_adds)):
+        if not adds:
+            continue
+        path = os.path.join(handle.path, side)
+        if is_store(path) and (DeltaTable(path).transaction_version(APP_ID) or 0) >= state.run:
+            continue
+        commit_side(handle.path, side, state.run, adds)
+        finished = True
+    return finished

@@ -85,9 +85,16 @@ def _write_one(table: pa.Table, root: str, rel_dir: str, run: int) -> tuple[str,
     return rel, os.path.getsize(full), int(time.time() * 1000), file_stats(table)
 
 
-def make_store_writer(root: str, run: int, file_schema: pa.Schema):  # type: ignore[no-untyped-def]
-    """mapInArrow function writing store rows (with a ``bucket`` column) one file per bucket."""
+STORE_SORT = ("key", "valid_from", "run")
+STREAM_SORT = ("key", "timestamp", "run", "seq")
+
+
+def make_store_writer(root: str, run: int, file_schema: pa.Schema,  # type: ignore[no-untyped-def]
+                      sort: tuple[str, ...] = STORE_SORT):
+    """mapInArrow function writing store rows (with a ``bucket`` column) one file per bucket,
+    each file sorted by ``sort`` (a key's rows together)."""
     file_columns = file_schema.names
+    sort_keys = [(name, "ascending") for name in sort]
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         pending: dict[int, list[pa.RecordBatch]] = {}
@@ -104,7 +111,7 @@ def make_store_writer(root: str, run: int, file_schema: pa.Schema):  # type: ign
             bucket_col = table.column("bucket")
             lo, hi = pc.min_max(bucket_col).values()
             data = table.select(file_columns).cast(file_schema)
-            data = data.sort_by([("key", "ascending"), ("valid_from", "ascending"), ("run", "ascending")])
+            data = data.sort_by(sort_keys)
             rel, size, mtime, stats = _write_one(data, root, f"bucket={bucket}", run)
             for name, value in (("path", rel), ("size", size), ("bucket", bucket),
                                 ("bucket_min", lo.as_py()), ("bucket_max", hi.as_py()),
@@ -134,8 +141,21 @@ def make_plain_writer(root: str, run: int, schema: pa.Schema):  # type: ignore[n
 
 def collect_adds(infos: DataFrame) -> list[dict[str, Any]]:
     """Run the write job and turn its file descriptions into add-action dicts."""
+    return adds_from_rows(infos.collect())
+
+
+def write_local(writer: Any, table: pa.Table) -> list[dict[str, Any]]:
+    """Run a writer made by ``make_store_writer``/``make_plain_writer`` in this process (the
+    driver-side derived-table writes): same files, same stats, same add actions."""
+    if table.num_rows == 0:
+        return []
+    infos = pa.Table.from_batches(list(writer(iter(table.to_batches()))), schema=FILE_INFO_SCHEMA)
+    return adds_from_rows(infos.to_pylist())
+
+
+def adds_from_rows(rows: Any) -> list[dict[str, Any]]:
     adds = []
-    for row in infos.collect():
+    for row in rows:
         partition_values = {} if row["bucket"] is None else {"bucket": str(row["bucket"])}
         adds.append(
             {

@@ -5,7 +5,10 @@ Library use (no FastAPI needed)::
     from query import Engine, VersionedKeyQuery, MultiVersionedKeyQuery
 
 See ``query.engine`` for the design (in-memory index of the current snapshot, DuckDB for older
-snapshots, refresh bound and memory) and ``query.api`` for the typed queries, results and errors.
+snapshots, refresh bound and memory), ``query.api`` for the typed queries, results and errors, and
+``query.streams`` for streams (append-only event logs read with DuckDB)::
+
+    engine.stream_records("clicks", StreamRecordsQuery(key="u-1", from_time=t0), limit=100)
 """
 
 from query.api import (
@@ -17,12 +20,14 @@ from query.api import (
     SnapshotNotFound,
     StoreInfo,
     StoreNotFound,
+    StreamNotFound,
     UnsupportedQuery,
     VersionedKeyQuery,
     VersionedRecord,
     VersionsPage,
 )
 from query.engine import Engine
+from query.streams import StreamInfo, StreamPosition, StreamRecord, StreamRecordsPage, StreamRecordsQuery
 
 __all__ = [
     "Engine",
@@ -34,6 +39,12 @@ __all__ = [
     "SnapshotNotFound",
     "StoreInfo",
     "StoreNotFound",
+    "StreamInfo",
+    "StreamNotFound",
+    "StreamPosition",
+    "StreamRecord",
+    "StreamRecordsPage",
+    "StreamRecordsQuery",
     "UnsupportedQuery",
     "VersionedKeyQuery",
     "VersionedRecord",

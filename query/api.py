@@ -72,6 +72,12 @@ class StoreInfo:
     #: Stream time per partition (absent: that partition has seen no record).
     stream_time: dict[int, int] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
+    #: Derived tables: the snapshot of each direct input this snapshot was computed from
+    #: (``StoreState.inputs``); empty for ordinary stores.
+    inputs: dict[str, int] = field(default_factory=dict)
+    #: Derived tables: per upstream source, ``{"run": last run consumed, "snapshot": its
+    #: snapshot after that run}`` (``StoreState.sources``); empty for ordinary stores.
+    sources: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 class QueryError(Exception):
@@ -82,8 +88,12 @@ class StoreNotFound(QueryError):
     pass
 
 
+class StreamNotFound(QueryError):
+    """No stream of that name (unknown, refused, or the name is a store)."""
+
+
 class SnapshotNotFound(QueryError):
-    """The requested snapshot is above the store's latest version."""
+    """The requested snapshot is above the store's (or stream's) latest version."""
 
 
 class SnapshotGone(QueryError):

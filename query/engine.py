@@ -1,4 +1,5 @@
-"""The versiq read engine: VersionedKeyQuery / MultiVersionedKeyQuery over the stores of a warehouse.
+"""The versiq read engine: VersionedKeyQuery / MultiVersionedKeyQuery over the stores of a warehouse,
+and the records of its streams.
 
 Usable as a library (no FastAPI)::
 
@@ -54,6 +55,22 @@ keys x 3 versions with ~50-byte values -> ~85 MB RSS, build 0.55 s, as-of p50 ~1
 (so 1 M keys x 3 versions ~ 0.4-0.5 GB). During a rebuild the changed buckets exist twice until
 the swap. Each uvicorn worker process holds its own index.
 
+Streams
+=======
+A warehouse child whose settings have ``kind = stream`` (``versiq.layout.STREAM_KIND``) is a
+*stream*, never a store: it is not listed by ``list_stores`` and has no in-memory index. A
+refresh pass only brings its ``DeltaTable`` up to date and keeps the current snapshot's file
+list with its statistics (``query.streams.StreamSnapshot``); ``stream_records`` answers with one
+DuckDB query over the files of the snapshot, pruned to the key's bucket and by the statistics.
+Older snapshots' file lists are cached like stores'. ``readiness()`` reports streams under
+``streams``.
+
+Provenance
+==========
+``StoreInfo.inputs`` / ``.sources`` (and ``StreamInfo``'s) are ``StoreState.inputs`` /
+``.sources`` of the answering snapshot (``layout.read_state``): the snapshots of the inputs a
+derived table was computed from; empty for ordinary stores.
+
 Timestamped stores (KIP-258)
 ============================
 A ``timestamped`` store keeps one value per key, so only *latest* reads apply:
@@ -67,10 +84,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import threading
 import time
-import urllib.parse
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -91,17 +106,30 @@ from query.api import (
     SnapshotNotFound,
     StoreInfo,
     StoreNotFound,
+    StreamNotFound,
     UnsupportedQuery,
     VersionedKeyQuery,
     VersionedRecord,
     VersionsPage,
+)
+from query.files import abs_path as _abs_path
+from query.files import arrow as _arrow
+from query.files import latest_version_on_disk as _latest_version_on_disk
+from query.streams import (
+    StreamInfo,
+    StreamPosition,
+    StreamRecord,
+    StreamRecordsPage,
+    StreamRecordsQuery,
+    StreamSnapshot,
+    check_query,
+    stream_files,
 )
 from versiq import layout, names
 
 log = logging.getLogger(__name__)
 
 SNAPSHOT_CACHE_SIZE = 8
-_LOG_FILE = re.compile(r"(\d{20})\.(?:json|checkpoint\.parquet|checkpoint\.\d+\.\d+\.parquet)\Z")
 
 def _resolve_sql(kind: str, one_key: bool) -> str:
     where = "WHERE key = $key " if one_key else ""
@@ -110,13 +138,6 @@ def _resolve_sql(kind: str, one_key: bool) -> str:
         f"FROM read_parquet($files, hive_partitioning = false) {where}"
         f"{layout.read_rule_sql(kind)} ORDER BY key, valid_from"
     )
-
-
-def _arrow(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any]) -> pa.Table:
-    rel = con.sql(sql, params=params)
-    assert rel is not None
-    tbl = rel.to_arrow_table()
-    return tbl if isinstance(tbl, pa.Table) else pa.table(tbl)
 
 
 # ---------------------------------------------------------------------------------- files
@@ -134,15 +155,6 @@ class _DataFile:
         if self.max_key is not None and key > self.max_key and not key.startswith(self.max_key):
             return False
         return True
-
-
-def _abs_path(table_path: str, path: str) -> str:
-    if "://" in path:
-        parsed = urllib.parse.urlparse(path)
-        return urllib.parse.unquote(parsed.path)
-    if os.path.isabs(path):
-        return path
-    return os.path.join(table_path, urllib.parse.unquote(path))
 
 
 def _files_by_bucket(dt: DeltaTable, table_path: str) -> dict[int, list[_DataFile]]:
@@ -163,20 +175,6 @@ def _files_by_bucket(dt: DeltaTable, table_path: str) -> dict[int, list[_DataFil
     for files in out.values():
         files.sort(key=lambda f: f.path)
     return out
-
-
-def _latest_version_on_disk(table_path: str) -> int:
-    """The newest Delta version whose commit (or checkpoint) file exists; -1 when none."""
-    best = -1
-    try:
-        entries = os.listdir(os.path.join(table_path, "_delta_log"))
-    except FileNotFoundError:
-        return -1
-    for name in entries:
-        m = _LOG_FILE.match(name)
-        if m:
-            best = max(best, int(m.group(1)))
-    return best
 
 
 def _rows_from_table(tbl: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray, pa.Array, np.ndarray]:
@@ -315,6 +313,17 @@ class _StoreHandle:
     last_refresh: float | None = None  # monotonic time of the last successful refresh check
 
 
+@dataclass
+class _StreamHandle:
+    name: str
+    path: str
+    settings: layout.StoreSettings
+    dt: DeltaTable | None = None
+    loaded: StreamSnapshot | None = None
+    error: str | None = None
+    last_refresh: float | None = None
+
+
 def _settings_or_none(description: str | None) -> layout.StoreSettings | None:
     """Settings of a versiq store; None for a Delta table without the versiq marker (not a
     store); ValueError for a versiq store this reader cannot read (refused)."""
@@ -337,12 +346,14 @@ class Engine:
         self.warehouse = os.path.abspath(warehouse)
         self.refresh_interval_s = refresh_interval_s
         self._stores: dict[str, _StoreHandle] = {}
+        self._streams: dict[str, _StreamHandle] = {}
         self._refused: dict[str, str] = {}
         self._ignored: set[str] = set()
         self._local = threading.local()
         self._refresh_lock = threading.Lock()
         self._cache_lock = threading.Lock()
         self._snapshot_cache: OrderedDict[tuple[str, int], _FilesSnapshot] = OrderedDict()
+        self._stream_cache: OrderedDict[tuple[str, int], StreamSnapshot] = OrderedDict()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._started = False
@@ -399,13 +410,15 @@ class Engine:
                 name = entry.name
                 if not names.is_valid_store_name(name) or not entry.is_dir():
                     continue
-                if name in self._stores or name in self._refused or name in self._ignored:
+                if name in self._stores or name in self._streams or name in self._refused or name in self._ignored:
                     continue
                 if not os.path.isdir(os.path.join(entry.path, "_delta_log")):
                     continue
                 self._discover(name, entry.path)
             for handle in list(self._stores.values()):
                 self._refresh_store(handle)
+            for stream in list(self._streams.values()):
+                self._refresh_stream(stream)
 
     def _discover(self, name: str, path: str) -> None:
         try:
@@ -422,6 +435,9 @@ class Engine:
             return
         if settings is None:
             self._ignored.add(name)
+            return
+        if settings.kind == layout.STREAM_KIND:
+            self._streams[name] = _StreamHandle(name=name, path=path, settings=settings, dt=dt)
             return
         self._stores[name] = _StoreHandle(name=name, path=path, settings=settings, dt=dt)
 
@@ -477,6 +493,30 @@ class Engine:
             handle.dt = None
             log.warning("refresh of store %s failed (serving last good snapshot): %s", handle.name, exc)
 
+    def _refresh_stream(self, handle: _StreamHandle) -> None:
+        """Bring a stream's file list up to date (no index: reads go to the files)."""
+        if not os.path.isdir(os.path.join(handle.path, "_delta_log")):
+            handle.error = "stream directory or its _delta_log is gone (serving last good snapshot)"
+            return
+        try:
+            if handle.dt is None:
+                handle.dt = DeltaTable(handle.path)
+            else:
+                handle.dt.update_incremental()
+            dt = handle.dt
+            prev = handle.loaded
+            if prev is None or prev.snapshot != dt.version():
+                settings = _settings_or_none(dt.metadata().description)
+                if settings != handle.settings:
+                    raise ValueError(f"stream settings changed or became unreadable: {settings!r}")
+                handle.loaded = StreamSnapshot.open(handle.name, handle.path, settings, dt)
+            handle.error = None
+            handle.last_refresh = time.monotonic()
+        except Exception as exc:
+            handle.error = f"{type(exc).__name__}: {exc}"
+            handle.dt = None
+            log.warning("refresh of stream %s failed (serving last good snapshot): %s", handle.name, exc)
+
     # ------------------------------------------------------------------ views
     def _con(self) -> duckdb.DuckDBPyConnection:
         con: duckdb.DuckDBPyConnection | None = getattr(self._local, "con", None)
@@ -493,6 +533,8 @@ class Engine:
             reason = self._refused.get(store)
             if reason is not None:
                 raise StoreNotFound(f"store {store!r} is refused: {reason}")
+            if store in self._streams:
+                raise StoreNotFound(f"no store {store!r}: {store!r} is a stream (/v1/streams/{store})")
             raise StoreNotFound(f"no store {store!r}")
         return handle
 
@@ -582,6 +624,8 @@ class Engine:
             snapshot=view.snapshot,
             stream_time=dict(view.state.stream_time),
             counts=view.counts(),
+            inputs=dict(view.state.inputs),
+            sources={name: dict(v) for name, v in view.state.sources.items()},
         )
 
     def current_snapshot(self, store: str) -> int:
@@ -671,25 +715,146 @@ class Engine:
         more = len(idx) > limit
         return VersionsPage(records, view.snapshot, h, records[-1].timestamp if more else None)
 
+    # ------------------------------------------------------------------ streams
+    def _stream_handle(self, stream: str) -> _StreamHandle:
+        if not isinstance(stream, str) or not names.is_valid_store_name(stream):
+            raise StreamNotFound(f"invalid stream name {stream!r}")
+        handle = self._streams.get(stream)
+        if handle is None:
+            reason = self._refused.get(stream)
+            if reason is not None:
+                raise StreamNotFound(f"stream {stream!r} is refused: {reason}")
+            if stream in self._stores:
+                raise StreamNotFound(f"no stream {stream!r}: {stream!r} is a store (/v1/stores/{stream})")
+            raise StreamNotFound(f"no stream {stream!r}")
+        return handle
+
+    def _stream_view(self, stream: str, snapshot: int | None) -> StreamSnapshot:
+        handle = self._stream_handle(stream)
+        loaded = handle.loaded
+        if loaded is None:
+            raise StreamNotFound(f"stream {stream!r} is not loaded yet: {handle.error or 'loading'}")
+        if snapshot is None or snapshot == loaded.snapshot:
+            return loaded
+        if isinstance(snapshot, bool) or not isinstance(snapshot, int) or snapshot < 0:
+            raise SnapshotNotFound(f"invalid snapshot {snapshot!r}")
+        cache_key = (stream, snapshot)
+        with self._cache_lock:
+            cached = self._stream_cache.get(cache_key)
+            if cached is not None:
+                self._stream_cache.move_to_end(cache_key)
+                return cached
+        latest = max(_latest_version_on_disk(handle.path), loaded.snapshot)
+        if snapshot > latest:
+            raise SnapshotNotFound(f"stream {stream!r} has no snapshot {snapshot} (latest is {latest})")
+        try:
+            dt = DeltaTable(handle.path, version=snapshot)
+            view = StreamSnapshot(
+                name=stream,
+                snapshot=snapshot,
+                settings=handle.settings,
+                state=layout.read_state(handle.path, snapshot),
+                files=stream_files(dt, handle.path),
+            )
+        except Exception as exc:
+            raise SnapshotGone(
+                f"snapshot {snapshot} of stream {stream!r} is no longer readable: {exc}"
+            ) from exc
+        with self._cache_lock:
+            self._stream_cache[cache_key] = view
+            while len(self._stream_cache) > SNAPSHOT_CACHE_SIZE:
+                self._stream_cache.popitem(last=False)
+        return view
+
+    def list_streams(self) -> list[StreamInfo]:
+        """Every loaded stream (current snapshot), by name."""
+        out = []
+        for name in sorted(self._streams):
+            loaded = self._streams[name].loaded
+            if loaded is not None:
+                out.append(loaded.info())
+        return out
+
+    def stream_info(self, stream: str, snapshot: int | None = None) -> StreamInfo:
+        """Snapshot, last run, counts, timestamp range and provenance of a stream at ``snapshot``
+        (default: current). Raises StreamNotFound, SnapshotNotFound, SnapshotGone."""
+        return self._stream_view(stream, snapshot).info()
+
+    def current_stream_snapshot(self, stream: str) -> int:
+        return self._stream_view(stream, None).snapshot
+
+    def stream_records(
+        self,
+        stream: str,
+        query: StreamRecordsQuery,
+        *,
+        snapshot: int | None = None,
+        resume_after: StreamPosition | None = None,
+        limit: int = 100,
+    ) -> StreamRecordsPage:
+        """One page of a stream's records in stream order ``(run, seq)`` (reversed when
+        ``query.ascending`` is false), filtered by key and ``from_time <= timestamp <= to_time``.
+
+        ``resume_after`` is the position of the last record of the previous page;
+        ``resume_after`` of the returned page is None exactly when no record follows. Raises
+        InvalidQuery for an empty key, ``from_time > to_time`` or ``limit < 1``.
+        """
+        check_query(query, limit)
+        view = self._stream_view(stream, snapshot)
+        try:
+            return view.page(self._con(), query, resume_after, limit)
+        except SnapshotGone:
+            if snapshot is not None:
+                raise
+        # The current snapshot's files were compacted away and vacuumed before the next
+        # refresh: refresh this stream now and answer from its newest snapshot.
+        handle = self._stream_handle(stream)
+        with self._refresh_lock:
+            self._refresh_stream(handle)
+        return self._stream_view(stream, None).page(self._con(), query, resume_after, limit)
+
+    def iter_stream_records(
+        self,
+        stream: str,
+        query: StreamRecordsQuery,
+        *,
+        snapshot: int | None = None,
+        page_size: int = 1000,
+    ) -> Iterator[StreamRecord]:
+        """Every record of a stream query, fetched lazily page by page from one snapshot."""
+        check_query(query, page_size)
+        view = self._stream_view(stream, snapshot)
+        resume: StreamPosition | None = None
+        while True:
+            page = view.page(self._con(), query, resume, page_size)
+            yield from page.records
+            if page.resume_after is None:
+                return
+            resume = page.resume_after
+
     # ------------------------------------------------------------------ health
     def readiness(self) -> dict[str, Any]:
-        """``{"ready", "stores": {name: {"snapshot", "lastRefreshAgeSeconds", "error"}}, "refused"}``.
+        """``{"ready", "stores": {name: {"snapshot", "lastRefreshAgeSeconds", "error"}}, "streams":
+        {same}, "refused"}``.
 
-        Ready once a refresh pass ran and every discovered (non-refused) store has a loaded
-        snapshot; a store serving its last good snapshot after a failed refresh stays ready
+        Ready once a refresh pass ran and every discovered (non-refused) store and stream has a
+        loaded snapshot; one serving its last good snapshot after a failed refresh stays ready
         (its ``error`` says why it is stale).
         """
         now = time.monotonic()
-        stores: dict[str, Any] = {}
         ready = self._started
-        for name in sorted(self._stores):
-            h = self._stores[name]
-            loaded = h.loaded
-            if loaded is None:
-                ready = False
-            stores[name] = {
-                "snapshot": None if loaded is None else loaded.snapshot,
-                "lastRefreshAgeSeconds": None if h.last_refresh is None else round(now - h.last_refresh, 3),
-                "error": h.error,
-            }
-        return {"ready": ready, "stores": stores, "refused": dict(self._refused)}
+        out: dict[str, dict[str, Any]] = {"stores": {}, "streams": {}}
+        handles: list[tuple[str, dict[str, _StoreHandle] | dict[str, _StreamHandle]]] = [
+            ("stores", self._stores), ("streams", self._streams)]
+        for member, table in handles:
+            for name in sorted(table):
+                h = table[name]
+                loaded = h.loaded
+                if loaded is None:
+                    ready = False
+                out[member][name] = {
+                    "snapshot": None if loaded is None else loaded.snapshot,
+                    "lastRefreshAgeSeconds": None if h.last_refresh is None else round(now - h.last_refresh, 3),
+                    "error": h.error,
+                }
+        return {"ready": ready, "stores": out["stores"], "streams": out["streams"], "refused": dict(self._refused)}

@@ -1,4 +1,5 @@
-"""The HTTP face of versiq: IQv2 versioned queries over HTTP (issue 4, CONTRACT.md).
+"""The HTTP face of versiq: IQv2 versioned queries over HTTP (issue 4, CONTRACT.md), and the
+records of streams (issue 5).
 
 Routes are thin: all query logic lives in ``query.engine``. Everything under ``/v1`` is routed
 on the raw path (see ``service.params``) by ``VersiqMiddleware``, which also does metrics,
@@ -34,14 +35,19 @@ from query.api import (
     SnapshotNotFound,
     StoreInfo,
     StoreNotFound,
+    StreamNotFound,
     UnsupportedQuery,
     VersionedKeyQuery,
 )
+from query.streams import StreamInfo, StreamPosition, StreamRecordsQuery
 from service.metrics import Metrics
 from service.params import (
     ROUTE_KEY,
     ROUTE_STORE,
     ROUTE_STORES,
+    ROUTE_STREAM,
+    ROUTE_STREAM_RECORDS,
+    ROUTE_STREAMS,
     ROUTE_VERSIONS,
     Route,
     match_v1,
@@ -54,7 +60,7 @@ from service.params import (
 )
 from service.problems import PROBLEM_MEDIA_TYPE, Problem, bad_request
 from service.settings import Settings
-from service.tokens import PageQuery, PageTokens
+from service.tokens import STREAM_RECORDS, PageQuery, PageTokens
 from versiq.names import is_valid_store_name
 
 if TYPE_CHECKING:
@@ -114,7 +120,26 @@ def store_info_json(info: StoreInfo) -> dict[str, Any]:
         "snapshot": info.snapshot,
         "oldestQueryableTimestamp": oldest,
         "counts": dict(info.counts),
+        "inputs": dict(info.inputs),
+        "sources": {name: {"run": v["run"], "snapshot": v["snapshot"]} for name, v in info.sources.items()},
     }
+
+
+def stream_info_json(info: StreamInfo) -> dict[str, Any]:
+    return {
+        "name": info.name,
+        "snapshot": info.snapshot,
+        "lastRun": info.last_run,
+        "buckets": info.buckets,
+        "counts": dict(info.counts),
+        "minTimestamp": info.min_timestamp,
+        "maxTimestamp": info.max_timestamp,
+        "inputs": dict(info.inputs),
+        "sources": {name: {"run": v["run"], "snapshot": v["snapshot"]} for name, v in info.sources.items()},
+    }
+
+
+_NAME_RULE = "1-100 letters, digits, '_', '-' or '.', starting with a letter or digit"
 
 
 class Service:
@@ -128,7 +153,7 @@ class Service:
 
     def readiness(self) -> dict[str, Any]:
         if self.engine is None:
-            return {"ready": False, "stores": {}, "refused": {}}
+            return {"ready": False, "stores": {}, "streams": {}, "refused": {}}
         return self.engine.readiness()
 
     def require_engine(self) -> Engine:
@@ -168,10 +193,11 @@ class Service:
             engine = self.require_engine()
             stores = await run_in_threadpool(engine.list_stores)
             return _dumps({"stores": [store_info_json(s) for s in stores]})
+        if route.template in (ROUTE_STREAMS, ROUTE_STREAM, ROUTE_STREAM_RECORDS):
+            return await self._streams(route, query_string)
         store = route.store or ""
         if not is_valid_store_name(store):
-            raise Problem("store-not-found", f"no store named {store!r}: store names are 1-100 "
-                          "letters, digits, '_', '-' or '.', starting with a letter or digit",
+            raise Problem("store-not-found", f"no store named {store!r}: store names are {_NAME_RULE}",
                           store=store)
         if route.template == ROUTE_STORE:
             params = parse_query(query_string, ("snapshot",))
@@ -186,24 +212,102 @@ class Service:
         return await self._versions(store, key, query_string)
 
     async def _call(self, store: str, at: int | None, fn: Callable[..., Any], *args: Any,
-                    **kwargs: Any) -> Any:
+                    what: str = "store", **kwargs: Any) -> Any:
+        """Run an engine call in the thread pool, mapping its errors to problems; ``what`` is
+        ``store`` or ``stream`` (the kind of ``store``, also the problems' extension member)."""
         snapshot = at
+        name: dict[str, Any] = {what: store}
         try:
             return await run_in_threadpool(fn, *args, **kwargs)
         except StoreNotFound as exc:
             raise Problem("store-not-found", str(exc) or f"no store named {store!r} in the warehouse",
                           store=store) from None
+        except StreamNotFound as exc:
+            raise Problem("stream-not-found", str(exc) or f"no stream named {store!r} in the warehouse",
+                          stream=store) from None
         except SnapshotNotFound as exc:
-            raise Problem("snapshot-not-found", str(exc) or f"store {store!r} has no snapshot {snapshot}",
-                          store=store, snapshot=snapshot) from None
+            raise Problem("snapshot-not-found", str(exc) or f"{what} {store!r} has no snapshot {snapshot}",
+                          **name, snapshot=snapshot) from None
         except SnapshotGone as exc:
-            raise Problem("gone", str(exc) or f"snapshot {snapshot} of store {store!r} is no longer "
-                          "readable (vacuumed)", store=store, snapshot=snapshot) from None
+            raise Problem("gone", str(exc) or f"snapshot {snapshot} of {what} {store!r} is no longer "
+                          "readable (vacuumed)", **name, snapshot=snapshot) from None
         except InvalidQuery as exc:
             raise bad_request(str(exc) or "invalid query") from None
         except UnsupportedQuery as exc:
             raise Problem("unsupported-query", str(exc) or "the query does not apply to this store",
                           store=store) from None
+
+    # ------------------------------------------------------------------ streams
+    async def _streams(self, route: Route, query_string: bytes) -> bytes:
+        if route.template == ROUTE_STREAMS:
+            parse_query(query_string, ())
+            engine = self.require_engine()
+            streams = await run_in_threadpool(engine.list_streams)
+            return _dumps({"streams": [stream_info_json(s) for s in streams]})
+        stream = route.stream or ""
+        if not is_valid_store_name(stream):
+            raise Problem("stream-not-found", f"no stream named {stream!r}: stream names are {_NAME_RULE}",
+                          stream=stream)
+        if route.template == ROUTE_STREAM:
+            params = parse_query(query_string, ("snapshot",))
+            snapshot = snapshot_param(params)
+            engine = self.require_engine()
+            info = await self._call(stream, snapshot, engine.stream_info, stream, snapshot, what="stream")
+            return _dumps(stream_info_json(info))
+        assert route.template == ROUTE_STREAM_RECORDS
+        return await self._stream_records(stream, query_string)
+
+    async def _stream_records(self, stream: str, query_string: bytes) -> bytes:
+        params = parse_query(query_string,
+                             ("key", "from", "to", "order", "pageSize", "pageToken", "snapshot"))
+        key = params.get("key")
+        if key == "":
+            raise bad_request("query parameter 'key' must not be empty (omit it for every key)",
+                              parameter="key")
+        from_time = timestamp_param(params, "from")
+        to_time = timestamp_param(params, "to")
+        if from_time is not None and to_time is not None and from_time > to_time:
+            raise bad_request(f"'from' ({from_time}) is after 'to' ({to_time})", parameter="from")
+        order = order_param(params)
+        page_size = page_size_param(params)
+        snapshot = snapshot_param(params)
+        bound = PageQuery(stream, key, from_time, to_time, order, STREAM_RECORDS)
+        resume_after: StreamPosition | None = None
+        token = params.get("pageToken")
+        if token is not None:
+            position = self.tokens.resolve(token, bound)
+            if snapshot is not None and snapshot != position.snapshot:
+                raise bad_request(
+                    f"query parameter 'snapshot' ({snapshot}) differs from the snapshot the page "
+                    f"token pins ({position.snapshot}); omit it or repeat it unchanged",
+                    parameter="snapshot",
+                )
+            if len(position.position) != 2:
+                raise bad_request("query parameter 'pageToken' is not a valid page token",
+                                  parameter="pageToken")
+            snapshot = position.snapshot
+            resume_after = StreamPosition(*position.position)
+        engine = self.require_engine()
+        page = await self._call(
+            stream, snapshot, engine.stream_records, stream,
+            StreamRecordsQuery(key, from_time, to_time, order == "asc"),
+            what="stream", snapshot=snapshot, resume_after=resume_after, limit=page_size,
+        )
+        next_token = None
+        if page.resume_after is not None:
+            after = page.resume_after
+            next_token = self.tokens.issue(bound, page.snapshot, (after.run, after.sequence))
+        records = b",".join(
+            b"".join((b'{"key":', _dumps(r.key), b',"value":',
+                      b"null" if r.value is None else r.value.encode("utf-8"),
+                      b',"timestamp":', _int_or_null(r.timestamp), b',"run":', _int_or_null(r.run),
+                      b',"sequence":', _int_or_null(r.sequence), b"}"))
+            for r in page.records
+        )
+        return b"".join((
+            b'{"stream":', _dumps(stream), b',"key":', _dumps(key), b',"records":[', records,
+            b'],"nextPageToken":', _dumps(next_token), b',"snapshot":', _int_or_null(page.snapshot), b"}",
+        ))
 
     async def _get(self, store: str, key: str, query_string: bytes) -> bytes:
         params = parse_query(query_string, ("asOf", "snapshot"))
@@ -450,6 +554,8 @@ def _not_ready_detail(state: dict[str, Any], no_engine: bool) -> str:
         return "the query engine is not started"
     reasons = [f"store {name!r}: {info['error']}" for name, info in state.get("stores", {}).items()
                if info.get("error")]
+    reasons += [f"stream {name!r}: {info['error']}" for name, info in state.get("streams", {}).items()
+                if info.get("error")]
     reasons += [f"store {name!r} refused: {why}" for name, why in state.get("refused", {}).items()]
     return "not ready" + (": " + "; ".join(reasons) if reasons else ": stores not loaded yet")
 

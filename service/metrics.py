@@ -18,7 +18,8 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.
 
 
 class StoreCollector(Collector):
-    """Per-store snapshot version, refresh age and refresh errors, read at scrape time."""
+    """Per-store (and per-stream) snapshot version, refresh age and refresh errors, read at
+    scrape time."""
 
     def __init__(self, readiness: Callable[[], dict[str, Any]]) -> None:
         self._readiness = readiness
@@ -32,12 +33,17 @@ class StoreCollector(Collector):
         err = GaugeMetricFamily("versiq_store_refresh_error",
                                 "1 when the store's last refresh failed", labels=["store"])
         ready = GaugeMetricFamily("versiq_ready", "1 when the service is ready")
+        stream_snap = GaugeMetricFamily("versiq_stream_snapshot_version",
+                                        "Delta version of the stream snapshot being served",
+                                        labels=["stream"])
+        stream_err = GaugeMetricFamily("versiq_stream_refresh_error",
+                                       "1 when the stream's last refresh failed", labels=["stream"])
         refused = GaugeMetricFamily("versiq_store_refused",
                                     "1 for a store the engine refuses to serve", labels=["store"])
         try:
             state = self._readiness()
         except Exception:  # noqa: BLE001 - a scrape must not fail because the engine does
-            state = {"ready": False, "stores": {}, "refused": {}}
+            state = {"ready": False, "stores": {}, "streams": {}, "refused": {}}
         ready.add_metric([], 1.0 if state.get("ready") else 0.0)
         for name, info in sorted(state.get("stores", {}).items()):
             if info.get("snapshot") is not None:
@@ -45,9 +51,13 @@ class StoreCollector(Collector):
             if info.get("lastRefreshAgeSeconds") is not None:
                 age.add_metric([name], float(info["lastRefreshAgeSeconds"]))
             err.add_metric([name], 1.0 if info.get("error") else 0.0)
+        for name, info in sorted(state.get("streams", {}).items()):
+            if info.get("snapshot") is not None:
+                stream_snap.add_metric([name], float(info["snapshot"]))
+            stream_err.add_metric([name], 1.0 if info.get("error") else 0.0)
         for name in sorted(state.get("refused", {})):
             refused.add_metric([name], 1.0)
-        yield from (snap, age, err, ready, refused)
+        yield from (snap, age, err, ready, refused, stream_snap, stream_err)
 
 
 class Metrics:

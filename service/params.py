@@ -130,17 +130,33 @@ class Route:
     template: str
     store: str | None = None
     key: str | None = None
+    stream: str | None = None
 
 
 ROUTE_STORES = "/v1/stores"
 ROUTE_STORE = "/v1/stores/{store}"
 ROUTE_KEY = "/v1/stores/{store}/keys/{key}"
 ROUTE_VERSIONS = "/v1/stores/{store}/keys/{key}/versions"
+ROUTE_STREAMS = "/v1/streams"
+ROUTE_STREAM = "/v1/streams/{stream}"
+ROUTE_STREAM_RECORDS = "/v1/streams/{stream}/records"
+
+
+def _match_streams(segments: list[bytes]) -> Route | None:
+    n = len(segments)
+    if n == 2:
+        return Route(ROUTE_STREAMS)
+    if n > 4 or (n == 4 and segments[3] != b"records"):
+        return None
+    stream = percent_decode(segments[2], plus_is_space=False, what="the stream name")
+    return Route(ROUTE_STREAM if n == 3 else ROUTE_STREAM_RECORDS, stream=stream)
 
 
 def match_v1(segments: list[bytes]) -> Route | None:
     """Match the segments of a ``/v1/...`` raw path; None = no such route."""
     n = len(segments)
+    if n >= 2 and segments[0] == b"v1" and segments[1] == b"streams":
+        return _match_streams(segments)
     if n < 2 or segments[0] != b"v1" or segments[1] != b"stores":
         return None
     if n == 2:

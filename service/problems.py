@@ -19,6 +19,7 @@ PROBLEM_TYPES: dict[str, tuple[int, str]] = {
     "not-found": (404, "No version of the key at that time"),
     "expired": (404, "Older than the store's history retention"),
     "store-not-found": (404, "Store not found"),
+    "stream-not-found": (404, "Stream not found"),
     "snapshot-not-found": (404, "Snapshot not found"),
     "route-not-found": (404, "No such resource"),
     "method-not-allowed": (405, "Method not allowed"),

@@ -1,8 +1,10 @@
 """Opaque, integrity-protected page tokens (CONTRACT.md, HTTP request details).
 
 Format: ``base64url(payload JSON) "." base64url(HMAC-SHA256(secret, payload)[:16])``. The
-payload binds the store, key, from, to, order, snapshot, the position (timestamp of the last
-record returned) and the issue time. Clients must treat tokens as opaque.
+payload binds the listing (a store's key versions, or a stream's records), the store or stream,
+key, from, to, order, snapshot, the position of the last record returned (its timestamp for
+versions; its ``(run, sequence)`` for stream records) and the issue time. Clients must treat
+tokens as opaque.
 
 The HMAC secret comes from ``VERSIQ_TOKEN_SECRET``; without it each process draws a random
 one, so every worker/replica behind one address must share the variable (``versiq serve
@@ -21,24 +23,50 @@ from dataclasses import dataclass
 
 from service.problems import Problem, bad_request
 
+#: Payload layouts: 1 = versions ``[1, store, key, from, to, order, snapshot, timestamp,
+#: issued]``; 2 = any listing ``[2, listing, name, key, from, to, order, snapshot, [position...],
+#: issued]``.
 _VERSION = 1
+_VERSION_LISTING = 2
+VERSIONS = "versions"
+STREAM_RECORDS = "stream-records"
+_NAME_LABEL = {VERSIONS: "store", STREAM_RECORDS: "stream"}
 
 
 @dataclass(frozen=True)
 class PageQuery:
+    """What a token binds: ``store`` is the store (versions) or the stream (stream records);
+    ``key`` None = no key filter (stream records only)."""
+
     store: str
-    key: str
+    key: str | None
     from_time: int | None
     to_time: int | None
     order: str
+    listing: str = VERSIONS
 
 
 @dataclass(frozen=True)
 class PagePosition:
     query: PageQuery
     snapshot: int
-    resume_after: int
+    #: The position of the last record returned: ``(timestamp,)`` for versions,
+    #: ``(run, sequence)`` for stream records.
+    position: tuple[int, ...]
     issued_at: float
+
+    @property
+    def resume_after(self) -> int:
+        """The timestamp of the last version returned (versions listings)."""
+        return self.position[0]
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _opt_int(value: object) -> bool:
+    return value is None or _is_int(value)
 
 
 def _b64(data: bytes) -> str:
@@ -57,14 +85,42 @@ class PageTokens:
     def _mac(self, payload: bytes) -> bytes:
         return hmac.new(self._secret, payload, hashlib.sha256).digest()[:16]
 
-    def issue(self, query: PageQuery, snapshot: int, resume_after: int,
+    def issue(self, query: PageQuery, snapshot: int, resume_after: int | tuple[int, ...],
               now: float | None = None) -> str:
-        payload = json.dumps(
-            [_VERSION, query.store, query.key, query.from_time, query.to_time, query.order,
-             snapshot, resume_after, int((time.time() if now is None else now) * 1000)],
-            ensure_ascii=False, separators=(",", ":"),
-        ).encode("utf-8")
+        issued = int((time.time() if now is None else now) * 1000)
+        position = (resume_after,) if isinstance(resume_after, int) else tuple(resume_after)
+        data: list[object]
+        if query.listing == VERSIONS:
+            if query.key is None or len(position) != 1:
+                raise ValueError("a versions token needs a key and one timestamp")
+            data = [_VERSION, query.store, query.key, query.from_time, query.to_time, query.order,
+                    snapshot, position[0], issued]
+        else:
+            data = [_VERSION_LISTING, query.listing, query.store, query.key, query.from_time,
+                    query.to_time, query.order, snapshot, list(position), issued]
+        payload = json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
         return _b64(payload) + "." + _b64(self._mac(payload))
+
+    @staticmethod
+    def _decode(data: object) -> tuple[PageQuery, int, tuple[int, ...], int] | None:
+        """The bound query, snapshot, position and issue time (ms) of a payload; None if malformed."""
+        if not isinstance(data, list) or not data:
+            return None
+        if data[0] == _VERSION and len(data) == 9:
+            _, name, key, from_time, to_time, order, snapshot, resume_after, issued_ms = data
+            listing, position = VERSIONS, [resume_after]
+        elif data[0] == _VERSION_LISTING and len(data) == 10:
+            _, listing, name, key, from_time, to_time, order, snapshot, position, issued_ms = data
+            if listing not in _NAME_LABEL or not isinstance(position, list):
+                return None
+        else:
+            return None
+        if not (isinstance(name, str) and (key is None or isinstance(key, str)) and _opt_int(from_time)
+                and _opt_int(to_time) and isinstance(order, str) and _is_int(snapshot)
+                and _is_int(issued_ms) and position and all(_is_int(p) for p in position)):
+            return None
+        return (PageQuery(name, key, from_time, to_time, order, listing), snapshot, tuple(position),
+                issued_ms)
 
     def resolve(self, token: str, query: PageQuery, now: float | None = None) -> PagePosition:
         """Check a token against the follow-up request; 400 on mismatch/tamper, 410 if expired."""
@@ -84,18 +140,23 @@ class PageTokens:
         if not hmac.compare_digest(mac, self._mac(payload)):
             raise invalid
         try:
-            data = json.loads(payload)
-            (version, store, key, from_time, to_time, order, snapshot, resume_after,
-             issued_ms) = data
+            decoded = self._decode(json.loads(payload))
         except (ValueError, TypeError):
             raise invalid from None
-        if version != _VERSION:
+        if decoded is None:
             raise invalid
-        bound = PageQuery(store, key, from_time, to_time, order)
+        bound, snapshot, position, issued_ms = decoded
         if bound != query:
+            if bound.listing != query.listing:
+                raise bad_request(
+                    "query parameter 'pageToken' belongs to another kind of listing (a "
+                    f"{_NAME_LABEL[bound.listing]}'s {bound.listing}, not a "
+                    f"{_NAME_LABEL[query.listing]}'s {query.listing}); start again without it",
+                    parameter="pageToken",
+                )
             diffs = [
                 name for name, a, b in (
-                    ("store", bound.store, query.store), ("key", bound.key, query.key),
+                    (_NAME_LABEL[query.listing], bound.store, query.store), ("key", bound.key, query.key),
                     ("from", bound.from_time, query.from_time),
                     ("to", bound.to_time, query.to_time), ("order", bound.order, query.order),
                 ) if a != b
@@ -115,4 +176,4 @@ class PageTokens:
                 f"the page token expired: it was issued {age:.0f} s ago and tokens live "
                 f"{self.ttl_s:g} s; start the listing again without pageToken",
             )
-        return PagePosition(bound, snapshot, resume_after, issued_at)
+        return PagePosition(bound, snapshot, position, issued_at)

@@ -529,6 +529,7 @@ def test_explicit_partitions_use_the_keys_partition(q_warehouse, q_engine):
 
 def test_readers_never_see_a_half_built_index(q_warehouse, q_engine):
     import threading
+    import time
 
     b = StoreBuilder(q_warehouse, "s", buckets=4)
     b.apply([(f"k{i}", "0", 0) for i in range(50)])
@@ -552,6 +553,10 @@ def test_readers_never_see_a_half_built_index(q_warehouse, q_engine):
     for run in range(1, 5):
         b.apply([(f"k{i}", str(run), run) for i in range(50)])
         e.refresh()
+    # under load the readers may not have been scheduled since the last swap: let them see it
+    deadline = time.monotonic() + 30
+    while not any(s == b.version for s, _, _ in list(seen)) and time.monotonic() < deadline and not errors:
+        time.sleep(0.01)
     stop.set()
     for t in threads:
         t.join()

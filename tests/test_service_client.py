@@ -12,7 +12,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_service_support import HIST_VERSIONS, HOUR, ODD_KEYS, T0, Warehouse, build_warehouse, live_server
+from test_service_support import (
+    CLICK_RUNS,
+    EXPENSIVE_INPUTS,
+    EXPENSIVE_SOURCES,
+    HIST_VERSIONS,
+    HOUR,
+    ODD_KEYS,
+    PRICED_INPUTS,
+    PRICED_SOURCES,
+    T0,
+    Warehouse,
+    build_warehouse,
+    live_server,
+)
 
 from service.settings import Settings
 
@@ -69,7 +82,7 @@ def test_generated_client_every_endpoint(s_generated: Any, s_wh: Warehouse) -> N
 
         stores = list_stores.sync(client=client)
         assert isinstance(stores, StoreList)
-        assert [s.name for s in stores.stores] == ["live", "prices", "sessions"]
+        assert [s.name for s in stores.stores] == ["expensive", "live", "prices", "sessions"]
         denied = list_stores.sync(client=wrong)
         assert isinstance(denied, Problem) and denied.status == 401
 
@@ -115,6 +128,66 @@ def test_generated_client_every_endpoint(s_generated: Any, s_wh: Warehouse) -> N
         assert isinstance(empty, VersionsPage) and empty.records == []
         too_big = list_versions.sync("prices", "hist", client=client, page_size=1001)
         assert isinstance(too_big, Problem) and too_big.status == 400
+
+
+def test_generated_client_streams_and_provenance(s_generated: Any, s_wh: Warehouse) -> None:
+    from versiq_client import Client
+    from versiq_client.api.stores import get_store, list_stores
+    from versiq_client.api.streams import get_stream, list_stream_records, list_streams
+    from versiq_client.models import Problem, StoreInfo, StreamInfo, StreamList, StreamRecordsPage
+    from versiq_client.models.list_stream_records_order import ListStreamRecordsOrder
+
+    def sources(model: Any) -> dict[str, dict[str, int]]:
+        return {k: {"run": v.run, "snapshot": v.snapshot} for k, v in model.additional_properties.items()}
+
+    with live_server(Settings(warehouse=s_wh.path)) as url:
+        client = Client(base_url=url)
+        streams = list_streams.sync(client=client)
+        assert isinstance(streams, StreamList)
+        assert [s.name for s in streams.streams] == ["clicks", "clicks_priced"]
+        assert "clicks" not in [s.name for s in list_stores.sync(client=client).stores]
+
+        info = get_stream.sync("clicks_priced", client=client)
+        assert isinstance(info, StreamInfo) and info.last_run == 1
+        assert info.inputs.additional_properties == PRICED_INPUTS and sources(info.sources) == PRICED_SOURCES
+        old = get_stream.sync("clicks", client=client, snapshot=0)
+        assert isinstance(old, StreamInfo) and old.counts.additional_properties["records"] == CLICK_RUNS[0]
+        assert old.inputs.additional_properties == {} and sources(old.sources) == {}
+        missing = get_stream.sync("nope", client=client)
+        assert isinstance(missing, Problem) and missing.type_.endswith("/stream-not-found")
+        too_new = get_stream.sync("clicks", client=client, snapshot=9)
+        assert isinstance(too_new, Problem) and too_new.type_.endswith("/snapshot-not-found")
+
+        derived = get_store.sync("expensive", client=client)
+        assert isinstance(derived, StoreInfo)
+        assert derived.inputs.additional_properties == EXPENSIVE_INPUTS
+        assert sources(derived.sources) == EXPENSIVE_SOURCES
+        plain = get_store.sync("prices", client=client)
+        assert isinstance(plain, StoreInfo) and plain.inputs.additional_properties == {}
+
+        expected = [(r.key, r.run, r.seq) for r in s_wh.clicks.records]
+        for order in (ListStreamRecordsOrder.ASC, ListStreamRecordsOrder.DESC):
+            got: list[tuple[str, int, int]] = []
+            token: Any = None
+            while True:
+                kwargs: dict[str, Any] = {"client": client, "order": order, "page_size": 30}
+                if token:
+                    kwargs["page_token"] = token
+                page = list_stream_records.sync("clicks", **kwargs)
+                assert isinstance(page, StreamRecordsPage)
+                got += [(r.key, r.run, r.sequence) for r in page.records]
+                token = page.next_page_token
+                if token is None:
+                    break
+            assert got == (expected if order == ListStreamRecordsOrder.ASC else expected[::-1])
+        keyed = list_stream_records.sync("clicks", client=client, key="+plus+", from_=T0, to=T0 + 99_000)
+        assert isinstance(keyed, StreamRecordsPage) and keyed.key == "+plus+"
+        assert [r.sequence for r in keyed.records] == [r.seq for r in s_wh.clicks.records if r.key == "+plus+"]
+        assert any(r.value is None for r in list_stream_records.sync("clicks", client=client).records)
+        bad = list_stream_records.sync("clicks", client=client, from_=5, to=4)
+        assert isinstance(bad, Problem) and bad.status == 400
+        gone = list_stream_records.sync("nope", client=client)
+        assert isinstance(gone, Problem) and gone.type_.endswith("/stream-not-found")
 
 
 def test_root_openapi_equals_packaged_copy() -> None:

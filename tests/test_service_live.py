@@ -74,7 +74,7 @@ def test_list_stores(s_client: httpx.Client) -> None:
     r = s_client.get("/v1/stores")
     assert r.status_code == 200 and r.headers["content-type"] == "application/json"
     stores = {s["name"]: s for s in r.json()["stores"]}
-    assert set(stores) == {"prices", "sessions", "live"}
+    assert set(stores) == {"prices", "sessions", "live", "expensive"}  # streams are not stores
     p = stores["prices"]
     assert p["kind"] == "versioned" and p["historyRetentionMs"] == HOUR and p["partitions"] == 1
     assert p["streamTime"] == T0 + 10 * HOUR
@@ -83,6 +83,7 @@ def test_list_stores(s_client: httpx.Client) -> None:
         {"partition": 0, "streamTime": T0 + 10 * HOUR, "oldestQueryableTimestamp": T0 + 9 * HOUR}
     ]
     assert p["snapshot"] == 0 and isinstance(p["counts"], dict)
+    assert p["inputs"] == {} and p["sources"] == {}  # an ordinary store has no provenance
     assert stores["sessions"]["kind"] == "timestamped"
     assert stores["sessions"]["oldestQueryableTimestamp"] is None
 
@@ -417,7 +418,8 @@ def test_health_ready_openapi(s_client: httpx.Client) -> None:
     assert s_client.get("/healthz").json() == {"status": "ok"}
     r = s_client.get("/readyz")
     assert r.status_code == 200 and r.json()["ready"] is True
-    assert set(r.json()["stores"]) == {"prices", "sessions", "live"}
+    assert set(r.json()["stores"]) == {"prices", "sessions", "live", "expensive"}
+    assert set(r.json()["streams"]) == {"clicks", "clicks_priced"}
     served = s_client.get("/openapi.json")
     assert served.headers["content-type"] == "application/json"
     with OPENAPI_PATH.open() as fh:

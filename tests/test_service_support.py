@@ -23,7 +23,7 @@ if _ROOT not in sys.path:
 
 from service.app import create_app  # noqa: E402
 from service.settings import Settings  # noqa: E402
-from tests.q_storebuilder import StoreBuilder  # noqa: E402
+from tests.q_storebuilder import StoreBuilder, StreamBuilder  # noqa: E402
 
 T0 = 1_700_000_000_000
 HOUR = 3_600_000
@@ -35,6 +35,14 @@ ODD_KEYS = [
 #: Dot-segment keys: HTTP clients remove ``.``/``..`` segments, so they must be sent as ``%2E``.
 DOT_KEYS = [".", ".."]
 HIST_VERSIONS = 250
+#: Runs of the ``clicks`` stream (record counts); 100 records in all.
+CLICK_RUNS = (40, 35, 25)
+STREAM_KEYS = ["u-0", "u-1", "u-2", "u-3", "u-4", "a/b", "+plus+", "ünï/🎉"]
+#: Provenance of the derived store ``expensive`` and the derived stream ``clicks_priced``.
+EXPENSIVE_INPUTS = {"prices": 0}
+EXPENSIVE_SOURCES = {"prices": {"run": 1, "snapshot": 0}}
+PRICED_INPUTS = {"clicks": 2, "prices": 0}
+PRICED_SOURCES = {"clicks": {"run": 3, "snapshot": 2}, "prices": {"run": 1, "snapshot": 0}}
 
 
 @dataclass
@@ -42,10 +50,22 @@ class Warehouse:
     path: str
     prices: StoreBuilder
     live: StoreBuilder
+    clicks: StreamBuilder
+    clicks_priced: StreamBuilder
+
+
+def click(i: int) -> tuple[str, str | None, int]:
+    """The i-th record of ``clicks``: timestamps are a permutation of T0 + [0, 100) s, so
+    stream order and timestamp order differ; every 9th value is null."""
+    key = STREAM_KEYS[(i * 5) % len(STREAM_KEYS)]
+    value = None if i % 9 == 4 else '{"page":"/p' + str(i) + '","price":1.50}'
+    return key, value, T0 + ((i * 37) % 100) * 1000
 
 
 def build_warehouse(path: str) -> Warehouse:
-    """``prices`` (versioned, 1 h retention), ``sessions`` (timestamped), ``live`` (mutated by tests)."""
+    """Stores ``prices`` (versioned, 1 h retention), ``sessions`` (timestamped), ``live``
+    (mutated by tests), ``expensive`` (a derived store with provenance); streams ``clicks``
+    (three runs, snapshots 0-2) and ``clicks_priced`` (a derived stream with provenance)."""
     prices = StoreBuilder(path, "prices", history_retention_ms=HOUR)
     recs: list[tuple[str, str | None, int]] = [
         ("p-1", '{"price":1.50,"currency":"EUR"}', T0),
@@ -64,7 +84,18 @@ def build_warehouse(path: str) -> Warehouse:
     sessions.apply([("s-1", '{"user":"ann"}', T0), ("s-1", '{"user":"bob"}', T0 - 5)])
     live = StoreBuilder(path, "live", history_retention_ms=100 * HOUR)
     live.apply([("k", str(i), T0 + i) for i in range(0, 100, 2)])
-    return Warehouse(path, prices, live)
+    expensive = StoreBuilder(path, "expensive", history_retention_ms=HOUR)
+    expensive.apply([("p-1", '{"price":2.00,"currency":"EUR"}', T0 + 9 * HOUR + 500)],
+                    inputs=EXPENSIVE_INPUTS, sources=EXPENSIVE_SOURCES)
+    clicks = StreamBuilder(path, "clicks")
+    start = 0
+    for n in CLICK_RUNS:
+        clicks.append([click(i) for i in range(start, start + n)])
+        start += n
+    priced = StreamBuilder(path, "clicks_priced")
+    priced.append([(k, '{"left":{"n":' + str(i) + '},"right":null}', T0 + i) for i, k in enumerate(STREAM_KEYS[:5])],
+                  inputs=PRICED_INPUTS, sources=PRICED_SOURCES)
+    return Warehouse(path, prices, live, clicks, priced)
 
 
 def _json_str(text: str) -> str:

@@ -15,10 +15,20 @@ import httpx
 import pytest
 from test_service_support import build_warehouse, free_port, key_path
 
-from service.params import ROUTE_KEY, ROUTE_VERSIONS, match_v1, parse_query, percent_decode, split_path
+from service.params import (
+    ROUTE_KEY,
+    ROUTE_STREAM,
+    ROUTE_STREAM_RECORDS,
+    ROUTE_STREAMS,
+    ROUTE_VERSIONS,
+    match_v1,
+    parse_query,
+    percent_decode,
+    split_path,
+)
 from service.problems import Problem
 from service.settings import ConfigError, Settings
-from service.tokens import PageQuery, PageTokens
+from service.tokens import STREAM_RECORDS, PageQuery, PageTokens
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,6 +52,42 @@ def test_routing_on_raw_path() -> None:
     assert route is not None and route.template == ROUTE_VERSIONS and route.key == "foo"
     for path in (b"/v2/stores", b"/v1/stores/s/keys", b"/v1/stores/s/x/k", b"/v1/stores/s/keys/k/v"):
         assert match_v1(split_path(path)) is None
+
+
+def test_stream_routes() -> None:
+    assert match_v1(split_path(b"/v1/streams")) == match_v1(split_path(b"/v1/streams?x=1"))
+    route = match_v1(split_path(b"/v1/streams"))
+    assert route is not None and route.template == ROUTE_STREAMS
+    route = match_v1(split_path(b"/v1/streams/a%2Eb"))
+    assert route is not None and route.template == ROUTE_STREAM and route.stream == "a.b" and route.store is None
+    route = match_v1(split_path(b"/v1/streams/s/records"))
+    assert route is not None and route.template == ROUTE_STREAM_RECORDS and route.stream == "s"
+    for path in (b"/v1/streams/s/records/x", b"/v1/streams/s/keys", b"/v1/streams/s/x", b"/v1/stream"):
+        assert match_v1(split_path(path)) is None
+
+
+def test_stream_tokens() -> None:
+    tokens = PageTokens(b"k", ttl_s=60)
+    q = PageQuery("clicks", None, None, 5, "desc", STREAM_RECORDS)
+    token = tokens.issue(q, snapshot=4, resume_after=(2, 17), now=1000.0)
+    pos = tokens.resolve(token, q, now=1001.0)
+    assert (pos.snapshot, pos.position, pos.query) == (4, (2, 17), q)
+    for other in (PageQuery("clicks", "k", None, 5, "desc", STREAM_RECORDS),
+                  PageQuery("other", None, None, 5, "desc", STREAM_RECORDS),
+                  PageQuery("clicks", None, None, None, "desc", STREAM_RECORDS),
+                  PageQuery("clicks", None, None, 5, "asc", STREAM_RECORDS)):
+        with pytest.raises(Problem, match="differ") as exc:
+            tokens.resolve(token, other, now=1001.0)
+        assert exc.value.status == 400
+    # a stream token is not a versions token of a store with the same name, and the reverse
+    with pytest.raises(Problem, match="another kind of listing"):
+        tokens.resolve(token, PageQuery("clicks", "k", None, 5, "desc"), now=1001.0)
+    versions = tokens.issue(PageQuery("clicks", "k", None, 5, "desc"), snapshot=4, resume_after=3, now=1000.0)
+    with pytest.raises(Problem, match="another kind of listing"):
+        tokens.resolve(versions, PageQuery("clicks", "k", None, 5, "desc", STREAM_RECORDS), now=1001.0)
+    with pytest.raises(Problem) as exc:
+        tokens.resolve(token, q, now=1061.0)
+    assert exc.value.status == 410
 
 
 def test_parse_query() -> None:

@@ -76,8 +76,12 @@ STATE_KEY = "versiq.state"
 APP_ID = "versiq.ingest"
 DEFAULT_BUCKETS = 16
 KINDS = ("versioned", "timestamped")
+#: A stream table (``STREAM_SCHEMA``): an append-only event log, never a versioned store.
+STREAM_KIND = "stream"
 
 REJECTED_DIR = "_rejected"
+CHANGELOG_DIR = "_changelog"
+EMITTED_DIR = "_emitted"
 PRIVATE_DIR = "_versiq"
 LOCK_FILE = "lock"
 
@@ -96,6 +100,46 @@ STORE_SCHEMA = pa.schema(
 STORE_PARTITION_COLUMNS = ["bucket"]
 #: Columns physically present in the store's Parquet files (partition columns are not).
 STORE_FILE_SCHEMA = pa.schema([f for f in STORE_SCHEMA if f.name not in STORE_PARTITION_COLUMNS])
+
+#: A stream table (a source stream or a stream-table join's output): one row per record, in
+#: stream order (run, seq). Partitioned by ``bucket`` like a store so a key's records are cheap.
+STREAM_SCHEMA = pa.schema(
+    [
+        pa.field("bucket", pa.int32()),
+        pa.field("key", pa.string()),
+        pa.field("value", pa.string()),
+        pa.field("timestamp", pa.int64()),
+        pa.field("run", pa.int64()),
+        pa.field("seq", pa.int64()),
+    ]
+)
+STREAM_FILE_SCHEMA = pa.schema([f for f in STREAM_SCHEMA if f.name not in STORE_PARTITION_COLUMNS])
+
+#: ``<store>/_changelog``: the accepted records of each run of a source store that derived
+#: tables read, in the store's processing order (``seq``), so derived tables can be computed
+#: (and recomputed after a crash) record by record.
+CHANGELOG_SCHEMA = pa.schema(
+    [
+        pa.field("run", pa.int64()),
+        pa.field("seq", pa.int64()),
+        pa.field("key", pa.string()),
+        pa.field("value", pa.string()),
+        pa.field("timestamp", pa.int64()),
+        pa.field("partition", pa.int32()),
+    ]
+)
+
+#: ``<derived>/_emitted``: every result a derived table's operator emitted, in order.
+EMITTED_SCHEMA = pa.schema(
+    [
+        pa.field("run", pa.int64()),
+        pa.field("sequence", pa.int64()),
+        pa.field("key", pa.string()),
+        pa.field("value", pa.string()),
+        pa.field("timestamp", pa.int64()),
+        pa.field("cause", pa.string()),
+    ]
+)
 
 REJECTED_SCHEMA = pa.schema(
     [
@@ -185,7 +229,7 @@ class StoreSettings:
                 f"unsupported versiq.format {data[FORMAT_KEY]!r} (this reader knows {FORMAT_VERSION})"
             )
         kind = data.get("kind")
-        if kind not in KINDS:
+        if kind not in KINDS and kind != STREAM_KIND:
             raise ValueError(f"unknown store kind {kind!r}")
         return StoreSettings(
             kind=kind,
@@ -205,6 +249,17 @@ class StoreState:
     done_files: list[str] = field(default_factory=list)
     #: Add actions (as dicts) of this run's ``_rejected`` commit, kept until it is committed.
     rejected_adds: list[dict[str, Any]] = field(default_factory=list)
+    #: Add actions of this run's ``_changelog`` / ``_emitted`` commits (same protocol).
+    changelog_adds: list[dict[str, Any]] = field(default_factory=list)
+    emitted_adds: list[dict[str, Any]] = field(default_factory=list)
+    #: Source stores only: the first run whose accepted records went to ``_changelog`` (None:
+    #: no changelog is kept). Derived tables need it from run 1.
+    changelog_since: int | None = None
+    #: Derived tables only: per upstream *source* store/stream, the last run consumed and the
+    #: source's snapshot after that run (``{"orders": {"run": 3, "snapshot": 7}}``).
+    sources: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: Derived tables only: the snapshot of each direct input this snapshot was computed from.
+    inputs: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(
@@ -215,6 +270,11 @@ class StoreState:
                 "maxOffset": {str(p): o for p, o in sorted(self.max_offset.items())},
                 "doneFiles": sorted(self.done_files),
                 "rejectedAdds": self.rejected_adds,
+                "changelogAdds": self.changelog_adds,
+                "emittedAdds": self.emitted_adds,
+                "changelogSince": self.changelog_since,
+                "sources": self.sources,
+                "inputs": self.inputs,
             },
             separators=(",", ":"),
         )
@@ -228,6 +288,12 @@ class StoreState:
             max_offset={int(p): int(o) for p, o in data.get("maxOffset", {}).items()},
             done_files=list(data.get("doneFiles", [])),
             rejected_adds=list(data.get("rejectedAdds", [])),
+            changelog_adds=list(data.get("changelogAdds", [])),
+            emitted_adds=list(data.get("emittedAdds", [])),
+            changelog_since=None if data.get("changelogSince") is None else int(data["changelogSince"]),
+            sources={name: {"run": int(v["run"]), "snapshot": int(v["snapshot"])}
+                     for name, v in data.get("sources", {}).items()},
+            inputs={name: int(v) for name, v in data.get("inputs", {}).items()},
         )
 
 

@@ -1,0 +1,293 @@
+"""The operators of derived tables, one record at a time (SEMANTICS.md §5, docs/derived-tables.md).
+
+Each operator turns one input change (table inputs) or one stream record (stream inputs) into
+the results it emits, reading the other side's table state as it stands at that point of the
+merge order. Emitted results are applied to the derived table's own store by the topology.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from ingest.derived.spec import TableSpec
+from ingest.derived.state import Change, TableState
+from versiq.expressions import is_true, key_string, parse_value, render_json
+
+
+@dataclass(frozen=True)
+class StreamRecord:
+    key: str
+    value: str | None
+    timestamp: int
+
+
+@dataclass(frozen=True)
+class Emit:
+    key: str
+    value: str | None  # None: a tombstone
+    timestamp: int
+
+
+class Operator:
+    """Base: the derived table ``own`` (None for a stream output) and its input tables by side."""
+
+    def __init__(self, spec: TableSpec, inputs: list[TableState | None], own: TableState | None) -> None:
+        self.spec = spec
+        self.inputs = inputs
+        self.own = own
+
+    def on_change(self, side: int, change: Change) -> list[Emit]:
+        return []
+
+    def on_record(self, side: int, record: StreamRecord) -> list[Emit]:
+        return []
+
+    def _prev(self, key: str) -> int | None:
+        """The timestamp of the derived table's current latest version of ``key`` (or None)."""
+        if self.own is None:
+            return None
+        newest = self.own.latest(key)
+        return None if newest is None else newest[0]
+
+    def _stamp(self, key: str, *stamps: int | None) -> int:
+        """A join result's timestamp: the max of the given ones and the key's previous result."""
+        return max(s for s in (*stamps, self._prev(key)) if s is not None)
+
+    def _join(self, key: str, left: str | None, right: str | None) -> str:
+        """The joined value: ``{"left":L,"right":R}`` verbatim, or the ``select`` projection."""
+        if self.spec.select is None:
+            return '{"left":' + (left if left is not None else "null") + ',"right":' + \
+                (right if right is not None else "null") + "}"
+        joined = {"left": parse_value(left), "right": parse_value(right)}
+        return render_json({name: expr.evaluate(key, joined) for name, expr in self.spec.select})
+
+
+class Filter(Operator):
+    """Rule 13: every change is forwarded; failing values become tombstones. A versioned input
+    forwards every tombstone; a non-versioned one drops a tombstone whose old result was null."""
+
+    def on_change(self, side: int, change: Change) -> list[Emit]:
+        assert self.spec.filter is not None
+        predicate = self.spec.filter
+
+        def passes(value: str | None) -> bool:
+            return value is not None and is_true(predicate.evaluate(change.key, parse_value(value)))
+
+        if passes(change.new):
+            return [Emit(change.key, change.new, change.timestamp)]
+        table = self.inputs[0]
+        assert table is not None
+        if not table.versioned and not passes(change.old):
+            return []
+        return [Emit(change.key, None, change.timestamp)]
+
+
+class Copy(Operator):
+    """``from: table`` without a filter: every change, as it is."""
+
+    def on_change(self, side: int, change: Change) -> list[Emit]:
+        return [Emit(change.key, change.new, change.timestamp)]
+
+
+class ToTable(Operator):
+    """``from: stream``: each record is a put (null = delete); a filter drops failing records."""
+
+    def on_record(self, side: int, record: StreamRecord) -> list[Emit]:
+        if self.spec.filter is not None and not is_true(
+                self.spec.filter.evaluate(record.key, parse_value(record.value))):
+            return []
+        return [Emit(record.key, record.value, record.timestamp)]
+
+
+class StreamTableJoin(Operator):
+    """Rule 14: each stream record joins the table as of its timestamp (KIP-914)."""
+
+    def on_record(self, side: int, record: StreamRecord) -> list[Emit]:
+        if record.value is None:
+            return []
+        table = self.inputs[1]
+        assert table is not None
+        found = table.as_of(record.key, record.timestamp)
+        if found is None and self.spec.join_type == "inner":
+            return []
+        right = None if found is None else found[0]
+        return [Emit(record.key, self._join(record.key, record.value, right), record.timestamp)]
+
+
+class TableTableJoin(Operator):
+    """Rule 15: primary-key join; an out-of-order change of a versioned side emits nothing."""
+
+    def on_change(self, side: int, change: Change) -> list[Emit]:
+        this, other = self.inputs[side], self.inputs[1 - side]
+        assert this is not None and other is not None
+        if this.versioned and not change.in_order:
+            return []
+        found = other.latest_value(change.key)
+        y = None if found is None else found[0]
+        y_ts = None if found is None else found[1]
+        x = change.new
+        left, right = (x, y) if side == 0 else (y, x)
+        kind = self.spec.join_type
+        value: str | None
+        if kind == "inner":
+            if y is None:
+                return []
+            value = None if x is None else self._join(change.key, left, right)
+        elif kind == "left":
+            if side == 0:
+                value = None if x is None else self._join(change.key, x, y)
+            else:
+                if y is None:
+                    return []
+                value = self._join(change.key, y, x)
+        else:
+            value = None if x is None and y is None else self._join(change.key, left, right)
+        return [Emit(change.key, value, self._stamp(change.key, change.timestamp, y_ts))]
+
+
+class ForeignKeyJoin(Operator):
+    """Rule 16 (KIP-213): left updates join the right value of their foreign key; right updates
+    re-join every left key currently pointing at them. Computed synchronously from current
+    values, so a result for a superseded left value is never emitted."""
+
+    def __init__(self, spec: TableSpec, inputs: list[TableState | None], own: TableState | None) -> None:
+        super().__init__(spec, inputs, own)
+        self._index: dict[str, set[str]] | None = None  # foreign key -> left keys (built on demand)
+
+    def _fk(self, key: str, value: str | None) -> str | None:
+        assert self.spec.foreign_key is not None
+        if value is None:
+            return None
+        return key_string(self.spec.foreign_key.evaluate(key, parse_value(value)))
+
+    def _subscribers(self, foreign_key: str) -> list[str]:
+        left = self.inputs[0]
+        assert left is not None
+        if self._index is None:
+            self._index = {}
+            for key in left.keys():
+                current = left.latest_value(key)
+                fk = None if current is None else self._fk(key, current[0])
+                if fk is not None:
+                    self._index.setdefault(fk, set()).add(key)
+        return sorted(self._index.get(foreign_key, ()))
+
+    def on_change(self, side: int, change: Change) -> list[Emit]:
+        left, right = self.inputs
+        assert left is not None and right is not None
+        if side == 0:
+            if left.versioned and not change.in_order:
+                return []
+            if self._index is not None:
+                old_fk, new_fk = self._fk(change.key, change.old), self._fk(change.key, change.new)
+                if old_fk is not None:
+                    self._index.get(old_fk, set()).discard(change.key)
+                if new_fk is not None:
+                    self._index.setdefault(new_fk, set()).add(change.key)
+            a = change.new
+            if a is None:
+                return [Emit(change.key, None, self._stamp(change.key, change.timestamp))]
+            fk = self._fk(change.key, a)
+            found = None if fk is None else right.latest_value(fk)
+            if found is None:
+                stamp = self._stamp(change.key, change.timestamp)
+                if self.spec.join_type == "left":
+                    return [Emit(change.key, self._join(change.key, a, None), stamp)]
+                if change.old is None:  # KIP-213 (LHS table, row 7): nothing to retract
+                    return []
+                return [Emit(change.key, None, stamp)]
+            stamp = self._stamp(change.key, change.timestamp, found[1])
+            return [Emit(change.key, self._join(change.key, a, found[0]), stamp)]
+        if right.versioned and not change.in_order:
+            return []
+        keys = self._subscribers(change.key)
+        if self.own is not None:
+            self.own.prefetch(keys)
+        out = []
+        for key in keys:
+            current = left.latest_value(key)
+            if current is None:
+                continue
+            a, a_ts = current
+            if change.new is None and self.spec.join_type == "inner":
+                value = None
+            else:
+                value = self._join(key, a, change.new)
+            out.append(Emit(key, value, self._stamp(key, change.timestamp, a_ts)))
+        return out
+
+
+def _number(value: Any) -> int | Decimal | None:
+    if isinstance(value, bool) or not isinstance(value, (int, Decimal)):
+        return None
+    return value
+
+
+class Aggregate(Operator):
+    """Rule 17 (KIP-904): subtract the old value from its group and add the new one to its group,
+    one atomic update when the group is the same; out-of-order changes of a versioned input
+    are ignored. The aggregate's state is its own store's latest value per group."""
+
+    def on_change(self, side: int, change: Change) -> list[Emit]:
+        table, own = self.inputs[0], self.own
+        assert table is not None and own is not None and self.spec.group_by is not None
+        if table.versioned and not change.in_order:
+            return []
+        group_by = self.spec.group_by
+
+        def group(value: str | None) -> tuple[str | None, Any]:
+            if value is None:
+                return None, None
+            parsed = parse_value(value)
+            return key_string(group_by.evaluate(change.key, parsed)), parsed
+
+        g_old, old = group(change.old)
+        g_new, new = group(change.new)
+        updates: list[tuple[str, list[tuple[int, Any]]]] = []
+        if g_old is not None and g_old == g_new:
+            updates.append((g_old, [(-1, old), (1, new)]))
+        else:
+            if g_old is not None:
+                updates.append((g_old, [(-1, old)]))
+            if g_new is not None:
+                updates.append((g_new, [(1, new)]))
+        out = []
+        for group_key, steps in updates:
+            totals = self._current(group_key)
+            for sign, parsed in steps:
+                self._apply(totals, sign, change.key, parsed)
+            out.append(Emit(group_key, render_json(totals), self._stamp(group_key, change.timestamp)))
+        return out
+
+    def _current(self, group_key: str) -> dict[str, Any]:
+        assert self.own is not None
+        found = self.own.latest_value(group_key)
+        stored = parse_value(found[0]) if found is not None else {}
+        totals: dict[str, Any] = {}
+        for name, _ in self.spec.aggregates:
+            current = stored.get(name) if isinstance(stored, dict) else None
+            totals[name] = _number(current) or 0
+        return totals
+
+    def _apply(self, totals: dict[str, Any], sign: int, key: str, parsed: Any) -> None:
+        for name, expr in self.spec.aggregates:
+            if name == "count":
+                totals[name] += sign
+            elif expr is not None:
+                amount = _number(expr.evaluate(key, parsed))
+                if amount is not None:
+                    totals[name] = totals[name] + amount if sign > 0 else totals[name] - amount
+
+
+OPERATORS: dict[str, Callable[[TableSpec, list[TableState | None], TableState | None], Operator]] = {
+    "filter": Filter,
+    "copy": Copy,
+    "to_table": ToTable,
+    "stream_join": StreamTableJoin,
+    "join": TableTableJoin,
+    "fk_join": ForeignKeyJoin,
+    "aggregate": Aggregate,
+}

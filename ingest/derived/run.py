@@ -1,0 +1,438 @@
+"""A pipeline run: ingest the sources, then compute every derived table from their changelogs.
+
+Derived batches ("passes") are what make derived tables incremental and crash-safe:
+
+- Every derived commit records, per upstream source, the source run and snapshot it was
+  computed up to (``StoreState.sources``) and the snapshot of each direct input
+  (``StoreState.inputs``, served as ``inputs`` by the HTTP API).
+- A table is a *writer* of this run when some source has runs it has not consumed. Writers that
+  consumed the same source runs share one pass: the source tables are loaded as they were at
+  those runs (Delta time travel), the records of the newer runs are read from the sources'
+  ``_changelog`` (stores) or stream tables in their own order, and the topology processes them.
+  Upstream derived tables a writer reads but that are not writers of the pass (already up to
+  date, e.g. committed just before a crash) are recomputed in memory from their snapshot at the
+  pass's starting point and not written again.
+- Each writer then appends its changed rows, its ``_emitted`` results and its late results
+  (``_rejected``) in one atomic, idempotent commit (txn ``versiq.ingest``, its own run number).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+from deltalake import DeltaTable
+
+from ingest.config import Pipeline
+from ingest.derived.spec import TableSpec
+from ingest.derived.state import SnapshotReader, TableState
+from ingest.derived.topology import DerivedNode, Emission, SourceRecord, Topology
+from ingest.pipeline import RunReport, StoreReport, ingest_store
+from ingest.store import (
+    StoreHandle,
+    UsageError,
+    commit_pending_sides,
+    commit_store,
+    finish_pending_rejected,
+    is_store,
+    open_store,
+    writer_lock,
+)
+from ingest.streams import ingest_stream
+from ingest.writer import STREAM_SORT, make_plain_writer, make_store_writer, write_local
+from versiq.expressions import key_string, parse_value
+from versiq.layout import (
+    CHANGELOG_DIR,
+    EMITTED_DIR,
+    EMITTED_SCHEMA,
+    REJECT_REASONS,
+    REJECTED_DIR,
+    REJECTED_SCHEMA,
+    STATE_KEY,
+    STORE_FILE_SCHEMA,
+    STREAM_FILE_SCHEMA,
+    STREAM_KIND,
+    STREAM_SCHEMA,
+    StoreSettings,
+    StoreState,
+    bucket_of,
+    log_file,
+    read_state,
+)
+
+log = logging.getLogger("versiq.ingest")
+
+
+class DeriveError(Exception):
+    """A derived table cannot be computed from what its inputs kept (message says what to do)."""
+
+
+@dataclass
+class TableReport:
+    """A derived table's (or stream output's) run: what its operator emitted and how its store
+    took the results."""
+
+    kind: str
+    emitted: int = 0
+    accepted_latest: int = 0
+    accepted_out_of_order: int = 0
+    replaced_same_timestamp: int = 0
+    tombstones: int = 0
+    rejected: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REJECT_REASONS, 0))
+    snapshot: int | None = None
+    seconds: float = 0.0
+    run: int | None = None
+    inputs: dict[str, int] = field(default_factory=dict)
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "kind": self.kind, "emitted": self.emitted, "accepted_latest": self.accepted_latest,
+            "accepted_out_of_order": self.accepted_out_of_order,
+            "replaced_same_timestamp": self.replaced_same_timestamp, "tombstones": self.tombstones,
+            "rejected": dict(self.rejected), "snapshot": self.snapshot, "seconds": round(self.seconds, 3),
+            "run": self.run, "inputs": dict(self.inputs),
+        }
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
+
+@dataclass(frozen=True)
+class SourceInfo:
+    """A source store or stream as the derive phase found it (after this run's ingest)."""
+
+    name: str
+    path: str
+    settings: StoreSettings
+    run: int
+    snapshot: int | None
+    changelog_since: int | None
+
+    @property
+    def is_stream(self) -> bool:
+        return self.settings.kind == STREAM_KIND
+
+
+def run_pipeline(spark: Any, warehouse: str, pipeline: Pipeline, *, lock_timeout_s: float = 60.0) -> RunReport:
+    """Ingest every store and stream of the pipeline, then bring every derived table up to date.
+    A failing store, stream or table is reported (``error``) and the others go on."""
+    for spec in pipeline.stores:
+        spec.validate()
+    for stream in pipeline.streams:
+        stream.validate()
+    os.makedirs(warehouse, exist_ok=True)
+    report = RunReport()
+    for spec in pipeline.stores:
+        started = time.monotonic()
+        try:
+            report.stores[spec.name] = ingest_store(spark, warehouse, spec, lock_timeout_s)
+        except UsageError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - one failed store never stops the others
+            log.exception("store %s failed", spec.name)
+            report.stores[spec.name] = StoreReport(error=f"{type(exc).__name__}: {exc}")
+        report.stores[spec.name].seconds = time.monotonic() - started
+    for stream in pipeline.streams:
+        started = time.monotonic()
+        try:
+            report.streams[stream.name] = ingest_stream(spark, warehouse, stream, lock_timeout_s)
+        except UsageError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            log.exception("stream %s failed", stream.name)
+            from ingest.pipeline import StreamReport
+
+            report.streams[stream.name] = StreamReport(error=f"{type(exc).__name__}: {exc}")
+        report.streams[stream.name].seconds = time.monotonic() - started
+    if pipeline.tables:
+        report.tables.update(derive(warehouse, pipeline, lock_timeout_s))
+    return report
+
+
+# -- the derive phase -------------------------------------------------------------------------
+
+def _table_settings(spec: TableSpec) -> StoreSettings:
+    return StoreSettings(kind=spec.kind, history_retention_ms=spec.history_retention_ms, partitions=1,
+                         buckets=spec.buckets)
+
+
+def _source_info(warehouse: str, name: str) -> SourceInfo:
+    path = os.path.join(warehouse, name)
+    if not is_store(path):
+        raise DeriveError(f"input {name!r} has no table in the warehouse (its ingest failed?)")
+    table = DeltaTable(path)
+    settings = StoreSettings.from_description(table.metadata().description)
+    version = table.version()
+    state = read_state(path, version)
+    return SourceInfo(name, path, settings, state.run, version, state.changelog_since)
+
+
+def _upstream(tables: dict[str, TableSpec], name: str) -> set[str]:
+    """Every derived table ``name`` reads, directly or not."""
+    out: set[str] = set()
+    for parent in tables[name].inputs:
+        if parent in tables:
+            out |= {parent} | _upstream(tables, parent)
+    return out
+
+
+def _sources_of(tables: dict[str, TableSpec], name: str) -> set[str]:
+    out: set[str] = set()
+    for parent in tables[name].inputs:
+        out |= _sources_of(tables, parent) if parent in tables else {parent}
+    return out
+
+
+def derive(warehouse: str, pipeline: Pipeline, lock_timeout_s: float) -> dict[str, TableReport]:
+    warehouse = os.path.abspath(warehouse)
+    specs = {t.name: t for t in pipeline.tables}
+    order = [t.name for t in pipeline.tables]
+    reports: dict[str, TableReport] = {}
+    sources_of = {name: _sources_of(specs, name) for name in order}
+    try:
+        infos = {name: _source_info(warehouse, name) for name in set().union(*sources_of.values())}
+    except DeriveError as exc:
+        return {name: TableReport(kind=specs[name].kind, error=str(exc)) for name in order}
+    with contextlib.ExitStack() as stack:
+        handles: dict[str, StoreHandle] = {}
+        for name in order:
+            path = os.path.join(warehouse, name)
+            stack.enter_context(writer_lock(path, lock_timeout_s))
+            handle = open_store(path, _table_settings(specs[name]), {"kind", "history_retention", "buckets"})
+            finish_pending_rejected(handle)
+            handles[name] = handle
+        consumed = {name: tuple(sorted((s, handles[name].state.sources.get(s, {"run": 0})["run"])
+                                       for s in sources_of[name])) for name in order}
+        target = {s: info.run for s, info in infos.items()}
+        passes: dict[tuple[tuple[str, int], ...], list[str]] = {}
+        for name in order:
+            if handles[name].table is None or any(run != target[s] for s, run in consumed[name]):
+                passes.setdefault(consumed[name], []).append(name)
+            else:
+                reports[name] = TableReport(kind=specs[name].kind, snapshot=handles[name].version,
+                                            inputs=dict(handles[name].state.inputs))
+        for start, writers in passes.items():
+            started = time.monotonic()
+            try:
+                done = _run_pass(warehouse, pipeline, specs, handles, infos, sources_of, dict(start), writers)
+                reports.update(done)
+            except Exception as exc:  # noqa: BLE001 - reported per table; other passes go on
+                log.exception("derived tables %s failed", ", ".join(writers))
+                for name in writers:
+                    reports[name] = TableReport(kind=specs[name].kind, error=f"{type(exc).__name__}: {exc}")
+            for name in writers:
+                reports[name].seconds = time.monotonic() - started
+    return {name: reports[name] for name in order}
+
+
+def _find_snapshot(path: str, current: int | None, start: dict[str, int]) -> int | None:
+    """The newest snapshot of a derived table computed from exactly the source runs ``start``;
+    None means "before its first commit" (every start run is 0)."""
+    if current is not None:
+        for version in range(current, -1, -1):
+            try:
+                with open(log_file(path, version), encoding="utf-8") as handle:
+                    text = next((line for line in handle if line.startswith('{"commitInfo"')), None)
+            except FileNotFoundError:
+                break
+            if text is None or STATE_KEY not in text:
+                continue
+            state = read_state(path, version)
+            if all(state.sources.get(s, {"run": 0})["run"] == run for s, run in start.items()):
+                return version
+    if all(run == 0 for run in start.values()):
+        return None
+    raise DeriveError(f"derived table {os.path.basename(path)!r} has no snapshot computed from source runs "
+                      f"{start}; delete the derived tables of this pipeline to rebuild them")
+
+
+def _read_records(path: str, after: int, upto: int, is_stream: bool) -> list[SourceRecord]:
+    """Records of runs (after, upto] of a stream table or a store's ``_changelog``, in order."""
+    table_path = path if is_stream else os.path.join(path, CHANGELOG_DIR)
+    if upto <= after or not is_store(table_path):
+        return []
+    files = list(DeltaTable(table_path).file_uris())
+    if not files:
+        return []
+    part = "0" if is_stream else '"partition"'
+    con = duckdb.connect()
+    try:
+        rows = con.sql(
+            f"SELECT key, value, timestamp, {part} FROM read_parquet($files) WHERE run > $after AND run <= $upto "
+            "ORDER BY run, seq", params={"files": files, "after": after, "upto": upto}).fetchall()
+    finally:
+        con.close()
+    return [SourceRecord(k, v, int(t), int(p)) for k, v, t, p in rows]
+
+
+def _run_pass(warehouse: str, pipeline: Pipeline, specs: dict[str, TableSpec], handles: dict[str, StoreHandle],
+              infos: dict[str, SourceInfo], sources_of: dict[str, set[str]], start: dict[str, int],
+              writers: list[str]) -> dict[str, TableReport]:
+    order = [t.name for t in pipeline.tables]
+    members = set(writers)
+    for name in writers:
+        members |= _upstream(specs, name)
+    pass_tables = [specs[name] for name in order if name in members]
+    pass_sources = set().union(*(sources_of[name] for name in members))
+    first = handles[writers[0]].state.sources
+    states: dict[str, TableState] = {}
+    readers: list[SnapshotReader] = []
+    records: dict[str, list[SourceRecord]] = {}
+    try:
+        for s in sorted(pass_sources):
+            info = infos[s]
+            after = start.get(s, 0)
+            if info.run > after and not info.is_stream and (info.changelog_since is None
+                                                            or info.changelog_since > after + 1):
+                raise DeriveError(
+                    f"store {s!r} has no changelog of runs {after + 1}..{(info.changelog_since or info.run + 1) - 1} "
+                    "(it was ingested before a derived table read it); delete the store and ingest it again from "
+                    "its source files so derived tables can be built from its whole history")
+            records[s] = _read_records(info.path, after, info.run, info.is_stream)
+            if info.is_stream:
+                continue
+            snapshot = first.get(s, {}).get("snapshot") if after else None
+            reader = SnapshotReader(info.path, snapshot, info.settings.kind, info.settings.buckets)
+            readers.append(reader)
+            settings = info.settings
+            states[s] = TableState(s, settings.kind, settings.history_retention_ms, settings.partitions, reader)
+        for spec in pass_tables:
+            if spec.is_stream:
+                continue
+            handle = handles[spec.name]
+            if spec.name in writers:
+                version = handle.version
+            else:
+                version = _find_snapshot(handle.path, handle.version,
+                                         {s: start.get(s, 0) for s in sources_of[spec.name]})
+            reader = SnapshotReader(handle.path, version, spec.kind, spec.buckets)
+            readers.append(reader)
+            states[spec.name] = TableState(spec.name, spec.kind, spec.history_retention_ms, 1, reader)
+        _prefetch(pass_tables, states, records)
+        topology = Topology(pass_tables, states)
+        inputs = [(name, infos[name].is_stream, records[name]) for name in pipeline.inputs if name in records]
+        topology.run(inputs)
+        log.info("derived pass over %s: %d source record(s)", ", ".join(writers),
+                 sum(len(r) for r in records.values()))
+        out: dict[str, TableReport] = {}
+        for spec in pass_tables:
+            if spec.name in writers:
+                out[spec.name] = _commit(spec, handles, infos, topology.nodes[spec.name], sources_of[spec.name])
+        return out
+    finally:
+        for reader in readers:
+            reader.close()
+
+
+def _prefetch(tables: list[TableSpec], states: dict[str, TableState],
+              records: dict[str, list[SourceRecord]]) -> None:
+    """Bulk-load the keys the batch will touch where they are known up front (the rest load
+    one key at a time on demand)."""
+    candidates: dict[str, set[str]] = {name: {r.key for r in recs} for name, recs in records.items()}
+    for name, state in states.items():
+        if name in records:
+            state.prefetch(candidates[name])
+    for spec in tables:
+        keys: set[str] = set()
+        if spec.op in ("filter", "copy", "to_table", "join", "stream_join"):
+            keys = set().union(*(candidates.get(i, set()) for i in spec.inputs))
+            for i in spec.inputs:
+                if i in states:
+                    states[i].prefetch(keys)
+        elif spec.op == "fk_join":
+            keys = set(candidates.get(spec.inputs[0], set()))
+        elif spec.op == "aggregate" and spec.group_by is not None:
+            source = spec.inputs[0]
+            values = [r.value for r in records.get(source, [])]
+            if source in states:
+                values += [v[1] for k in candidates.get(source, set()) if (v := states[source].latest(k))]
+            for value in values:
+                if value is not None:
+                    group = key_string(spec.group_by.evaluate("", parse_value(value)))
+                    if group is not None:
+                        keys.add(group)
+        candidates[spec.name] = keys
+        if spec.name in states:
+            states[spec.name].prefetch(keys)
+
+
+def _emission_table(run: int, emissions: list[Emission]) -> pa.Table:
+    return pa.table({
+        "run": [run] * len(emissions),
+        "sequence": [e.sequence for e in emissions],
+        "key": [e.key for e in emissions],
+        "value": [e.value for e in emissions],
+        "timestamp": [e.timestamp for e in emissions],
+        "cause": [e.cause for e in emissions],
+    }, schema=EMITTED_SCHEMA)
+
+
+def _late_table(run: int, node: DerivedNode) -> pa.Table:
+    import json
+
+    own = node.own
+    retention = node.spec.history_retention_ms
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    rows = [{
+        "run": run, "source": e.cause, "line": None, "row": e.sequence, "partition": None, "offset": None,
+        "reason": "late",
+        "raw": json.dumps({"key": e.key, "timestamp": e.timestamp}, separators=(",", ":"))[:-1]
+        + ',"value":' + (e.value if e.value is not None else "null") + "}",
+        "detail": f"result timestamp {e.timestamp} is before the table's stream time "
+                  f"{own.stream_time.get(0) if own else None} minus its history retention {retention} ms",
+        "ingested_at": now,
+    } for e in node.late]
+    return pa.Table.from_pylist(rows, schema=REJECTED_SCHEMA)
+
+
+def _or_minus_one(version: int | None) -> int:
+    return -1 if version is None else version
+
+
+def _commit(spec: TableSpec, handles: dict[str, StoreHandle], infos: dict[str, SourceInfo], node: DerivedNode,
+            sources: set[str]) -> TableReport:
+    handle = handles[spec.name]
+    run = handle.state.run + 1
+    buckets = handle.settings.buckets
+    if node.own is None:
+        emitted = node.emissions
+        rows = pa.table({
+            "bucket": [bucket_of(e.key, buckets) for e in emitted],
+            "key": [e.key for e in emitted], "value": [e.value for e in emitted],
+            "timestamp": [e.timestamp for e in emitted], "run": [run] * len(emitted),
+            "seq": [e.sequence for e in emitted],
+        }, schema=STREAM_SCHEMA)
+        adds = write_local(make_store_writer(handle.path, run, STREAM_FILE_SCHEMA, STREAM_SORT), rows)
+    else:
+        rows = node.own.changed_rows(run, buckets)
+        adds = write_local(make_store_writer(handle.path, run, STORE_FILE_SCHEMA), rows)
+    inputs: dict[str, int | None] = {}
+    for name in spec.inputs:
+        inputs[name] = infos[name].snapshot if name in infos else handles[name].version
+    state = StoreState(
+        run=run,
+        stream_time=dict(node.own.stream_time) if node.own is not None else {},
+        sources={s: {"run": infos[s].run, "snapshot": _or_minus_one(infos[s].snapshot)} for s in sorted(sources)},
+        inputs={k: v for k, v in inputs.items() if v is not None},  # type: ignore[misc]
+    )
+    state.emitted_adds = write_local(make_plain_writer(os.path.join(handle.path, EMITTED_DIR), run, EMITTED_SCHEMA),
+                                     _emission_table(run, node.emissions))
+    state.rejected_adds = write_local(make_plain_writer(os.path.join(handle.path, REJECTED_DIR), run,
+                                                        REJECTED_SCHEMA), _late_table(run, node))
+    version = commit_store(handle, adds, state)
+    commit_pending_sides(handle.path, state)
+    c = node.counts
+    report = TableReport(kind=spec.kind, emitted=c.emitted, accepted_latest=c.accepted_latest,
+                         accepted_out_of_order=c.accepted_out_of_order,
+                         replaced_same_timestamp=c.replaced_same_timestamp, tombstones=c.tombstones,
+                         snapshot=version, run=run, inputs=dict(state.inputs))
+    report.rejected["late"] = c.late
+    log.info("table %s: run %d emitted %d result(s) -> snapshot %d", spec.name, run, c.emitted, version)
+    return report

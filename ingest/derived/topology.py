@@ -1,0 +1,124 @@
+"""One synchronous topology: the input merge and depth-first propagation (SEMANTICS.md §5).
+
+Source inputs are merged record by record: among the inputs with records left, the head record
+with the smallest timestamp goes next, ties to the input declared first (inputs are never
+sorted). Each source record is applied to its table and every resulting change or stream
+record goes depth-first through the derived tables that read it, in file order; every result a
+derived table emits is applied to its own store at once and its change propagates before the
+next result, exactly as Kafka Streams forwards within one task.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+from ingest.derived.operators import OPERATORS, Emit, Operator, StreamRecord
+from ingest.derived.spec import TableSpec
+from ingest.derived.state import Change, TableState
+
+
+@dataclass(frozen=True)
+class SourceRecord:
+    key: str
+    value: str | None
+    timestamp: int
+    partition: int = 0
+
+
+@dataclass(frozen=True)
+class Emission:
+    sequence: int
+    key: str
+    value: str | None
+    timestamp: int
+    cause: str
+
+
+@dataclass
+class TableCounts:
+    emitted: int = 0
+    accepted_latest: int = 0
+    accepted_out_of_order: int = 0
+    replaced_same_timestamp: int = 0
+    tombstones: int = 0
+    late: int = 0
+
+
+@dataclass
+class DerivedNode:
+    spec: TableSpec
+    operator: Operator
+    own: TableState | None  # None: a stream output
+    emissions: list[Emission] = field(default_factory=list)
+    late: list[Emission] = field(default_factory=list)
+    counts: TableCounts = field(default_factory=TableCounts)
+
+
+class Topology:
+    """The derived tables of one pass over the tables states they read and write."""
+
+    def __init__(self, tables: list[TableSpec], states: dict[str, TableState]) -> None:
+        self.states = states
+        self.nodes: dict[str, DerivedNode] = {}
+        self.dependents: dict[str, list[tuple[DerivedNode, int]]] = {}
+        for spec in tables:
+            inputs = [states.get(name) for name in spec.inputs]
+            own = None if spec.is_stream else states[spec.name]
+            node = DerivedNode(spec, OPERATORS[spec.op](spec, inputs, own), own)
+            self.nodes[spec.name] = node
+            for side, name in enumerate(spec.inputs):
+                self.dependents.setdefault(name, []).append((node, side))
+
+    # -- feeding ----------------------------------------------------------------------------
+    def run(self, inputs: list[tuple[str, bool, list[SourceRecord]]]) -> None:
+        """Merge the inputs (name, is_stream, records in the input's own order) and process."""
+        heads: list[tuple[int, int, int]] = []  # (head timestamp, declaration index, position)
+        for index, (_, _, records) in enumerate(inputs):
+            if records:
+                heads.append((records[0].timestamp, index, 0))
+        heapq.heapify(heads)
+        while heads:
+            _, index, position = heapq.heappop(heads)
+            name, is_stream, records = inputs[index]
+            record = records[position]
+            if is_stream:
+                self._stream_record(name, StreamRecord(record.key, record.value, record.timestamp))
+            else:
+                result = self.states[name].put(record.key, record.value, record.timestamp, record.partition)
+                if result.change is not None:
+                    self._changed(name, result.change)
+            if position + 1 < len(records):
+                heapq.heappush(heads, (records[position + 1].timestamp, index, position + 1))
+
+    # -- propagation ------------------------------------------------------------------------
+    def _changed(self, name: str, change: Change) -> None:
+        for node, side in self.dependents.get(name, ()):
+            for emit in node.operator.on_change(side, change):
+                self._emit(node, emit, name)
+
+    def _stream_record(self, name: str, record: StreamRecord) -> None:
+        for node, side in self.dependents.get(name, ()):
+            for emit in node.operator.on_record(side, record):
+                self._emit(node, emit, name)
+
+    def _emit(self, node: DerivedNode, emit: Emit, cause: str) -> None:
+        counts = node.counts
+        counts.emitted += 1
+        emission = Emission(counts.emitted, emit.key, emit.value, emit.timestamp, cause)
+        node.emissions.append(emission)
+        if node.own is None:
+            self._stream_record(node.spec.name, StreamRecord(emit.key, emit.value, emit.timestamp))
+            return
+        result = node.own.put(emit.key, emit.value, emit.timestamp, 0)
+        if result.change is None:
+            counts.late += 1
+            node.late.append(emission)
+            return
+        if result.latest:
+            counts.accepted_latest += 1
+        else:
+            counts.accepted_out_of_order += 1
+        counts.replaced_same_timestamp += int(result.replaced)
+        counts.tombstones += int(emit.value is None)
+        self._changed(node.spec.name, result.change)

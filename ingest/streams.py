@@ -1,0 +1,100 @@
+"""Source streams (issue #5): append-only event logs ingested from files, never versioned.
+
+A stream run parses the new files with the same strict parsers as a store, appends every
+well-formed record (null values included: they are events too; joins skip them) to the stream
+table in stream order, and keeps every malformed one in the stream's ``_rejected``. There is no
+grace period and no stream time: a stream is not a store. Stream order inside a run is
+(relative path, line/row); ``partition`` and ``offset`` fields are accepted and ignored.
+The stream table is its own changelog: derived tables read it by (run, seq).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from pyspark import StorageLevel
+from pyspark.sql import SparkSession, Window
+from pyspark.sql import functions as F
+
+from ingest.pipeline import (
+    StreamReport,
+    _parse,
+    _write_rejected,
+    list_source_files,
+)
+from ingest.store import UsageError, commit_rejected, commit_store, finish_pending_rejected, open_store, writer_lock
+from ingest.writer import FILE_INFO_DDL, STREAM_SORT, collect_adds, make_store_writer
+from versiq.layout import DEFAULT_BUCKETS, STREAM_FILE_SCHEMA, STREAM_KIND, StoreSettings, StoreState
+from versiq.names import check_store_name
+
+log = logging.getLogger("versiq.ingest")
+
+
+class StreamSpec:
+    """One source stream: ``name``, ``source`` (file or directory), optional ``format``, ``buckets``."""
+
+    def __init__(self, name: str, source: str, format: str | None = None, buckets: int | None = None) -> None:
+        self.name = name
+        self.source = source
+        self.format = format
+        self.buckets = buckets
+
+    def __repr__(self) -> str:
+        return f"StreamSpec(name={self.name!r}, source={self.source!r}, format={self.format!r})"
+
+    def settings(self) -> StoreSettings:
+        return StoreSettings(kind=STREAM_KIND, history_retention_ms=0, partitions=1,
+                             buckets=DEFAULT_BUCKETS if self.buckets is None else self.buckets)
+
+    def validate(self) -> None:
+        check_store_name(self.name)
+        if self.format is not None and self.format not in ("jsonl", "csv", "parquet"):
+            raise UsageError(f"stream {self.name!r}: format must be jsonl, csv or parquet")
+        if self.buckets is not None and not 1 <= self.buckets <= 4096:
+            raise UsageError(f"stream {self.name!r}: buckets must be in [1, 4096]")
+        if not os.path.exists(self.source):
+            raise UsageError(f"stream {self.name!r}: source {self.source!r} does not exist")
+
+
+def ingest_stream(spark: SparkSession, warehouse: str, spec: StreamSpec, lock_timeout_s: float) -> StreamReport:
+    path = os.path.join(os.path.abspath(warehouse), spec.name)
+    settings = spec.settings()
+    with writer_lock(path, lock_timeout_s):
+        handle = open_store(path, settings, {"kind", "buckets"} if spec.buckets else {"kind"})
+        finish_pending_rejected(handle)
+        done = set(handle.state.done_files)
+        new = {rel: full for rel, full in list_source_files(spec.source).items() if rel not in done}
+        report = StreamReport()
+        if not new and handle.table is not None:
+            report.snapshot = handle.version
+            return report
+        run = handle.state.run + 1
+        report.run, report.files = run, len(new)
+        parsed = _parse(spark, new, spec.format).persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            for row in parsed.groupBy("reason").count().collect():
+                report.read += row["count"]
+                if row["reason"] is None:
+                    report.appended = row["count"]
+                else:
+                    report.rejected[row["reason"]] = report.rejected.get(row["reason"], 0) + row["count"]
+            good = parsed.filter(F.col("reason").isNull())
+            rows = good.select(
+                F.pmod(F.crc32(F.encode(F.col("key"), "UTF-8")), F.lit(handle.settings.buckets)).cast("int")
+                .alias("bucket"),
+                "key", "value", F.col("ts").alias("timestamp"), F.lit(run).cast("bigint").alias("run"),
+                F.row_number().over(Window.orderBy("source", "pos")).cast("bigint").alias("seq"),
+            )
+            tasks = max(1, min(handle.settings.buckets, report.read // 250_000 + 1))
+            adds = collect_adds(rows.repartition(tasks, "bucket").mapInArrow(
+                make_store_writer(handle.path, run, STREAM_FILE_SCHEMA, STREAM_SORT), FILE_INFO_DDL))
+            state = StoreState(run=run, done_files=sorted(done | set(new)))
+            state.rejected_adds = _write_rejected(parsed, None, handle.path, run, new, spec.format)
+            report.snapshot = commit_store(handle, adds, state)
+            if state.rejected_adds:
+                commit_rejected(handle.path, run, state.rejected_adds)
+        finally:
+            parsed.unpersist()
+        log.info("stream %s: run %d appended %d record(s)", spec.name, run, report.appended)
+        return report

@@ -1,0 +1,46 @@
+"""Small helpers shared by the store and stream readers: Delta add-action paths, the newest
+version on disk, and DuckDB -> Arrow."""
+
+from __future__ import annotations
+
+import os
+import re
+import urllib.parse
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+_LOG_FILE = re.compile(r"(\d{20})\.(?:json|checkpoint\.parquet|checkpoint\.\d+\.\d+\.parquet)\Z")
+
+
+def arrow(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any]) -> pa.Table:
+    """Run ``sql`` with named ``params`` and return the result as an Arrow table."""
+    rel = con.sql(sql, params=params)
+    assert rel is not None
+    tbl = rel.to_arrow_table()
+    return tbl if isinstance(tbl, pa.Table) else pa.table(tbl)
+
+
+def abs_path(table_path: str, path: str) -> str:
+    """The local absolute path of an add action's ``path`` (relative, absolute or a file URL)."""
+    if "://" in path:
+        parsed = urllib.parse.urlparse(path)
+        return urllib.parse.unquote(parsed.path)
+    if os.path.isabs(path):
+        return path
+    return os.path.join(table_path, urllib.parse.unquote(path))
+
+
+def latest_version_on_disk(table_path: str) -> int:
+    """The newest Delta version whose commit (or checkpoint) file exists; -1 when none."""
+    best = -1
+    try:
+        entries = os.listdir(os.path.join(table_path, "_delta_log"))
+    except FileNotFoundError:
+        return -1
+    for name in entries:
+        m = _LOG_FILE.match(name)
+        if m:
+            best = max(best, int(m.group(1)))
+    return best

@@ -1,0 +1,827 @@
+"""The small expression language of derived tables (docs/derived-tables.md, "Expressions").
+
+One parser and one evaluator serve both the record-at-a-time topology and the reference model,
+so the two can never disagree about what an expression means. Grammar (precedence low to high):
+
+    expr       := or
+    or         := and ("or" and)*
+    and        := not ("and" not)*
+    not        := "not" not | comparison
+    comparison := additive [ ("=" | "==" | "!=" | "<>" | "<" | "<=" | ">" | ">=") additive
+                           | "is" ["not"] "null" ]
+    additive   := term (("+" | "-") term)*
+    term       := unary (("*" | "/") unary)*
+    unary      := "-" unary | primary
+    primary    := NUMBER | STRING | "true" | "false" | "null" | "key"
+                | "value" ("." NAME | "[" INTEGER "]" | "[" STRING "]")*
+                | FUNCTION "(" expr ("," expr)* ")" | "(" expr ")"
+
+Keywords and function names are case-insensitive; member names after ``.`` are not (they are
+JSON member names). Evaluation never raises: anything that fails (a missing member, a wrong
+type, division by zero, comparing a string with a number) is null, because a pipeline run must
+never crash on one odd record (CONTRACT.md: ``try_`` semantics).
+
+Numbers are ``int`` or ``decimal.Decimal``, never ``float``: values are parsed with
+``parse_float=Decimal`` and computed numbers are rendered as plain decimals, so a sum of prices
+is exact and renders the same on every machine. ``+ - *`` are exact (integers without limit,
+decimals up to 1000 significant digits); ``/`` rounds to 34 significant digits. A number whose
+magnitude is 1E+1001 or more, or non-zero below 1E-1000, is out of range and reads as null:
+plain rendering has no exponent, so such a number would render unboundedly long.
+"""
+
+from __future__ import annotations
+
+import decimal
+import json
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+__all__ = [
+    "Expression",
+    "ExpressionError",
+    "is_true",
+    "key_string",
+    "parse_expression",
+    "parse_value",
+    "render_json",
+    "render_number",
+]
+
+
+class ExpressionError(ValueError):
+    """An expression that does not parse; the message quotes the text and names the column."""
+
+
+# --------------------------------------------------------------------------------------------
+# Values: JSON text <-> Python, number rendering
+# --------------------------------------------------------------------------------------------
+
+
+def _reject_constant(name: str) -> Any:
+    """``NaN``/``Infinity`` are not JSON; accepting them would put non-numbers into arithmetic."""
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_value(text: str | None) -> Any:
+    """Parse a record value (JSON text) into Python; ``None`` (a tombstone) stays ``None``.
+
+    Non-integral numbers become ``Decimal`` (never ``float``) so arithmetic and rendering are
+    exact; integers stay ``int``. Invalid JSON raises ``ValueError`` (``json.JSONDecodeError``).
+    """
+    if text is None:
+        return None
+    return json.loads(text, parse_float=Decimal, parse_constant=_reject_constant)
+
+
+def render_number(n: int | Decimal) -> str:
+    """Render a number as JSON text: an integer when integral, else a plain decimal.
+
+    No exponent and no trailing zeros (``Decimal("1E+2")`` -> ``100``, ``Decimal("0.10")`` ->
+    ``0.1``, ``Decimal("-0")`` -> ``0``), so equal numbers always render identically whatever
+    their scale was in the input. Done on the digit tuple rather than with ``normalize()``,
+    which would round to the ambient context's precision.
+    """
+    if isinstance(n, bool):
+        raise TypeError(f"{n!r} is a boolean, not a number")
+    if isinstance(n, int):
+        try:
+            return str(n)
+        except ValueError:  # beyond Python's int->str digit limit: go through Decimal
+            n = Decimal(n)
+    elif isinstance(n, float):
+        n = Decimal(str(n))
+    if not isinstance(n, Decimal):
+        raise TypeError(f"{n!r} is not a number")
+    if not n.is_finite():
+        raise ValueError(f"{n} is not a finite number")
+    sign, digits, exponent = n.as_tuple()
+    assert isinstance(exponent, int)  # finite, checked above
+    coefficient = "".join(map(str, digits)).lstrip("0")
+    if not coefficient:
+        return "0"
+    if exponent < 0:
+        drop = min(len(coefficient) - len(coefficient.rstrip("0")), -exponent)
+        if drop:
+            coefficient = coefficient[:-drop]
+            exponent += drop
+    if exponent >= 0:
+        text = coefficient + "0" * exponent
+    else:
+        point = len(coefficient) + exponent
+        if point > 0:
+            text = coefficient[:point] + "." + coefficient[point:]
+        else:
+            text = "0." + "0" * -point + coefficient
+    return "-" + text if sign else text
+
+
+def _render_string(s: str) -> str:
+    return json.dumps(s, ensure_ascii=False)
+
+
+def render_json(value: Any) -> str:
+    """Render a Python value (as from ``parse_value`` or ``Expression.evaluate``) as compact JSON.
+
+    Member order is kept, strings are not ASCII-escaped, and numbers go through
+    ``render_number``: rendering *normalises* numbers (``1.50`` -> ``1.5``, ``1E+2`` -> ``100``),
+    it does not reproduce the input's spelling. Values that must stay verbatim (join results)
+    are built from the original text instead (docs/derived-tables.md, "Values").
+    """
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, (int, Decimal)):
+        return render_number(value)
+    if isinstance(value, float):
+        return render_number(Decimal(str(value)))
+    if isinstance(value, str):
+        return _render_string(value)
+    if isinstance(value, dict):
+        members = []
+        for name, member in value.items():
+            if not isinstance(name, str):
+                raise TypeError(f"object member names must be strings, not {name!r}")
+            members.append(_render_string(name) + ":" + render_json(member))
+        return "{" + ",".join(members) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(render_json(item) for item in value) + "]"
+    raise TypeError(f"{type(value).__name__} is not a JSON value")
+
+
+#: Numbers the evaluator works with have a magnitude below 1E+1001 and, unless zero, of at least
+#: 1E-1000. Beyond that a number is "out of range" and evaluates to null (like a Spark decimal
+#: overflow under try_ semantics): its plain rendering, which never uses an exponent, would
+#: otherwise be unbounded (1E+999999999 is valid JSON and would render as a billion digits).
+_MAX_ADJUSTED = 1000
+_INT_LIMIT = 10 ** (_MAX_ADJUSTED + 1)
+
+
+def _in_range(n: int | Decimal) -> bool:
+    if isinstance(n, int):
+        return -_INT_LIMIT < n < _INT_LIMIT
+    return n.is_finite() and (not n or -_MAX_ADJUSTED <= n.adjusted() <= _MAX_ADJUSTED)
+
+
+def key_string(result: Any) -> str | None:
+    """Turn a group-key or foreign-key result into a record key.
+
+    A string is used as is; any other JSON value becomes its compact JSON text (``1`` -> ``"1"``,
+    ``true`` -> ``"true"``); null means "no key" (the record is dropped / has no partner).
+    """
+    if result is None:
+        return None
+    if isinstance(result, str):
+        return result
+    return render_json(result)
+
+
+def is_true(result: Any) -> bool:
+    """Filter predicate: only the boolean ``true`` passes; null or any other value counts as false."""
+    return result is True
+
+
+# --------------------------------------------------------------------------------------------
+# Syntax tree
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Literal:
+    value: Any  # int, Decimal, str, bool or None
+
+
+@dataclass(frozen=True, slots=True)
+class _Key:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class _Path:
+    steps: tuple[str | int, ...]  # () is ``value`` itself; str = member, int = array index
+
+
+@dataclass(frozen=True, slots=True)
+class _Negate:
+    operand: _Node
+
+
+@dataclass(frozen=True, slots=True)
+class _Not:
+    operand: _Node
+
+
+@dataclass(frozen=True, slots=True)
+class _Arithmetic:
+    op: str  # + - * /
+    left: _Node
+    right: _Node
+
+
+@dataclass(frozen=True, slots=True)
+class _Compare:
+    op: str  # = != < <= > >= (aliases already folded)
+    left: _Node
+    right: _Node
+
+
+@dataclass(frozen=True, slots=True)
+class _And:
+    left: _Node
+    right: _Node
+
+
+@dataclass(frozen=True, slots=True)
+class _Or:
+    left: _Node
+    right: _Node
+
+
+@dataclass(frozen=True, slots=True)
+class _IsNull:
+    operand: _Node
+    negated: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    function: str  # lower-case name
+    args: tuple[_Node, ...]
+
+
+_Node = _Literal | _Key | _Path | _Negate | _Not | _Arithmetic | _Compare | _And | _Or | _IsNull | _Call
+
+
+def _children(node: _Node) -> tuple[_Node, ...]:
+    match node:
+        case _Negate(operand) | _Not(operand) | _IsNull(operand, _):
+            return (operand,)
+        case _Arithmetic(_, left, right) | _Compare(_, left, right) | _And(left, right) | _Or(left, right):
+            return (left, right)
+        case _Call(_, args):
+            return args
+    return ()
+
+
+def _depth(root: _Node) -> int:
+    """Tree depth, computed without recursion (the tree may be deeper than is safe to recurse)."""
+    deepest = 0
+    stack = [(root, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in _children(node))
+    return deepest
+
+
+# --------------------------------------------------------------------------------------------
+# Tokenizer
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Token:
+    kind: str  # "number", "string", "name", "op" or "end"
+    text: str  # source text (op: the operator; end: "")
+    pos: int  # 0-based offset in the expression text
+    value: Any = None  # number: int/Decimal; string: the unescaped text
+
+
+_OPERATORS = ("==", "!=", "<>", "<=", ">=", "=", "<", ">", "+", "-", "*", "/", "(", ")", "[", "]", ",", ".")
+_ESCAPES = {"\\": "\\", "'": "'", '"': '"', "n": "\n", "t": "\t", "r": "\r"}
+_IDENT_START = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_")
+_IDENT_CHARS = _IDENT_START | frozenset("0123456789")
+_DIGITS = frozenset("0123456789")
+_HEX = frozenset("0123456789abcdefABCDEF")
+_MAX_LITERAL_DIGITS = 4000  # below Python's int<->str conversion limit
+
+
+def _fail(message: str, text: str, pos: int, hint: str = "") -> ExpressionError:
+    """``<message> at column <1-based> in '<text>'[: <hint>]``: the column points at the culprit."""
+    return ExpressionError(f"{message} at column {pos + 1} in {text!r}" + (f": {hint}" if hint else ""))
+
+
+def _describe(token: _Token) -> str:
+    return "end of expression" if token.kind == "end" else repr(token.text)
+
+
+def _read_string(text: str, start: int) -> tuple[str, int]:
+    """Read a quoted string starting at ``start`` (the quote); return (value, end offset)."""
+    quote = text[start]
+    out: list[str] = []
+    i = start + 1
+    while i < len(text):
+        ch = text[i]
+        if ch == quote:
+            return "".join(out), i + 1
+        if ch != "\\":
+            out.append(ch)
+            i += 1
+            continue
+        if i + 1 >= len(text):
+            break
+        esc = text[i + 1]
+        if esc in _ESCAPES:
+            out.append(_ESCAPES[esc])
+            i += 2
+            continue
+        if esc != "u":
+            raise _fail(f"unknown escape '\\{esc}'", text, i)
+        code, i = _read_hex4(text, i)
+        if 0xD800 <= code <= 0xDBFF and text.startswith("\\u", i):
+            low, after = _read_hex4(text, i)
+            if 0xDC00 <= low <= 0xDFFF:
+                code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00)
+                i = after
+        if 0xD800 <= code <= 0xDFFF:
+            # A lone surrogate cannot be encoded as UTF-8: refuse it here, not when rendering.
+            raise _fail("unpaired surrogate escape", text, i - 6)
+        out.append(chr(code))
+    raise _fail("unterminated string", text, start)
+
+
+def _read_hex4(text: str, i: int) -> tuple[int, int]:
+    """Read ``\\uXXXX`` at ``i`` (the backslash); return (code unit, offset after it)."""
+    digits = text[i + 2 : i + 6]
+    if len(digits) != 4 or not all(c in _HEX for c in digits):
+        raise _fail("'\\u' must be followed by four hex digits", text, i)
+    return int(digits, 16), i + 6
+
+
+def _tokenize(text: str) -> list[_Token]:
+    tokens: list[_Token] = []
+    i = 0
+    n = len(text)
+    while i < n:
+        ch = text[i]
+        if ch in " \t\r\n":
+            i += 1
+        elif ch in _DIGITS:
+            j = i
+            while j < n and text[j] in _DIGITS:
+                j += 1
+            if j + 1 < n and text[j] == "." and text[j + 1] in _DIGITS:
+                j += 1
+                while j < n and text[j] in _DIGITS:
+                    j += 1
+            literal = text[i:j]
+            if j < n and text[j] in _IDENT_START:  # 1e5, 12abc
+                raise _fail(f"invalid number {literal + text[j]!r}", text, i,
+                            "numbers are digits with an optional fraction (no exponent)")
+            number: int | Decimal | None = None
+            if len(literal) <= _MAX_LITERAL_DIGITS:
+                number = Decimal(literal) if "." in literal else int(literal)
+            if number is None or not _in_range(number):
+                raise _fail(f"number out of range (more than {_MAX_ADJUSTED + 1} digits)", text, i)
+            tokens.append(_Token("number", literal, i, number))
+            i = j
+        elif ch in "'\"":
+            value, j = _read_string(text, i)
+            tokens.append(_Token("string", text[i:j], i, value))
+            i = j
+        elif ch in _IDENT_START:
+            j = i
+            while j < n and text[j] in _IDENT_CHARS:
+                j += 1
+            tokens.append(_Token("name", text[i:j], i))
+            i = j
+        else:
+            for op in _OPERATORS:
+                if text.startswith(op, i):
+                    tokens.append(_Token("op", op, i))
+                    i += len(op)
+                    break
+            else:
+                raise _fail(f"unexpected character {ch!r}", text, i)
+    tokens.append(_Token("end", "", n))
+    return tokens
+
+
+# --------------------------------------------------------------------------------------------
+# Parser (recursive descent, one function per precedence level)
+# --------------------------------------------------------------------------------------------
+
+_COMPARISONS = {"=": "=", "==": "=", "!=": "!=", "<>": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
+#: name -> (minimum, maximum) argument count; None = no maximum.
+_FUNCTIONS: dict[str, tuple[int, int | None]] = {"coalesce": (1, None), "lower": (1, 1), "upper": (1, 1)}
+_CONSTANTS: dict[str, Any] = {"true": True, "false": False, "null": None}
+# Parser recursion per nesting level is ~9 Python frames: keep well inside the default limit.
+_MAX_NESTING = 50
+# The evaluator recurses once per tree level (a long `a + b + c ...` chain is a deep tree).
+_MAX_DEPTH = 200
+
+
+class _Parser:
+    """Holds the token cursor; each ``_level`` method parses one precedence level."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.tokens = _tokenize(text)
+        self.index = 0
+        self.nesting = 0
+
+    # -- cursor helpers --
+
+    @property
+    def token(self) -> _Token:
+        return self.tokens[self.index]
+
+    def advance(self) -> _Token:
+        token = self.tokens[self.index]
+        if token.kind != "end":
+            self.index += 1
+        return token
+
+    def at_op(self, *ops: str) -> bool:
+        return self.token.kind == "op" and self.token.text in ops
+
+    def at_word(self, *words: str) -> bool:
+        return self.token.kind == "name" and self.token.text.lower() in words
+
+    def expect_op(self, op: str) -> _Token:
+        if not self.at_op(op):
+            raise self.error(f"expected '{op}', found {_describe(self.token)}", self.token)
+        return self.advance()
+
+    def error(self, message: str, token: _Token, hint: str = "") -> ExpressionError:
+        return _fail(message, self.text, token.pos, hint)
+
+    def unexpected(self) -> ExpressionError:
+        return self.error(f"unexpected {_describe(self.token)}", self.token)
+
+    def enter(self) -> None:
+        self.nesting += 1
+        if self.nesting > _MAX_NESTING:
+            raise self.error(f"expression nested more than {_MAX_NESTING} levels deep", self.token)
+
+    # -- grammar --
+
+    def parse(self) -> _Node:
+        if self.token.kind == "end":
+            raise ExpressionError(f"empty expression {self.text!r}")
+        node = self.or_level()
+        if self.token.kind != "end":
+            raise self.unexpected()
+        return node
+
+    def or_level(self) -> _Node:
+        node = self.and_level()
+        while self.at_word("or"):
+            self.advance()
+            node = _Or(node, self.and_level())
+        return node
+
+    def and_level(self) -> _Node:
+        node = self.not_level()
+        while self.at_word("and"):
+            self.advance()
+            node = _And(node, self.not_level())
+        return node
+
+    def not_level(self) -> _Node:
+        if self.at_word("not"):
+            self.advance()
+            self.enter()
+            node: _Node = _Not(self.not_level())
+            self.nesting -= 1
+            return node
+        return self.comparison_level()
+
+    def comparison_level(self) -> _Node:
+        node = self.additive_level()
+        if self.token.kind == "op" and self.token.text in _COMPARISONS:
+            op = _COMPARISONS[self.advance().text]
+            node = _Compare(op, node, self.additive_level())
+        elif self.at_word("is"):
+            self.advance()
+            negated = self.at_word("not")
+            if negated:
+                self.advance()
+            if not self.at_word("null"):
+                raise self.error(f"expected 'null' after 'is', found {_describe(self.token)}", self.token)
+            self.advance()
+            node = _IsNull(node, negated)
+        else:
+            return node
+        if (self.token.kind == "op" and self.token.text in _COMPARISONS) or self.at_word("is"):
+            # `a < b < c` reads as a range test but would compare a boolean with c: refuse it.
+            raise self.error(f"unexpected {_describe(self.token)}", self.token,
+                             "comparisons do not chain, use parentheses")
+        return node
+
+    def additive_level(self) -> _Node:
+        node = self.term_level()
+        while self.at_op("+", "-"):
+            op = self.advance().text
+            node = _Arithmetic(op, node, self.term_level())
+        return node
+
+    def term_level(self) -> _Node:
+        node = self.unary_level()
+        while self.at_op("*", "/"):
+            op = self.advance().text
+            node = _Arithmetic(op, node, self.unary_level())
+        return node
+
+    def unary_level(self) -> _Node:
+        if self.at_op("-"):
+            self.advance()
+            self.enter()
+            node: _Node = _Negate(self.unary_level())
+            self.nesting -= 1
+            return node
+        return self.primary()
+
+    def primary(self) -> _Node:
+        token = self.token
+        if token.kind in ("number", "string"):
+            self.advance()
+            return _Literal(token.value)
+        if token.kind == "op" and token.text == "(":
+            self.advance()
+            self.enter()
+            node = self.or_level()
+            self.nesting -= 1
+            self.expect_op(")")
+            return node
+        if token.kind != "name":
+            raise self.unexpected()
+        word = token.text.lower()
+        self.advance()
+        if word in _CONSTANTS:
+            return _Literal(_CONSTANTS[word])
+        if word == "value":
+            return _Path(self.path_steps())
+        if word == "key":
+            if self.at_op(".", "["):
+                raise self.error(f"unexpected {_describe(self.token)}", self.token,
+                                 "key is the record key (a string) and has no members; paths start at value")
+            return _Key()
+        if word in _FUNCTIONS:
+            return self.call(word, token)
+        if word in ("and", "or", "not", "is"):
+            raise self.error(f"unexpected {token.text!r}", token)
+        raise self.error(
+            f"unknown name {token.text!r}", token,
+            "expected key, value, true, false, null, a number, a quoted string, coalesce(), lower() or upper() "
+            "(quote string literals)",
+        )
+
+    def path_steps(self) -> tuple[str | int, ...]:
+        steps: list[str | int] = []
+        while True:
+            if self.at_op("."):
+                self.advance()
+                if self.token.kind != "name":
+                    raise self.error(f"expected a member name after '.', found {_describe(self.token)}", self.token)
+                steps.append(self.advance().text)
+            elif self.at_op("["):
+                self.advance()
+                token = self.token
+                if token.kind == "string":
+                    steps.append(token.value)
+                elif token.kind == "number" and isinstance(token.value, int):
+                    steps.append(token.value)
+                else:
+                    raise self.error(
+                        f"expected an array index (a non-negative integer) or a quoted member name, "
+                        f"found {_describe(token)}",
+                        token,
+                    )
+                self.advance()
+                self.expect_op("]")
+            else:
+                return tuple(steps)
+
+    def call(self, name: str, name_token: _Token) -> _Node:
+        if not self.at_op("("):
+            raise self.error(f"function {name_token.text!r} without arguments", name_token, f"call it as {name}(...)")
+        self.advance()
+        self.enter()
+        args = [self.or_level()]
+        while self.at_op(","):
+            self.advance()
+            args.append(self.or_level())
+        self.nesting -= 1
+        self.expect_op(")")
+        low, high = _FUNCTIONS[name]
+        if len(args) < low or (high is not None and len(args) > high):
+            wanted = f"{low}" if low == high else f"at least {low}"
+            plural = "" if low == 1 and high == 1 else "s"
+            raise self.error(f"{name}() takes {wanted} argument{plural}, got {len(args)}", name_token)
+        return _Call(name, tuple(args))
+
+
+# --------------------------------------------------------------------------------------------
+# Evaluation
+# --------------------------------------------------------------------------------------------
+
+# Division is the one inexact operation: 34 significant digits (IEEE decimal128), like Spark's
+# decimal division result.
+_DIVISION = decimal.Context(prec=34, rounding=decimal.ROUND_HALF_EVEN,
+                            Emax=decimal.MAX_EMAX, Emin=decimal.MIN_EMIN)
+# + - * on decimals are exact up to 1000 significant digits (far beyond any real value); a
+# bound is needed because input coefficients can be arbitrarily long, and 1E+1000 + 1E-1000
+# would otherwise need 2001 digits (results out of range become null anyway).
+_EXACT = decimal.Context(prec=1000, rounding=decimal.ROUND_HALF_EVEN,
+                         Emax=decimal.MAX_EMAX, Emin=decimal.MIN_EMIN)
+
+_ORDERINGS: dict[str, Callable[[Any, Any], bool]] = {
+    "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
+}
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, Decimal)) and not isinstance(x, bool)
+
+
+def _normalise(x: Any) -> Any:
+    """A float becomes a Decimal of its shortest text; a non-finite or out-of-range number null."""
+    if isinstance(x, float):
+        x = Decimal(str(x))
+    if _is_number(x) and not _in_range(x):
+        return None
+    return x
+
+
+def _walk(value: Any, steps: tuple[str | int, ...]) -> Any:
+    for step in steps:
+        if isinstance(step, str):
+            if not isinstance(value, dict):
+                return None
+            value = value.get(step)
+        else:
+            if not isinstance(value, list) or step >= len(value):
+                return None
+            value = value[step]
+    return _normalise(value)
+
+
+def _arithmetic(op: str, left: Any, right: Any) -> Any:
+    return _normalise(_exact_arithmetic(op, left, right))
+
+
+def _exact_arithmetic(op: str, left: Any, right: Any) -> Any:
+    if not (_is_number(left) and _is_number(right)):
+        return None
+    try:
+        if op == "/":
+            if right == 0:
+                return None
+            return _DIVISION.divide(Decimal(left), Decimal(right))
+        if isinstance(left, int) and isinstance(right, int):
+            if op == "+":
+                return left + right
+            if op == "-":
+                return left - right
+            return left * right
+        if op == "+":
+            return _EXACT.add(left, right)
+        if op == "-":
+            return _EXACT.subtract(left, right)
+        return _EXACT.multiply(left, right)
+    except ArithmeticError:  # decimal overflow / invalid operation
+        return None
+
+
+def _structural_equal(a: Any, b: Any) -> bool:
+    """JSON equality: numbers compare numerically, objects ignore member order, bool != number."""
+    a, b = _normalise(a), _normalise(b)
+    if _is_number(a) and _is_number(b):
+        return bool(a == b)
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    if a is None or b is None:
+        return a is b
+    if isinstance(a, str) and isinstance(b, str):
+        return a == b
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_structural_equal(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_structural_equal(a[k], b[k]) for k in a)
+    return False
+
+
+def _compare(op: str, left: Any, right: Any) -> bool | None:
+    if left is None or right is None:
+        return None
+    if (_is_number(left) and _is_number(right)) or (isinstance(left, str) and isinstance(right, str)):
+        if op == "=":
+            return bool(left == right)
+        if op == "!=":
+            return bool(left != right)
+        return _ORDERINGS[op](left, right)
+    same_kind = (
+        (isinstance(left, bool) and isinstance(right, bool))
+        or (isinstance(left, dict) and isinstance(right, dict))
+        or (isinstance(left, list) and isinstance(right, list))
+    )
+    if not same_kind or op not in ("=", "!="):
+        return None  # mixed types, or an ordering of booleans/objects/arrays
+    try:
+        equal = _structural_equal(left, right)
+    except RecursionError:  # a value nested too deeply to compare: unknown
+        return None
+    return equal if op == "=" else not equal
+
+
+def _truth(x: Any) -> bool | None:
+    """Three-valued logic operand: a non-boolean counts as null (unknown)."""
+    return x if isinstance(x, bool) else None
+
+
+def _eval(node: _Node, key: Any, value: Any) -> Any:
+    match node:
+        case _Literal(literal):
+            return literal
+        case _Path(steps):
+            return _walk(value, steps)
+        case _Key():
+            return _normalise(key)
+        case _Compare(op, left, right):
+            return _compare(op, _eval(left, key, value), _eval(right, key, value))
+        case _And(left, right):
+            a = _truth(_eval(left, key, value))
+            if a is False:
+                return False
+            b = _truth(_eval(right, key, value))
+            if b is False:
+                return False
+            return True if a is True and b is True else None
+        case _Or(left, right):
+            a = _truth(_eval(left, key, value))
+            if a is True:
+                return True
+            b = _truth(_eval(right, key, value))
+            if b is True:
+                return True
+            return False if a is False and b is False else None
+        case _Not(operand):
+            t = _truth(_eval(operand, key, value))
+            return None if t is None else not t
+        case _IsNull(operand, negated):
+            return (_eval(operand, key, value) is None) != negated
+        case _Arithmetic(op, left, right):
+            return _arithmetic(op, _eval(left, key, value), _eval(right, key, value))
+        case _Negate(operand):
+            x = _eval(operand, key, value)
+            if not _is_number(x):
+                return None
+            return x.copy_negate() if isinstance(x, Decimal) else -x  # copy_negate: no context rounding
+        case _Call("coalesce", args):
+            for arg in args:
+                result = _eval(arg, key, value)
+                if result is not None:
+                    return result
+            return None
+        case _Call(function, args):
+            s = _eval(args[0], key, value)
+            if not isinstance(s, str):
+                return None
+            return s.lower() if function == "lower" else s.upper()
+    raise AssertionError(f"unknown node {node!r}")  # pragma: no cover - the parser builds only the above
+
+
+# --------------------------------------------------------------------------------------------
+# Public entry points
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Expression:
+    """A parsed expression; equal (and hashed) by its text.
+
+    Constructing one parses ``text`` (raising ``ExpressionError``), so an ``Expression`` that
+    exists is always valid and evaluation needs no error path.
+    """
+
+    text: str
+    _root: _Node = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_root", _parse(self.text))
+
+    def evaluate(self, key: str, value: Any) -> Any:
+        """Evaluate over a record: ``key`` (its key string) and ``value`` (``parse_value`` of its
+        value, or None). Never raises: every failure is None (null).
+        """
+        return _eval(self._root, key, value)
+
+
+def _parse(text: str) -> _Node:
+    if not isinstance(text, str):
+        raise ExpressionError(f"an expression must be a string, not {type(text).__name__}")
+    root = _Parser(text).parse()
+    if _depth(root) > _MAX_DEPTH:
+        raise ExpressionError(f"expression more than {_MAX_DEPTH} operations deep in {text!r}")
+    return root
+
+
+def parse_expression(text: str) -> Expression:
+    """Parse ``text``; raise ``ExpressionError`` (quoting the text and the column) if invalid."""
+    return Expression(text)
