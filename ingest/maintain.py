@@ -32,6 +32,7 @@ from versiq.layout import (
     STORE_FILE_SCHEMA,
     STORE_PARTITION_COLUMNS,
     STORE_SCHEMA,
+    STREAM_KIND,
     StoreSettings,
     read_rule_sql,
     read_state,
@@ -76,6 +77,9 @@ def compact(path: str) -> dict[str, Any]:
     settings = StoreSettings.from_description(table.metadata().description)
     version = table.version()
     state = read_state(path, version)
+    if settings.kind == STREAM_KIND:  # append-only: every record stays; checkpoint + vacuum only
+        return {"store": os.path.basename(path), "buckets_rewritten": 0, "rows_before": None,
+                "rows_after": None, "snapshot": version, "stream": True}
     adds_table = DeltaTable(path).get_add_actions(flatten=True)
     import pyarrow as pa
 

@@ -102,24 +102,35 @@ class RealPipeline:
         tables = parse_tables([rename_table(t, prefix) for prefix, t in self.tables], kinds)
         return Pipeline(stores=stores, streams=streams, tables=tables)
 
+    def steps(self) -> int:
+        return max(len(runs) for _, runs in self.runs)
+
+    def write_step(self, step: int) -> None:
+        """Write run ``step``'s records of every pipeline as one new JSONL file per input."""
+        partitions = {prefix + i.name: i.partitions for prefix, i in self.inputs}
+        for prefix, runs in self.runs:
+            if step >= len(runs):
+                continue
+            for name, recs in runs[step].items():
+                if not recs:
+                    continue
+                full = prefix + name
+                path = os.path.join(self.root, "sources", full, f"run-{step:04d}.jsonl")
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "w", encoding="utf-8") as handle:
+                    handle.writelines(record_line(r, partitions[full]) + "\n" for r in recs)
+
+    def run_once(self, pipeline: Pipeline | None = None) -> Any:
+        report = run_pipeline(self.spark, self.warehouse, pipeline or self.pipeline())
+        self.reports.append(report)
+        return report
+
     def run_all(self) -> None:
         pipeline = self.pipeline()
-        partitions = {prefix + i.name: i.partitions for prefix, i in self.inputs}
-        steps = max(len(runs) for _, runs in self.runs)
-        for step in range(steps):
-            for prefix, runs in self.runs:
-                if step >= len(runs):
-                    continue
-                for name, recs in runs[step].items():
-                    if not recs:
-                        continue
-                    full = prefix + name
-                    path = os.path.join(self.root, "sources", full, f"run-{step:04d}.jsonl")
-                    with open(path, "w", encoding="utf-8") as handle:
-                        handle.writelines(record_line(r, partitions[full]) + "\n" for r in recs)
-            report = run_pipeline(self.spark, self.warehouse, pipeline)
+        for step in range(self.steps()):
+            self.write_step(step)
+            report = self.run_once(pipeline)
             assert not report.failed, report.to_json()
-            self.reports.append(report)
 
     def observed(self, prefix: str, table: str) -> Observed:
         name = prefix + table

@@ -12,7 +12,18 @@ Directories starting with ``_`` inside a store are versiq's own:
 
 - ``_delta_log/``: the store table's Delta log.
 - ``_rejected/``: a second Delta table with every rejected input record (``REJECTED_SCHEMA``).
-- ``_versiq/``: the writer lock file (``lock``) and the continuous-mode stream checkpoint.
+- ``_changelog/``: source stores that derived tables read: the accepted records of each run in
+  processing order (``CHANGELOG_SCHEMA``), kept from the store's first run (``changelogSince``).
+- ``_emitted/``: derived tables and stream outputs: every result the operator emitted, in order
+  (``EMITTED_SCHEMA``; docs/derived-tables.md).
+- ``_versiq/``: the writer lock file (``lock``).
+
+A child whose settings say ``"kind": "stream"`` is a **stream**, not a store: an append-only
+Delta table (``STREAM_SCHEMA``, partitioned by ``bucket``, files sorted by (key, timestamp,
+run, seq)); ``(run, seq)`` is unique and is the stream order (seq = 1, 2, ... per run). Source
+streams and stream-table join outputs are streams; the service serves them under
+``/v1/streams``. Side tables are committed after the table's own commit with the same Delta
+transaction id; the table's state keeps their add actions until then, so a rerun completes them.
 
 Store table
 ===========
@@ -53,7 +64,9 @@ State (per commit)
 ==================
 Every commit versiq makes to the store table carries ``StoreState`` as JSON in the commitInfo
 member ``versiq.state``: last run number, per-partition stream time and highest offset, the
-source files already done, and the add actions of the run's ``_rejected`` commit. The state of
+source files already done, the add actions of the run's side-table commits (``_rejected``,
+``_changelog``, ``_emitted``), and for derived tables the source runs/snapshots
+(``sources``) and direct input snapshots (``inputs``) the snapshot was computed from. The state of
 snapshot V is the one in the newest commit <= V that has it (``read_state``). Data and state
 are thus one atomic Delta commit. Each ingest commit also records the Delta transaction
 ``(app_id="versiq.ingest", version=run)``; the ``_rejected`` table gets the same transaction

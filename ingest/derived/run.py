@@ -221,15 +221,34 @@ def derive(warehouse: str, pipeline: Pipeline, lock_timeout_s: float) -> dict[st
         for start, writers in passes.items():
             started = time.monotonic()
             try:
-                done = _run_pass(warehouse, pipeline, specs, handles, infos, sources_of, dict(start), writers)
-                reports.update(done)
+                _run_pass(pipeline, specs, handles, infos, sources_of, dict(start), writers, reports)
             except Exception as exc:  # noqa: BLE001 - reported per table; other passes go on
                 log.exception("derived tables %s failed", ", ".join(writers))
-                for name in writers:
-                    reports[name] = TableReport(kind=specs[name].kind, error=f"{type(exc).__name__}: {exc}")
+                for name in writers:  # the tables committed before the failure keep their report
+                    if name not in reports:
+                        reports[name] = TableReport(kind=specs[name].kind, error=f"{type(exc).__name__}: {exc}")
             for name in writers:
                 reports[name].seconds = time.monotonic() - started
     return {name: reports[name] for name in order}
+
+
+def _snapshot_of_run(path: str, current: int | None, run: int) -> int:
+    """The newest snapshot of a source store whose state is run ``run``: the store exactly as
+    that run left it. Compaction and vacuum commits carry the state unchanged, so this is the
+    newest compacted (hence still readable) copy, not the possibly vacuumed original."""
+    version = current if current is not None else -1
+    while version >= 0:
+        try:
+            state_run = read_state(path, version).run
+        except FileNotFoundError:
+            break
+        if state_run == run:
+            return version
+        if state_run < run:
+            break
+        version -= 1
+    raise DeriveError(f"store {os.path.basename(path)!r}: no readable snapshot of run {run} (its Delta log was "
+                      "cleaned up); delete the derived tables of this pipeline to rebuild them")
 
 
 def _find_snapshot(path: str, current: int | None, start: dict[str, int]) -> int | None:
@@ -272,16 +291,17 @@ def _read_records(path: str, after: int, upto: int, is_stream: bool) -> list[Sou
     return [SourceRecord(k, v, int(t), int(p)) for k, v, t, p in rows]
 
 
-def _run_pass(warehouse: str, pipeline: Pipeline, specs: dict[str, TableSpec], handles: dict[str, StoreHandle],
+def _run_pass(pipeline: Pipeline, specs: dict[str, TableSpec], handles: dict[str, StoreHandle],
               infos: dict[str, SourceInfo], sources_of: dict[str, set[str]], start: dict[str, int],
-              writers: list[str]) -> dict[str, TableReport]:
+              writers: list[str], reports: dict[str, TableReport]) -> None:
+    """Compute one pass and commit its writers in file order, adding each one's report to
+    ``reports`` as soon as it is committed."""
     order = [t.name for t in pipeline.tables]
     members = set(writers)
     for name in writers:
         members |= _upstream(specs, name)
     pass_tables = [specs[name] for name in order if name in members]
     pass_sources = set().union(*(sources_of[name] for name in members))
-    first = handles[writers[0]].state.sources
     states: dict[str, TableState] = {}
     readers: list[SnapshotReader] = []
     records: dict[str, list[SourceRecord]] = {}
@@ -298,7 +318,7 @@ def _run_pass(warehouse: str, pipeline: Pipeline, specs: dict[str, TableSpec], h
             records[s] = _read_records(info.path, after, info.run, info.is_stream)
             if info.is_stream:
                 continue
-            snapshot = first.get(s, {}).get("snapshot") if after else None
+            snapshot = _snapshot_of_run(info.path, info.snapshot, after) if after else None
             reader = SnapshotReader(info.path, snapshot, info.settings.kind, info.settings.buckets)
             readers.append(reader)
             settings = info.settings
@@ -321,11 +341,9 @@ def _run_pass(warehouse: str, pipeline: Pipeline, specs: dict[str, TableSpec], h
         topology.run(inputs)
         log.info("derived pass over %s: %d source record(s)", ", ".join(writers),
                  sum(len(r) for r in records.values()))
-        out: dict[str, TableReport] = {}
         for spec in pass_tables:
             if spec.name in writers:
-                out[spec.name] = _commit(spec, handles, infos, topology.nodes[spec.name], sources_of[spec.name])
-        return out
+                reports[spec.name] = _commit(spec, handles, infos, topology.nodes[spec.name], sources_of[spec.name])
     finally:
         for reader in readers:
             reader.close()

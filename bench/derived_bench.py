@@ -1,0 +1,474 @@
+"""Derived-tables benchmark (issue #5): build throughput and incremental-update cost, one
+derived table per operator, at 1M input records.
+
+Sources (JSONL, generated here with numpy/pyarrow, seed 42; ``N`` = ``--records``):
+
+- ``orders`` store: N records over N/5 keys (``o0000042``), value
+  ``{"amount":n,"customer_id":"c000123","region":"r042"}`` (``--regions`` distinct regions,
+  N/20 customers); timestamps grow with processing position over 30 days, 10% moved back by up
+  to half the 7-day grace (out of order), 1% tombstones.
+- ``shipments`` store: one record per order key (N/5), in time order.
+- ``customers`` store: N/20 keys, one record each, all before the first order.
+- ``prices`` store: N/200 products x 10 versions (N/20 records), in time order.
+- ``clicks`` stream: N records on random products, in time order.
+
+Operators, one pipeline each (so every derived pass is timed alone):
+
+| operator | table | inputs |
+| filter | ``from: orders, filter: value.amount > 500`` | orders |
+| join (PK, left) | ``join: {left: orders, right: shipments}`` | orders + shipments |
+| fk_join (left) | ``fk_join: {left: orders, right: customers, foreign_key: value.customer_id}`` | orders + customers |
+| aggregate | ``from: orders, group_by: value.region, aggregate: {count, sum: value.amount}`` | orders |
+| stream_join (left) | ``stream_join: {stream: clicks, table: prices}`` | clicks + prices |
+
+Phases, one SparkSession (``local[*]``) for everything:
+
+1. **Build.** One run ingests every source (the baseline: ``stores[..].seconds`` /
+   ``streams[..].seconds``, with ``_changelog``), then one ``run_pipeline`` per operator (its
+   sources have no new files, so it only derives). The figure is the derived pass's seconds
+   (``tables[name].seconds``) and input records / s; the ratio derive / ingest compares it with
+   the ingest of that operator's inputs.
+2. **Incremental.** A batch of new files: ``--batch`` (10k) orders (random existing keys plus
+   2% new ones, 10% out of order, 1% tombstones), 10k clicks, and 10% / 2% / 1% of that for
+   shipments / customers / prices; one ingest run, then one ``run_pipeline`` per operator. The
+   ratio incremental / build shows whether the cost follows the batch.
+
+The derived pass is split into phases by wrapping ``ingest.derived.run`` functions: read the
+batch (``_read_records``), ``_prefetch``, the record-at-a-time topology (``Topology.run``),
+``_commit``; ``SnapshotReader.load`` calls (DuckDB reads of Delta snapshots) are counted.
+Prints a table and writes ``bench/results/derived-<date>[-<N>].json``.
+
+    .venv/bin/python bench/derived_bench.py [--records 1000000] [--quick] [--work /tmp/versiq-bench]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import functools
+import io
+import json
+import os
+import pstats
+import shutil
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import gen_changelog as gen  # noqa: E402
+
+from ingest.config import Pipeline  # noqa: E402
+from ingest.derived.spec import parse_tables  # noqa: E402
+from ingest.pipeline import StoreSpec  # noqa: E402
+from ingest.streams import StreamSpec  # noqa: E402
+
+START_MS = gen.START_MS
+SPAN_MS = gen.SPAN_MS
+GRACE_MS = gen.GRACE_MS
+DAY_MS = 86_400_000
+
+STORES = ("orders", "shipments", "customers", "prices")
+STREAMS = ("clicks",)
+KINDS = {**dict.fromkeys(STORES, "versioned"), **dict.fromkeys(STREAMS, "stream")}
+
+#: operator -> (derived table entry as in the pipeline file, source inputs)
+OPERATORS: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
+    "filter": ({"name": "big_orders", "from": "orders", "filter": "value.amount > 500"}, ("orders",)),
+    "join": ({"name": "orders_shipments", "join": {"left": "orders", "right": "shipments", "type": "left"}},
+             ("orders", "shipments")),
+    "fk_join": ({"name": "orders_customers",
+                 "fk_join": {"left": "orders", "right": "customers", "foreign_key": "value.customer_id",
+                             "type": "left"}}, ("orders", "customers")),
+    "aggregate": ({"name": "revenue_by_region", "from": "orders", "group_by": "value.region",
+                   "aggregate": {"count": True, "sum": "value.amount"}}, ("orders",)),
+    "stream_join": ({"name": "clicks_priced", "stream_join": {"stream": "clicks", "table": "prices", "type": "left"}},
+                    ("clicks", "prices")),
+}
+
+
+# -- data ----------------------------------------------------------------------------------
+
+def _num(values: np.ndarray, width: int) -> pa.Array:
+    return pc.utf8_lpad(pc.cast(pa.array(values), pa.string()), width, "0")
+
+
+def _ts_perturbed(rng: np.random.Generator, ts: np.ndarray, out_of_order: float) -> np.ndarray:
+    ts = ts.copy()
+    ooo = rng.random(len(ts)) < out_of_order
+    ts[ooo] -= rng.integers(1, GRACE_MS // 2, size=int(ooo.sum()), dtype=np.int64)
+    return ts
+
+
+def _tombstones(rng: np.random.Generator, value: pa.Array, share: float) -> pa.Array:
+    n = len(value)
+    return pc.if_else(pa.array(rng.random(n) < share), pa.nulls(n, pa.string()), value)
+
+
+def _table(key: pa.Array, value: pa.Array, ts: np.ndarray) -> pa.Table:
+    return pa.table({"key": key, "value": value, "timestamp": pa.array(ts, pa.int64()),
+                     "is_late": pa.array(np.zeros(len(ts), dtype=bool))})
+
+
+class Sizes:
+    def __init__(self, records: int, regions: int) -> None:
+        self.records = records
+        self.order_keys = max(10, records // 5)
+        self.customers = max(10, records // 20)
+        self.products = max(10, records // 200)
+        self.price_versions = 10
+        self.regions = regions
+        self.step = max(1, SPAN_MS // records)  # time step of the orders / clicks logs
+
+    def to_json(self) -> dict[str, int]:
+        return {k: v for k, v in vars(self).items()}
+
+
+def gen_orders(rng: np.random.Generator, s: Sizes, n: int, batch: bool) -> pa.Table:
+    if batch:  # random existing keys, 2% new ones
+        ids = rng.integers(0, s.order_keys + max(1, s.order_keys // 50), size=n, dtype=np.int64)
+        ts = START_MS + (s.records + np.arange(n, dtype=np.int64)) * s.step
+    else:
+        ids = np.repeat(np.arange(s.order_keys, dtype=np.int64), -(-n // s.order_keys))[:n]
+        rng.shuffle(ids)
+        ts = START_MS + np.arange(n, dtype=np.int64) * s.step
+    value = pc.binary_join_element_wise(
+        '{"amount":', pc.cast(pa.array(rng.integers(1, 1001, size=n)), pa.string()),
+        ',"customer_id":"c', _num(rng.integers(0, s.customers, size=n), 6),
+        '","region":"r', _num(rng.integers(0, s.regions, size=n), 3), '"}', "")
+    key = pc.binary_join_element_wise("o", _num(ids, 7), "")
+    return _table(key, _tombstones(rng, value, 0.01), _ts_perturbed(rng, ts, 0.10))
+
+
+def gen_shipments(rng: np.random.Generator, s: Sizes, n: int, batch: bool) -> pa.Table:
+    if batch:
+        ids = rng.integers(0, s.order_keys, size=n, dtype=np.int64)
+        ts = np.sort(START_MS + s.records * s.step + rng.integers(0, n * 10 * s.step, size=n))
+        ts = _ts_perturbed(rng, ts, 0.10)
+    else:
+        ids = rng.permutation(s.order_keys)[:n]
+        ts = np.sort(START_MS + rng.integers(0, SPAN_MS, size=n))
+    carriers = np.array(["dhl", "ups", "fedex", "post"])
+    value = pc.binary_join_element_wise(
+        '{"carrier":"', pa.array(carriers[rng.integers(0, 4, size=n)]), '","days":',
+        pc.cast(pa.array(rng.integers(1, 10, size=n)), pa.string()), "}", "")
+    return _table(pc.binary_join_element_wise("o", _num(ids, 7), ""), value, ts)
+
+
+def gen_customers(rng: np.random.Generator, s: Sizes, n: int, batch: bool) -> pa.Table:
+    if batch:
+        ids = rng.integers(0, s.customers, size=n, dtype=np.int64)
+        ts = np.sort(START_MS + s.records * s.step + rng.integers(0, n * 50 * s.step, size=n))
+    else:
+        ids = np.arange(n, dtype=np.int64)
+        ts = START_MS - DAY_MS + ids  # every customer exists before the first order
+    value = pc.binary_join_element_wise(
+        '{"name":"n', _num(ids, 6), '","tier":', pc.cast(pa.array(rng.integers(1, 4, size=n)), pa.string()),
+        "}", "")
+    return _table(pc.binary_join_element_wise("c", _num(ids, 6), ""), value, ts)
+
+
+def gen_prices(rng: np.random.Generator, s: Sizes, n: int, batch: bool) -> pa.Table:
+    if batch:
+        ids = rng.integers(0, s.products, size=n, dtype=np.int64)
+        ts = np.sort(START_MS + s.records * s.step + rng.integers(0, n * 100 * s.step, size=n))
+    else:
+        ids = np.repeat(np.arange(s.products, dtype=np.int64), s.price_versions)
+        rng.shuffle(ids)
+        ids = ids[:n]
+        ts = np.sort(START_MS - DAY_MS + rng.integers(0, SPAN_MS, size=n))
+    value = pc.binary_join_element_wise('{"price":', pc.cast(pa.array(rng.integers(100, 100_000, size=n)),
+                                                             pa.string()), "}", "")
+    return _table(pc.binary_join_element_wise("p", _num(ids, 5), ""), value, ts)
+
+
+def gen_clicks(rng: np.random.Generator, s: Sizes, n: int, batch: bool) -> pa.Table:
+    base = s.records if batch else 0
+    ts = START_MS + (base + np.arange(n, dtype=np.int64)) * s.step + rng.integers(0, 1000, size=n)
+    value = pc.binary_join_element_wise(
+        '{"user":"u', _num(rng.integers(0, 100_000, size=n), 6), '","qty":',
+        pc.cast(pa.array(rng.integers(1, 5, size=n)), pa.string()), "}", "")
+    return _table(pc.binary_join_element_wise("p", _num(rng.integers(0, s.products, size=n), 5), ""), value, ts)
+
+
+GENERATORS = {"orders": gen_orders, "shipments": gen_shipments, "customers": gen_customers,
+              "prices": gen_prices, "clicks": gen_clicks}
+
+
+def build_counts(s: Sizes) -> dict[str, int]:
+    return {"orders": s.records, "shipments": s.order_keys, "customers": s.customers,
+            "prices": s.products * s.price_versions, "clicks": s.records}
+
+
+def batch_counts(batch: int) -> dict[str, int]:
+    return {"orders": batch, "shipments": max(1, batch // 10), "customers": max(1, batch // 50),
+            "prices": max(1, batch // 100), "clicks": batch}
+
+
+def write_sources(root: str, s: Sizes, counts: dict[str, int], step: int) -> dict[str, int]:
+    """Write one step's files (step 0 = build, 1 = batch) of every source; records per source."""
+    out = {}
+    for name, n in counts.items():
+        rng = np.random.default_rng(42 + 1000 * step + sorted(GENERATORS).index(name))
+        tbl = GENERATORS[name](rng, s, n, batch=step > 0)
+        files = 1 if step > 0 else max(1, min(8, n // 125_000))
+        tmp = os.path.join(root, "_gen", name, str(step))
+        shutil.rmtree(tmp, ignore_errors=True)
+        for path in gen.write_changelog(tbl, tmp, "jsonl", files=files, prefix=f"step{step}"):
+            shutil.move(path, os.path.join(root, "sources", name, os.path.basename(path)))
+        out[name] = tbl.num_rows
+    shutil.rmtree(os.path.join(root, "_gen"), ignore_errors=True)
+    return out
+
+
+# -- pipelines -----------------------------------------------------------------------------
+
+def source_specs(root: str, names: tuple[str, ...] | list[str]) -> tuple[list[StoreSpec], list[StreamSpec]]:
+    stores = [StoreSpec(n, os.path.join(root, "sources", n), format="jsonl", kind="versioned",
+                        history_retention_ms=GRACE_MS, changelog=True) for n in STORES if n in names]
+    streams = [StreamSpec(n, os.path.join(root, "sources", n), format="jsonl") for n in STREAMS if n in names]
+    return stores, streams
+
+
+def operator_pipeline(root: str, op: str) -> Pipeline:
+    entry, inputs = OPERATORS[op]
+    stores, streams = source_specs(root, inputs)
+    table = dict(entry)
+    if "stream_join" not in table:
+        table["history_retention"] = "7d"  # the sources' grace: out-of-order results are not late
+    return Pipeline(stores=stores, streams=streams, tables=parse_tables([table], KINDS))
+
+
+# -- instrumentation -----------------------------------------------------------------------
+
+PHASES: dict[str, float] = {}
+LOADS = {"calls": 0, "keys_all": 0, "keys_requested": 0, "seconds": 0.0}
+
+
+def instrument() -> None:
+    """Time the derived pass's phases (names below) and count ``SnapshotReader.load`` calls."""
+    import ingest.derived.run as run
+    from ingest.derived.state import SnapshotReader
+    from ingest.derived.topology import Topology
+
+    def timed(fn: Any, label: str) -> Any:
+        @functools.wraps(fn)
+        def wrapper(*a: Any, **kw: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                PHASES[label] = PHASES.get(label, 0.0) + time.perf_counter() - t
+        return wrapper
+
+    for name, label in (("_read_records", "read batch"), ("_prefetch", "prefetch"), ("_commit", "commit")):
+        if hasattr(run, name):
+            setattr(run, name, timed(getattr(run, name), label))
+    Topology.run = timed(Topology.run, "topology")  # type: ignore[method-assign]
+    original = SnapshotReader.load
+
+    @functools.wraps(original)
+    def load(self: Any, keys: Any) -> Any:
+        t = time.perf_counter()
+        if keys is None:
+            LOADS["keys_all"] += 1
+        else:
+            keys = list(keys)
+            LOADS["keys_requested"] += len(keys)
+        LOADS["calls"] += 1
+        try:
+            return original(self, keys)
+        finally:
+            LOADS["seconds"] += time.perf_counter() - t
+    SnapshotReader.load = load  # type: ignore[method-assign]
+
+
+def take_phases(total: float) -> dict[str, Any]:
+    out: dict[str, Any] = {k: round(v, 2) for k, v in PHASES.items()}
+    out["other (locks, snapshots, readers)"] = round(total - sum(PHASES.values()), 2)
+    out["snapshot_loads"] = {"calls": LOADS["calls"], "whole_table_loads": LOADS["keys_all"],
+                             "keys_requested": LOADS["keys_requested"], "seconds": round(LOADS["seconds"], 2)}
+    PHASES.clear()
+    LOADS.update(calls=0, keys_all=0, keys_requested=0, seconds=0.0)
+    return out
+
+
+def loadavg() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
+# -- phases --------------------------------------------------------------------------------
+
+def ingest_sources(spark: Any, root: str) -> dict[str, Any]:
+    from ingest.derived.run import run_pipeline
+
+    stores, streams = source_specs(root, list(STORES + STREAMS))
+    t0 = time.perf_counter()
+    rep = run_pipeline(spark, os.path.join(root, "warehouse"), Pipeline(stores=stores, streams=streams))
+    seconds = time.perf_counter() - t0
+    if rep.failed:
+        raise RuntimeError(json.dumps(rep.to_json()))
+    out = {"seconds": round(seconds, 2), "per_source_s": {}, "reports": rep.to_json()}
+    for name, r in [*rep.stores.items(), *rep.streams.items()]:
+        out["per_source_s"][name] = round(r.seconds, 2)
+        print(f"  ingest {name:10s} {r.read:>10,} records {r.seconds:7.1f} s", flush=True)
+    return out
+
+
+def warm_up(spark: Any, root: str) -> None:
+    """A throwaway ingest + derive so the first measured ingest does not pay Spark's warm-up
+    (class loading, Python workers, first-job planning)."""
+    from ingest.derived.run import run_pipeline
+
+    folder = os.path.join(root, "_warm_up")
+    os.makedirs(os.path.join(folder, "src"))
+    with open(os.path.join(folder, "src", "a.jsonl"), "w") as fh:
+        fh.writelines(f'{{"key":"k{i}","value":{{"amount":{i}}},"timestamp":{START_MS + i}}}\n' for i in range(1000))
+    store = StoreSpec("w", os.path.join(folder, "src"), format="jsonl", changelog=True)
+    tables = parse_tables([{"name": "w_big", "from": "w", "filter": "value.amount > 5"}], {"w": "versioned"})
+    rep = run_pipeline(spark, os.path.join(folder, "warehouse"), Pipeline(stores=[store], tables=tables))
+    if rep.failed:
+        raise RuntimeError(json.dumps(rep.to_json()))
+    shutil.rmtree(folder)
+
+
+def derive_one(spark: Any, root: str, op: str, inputs: dict[str, int], ingest_s: dict[str, float],
+               profile: bool) -> dict[str, Any]:
+    from ingest.derived.run import run_pipeline
+
+    pipeline = operator_pipeline(root, op)
+    name = pipeline.tables[0].name
+    load_before = loadavg()
+    prof = cProfile.Profile() if profile else None
+    PHASES.clear()
+    t0 = time.perf_counter()
+    if prof:
+        prof.enable()
+    rep = run_pipeline(spark, os.path.join(root, "warehouse"), pipeline)
+    if prof:
+        prof.disable()
+    wall = time.perf_counter() - t0
+    if rep.failed:
+        raise RuntimeError(json.dumps(rep.to_json()))
+    table = rep.tables[name]
+    records = sum(inputs[s] for s in OPERATORS[op][1])
+    base = sum(ingest_s[s] for s in OPERATORS[op][1])
+    derive_s = table.seconds
+    out: dict[str, Any] = {
+        "table": name, "input_records": records, "derive_s": round(derive_s, 2),
+        "records_per_s": round(records / derive_s) if derive_s else None,
+        "ingest_of_inputs_s": round(base, 2), "derive_over_ingest": round(derive_s / base, 2) if base else None,
+        "run_pipeline_wall_s": round(wall, 2),
+        "noop_source_ingest_s": round(sum(r.seconds for r in [*rep.stores.values(), *rep.streams.values()]), 2),
+        "phases_s": take_phases(derive_s), "report": table.to_json(),
+        "load_before": load_before, "load_after": loadavg(),
+    }
+    if prof:
+        s = io.StringIO()
+        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(25)
+        out["driver_profile_top"] = s.getvalue()
+    print(f"  {op:12s} {records:>10,} input records  derive {derive_s:8.2f} s  {out['records_per_s'] or 0:>9,} rec/s  "
+          f"(ingest of inputs {base:6.1f} s, x{out['derive_over_ingest']})  emitted {table.emitted:,}  "
+          f"load {load_before}", flush=True)
+    print(f"    phases: {out['phases_s']}", flush=True)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--work", default=os.environ.get("VERSIQ_BENCH_WORK", "/tmp/versiq-bench"))
+    ap.add_argument("--records", type=int, default=1_000_000, help="orders records and clicks records")
+    ap.add_argument("--quick", action="store_true", help="smoke test: 100k records")
+    ap.add_argument("--batch", type=int, default=10_000, help="orders / clicks records of the incremental batch")
+    ap.add_argument("--regions", type=int, default=100, help="distinct group keys of the aggregation")
+    ap.add_argument("--operators", default=",".join(OPERATORS), help="comma-separated subset")
+    ap.add_argument("--profile", default="", help="comma-separated operators to cProfile (build and batch)")
+    ap.add_argument("--results", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    args = ap.parse_args()
+    records = 100_000 if args.quick else args.records
+    ops = [o for o in args.operators.split(",") if o]
+    unknown = set(ops) - set(OPERATORS)
+    if unknown:
+        ap.error(f"unknown operator(s) {sorted(unknown)}; known: {', '.join(OPERATORS)}")
+    profiled = set(filter(None, args.profile.split(",")))
+    sizes = Sizes(records, args.regions)
+    root = os.path.join(args.work, f"derived-{records}")
+    shutil.rmtree(root, ignore_errors=True)
+    for name in (*STORES, *STREAMS):
+        os.makedirs(os.path.join(root, "sources", name))
+    instrument()
+
+    started = datetime.now(UTC)
+    result: dict[str, Any] = {
+        "date": started.strftime("%Y-%m-%d"), "started": started.isoformat(timespec="seconds"),
+        "machine": {"nproc": os.cpu_count(), "uptime_start": uptime()},
+        "sizes": sizes.to_json(), "batch": args.batch, "operators": {o: OPERATORS[o][0] for o in ops},
+    }
+    t0 = time.perf_counter()
+    build_in = write_sources(root, sizes, build_counts(sizes), 0)
+    result["generate_s"] = round(time.perf_counter() - t0, 2)
+    print(f"generated {build_in} in {result['generate_s']} s under {root}", flush=True)
+
+    from ingest.spark import get_spark
+
+    t0 = time.perf_counter()
+    spark = get_spark("local[*]")
+    result["spark_start_s"] = round(time.perf_counter() - t0, 2)
+    result["spark"] = {"version": spark.version, "master": spark.sparkContext.master}
+    t0 = time.perf_counter()
+    warm_up(spark, root)
+    result["warm_up_s"] = round(time.perf_counter() - t0, 2)
+
+    for phase, counts in (("build", None), ("incremental", batch_counts(args.batch))):
+        inputs = build_in if counts is None else write_sources(root, sizes, counts, 1)
+        print(f"{phase}: ingest of the sources ({inputs})", flush=True)
+        ingest = ingest_sources(spark, root)
+        per = {}
+        for op in ops:
+            per[op] = derive_one(spark, root, op, inputs, ingest["per_source_s"], op in profiled)
+        result[phase] = {"input_records": inputs, "ingest": ingest, "operators": per}
+    for op in ops:
+        b, i = result["build"]["operators"][op], result["incremental"]["operators"][op]
+        i["incremental_over_build"] = round(i["derive_s"] / b["derive_s"], 4) if b["derive_s"] else None
+    result["machine"]["uptime_end"] = uptime()
+    spark.stop()
+
+    print()
+    print(f"{records:,} records; batch {args.batch:,}. Derive = the derived pass (tables[name].seconds); "
+          "ingest = the Spark ingest of that operator's inputs in the same run.")
+    head = (f"{'operator':12s} {'build in':>10s} {'derive s':>9s} {'rec/s':>9s} {'ingest s':>9s} {'d/i':>6s} | "
+            f"{'batch in':>8s} {'derive s':>9s} {'ingest s':>9s} {'d/i':>6s} {'inc/build':>9s}")
+    print(head)
+    print("-" * len(head))
+    for op in ops:
+        b, i = result["build"]["operators"][op], result["incremental"]["operators"][op]
+        print(f"{op:12s} {b['input_records']:>10,} {b['derive_s']:9.2f} {b['records_per_s'] or 0:>9,} "
+              f"{b['ingest_of_inputs_s']:9.1f} {b['derive_over_ingest']:6.2f} | {i['input_records']:>8,} "
+              f"{i['derive_s']:9.2f} {i['ingest_of_inputs_s']:9.1f} {i['derive_over_ingest']:6.2f} "
+              f"{i['incremental_over_build']:9.3f}")
+    print(result["machine"]["uptime_start"])
+    print(result["machine"]["uptime_end"])
+    os.makedirs(args.results, exist_ok=True)
+    suffix = "" if records == 1_000_000 else f"-{records}"
+    path = os.path.join(args.results, f"derived-{result['date']}{suffix}.json")
+    if os.path.exists(path):
+        path = path[:-5] + "-" + started.strftime("%H%M") + ".json"
+    with open(path, "w") as fh:
+        json.dump(result, fh, indent=2)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
