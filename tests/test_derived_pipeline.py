@@ -132,3 +132,30 @@ def test_an_input_without_changelog_is_a_clear_error(spark: Any, tmp_path: Any) 
     assert report.stores["plain"].error is None
     error = report.tables["copy"].error
     assert error is not None and "no changelog of runs 1..1" in error and "ingest it again" in error
+
+
+def test_mixed_versioned_and_timestamped_join_follows_rule_15(spark: Any, tmp_path: Any) -> None:
+    """Rule 15 with one versioned side (A) and one timestamped side (C): an out-of-order A record
+    updates A but emits nothing; an out-of-order C record emits (offset semantics), and the
+    per-key timestamp floor keeps the result timestamps monotone."""
+    inputs = [InputDef("A", "versioned"), InputDef("C", "timestamped")]
+    tables = [{"name": "ac", "join": {"left": "A", "right": "C", "type": "inner"}}]
+    runs = [
+        {"A": [Rec("k", '"a10"', 10)]},
+        {"C": [Rec("k", '"c20"', 20)]},
+        {"A": [Rec("k", '"a5"', 5)]},          # out of order on the versioned side: nothing
+        {"C": [Rec("k", '"c15"', 15)]},        # out of order on the timestamped side: emits
+        {"A": [Rec("k", '"a30"', 30)]},
+    ]
+    real = RealPipeline(spark, str(tmp_path))
+    real.add("", inputs, tables, runs)
+    real.run_all()
+    got = real.observed("", "ac")
+    assert [e[:3] for e in got.emissions] == [
+        ("k", '{"left":"a10","right":"c20"}', 20),
+        ("k", '{"left":"a10","right":"c15"}', 20),
+        ("k", '{"left":"a30","right":"c15"}', 30),
+    ]
+    assert got.versions == {"k": [(20, 30, '{"left":"a10","right":"c15"}'), (30, None, '{"left":"a30","right":"c15"}')]}
+    model = model_pipeline(inputs, tables, runs)["ac"]
+    assert got.emissions == [(e.key, e.value, e.timestamp, e.cause) for e in model.emissions]
