@@ -3,12 +3,9 @@
 Exit status (CONTRACT.md): 0 every store committed; 1 a store failed (its report entry has
 ``error``); 2 usage/configuration error found before any data is touched.
 
-Continuous mode polls each source's listing every ``--trigger-interval`` and runs one
-micro-batch (= one run, one atomic commit per store) when new files are there. The set of done
-files committed with each store's data is the single source of truth for what was ingested;
-Spark's file-stream source would keep a second, separate checkpoint that a crash could leave
-disagreeing with the store, so it is not used. Between micro-batches the loop compacts a store
-once it has accumulated ``--compact-after`` runs since its last compaction.
+Continuous mode (``ingest.continuous``): Spark Structured Streaming's file source watches the
+sources and each micro-batch it reports runs the pipeline once; the files done committed with
+each store's data stay the source of truth for what was ingested.
 """
 
 from __future__ import annotations
@@ -17,10 +14,8 @@ import argparse
 import json
 import logging
 import os
-import signal
 import sys
 import tempfile
-import time
 from typing import Any
 
 from ingest.store import LockTimeout, UsageError
@@ -122,39 +117,32 @@ def ingest_command(args: argparse.Namespace, parser: argparse.ArgumentParser | N
             return _one_run(spark, args, pipeline, lock_timeout)
         finally:
             spark.stop()  # the demo serves in the same process afterwards: free the JVM
-    stop = {"now": False}
-
-    def _stop(signum: int, _frame: Any) -> None:
-        log.info("signal %d: stopping after the current micro-batch", signum)
-        stop["now"] = True
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
+    from ingest.continuous import run_continuous
     from ingest.maintain import compact_if_due
 
-    status = EXIT_OK
-    while not stop["now"]:
-        try:
-            report = run_pipeline(spark, args.warehouse, pipeline, lock_timeout_s=lock_timeout)
-        except (UsageError, LockTimeout) as exc:
-            print(f"versiq ingest: error: {exc}", file=sys.stderr)
-            return EXIT_USAGE if isinstance(exc, UsageError) else EXIT_FAILED
+    def one_run() -> Any:
+        return run_pipeline(spark, args.warehouse, pipeline, lock_timeout_s=lock_timeout)
+
+    def after_run(report: Any) -> None:
         data = report.to_json()
         entries = [*data["stores"].values(), *data.get("streams", {}).values(), *data.get("tables", {}).values()]
         if any(entry.get("run") for entry in entries) or report.failed:
             print_summary(data)
             if args.report:
                 write_report(args.report, data)
-        status = EXIT_FAILED if report.failed else EXIT_OK
         for name in [s.name for s in pipeline.stores] + [t.name for t in pipeline.tables if not t.is_stream]:
             try:
                 compact_if_due(args.warehouse, name, lock_timeout)
             except Exception:  # noqa: BLE001 - maintenance failure must not stop ingest
                 log.exception("maintenance of %s failed", name)
-        deadline = time.monotonic() + interval
-        while not stop["now"] and time.monotonic() < deadline:
-            time.sleep(min(0.2, interval))
-    return status
+
+    try:
+        return run_continuous(spark, args.warehouse, pipeline, interval, one_run, after_run)
+    finally:
+        try:
+            spark.stop()
+        except Exception:  # noqa: BLE001 - the JVM may have been signalled with us
+            log.debug("spark.stop() failed", exc_info=True)
 
 
 def _one_run(spark: Any, args: argparse.Namespace, pipeline: Any, lock_timeout: float) -> int:

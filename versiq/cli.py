@@ -71,9 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="Spark master URL (default env SPARK_MASTER, else local[*])")
     ing.add_argument("--report", default=None, help="write the run report as JSON to this file")
     ing.add_argument("--continuous", action="store_true",
-                     help="keep running and ingest new files as they land")
+                     help="keep running and ingest new files as they land (a Spark Structured Streaming "
+                          "file source triggers one run per micro-batch)")
     ing.add_argument("--trigger-interval", default="5s",
-                     help="continuous mode: how often to look for new files (default 5s)")
+                     help="continuous mode: the streaming trigger interval, how often to look for new "
+                          "files (default 5s)")
     ing.add_argument("--lock-timeout", default="60s",
                      help="how long to wait for another writer of the same store (default 60s)")
     _add_logging(ing)

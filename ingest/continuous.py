@@ -1,0 +1,121 @@
+"""``versiq ingest --continuous``: Spark Structured Streaming's file source triggers the runs.
+
+One streaming query watches every source of the pipeline (the ``binaryFile`` file source,
+recursive, only the ``path`` column so file contents are not read by the stream) with a
+``processingTime`` trigger of ``--trigger-interval``. Each micro-batch the file source reports
+(new files landed) runs one pipeline run (``run_pipeline``): every store and stream ingests the
+files it has not done yet, then the derived tables catch up, each commit atomic and idempotent.
+
+Two checkpoints exist and cannot disagree in a harmful way: the file source's own checkpoint
+(``<warehouse>/_versiq/continuous/<id>/``) only decides *when* to run, while the set of files
+done committed with each store's data decides *what* is ingested. The file source writes a
+batch's commit only after ``foreachBatch`` returned, so a crash at any point replays the batch,
+and the replayed run skips what the stores already committed. A failed run raises, which stops
+the query before its commit; the loop restarts it after ``--trigger-interval`` and the batch is
+replayed (so failures are retried even when no new file lands). Between micro-batches the
+stores and derived tables that accumulated many files are compacted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from functools import reduce
+from typing import Any
+
+from ingest.store import LockTimeout, UsageError
+
+log = logging.getLogger("versiq.ingest")
+
+
+BINARY_FILE_SCHEMA = "path string, modificationTime timestamp, length bigint, content binary"
+
+
+class RunFailed(RuntimeError):
+    """A micro-batch's run reported a failed store/stream/table (the batch will be replayed)."""
+
+
+def _source_frame(spark: Any, source: str) -> Any:
+    source = os.path.abspath(source)
+    reader = (spark.readStream.format("binaryFile").schema(BINARY_FILE_SCHEMA)
+              .option("recursiveFileLookup", "true"))
+    if os.path.isfile(source):
+        reader = reader.option("pathGlobFilter", os.path.basename(source))
+        source = os.path.dirname(source)
+    return reader.load(source).select("path")
+
+
+def checkpoint_dir(warehouse: str, sources: list[str]) -> str:
+    """The file source's checkpoint: one per set of watched sources, inside the warehouse's
+    private ``_versiq`` directory (never listed as a store)."""
+    digest = hashlib.sha256("\n".join(sorted(os.path.abspath(s) for s in sources)).encode()).hexdigest()[:16]
+    return os.path.join(os.path.abspath(warehouse), "_versiq", "continuous", digest)
+
+
+def run_continuous(spark: Any, warehouse: str, pipeline: Any, interval_s: float,
+                   one_run: Callable[[], Any], after_run: Callable[[Any], None]) -> int:
+    """Run until SIGTERM/SIGINT (finishing the current micro-batch); returns the exit status.
+
+    ``one_run()`` runs the pipeline once and returns its ``RunReport``; ``after_run(report)``
+    prints/writes it and does maintenance.
+    """
+    from ingest.commands import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+
+    sources = [spec.source for spec in [*pipeline.stores, *pipeline.streams]]
+    frame = reduce(lambda a, b: a.union(b), [_source_frame(spark, s) for s in sources])
+    checkpoint = checkpoint_dir(warehouse, sources)
+    os.makedirs(checkpoint, exist_ok=True)
+    busy = threading.Lock()
+    state: dict[str, Any] = {"stop": False, "status": EXIT_OK, "fatal": None}
+
+    def on_batch(batch: Any, batch_id: int) -> None:
+        with busy:
+            if state["stop"]:
+                raise RunFailed("stopping: the batch is left for the next start")
+            try:
+                report = one_run()
+            except (UsageError, LockTimeout) as exc:
+                state["fatal"] = exc
+                state["stop"] = True
+                raise
+            after_run(report)
+            state["status"] = EXIT_FAILED if report.failed else EXIT_OK
+            if report.failed:
+                raise RunFailed("a store, stream or table failed; the micro-batch will be retried")
+            log.info("micro-batch %d done", batch_id)
+
+    def _stop(signum: int, _frame: Any) -> None:
+        log.info("signal %d: stopping after the current micro-batch", signum)
+        state["stop"] = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    while not state["stop"]:
+        query = (frame.writeStream.foreachBatch(on_batch).option("checkpointLocation", checkpoint)
+                 .trigger(processingTime=f"{max(1, int(interval_s * 1000))} milliseconds")
+                 .queryName(f"versiq-ingest-{os.path.basename(checkpoint)}").start())
+        while not state["stop"] and query.isActive:
+            time.sleep(0.2)
+        with busy:  # let a running micro-batch finish its run
+            try:
+                query.stop()
+            except Exception:  # noqa: BLE001 - the JVM may already be gone (signal to the group)
+                log.warning("the file-stream query did not stop cleanly", exc_info=True)
+                return int(state["status"])
+        if state["fatal"] is not None:
+            exc = state["fatal"]
+            print(f"versiq ingest: error: {exc}", flush=True, file=sys.stderr)
+            return EXIT_USAGE if isinstance(exc, UsageError) else EXIT_FAILED
+        if not state["stop"]:
+            error = query.exception()
+            log.warning("the file-stream query stopped (%s); restarting in %.1fs", error, interval_s)
+            deadline = time.monotonic() + interval_s
+            while not state["stop"] and time.monotonic() < deadline:
+                time.sleep(0.2)
+    return int(state["status"])
