@@ -106,3 +106,42 @@ def test_pipeline_file_through_cli_and_http(tmp_path: Path) -> None:
     result, report = _ingest(tmp_path)
     assert result.returncode == 0, result.stderr
     assert all(entry["run"] is None for entry in report["tables"].values())
+
+
+def test_continuous_mode_updates_derived_tables_when_a_file_lands(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    from tests.ingest_support import store_versions
+
+    (tmp_path / "pipeline.yaml").write_text(
+        "stores:\n  - {name: orders, source: data/orders/}\n"
+        "tables:\n  - {name: by_region, from: orders, group_by: value.region, aggregate: {count: true}}\n")
+    orders = tmp_path / "data" / "orders"
+    orders.mkdir(parents=True)
+    (orders / "1.jsonl").write_text('{"key":"o1","value":{"region":"eu"},"timestamp":1}\n')
+    report = tmp_path / "report.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "versiq.cli", "ingest", "--warehouse", str(tmp_path / "wh"), "--config",
+         str(tmp_path / "pipeline.yaml"), "--continuous", "--trigger-interval", "1s", "--report", str(report)],
+        env={**os.environ, "PYTHONPATH": os.getcwd()}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL, text=True)
+    table = str(tmp_path / "wh" / "by_region")
+
+    def wait_for(predicate: object, what: str) -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if predicate():  # type: ignore[operator]
+                return
+            time.sleep(0.5)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    try:
+        wait_for(lambda: report.exists() and "tables" in json.loads(report.read_text()), "the first micro-batch")
+        (orders / "2.jsonl").write_text('{"key":"o2","value":{"region":"eu"},"timestamp":2}\n')
+        wait_for(lambda: any(v.value == '{"count":2}' for v in store_versions(table).get("eu", [])),
+                 "the derived table to count the new order")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+    assert code == 0, proc.stderr.read() if proc.stderr else ""
