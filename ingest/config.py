@@ -88,9 +88,33 @@ def load_config(path: str, warehouse: str | None = None) -> Pipeline:
     if len(kinds) != len(stores) + len(streams):
         raise UsageError(f"config {path}: a store name appears twice")
     tables = parse_tables(data.get("tables"), kinds)
+    if warehouse is not None:
+        for table in tables:
+            _check_existing_table(warehouse, table)
     needed = {name for t in tables for name in t.inputs}
     stores = [replace(s, changelog=True) if s.name in needed else s for s in stores]
     return Pipeline(stores=stores, streams=streams, tables=tables)
+
+
+def _check_existing_table(warehouse: str, table: TableSpec) -> None:
+    """A derived table that exists must have been computed from the same definition: results
+    of a changed filter or join applied to new records only would silently mix two tables."""
+    path = os.path.join(warehouse, table.name)
+    if not os.path.isdir(os.path.join(path, "_delta_log")):
+        return
+    from deltalake import DeltaTable
+
+    from versiq.layout import read_state
+
+    delta = DeltaTable(path)
+    state = read_state(path, delta.version())
+    if state.definition is None:
+        raise UsageError(f"tables ({table.name}): {table.name!r} already exists in the warehouse and is not a "
+                         "derived table (a source store or stream); choose another name")
+    if state.definition != table.definition:
+        raise UsageError(f"tables ({table.name}): the definition changed since the table was built "
+                         f"(was {state.definition}, now {table.definition}); delete {path} to rebuild it from "
+                         "its inputs, or give the new definition a new name")
 
 
 def _existing_kind(warehouse: str | None, name: str) -> str | None:

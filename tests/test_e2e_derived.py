@@ -107,6 +107,13 @@ def test_pipeline_file_through_cli_and_http(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert all(entry["run"] is None for entry in report["tables"].values())
 
+    # a changed definition is refused before any data is touched (not applied to new records only)
+    (tmp_path / "pipeline.yaml").write_text(PIPELINE.replace("value.amount > 100", "value.amount > 10"))
+    (tmp_path / "report.json").unlink()
+    result, report = _ingest(tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "tables (big_orders): the definition changed since the table was built" in result.stderr
+
 
 def test_continuous_mode_updates_derived_tables_when_a_file_lands(tmp_path: Path) -> None:
     import signal

@@ -275,6 +275,8 @@ class StoreState:
     sources: dict[str, dict[str, int]] = field(default_factory=dict)
     #: Derived tables only: the snapshot of each direct input this snapshot was computed from.
     inputs: dict[str, int] = field(default_factory=dict)
+    #: Derived tables only: the table's definition (canonical JSON of its pipeline entry).
+    definition: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(
@@ -290,6 +292,7 @@ class StoreState:
                 "changelogSince": self.changelog_since,
                 "sources": self.sources,
                 "inputs": self.inputs,
+                "definition": self.definition,
             },
             separators=(",", ":"),
         )
@@ -309,6 +312,7 @@ class StoreState:
             sources={name: {"run": int(v["run"]), "snapshot": int(v["snapshot"])}
                      for name, v in data.get("sources", {}).items()},
             inputs={name: int(v) for name, v in data.get("inputs", {}).items()},
+            definition=data.get("definition"),
         )
 
 

@@ -368,12 +368,12 @@ def _prefetch(tables: list[TableSpec], states: dict[str, TableState],
             keys = set(candidates.get(spec.inputs[0], set()))
         elif spec.op == "aggregate" and spec.group_by is not None:
             source = spec.inputs[0]
-            values = [r.value for r in records.get(source, [])]
+            pairs = [(r.key, r.value) for r in records.get(source, [])]
             if source in states:
-                values += [v[1] for k in candidates.get(source, set()) if (v := states[source].latest(k))]
-            for value in values:
+                pairs += [(k, v[1]) for k in candidates.get(source, set()) if (v := states[source].latest(k))]
+            for key, value in pairs:
                 if value is not None:
-                    group = key_string(spec.group_by.evaluate("", parse_value(value)))
+                    group = key_string(spec.group_by.evaluate(key, parse_value(value)))
                     if group is not None:
                         keys.add(group)
         candidates[spec.name] = keys
@@ -439,6 +439,7 @@ def _commit(spec: TableSpec, handles: dict[str, StoreHandle], infos: dict[str, S
         stream_time=dict(node.own.stream_time) if node.own is not None else {},
         sources={s: {"run": infos[s].run, "snapshot": _or_minus_one(infos[s].snapshot)} for s in sorted(sources)},
         inputs={k: v for k, v in inputs.items() if v is not None},  # type: ignore[misc]
+        definition=spec.definition,
     )
     state.emitted_adds = write_local(make_plain_writer(os.path.join(handle.path, EMITTED_DIR), run, EMITTED_SCHEMA),
                                      _emission_table(run, node.emissions))

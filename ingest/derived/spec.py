@@ -8,6 +8,7 @@ a versioned global table).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +51,9 @@ class TableSpec:
     #: (name, expression or None for count), in the fixed order count, sum.
     aggregates: tuple[tuple[str, Expression | None], ...] = ()
     select: tuple[tuple[str, Expression], ...] | None = None
+    #: Canonical JSON of the pipeline entry (without its name): committed with every snapshot,
+    #: so a changed definition is detected instead of silently applied to new records only.
+    definition: str = ""
 
     @property
     def is_stream(self) -> bool:
@@ -187,6 +191,8 @@ def _table(entry: Any, index: int, kinds: dict[str, str]) -> TableSpec:
             raise UsageError(f"{where}: 'buckets' must be an integer in [1, 4096]")
         fields["buckets"] = buckets
     _rule_18(where, entry, kind, [kinds[i] for i in fields["inputs"]])
+    fields["definition"] = json.dumps({k: v for k, v in entry.items() if k != "name"}, sort_keys=True,
+                                      separators=(",", ":"), default=str)
     return TableSpec(name=name, op=op, **fields)
 
 
