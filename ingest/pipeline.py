@@ -201,17 +201,26 @@ def run_ingest(spark: SparkSession, warehouse: str, specs: list[StoreSpec], *,
         raise UsageError("a store name appears twice")
     os.makedirs(warehouse, exist_ok=True)
     report = RunReport()
+    report.stores.update(ingest_each(specs, lambda spec: ingest_store(spark, warehouse, spec, lock_timeout_s),
+                                     lambda error: StoreReport(error=error), "store"))
+    return report
+
+
+def ingest_each(specs: list[Any], ingest_one: Any, failed: Any, what: str) -> dict[str, Any]:
+    """Run ``ingest_one(spec)`` for every spec, timing each; a failure becomes ``failed(error)``
+    (its report with ``error``) and the others go on. Usage errors stop everything."""
+    reports: dict[str, Any] = {}
     for spec in specs:
         started = time.monotonic()
         try:
-            report.stores[spec.name] = ingest_store(spark, warehouse, spec, lock_timeout_s)
+            reports[spec.name] = ingest_one(spec)
         except UsageError:
             raise
         except Exception as exc:  # noqa: BLE001 - one failed store never stops the others
-            log.exception("store %s failed", spec.name)
-            report.stores[spec.name] = StoreReport(error=f"{type(exc).__name__}: {exc}")
-        report.stores[spec.name].seconds = time.monotonic() - started
-    return report
+            log.exception("%s %s failed", what, spec.name)
+            reports[spec.name] = failed(f"{type(exc).__name__}: {exc}")
+        reports[spec.name].seconds = time.monotonic() - started
+    return reports
 
 
 def ingest_store(spark: SparkSession, warehouse: str, spec: StoreSpec, lock_timeout_s: float) -> StoreReport:

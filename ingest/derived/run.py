@@ -33,10 +33,9 @@ from ingest.config import Pipeline
 from ingest.derived.spec import TableSpec
 from ingest.derived.state import SnapshotReader, TableState
 from ingest.derived.topology import DerivedNode, Emission, SourceRecord, Topology
-from ingest.pipeline import RunReport, StoreReport, ingest_store
+from ingest.pipeline import RunReport, StreamReport, ingest_each, run_ingest
 from ingest.store import (
     StoreHandle,
-    UsageError,
     commit_pending_sides,
     commit_store,
     finish_pending_rejected,
@@ -123,34 +122,12 @@ class SourceInfo:
 def run_pipeline(spark: Any, warehouse: str, pipeline: Pipeline, *, lock_timeout_s: float = 60.0) -> RunReport:
     """Ingest every store and stream of the pipeline, then bring every derived table up to date.
     A failing store, stream or table is reported (``error``) and the others go on."""
-    for spec in pipeline.stores:
-        spec.validate()
     for stream in pipeline.streams:
         stream.validate()
-    os.makedirs(warehouse, exist_ok=True)
-    report = RunReport()
-    for spec in pipeline.stores:
-        started = time.monotonic()
-        try:
-            report.stores[spec.name] = ingest_store(spark, warehouse, spec, lock_timeout_s)
-        except UsageError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - one failed store never stops the others
-            log.exception("store %s failed", spec.name)
-            report.stores[spec.name] = StoreReport(error=f"{type(exc).__name__}: {exc}")
-        report.stores[spec.name].seconds = time.monotonic() - started
-    for stream in pipeline.streams:
-        started = time.monotonic()
-        try:
-            report.streams[stream.name] = ingest_stream(spark, warehouse, stream, lock_timeout_s)
-        except UsageError:
-            raise
-        except Exception as exc:  # noqa: BLE001
-            log.exception("stream %s failed", stream.name)
-            from ingest.pipeline import StreamReport
-
-            report.streams[stream.name] = StreamReport(error=f"{type(exc).__name__}: {exc}")
-        report.streams[stream.name].seconds = time.monotonic() - started
+    report = run_ingest(spark, warehouse, pipeline.stores, lock_timeout_s=lock_timeout_s)
+    report.streams.update(ingest_each(pipeline.streams,
+                                      lambda stream: ingest_stream(spark, warehouse, stream, lock_timeout_s),
+                                      lambda error: StreamReport(error=error), "stream"))
     if pipeline.tables:
         report.tables.update(derive(warehouse, pipeline, lock_timeout_s))
     return report
