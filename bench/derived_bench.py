@@ -308,6 +308,16 @@ def loadavg() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
+def git_state() -> dict[str, Any]:
+    """The commit measured and the files that differ from it (others may be editing the tree)."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def git(*cmd: str) -> str:
+        return subprocess.run(["git", "-C", here, *cmd], capture_output=True, text=True).stdout.strip()
+
+    return {"commit": git("rev-parse", "HEAD"), "modified": git("status", "--porcelain", "--", "ingest").splitlines()}
+
+
 def uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
@@ -417,7 +427,8 @@ def main() -> None:
     result: dict[str, Any] = {
         "date": started.strftime("%Y-%m-%d"), "started": started.isoformat(timespec="seconds"),
         "machine": {"nproc": os.cpu_count(), "uptime_start": uptime()},
-        "sizes": sizes.to_json(), "batch": args.batch, "operators": {o: OPERATORS[o][0] for o in ops},
+        "git": git_state(), "sizes": sizes.to_json(), "batch": args.batch,
+        "operators": {o: OPERATORS[o][0] for o in ops},
     }
     t0 = time.perf_counter()
     build_in = write_sources(root, sizes, build_counts(sizes), 0)

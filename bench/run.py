@@ -1,8 +1,10 @@
-"""``make bench``: the ingest benchmark, then the query benchmark (results in bench/results/).
+"""``make bench``: the ingest benchmark, the query benchmark, then the derived-tables benchmark
+(results in bench/results/).
 
 Arguments after ``--`` are not parsed; use the environment instead:
 ``BENCH_BIG=1`` adds the 10M-event ingest scale, ``BENCH_QUERY_KEYS`` sets the query store's
-keys (default 1,000,000; e.g. 200000 on a busy machine).
+keys (default 1,000,000; e.g. 200000 on a busy machine), ``BENCH_DERIVED_RECORDS`` the derived
+benchmark's input records (default 1,000,000, about 10 minutes on two cores).
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ def main() -> int:
         ingest.append("--big")
     query = [sys.executable, os.path.join(HERE, "query_bench.py"),
              "--keys", os.environ.get("BENCH_QUERY_KEYS", "1000000")]
-    for cmd in (ingest, query):
+    derived = [sys.executable, os.path.join(HERE, "derived_bench.py"),
+               "--records", os.environ.get("BENCH_DERIVED_RECORDS", "1000000")]
+    for cmd in (ingest, query, derived):
         print("+", " ".join(cmd), flush=True)
         rc = subprocess.call(cmd)
         if rc:

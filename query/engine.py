@@ -526,16 +526,21 @@ class Engine:
         return con
 
     def _handle(self, store: str) -> _StoreHandle:
-        if not isinstance(store, str) or not names.is_valid_store_name(store):
-            raise StoreNotFound(f"invalid store name {store!r}")
-        handle = self._stores.get(store)
+        return self._lookup(store, self._stores, self._streams, "store", "stream", StoreNotFound)
+
+    def _lookup(self, name: str, own: dict[str, Any], other: dict[str, Any], kind: str, other_kind: str,
+                error: type[Exception]) -> Any:
+        """The handle of store/stream ``name``, or ``error`` saying precisely why there is none."""
+        if not isinstance(name, str) or not names.is_valid_store_name(name):
+            raise error(f"invalid {kind} name {name!r}")
+        handle = own.get(name)
         if handle is None:
-            reason = self._refused.get(store)
+            reason = self._refused.get(name)
             if reason is not None:
-                raise StoreNotFound(f"store {store!r} is refused: {reason}")
-            if store in self._streams:
-                raise StoreNotFound(f"no store {store!r}: {store!r} is a stream (/v1/streams/{store})")
-            raise StoreNotFound(f"no store {store!r}")
+                raise error(f"{kind} {name!r} is refused: {reason}")
+            if name in other:
+                raise error(f"no {kind} {name!r}: {name!r} is a {other_kind} (/v1/{other_kind}s/{name})")
+            raise error(f"no {kind} {name!r}")
         return handle
 
     def _current(self, store: str) -> _Loaded:
@@ -717,16 +722,7 @@ class Engine:
 
     # ------------------------------------------------------------------ streams
     def _stream_handle(self, stream: str) -> _StreamHandle:
-        if not isinstance(stream, str) or not names.is_valid_store_name(stream):
-            raise StreamNotFound(f"invalid stream name {stream!r}")
-        handle = self._streams.get(stream)
-        if handle is None:
-            reason = self._refused.get(stream)
-            if reason is not None:
-                raise StreamNotFound(f"stream {stream!r} is refused: {reason}")
-            if stream in self._stores:
-                raise StreamNotFound(f"no stream {stream!r}: {stream!r} is a store (/v1/stores/{stream})")
-            raise StreamNotFound(f"no stream {stream!r}")
+        handle: _StreamHandle = self._lookup(stream, self._streams, self._stores, "stream", "store", StreamNotFound)
         return handle
 
     def _stream_view(self, stream: str, snapshot: int | None) -> StreamSnapshot:

@@ -92,6 +92,15 @@ def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
+def _range_params(params: dict[str, str]) -> tuple[int | None, int | None, str, int]:
+    """``from``, ``to`` (checked in order), ``order`` and ``pageSize`` of a listing."""
+    from_time = timestamp_param(params, "from")
+    to_time = timestamp_param(params, "to")
+    if from_time is not None and to_time is not None and from_time > to_time:
+        raise bad_request(f"'from' ({from_time}) is after 'to' ({to_time})", parameter="from")
+    return from_time, to_time, order_param(params), page_size_param(params)
+
+
 def _int_or_null(value: int | None) -> bytes:
     return b"null" if value is None else str(int(value)).encode("ascii")
 
@@ -264,28 +273,14 @@ class Service:
         if key == "":
             raise bad_request("query parameter 'key' must not be empty (omit it for every key)",
                               parameter="key")
-        from_time = timestamp_param(params, "from")
-        to_time = timestamp_param(params, "to")
-        if from_time is not None and to_time is not None and from_time > to_time:
-            raise bad_request(f"'from' ({from_time}) is after 'to' ({to_time})", parameter="from")
-        order = order_param(params)
-        page_size = page_size_param(params)
-        snapshot = snapshot_param(params)
+        from_time, to_time, order, page_size = _range_params(params)
         bound = PageQuery(stream, key, from_time, to_time, order, STREAM_RECORDS)
+        snapshot, position = self._resume(params, bound)
         resume_after: StreamPosition | None = None
-        token = params.get("pageToken")
-        if token is not None:
-            position = self.tokens.resolve(token, bound)
-            if snapshot is not None and snapshot != position.snapshot:
-                raise bad_request(
-                    f"query parameter 'snapshot' ({snapshot}) differs from the snapshot the page "
-                    f"token pins ({position.snapshot}); omit it or repeat it unchanged",
-                    parameter="snapshot",
-                )
+        if position is not None:
             if len(position.position) != 2:
                 raise bad_request("query parameter 'pageToken' is not a valid page token",
                                   parameter="pageToken")
-            snapshot = position.snapshot
             resume_after = StreamPosition(*position.position)
         engine = self.require_engine()
         page = await self._call(
@@ -340,31 +335,31 @@ class Service:
         raise Problem("not-found", f"key {key!r} has no value {when} in store {store!r} at "
                       f"snapshot {result.snapshot}", **extra)
 
+    def _resume(self, params: dict[str, str], bound: PageQuery) -> tuple[int | None, Any]:
+        """The snapshot to read and the token's position (None without ``pageToken``): a token
+        pins its snapshot, and ``?snapshot`` may only repeat it."""
+        snapshot = snapshot_param(params)
+        token = params.get("pageToken")
+        if token is None:
+            return snapshot, None
+        position = self.tokens.resolve(token, bound)
+        if snapshot is not None and snapshot != position.snapshot:
+            raise bad_request(
+                f"query parameter 'snapshot' ({snapshot}) differs from the snapshot the page "
+                f"token pins ({position.snapshot}); omit it or repeat it unchanged",
+                parameter="snapshot",
+            )
+        return position.snapshot, position
+
     async def _versions(self, store: str, key: str, query_string: bytes) -> bytes:
         params = parse_query(query_string,
                              ("from", "to", "order", "pageSize", "pageToken", "snapshot"))
         if not key:
             raise bad_request("the key must not be empty")
-        from_time = timestamp_param(params, "from")
-        to_time = timestamp_param(params, "to")
-        if from_time is not None and to_time is not None and from_time > to_time:
-            raise bad_request(f"'from' ({from_time}) is after 'to' ({to_time})", parameter="from")
-        order = order_param(params)
-        page_size = page_size_param(params)
-        snapshot = snapshot_param(params)
+        from_time, to_time, order, page_size = _range_params(params)
         query = PageQuery(store, key, from_time, to_time, order)
-        resume_after: int | None = None
-        token = params.get("pageToken")
-        if token is not None:
-            position = self.tokens.resolve(token, query)
-            if snapshot is not None and snapshot != position.snapshot:
-                raise bad_request(
-                    f"query parameter 'snapshot' ({snapshot}) differs from the snapshot the page "
-                    f"token pins ({position.snapshot}); omit it or repeat it unchanged",
-                    parameter="snapshot",
-                )
-            snapshot = position.snapshot
-            resume_after = position.resume_after
+        snapshot, position = self._resume(params, query)
+        resume_after = None if position is None else position.resume_after
         engine = self.require_engine()
         page = await self._call(
             store, snapshot, engine.versions, store,
