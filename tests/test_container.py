@@ -157,13 +157,25 @@ def test_dockerfile_installs_every_package(dockerfile: Dockerfile) -> None:
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     packages = pyproject["tool"]["setuptools"]["packages"]
     copied = {Path(src).name for copy in dockerfile.copies for src in copy[:-1]}
-    for needed in [*packages, "pyproject.toml", pyproject["project"]["readme"]]:
+    top_level = sorted({name.split(".")[0] for name in packages})
+    for needed in [*top_level, "pyproject.toml", pyproject["project"]["readme"]]:
         assert needed in copied, f"the Dockerfile does not COPY {needed}"
     ignored = {
         line.strip() for line in (ROOT / ".dockerignore").read_text(encoding="utf-8").splitlines()
         if line.strip() and not line.lstrip().startswith("#")
     }
     assert not ignored & copied, "a file the Dockerfile copies is in .dockerignore"
+
+
+def test_every_python_package_is_installed() -> None:
+    """`packages` is an explicit list: a subpackage missing from it would be absent from the
+    image and from executors that install the project (but present in editable installs)."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    packages = set(pyproject["tool"]["setuptools"]["packages"])
+    for top in {name.split(".")[0] for name in packages}:
+        for init in (ROOT / top).rglob("__init__.py"):
+            dotted = ".".join(init.parent.relative_to(ROOT).parts)
+            assert dotted in packages, f"package {dotted} is not in [tool.setuptools] packages"
 
 
 def test_dockerfile_default_command_is_versiq_serve(
