@@ -49,13 +49,16 @@ def build_parser() -> argparse.ArgumentParser:
         description="Ingest changelog files into versioned (or timestamped) stores kept as "
         "Delta tables under the warehouse. Batch mode ingests every file not yet ingested "
         "and exits; --continuous keeps watching the sources. Either name one store with "
-        "--store/--source or give several in a YAML file with --config.",
+        "--store/--source or give a YAML pipeline file with --config: stores, streams and derived "
+        "tables (filter, joins, foreign-key joins, aggregations, stream-table joins; see "
+        "docs/derived-tables.md), computed in the same run.",
     )
     ing.add_argument("--warehouse", required=True, help="warehouse directory (one subdirectory per store)")
     ing.add_argument("--store", help="store name: letters, digits, _ - . (with --source)")
     ing.add_argument("--source", help="changelog file or directory (read recursively)")
     ing.add_argument("--config",
-                     help="YAML pipeline file with a 'stores:' list (instead of --store/--source)")
+                     help="YAML pipeline file with 'stores:' and optionally 'streams:' and 'tables:' (instead of "
+                          "--store/--source)")
     ing.add_argument("--format", choices=("jsonl", "csv", "parquet"), default=None,
                      help="input format (default: from the file extension, else jsonl)")
     ing.add_argument("--kind", choices=("versioned", "timestamped"), default=None,
