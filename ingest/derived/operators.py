@@ -175,6 +175,25 @@ class ForeignKeyJoin(Operator):
                     self._index.setdefault(fk, set()).add(key)
         return sorted(self._index.get(foreign_key, ()))
 
+    def prefetch(self, left_keys: set[str], right_keys: set[str],
+                 left_records: list[tuple[str, str | None]]) -> set[str]:
+        """Bulk-load what a batch will read: the right rows of the left records' foreign keys
+        and, when right keys change, the result rows of every left key pointing at them (this
+        builds the foreign-key index once). Returns the result keys the batch may touch."""
+        left, right = self.inputs
+        assert left is not None and right is not None
+        fks = {fk for key, value in left_records if (fk := self._fk(key, value)) is not None}
+        for key in left_keys:
+            current = left.latest_value(key)
+            fk = None if current is None else self._fk(key, current[0])
+            if fk is not None:
+                fks.add(fk)
+        right.prefetch(fks)
+        touched = set(left_keys)
+        for foreign_key in right_keys:
+            touched.update(self._subscribers(foreign_key))
+        return touched
+
     def on_change(self, side: int, change: Change) -> list[Emit]:
         left, right = self.inputs
         assert left is not None and right is not None

@@ -30,6 +30,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from ingest.config import Pipeline
+from ingest.derived.operators import ForeignKeyJoin
 from ingest.derived.spec import TableSpec
 from ingest.derived.state import SnapshotReader, TableState
 from ingest.derived.topology import DerivedNode, Emission, SourceRecord, Topology
@@ -296,7 +297,8 @@ def _run_pass(pipeline: Pipeline, specs: dict[str, TableSpec], handles: dict[str
             if info.is_stream:
                 continue
             snapshot = _snapshot_of_run(info.path, info.snapshot, after) if after else None
-            reader = SnapshotReader(info.path, snapshot, info.settings.kind, info.settings.buckets)
+            reader = SnapshotReader(info.path, snapshot, info.settings.kind, info.settings.buckets,
+                                    info.settings.history_retention_ms)
             readers.append(reader)
             settings = info.settings
             states[s] = TableState(s, settings.kind, settings.history_retention_ms, settings.partitions, reader)
@@ -309,11 +311,11 @@ def _run_pass(pipeline: Pipeline, specs: dict[str, TableSpec], handles: dict[str
             else:
                 version = _find_snapshot(handle.path, handle.version,
                                          {s: start.get(s, 0) for s in sources_of[spec.name]})
-            reader = SnapshotReader(handle.path, version, spec.kind, spec.buckets)
+            reader = SnapshotReader(handle.path, version, spec.kind, spec.buckets, spec.history_retention_ms)
             readers.append(reader)
             states[spec.name] = TableState(spec.name, spec.kind, spec.history_retention_ms, 1, reader)
-        _prefetch(pass_tables, states, records)
         topology = Topology(pass_tables, states)
+        _prefetch(pass_tables, states, records, topology)
         inputs = [(name, infos[name].is_stream, records[name]) for name in pipeline.inputs if name in records]
         topology.run(inputs)
         log.info("derived pass over %s: %d source record(s)", ", ".join(writers),
@@ -327,7 +329,7 @@ def _run_pass(pipeline: Pipeline, specs: dict[str, TableSpec], handles: dict[str
 
 
 def _prefetch(tables: list[TableSpec], states: dict[str, TableState],
-              records: dict[str, list[SourceRecord]]) -> None:
+              records: dict[str, list[SourceRecord]], topology: Topology) -> None:
     """Bulk-load the keys the batch will touch where they are known up front (the rest load
     one key at a time on demand)."""
     candidates: dict[str, set[str]] = {name: {r.key for r in recs} for name, recs in records.items()}
@@ -342,7 +344,11 @@ def _prefetch(tables: list[TableSpec], states: dict[str, TableState],
                 if i in states:
                     states[i].prefetch(keys)
         elif spec.op == "fk_join":
-            keys = set(candidates.get(spec.inputs[0], set()))
+            operator = topology.nodes[spec.name].operator
+            assert isinstance(operator, ForeignKeyJoin)
+            left, right = spec.inputs
+            left_records = [(r.key, r.value) for r in records.get(left, [])]
+            keys = operator.prefetch(candidates.get(left, set()), candidates.get(right, set()), left_records)
         elif spec.op == "aggregate" and spec.group_by is not None:
             source = spec.inputs[0]
             pairs = [(r.key, r.value) for r in records.get(source, [])]

@@ -46,8 +46,10 @@ class PutResult:
 class SnapshotReader:
     """Reads the versions of chosen keys (read rule applied) from one Delta snapshot."""
 
-    def __init__(self, path: str, version: int | None, kind: str, buckets: int) -> None:
+    def __init__(self, path: str, version: int | None, kind: str, buckets: int,
+                 retention_ms: int | None = None) -> None:
         self.path = path
+        self.retention_ms = retention_ms
         self.version = version
         self.kind = kind
         self.buckets = buckets
@@ -68,12 +70,21 @@ class SnapshotReader:
             self._con.close()
             self._con = None
 
+    def _observable(self) -> str:
+        """Skip history that ended at or before its partition's horizon (versioned stores): no
+        read can return it and no accepted record can touch it (it would be late), so the
+        batch never needs it, and a key's load stays bounded by the retention, not its age."""
+        if self.kind != "versioned" or not self.state.stream_time or self.retention_ms is None:
+            return ""
+        cases = " ".join(f"WHEN {p} THEN {t - self.retention_ms}" for p, t in sorted(self.state.stream_time.items()))
+        return f" AND (valid_to IS NULL OR valid_to > COALESCE(CASE \"partition\" {cases} END, valid_to - 1))"
+
     def load(self, keys: Iterable[str] | None) -> dict[str, tuple[list[Version], int]]:
         """key -> (versions ascending, partition) for ``keys`` (every key when None)."""
         if not self.files:
             return {}
         con = self._connection()
-        rule = read_rule_sql(self.kind)
+        rule = read_rule_sql(self.kind) + self._observable()
         if keys is None:
             sql = f"SELECT key, valid_from, value, tombstone, \"partition\" FROM read_parquet($files) {rule}"
             table = con.sql(sql, params={"files": self.files}).to_arrow_table()
@@ -176,8 +187,7 @@ class TableState:
         if st is not None and timestamp < st - self.history_retention_ms:
             return PutResult(None)
         self.stream_time[p] = timestamp if st is None else max(st, timestamp)
-        stamps = [v[0] for v in versions]
-        i = bisect.bisect_left(stamps, timestamp)
+        i = bisect.bisect_left(versions, timestamp, key=_timestamp)
         replaced = i < len(versions) and versions[i][0] == timestamp
         if replaced:
             versions[i] = (timestamp, value)
@@ -213,8 +223,7 @@ class TableState:
             if newest_value is None or newest_ts > t:
                 return None
             return newest_value, newest_ts
-        stamps = [v[0] for v in versions]
-        i = bisect.bisect_right(stamps, t) - 1
+        i = bisect.bisect_right(versions, t, key=_timestamp) - 1
         if i < 0:
             return None
         found_ts, found_value = versions[i]
@@ -243,6 +252,10 @@ class TableState:
                 if before.get(ts) != (valid_to, value):
                     add(key, ts, valid_to, value)
         return pa.table(cols, schema=STORE_SCHEMA)
+
+
+def _timestamp(version: Version) -> int:
+    return version[0]
 
 
 def versions_with_valid_to(versions: list[Version]) -> list[tuple[int, int | None, str | None]]:
