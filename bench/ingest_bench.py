@@ -203,6 +203,7 @@ def main() -> None:
     ap.add_argument("--reuse-big", action="store_true",
                     help="with --big: no 10M full build, batches into the 10M store a previous run built")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--label", default="", help="results file ingest-<date>-<label>.json")
     ap.add_argument("--results", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
@@ -250,7 +251,7 @@ def main() -> None:
     print(result["machine"]["uptime_start"])
     print(result["machine"]["uptime_end"])
     os.makedirs(args.results, exist_ok=True)
-    suffix = "-big" if (args.big or args.only_big) else ""
+    suffix = f"-{args.label}" if args.label else ("-big" if (args.big or args.only_big) else "")
     path = os.path.join(args.results, f"ingest-{result['date']}{suffix}.json")
     if os.path.exists(path):
         path = path[:-5] + "-" + started.strftime("%H%M") + ".json"

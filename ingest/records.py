@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any
 
+import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -224,7 +225,12 @@ def value_from_json_text(text: str) -> str:
 class _Batcher:
     def __init__(self, source: str) -> None:
         self.source = source
+        self._reset()
+
+    def _reset(self) -> None:
         self.columns: dict[str, list[Any]] = {name: [] for name in PARSED_SCHEMA.names}
+        (self._source, self._pos, self._key, self._value, self._ts, self._part, self._offset, self._reason,
+         self._detail, self._raw) = (self.columns[name] for name in PARSED_SCHEMA.names)
 
     def record(self, pos: int, key: str, value: str | None, ts: int, part: int | None,
                offset: int | None, raw: str) -> None:
@@ -235,6 +241,20 @@ class _Batcher:
                         offset)
         else:
             self._row(pos, key, value, ts, part, offset, None, None, raw)
+
+    def fast_row(self, pos: int, key: str, value: str | None, ts: int, part: int | None,
+                 offset: int | None, raw: str) -> None:
+        """A record already known to be valid UTF-8 throughout (no surrogates to check)."""
+        self._source.append(self.source)
+        self._pos.append(pos)
+        self._key.append(key)
+        self._value.append(value)
+        self._ts.append(ts)
+        self._part.append(part)
+        self._offset.append(offset)
+        self._reason.append(None)
+        self._detail.append(None)
+        self._raw.append(raw)
 
     def reject(self, pos: int, reason: str, detail: str, raw: str, part: int | None = None,
                offset: int | None = None) -> None:
@@ -259,7 +279,7 @@ class _Batcher:
 
     def flush(self) -> pa.RecordBatch:
         batch = pa.RecordBatch.from_pydict(self.columns, schema=PARSED_SCHEMA)
-        self.columns = {name: [] for name in PARSED_SCHEMA.names}
+        self._reset()
         return batch
 
 
@@ -267,28 +287,89 @@ def _too_large(raw_bytes: int) -> bool:
     return raw_bytes > MAX_RECORD_BYTES
 
 
-def parse_jsonl(path: str, source: str) -> Iterator[pa.RecordBatch]:
+def parse_jsonl(path: str, source: str, fast: bool = True) -> Iterator[pa.RecordBatch]:
+    """``fast``: try ``_fast_json_line`` on each line first (tests turn it off to compare)."""
     out = _Batcher(source)
     with open(path, "rb") as handle:
         for number, line_bytes in enumerate(handle, start=1):
-            stripped = line_bytes.strip()
-            if not stripped:
-                continue
-            try:
-                raw = line_bytes.decode("utf-8").rstrip("\r\n")
-            except UnicodeDecodeError as exc:
-                out.reject(number, "malformed", f"line is not valid UTF-8: {exc}",
-                           line_bytes.decode("utf-8", "replace").rstrip("\r\n"))
-                continue
-            size = len(line_bytes.rstrip(b"\r\n"))
-            if _too_large(size):
-                out.reject(number, "too_large", f"record is {size} bytes (limit 1 MiB)", raw)
-            else:
-                _parse_json_line(out, number, raw)
-            if len(out) >= BATCH_ROWS:
+            body = line_bytes.rstrip(b"\r\n")
+            if not (fast and len(body) <= MAX_RECORD_BYTES and _fast_json_line(out, number, body)):
+                _slow_jsonl_line(out, number, line_bytes)
+            if len(out._pos) >= BATCH_ROWS:
                 yield out.flush()
     if len(out):
         yield out.flush()
+
+
+def _slow_jsonl_line(out: _Batcher, number: int, line_bytes: bytes) -> None:
+    """The general (strict, per-record) path for one line: every rejection is worded here."""
+    if not line_bytes.strip():
+        return
+    try:
+        raw = line_bytes.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError as exc:
+        out.reject(number, "malformed", f"line is not valid UTF-8: {exc}",
+                   line_bytes.decode("utf-8", "replace").rstrip("\r\n"))
+        return
+    size = len(line_bytes.rstrip(b"\r\n"))
+    if _too_large(size):
+        out.reject(number, "too_large", f"record is {size} bytes (limit 1 MiB)", raw)
+    else:
+        _parse_json_line(out, number, raw)
+
+
+_loads = orjson.loads
+_dumps = orjson.dumps
+_JSONDecodeError = orjson.JSONDecodeError
+
+
+def _fast_json_line(out: _Batcher, number: int, body: bytes) -> bool:
+    """Fast path for a well-formed record in canonical compact form; False means: use the
+    general path (which decides and words anything unusual).
+
+    orjson is a strict RFC 8259 parser (no NaN/Infinity, no trailing content, valid UTF-8
+    only) but keeps the last of duplicate member names and reads numbers as int/float. A
+    line that re-serialises to exactly its own bytes therefore has no duplicate member at any
+    depth, no whitespace, and every number's text is the one orjson writes (so "verbatim" and
+    re-rendered text agree); with no backslash there are no escapes, so every string renders
+    the same way under ``compact``. The value's compact text is then ``dumps(value)``."""
+    if b"\\" in body:
+        return False
+    try:
+        obj = _loads(body)
+        if type(obj) is not dict or _dumps(obj) != body:
+            return False
+    except (_JSONDecodeError, TypeError):  # TypeError: orjson's dumps nests less deeply than loads
+        return False
+    key = obj.get("key")
+    if type(key) is str:
+        if not key:
+            return False
+    elif type(key) is int:
+        key = str(key)
+    else:
+        return False
+    ts = obj.get("timestamp")
+    if type(ts) is int:
+        if ts < 0 or ts > MAX_TIMESTAMP:
+            return False
+    elif type(ts) is str:
+        try:
+            ts = parse_timestamp(ts)
+        except TimestampError:
+            return False
+    else:
+        return False
+    part = obj.get("partition")
+    if part is not None and (type(part) is not int or part < 0 or part > MAX_INT64):
+        return False
+    offset = obj.get("offset")
+    if offset is not None and (type(offset) is not int or offset < 0 or offset > MAX_INT64):
+        return False
+    value = obj.get("value")
+    out.fast_row(number, key, None if value is None else _dumps(value).decode(), ts, part, offset,
+                 body.decode())
+    return True
 
 
 def _compact_members(raw: str) -> dict[str, tuple[Any, str]] | None:
@@ -452,8 +533,11 @@ def _parquet_cell_json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, default=default)
 
 
-def parse_parquet(path: str, source: str) -> Iterator[pa.RecordBatch]:
-    """Parquet rows (``row`` 0-based). ``raw`` is the row rendered as a JSON object."""
+def parse_parquet(path: str, source: str, fast: bool = True) -> Iterator[pa.RecordBatch]:
+    """Parquet rows (``row`` 0-based). ``raw`` is the row rendered as a JSON object.
+
+    ``fast``: batches of plain columns (strings and integers) are read column-wise and every
+    row that ``_fast_parquet_rows`` cannot take whole goes through the general path."""
     out = _Batcher(source)
     try:
         pfile = pq.ParquetFile(path)
@@ -482,17 +566,111 @@ def parse_parquet(path: str, source: str) -> Iterator[pa.RecordBatch]:
             idx = batch.schema.get_field_index("timestamp")
             unit = batch.schema.field(idx).type.unit
             batch = batch.set_column(idx, "timestamp", batch.column(idx).cast(pa.int64()))
-        for row in batch.to_pylist():
-            ticks = row.get("timestamp")
-            if unit is not None and ticks is not None:
-                row["timestamp"] = ticks * 1000 if unit == "s" else ticks // _TICKS_PER_MS[unit]
-            raw = _parquet_cell_json(row)
-            _parse_parquet_row(out, row_number, row, raw, ts_type)
-            row_number += 1
+        if fast and _fast_parquet_ok(batch.schema, ts_type):
+            _fast_parquet_rows(out, row_number, batch, unit, ts_type)
+            row_number += batch.num_rows
+        else:
+            for row in batch.to_pylist():
+                ticks = row.get("timestamp")
+                if unit is not None and ticks is not None:
+                    row["timestamp"] = ticks * 1000 if unit == "s" else ticks // _TICKS_PER_MS[unit]
+                raw = _parquet_cell_json(row)
+                _parse_parquet_row(out, row_number, row, raw, ts_type)
+                row_number += 1
         if len(out) >= BATCH_ROWS:
             yield out.flush()
     if len(out):
         yield out.flush()
+
+
+_encode_string = json.encoder.encode_basestring  # what json.dumps(ensure_ascii=False) uses
+
+
+def _fast_parquet_ok(schema: pa.Schema, ts_type: pa.DataType | None) -> bool:
+    """Columns whose cells ``_parquet_cell_json`` renders as plain JSON strings or integers,
+    with distinct names (a row is a dict), and a timestamp column that is not a zone-less
+    TIMESTAMP (those rows are all rejected by the general path)."""
+    if schema.names == [] or len(set(schema.names)) != len(schema.names):
+        return False
+    if ts_type is not None and pa.types.is_timestamp(ts_type) and ts_type.tz is None:
+        return False
+    return all(pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_integer(t)
+               for t in schema.types)
+
+
+def _fast_parquet_rows(out: _Batcher, first: int, batch: pa.RecordBatch, unit: str | None,
+                       ts_type: pa.DataType | None) -> None:
+    """Column-wise conversion: each row is rendered exactly as ``_parquet_cell_json`` would
+    (json.dumps of a dict of strings and integers) and taken here when it is a plain record
+    (non-empty string or integer key, integer timestamp in range, value text that orjson
+    re-serialises to exactly itself with no backslash, which is then its compact form as in
+    ``value_from_json_text``); any other row goes through ``_parse_parquet_row``."""
+    names = batch.schema.names
+    columns: list[list[Any]] = []
+    rendered: list[list[str]] = []
+    for name, column in zip(names, batch.columns, strict=True):
+        cells = column.to_pylist()
+        if name == "timestamp" and unit is not None:
+            cells = [None if t is None else (t * 1000 if unit == "s" else t // _TICKS_PER_MS[unit])
+                     for t in cells]
+        columns.append(cells)
+        if pa.types.is_integer(column.type):
+            rendered.append(["null" if v is None else int.__repr__(v) for v in cells])
+        else:
+            rendered.append(["null" if v is None else _encode_string(v) for v in cells])
+    template = "{{" + ", ".join(_encode_string(n).replace("{", "{{").replace("}", "}}") + ": {}"
+                                for n in names) + "}}"
+    raws = list(map(template.format, *rendered))
+    n = batch.num_rows
+    missing: list[Any] = [None] * n
+    by_name = dict(zip(names, columns, strict=True))
+    keys = by_name.get("key", missing)
+    values = by_name.get("value", missing)
+    stamps = by_name.get("timestamp", missing)
+    parts = by_name.get("partition", missing)
+    offsets = by_name.get("offset", missing)
+    limit = MAX_RECORD_BYTES // 4  # UTF-8 takes at most 4 bytes per character
+    for i in range(n):
+        raw = raws[i]
+        key = keys[i]
+        ts = stamps[i]
+        value = values[i]
+        part = parts[i]
+        offset = offsets[i]
+        # type checks first: a column may hold strings where integers are expected
+        ok = len(raw) <= limit and type(ts) is int and 0 <= ts <= MAX_TIMESTAMP and (
+            part is None or (type(part) is int and 0 <= part <= MAX_INT64)) and (
+            offset is None or (type(offset) is int and 0 <= offset <= MAX_INT64))
+        if ok and type(key) is str:
+            ok = key != ""
+        elif ok and type(key) is int:
+            key = str(key)
+        else:
+            ok = False
+        if ok and value is not None:
+            if type(value) is not str:
+                ok = False
+            else:
+                try:
+                    text = value.encode()
+                    canonical = "\\" not in value and _dumps(_loads(text)) == text
+                except (_JSONDecodeError, TypeError, UnicodeEncodeError):
+                    canonical = False
+                if not canonical:  # e.g. "1.50": the general rule for the value alone
+                    try:
+                        value = value_from_json_text(value)
+                    except Reject:
+                        ok = False
+                    else:
+                        out.record(first + i, key, None if value == "null" else value, ts, part, offset, raw)
+                        continue
+                elif value == "null":
+                    value = None
+        if ok:
+            out.fast_row(first + i, key, value, ts, part, offset, raw)
+        else:
+            row = {name: cells[i] for name, cells in zip(names, columns, strict=True)}
+            _parse_parquet_row(out, first + i, row, _parquet_cell_json(row), ts_type)
 
 
 _TICKS_PER_MS = {"ms": 1, "us": 1000, "ns": 1_000_000}

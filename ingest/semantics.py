@@ -125,8 +125,23 @@ def classify(spark: SparkSession, records: DataFrame, existing: DataFrame, ctx: 
     df = df.withColumn("valid1", F.col("valid0") & ~F.col("dup"))
 
     # Stream time before each record: running max of earlier valid timestamps in its partition.
-    w_part = Window.partitionBy("p").orderBy(*order).rowsBetween(Window.unboundedPreceding, -1)
-    st_before = F.greatest(F.col("prev_st"), F.max(F.when(F.col("valid1"), F.col("ts"))).over(w_part))
+    valid_ts = F.when(F.col("valid1"), F.col("ts"))
+    if ctx.any_offsets or not existing_empty:
+        w_part = Window.partitionBy("p").orderBy(*order).rowsBetween(Window.unboundedPreceding, -1)
+        st_before = F.greatest(F.col("prev_st"), F.max(valid_ts).over(w_part))
+    else:
+        # A first build without offsets: processing order is (source, pos), and the prefix maximum
+        # is split in two so that one stream-time partition is not one Spark task (a single core
+        # sorting every record): within the file (a window per partition and file) and over the
+        # earlier files of the partition (a window over one row per partition and file). Not
+        # for later runs: their records would be read twice (the join with stored homes), for a
+        # batch that is small anyway.
+        w_file = Window.partitionBy("p", "source").orderBy("pos").rowsBetween(Window.unboundedPreceding, -1)
+        w_files = Window.partitionBy("p").orderBy("source").rowsBetween(Window.unboundedPreceding, -1)
+        earlier_files = df.groupBy("p", "source").agg(F.max(valid_ts).alias("file_max")).withColumn(
+            "files_before", F.max("file_max").over(w_files)).select("p", "source", "files_before")
+        df = df.join(earlier_files, ["p", "source"], "left")
+        st_before = F.greatest(F.col("prev_st"), F.col("files_before"), F.max(valid_ts).over(w_file))
     df = df.withColumn("st_before", F.when(F.col("valid1"), st_before))
     if s.kind == "versioned":
         late = F.col("valid1") & F.col("st_before").isNotNull() & \
