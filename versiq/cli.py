@@ -186,5 +186,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     return EXIT_USAGE
 
 
+def run() -> None:  # pragma: no cover - the process entry point
+    """``versiq`` as a process: run ``main``, flush everything, then end the process without
+    interpreter teardown. Native thread pools (delta-rs' runtime, Arrow's, DuckDB's) can abort
+    while the interpreter tears down ("terminate called without an active exception", exit
+    -6) after all work and output are done; seen once under heavy load with ``versiq
+    rejected``. The exit status must be the command's, so teardown is skipped."""
+    import logging
+
+    code = main()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        logging.shutdown()
+        os._exit(code)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    run()
