@@ -129,35 +129,37 @@ def _existing_kind(warehouse: str | None, name: str) -> str | None:
         return None
 
 
-def _stream(entry: Any, index: int, base: str) -> StreamSpec:
-    where = f"streams[{index}]"
+def _checked_entry(entry: Any, where: str, fields: set[str], hint: str = "") -> str:
+    """The checks every ``stores:``/``streams:`` entry shares; returns its absolute source (a
+    relative one is relative to the pipeline file's folder, ``base``)."""
     if not isinstance(entry, dict):
         raise UsageError(f"{where}: expected a mapping")
-    unknown = set(entry) - _STREAM_FIELDS
+    unknown = set(entry) - fields
     if unknown:
-        raise UsageError(f"{where}: unknown field(s): {', '.join(sorted(unknown))} (a stream has no kind, "
-                         "history retention or partitions)")
+        raise UsageError(f"{where}: unknown field(s): {', '.join(sorted(unknown))}{hint}")
     for required in ("name", "source"):
         if not isinstance(entry.get(required), str) or not entry[required]:
             raise UsageError(f"{where}: '{required}' is required (a string)")
-    if "buckets" in entry and (not isinstance(entry["buckets"], int) or isinstance(entry["buckets"], bool)):
-        raise UsageError(f"{where} ({entry['name']}): 'buckets' must be an integer")
-    source = entry["source"]
-    if not os.path.isabs(source):
-        source = os.path.join(base, source)
-    return StreamSpec(name=entry["name"], source=source, format=entry.get("format"), buckets=entry.get("buckets"))
+    for name in ("partitions", "buckets"):
+        if name in entry and (not isinstance(entry[name], int) or isinstance(entry[name], bool)):
+            raise UsageError(f"{where} ({entry['name']}): '{name}' must be an integer")
+    return str(entry["source"])
+
+
+def _absolute(source: str, base: str) -> str:
+    return source if os.path.isabs(source) else os.path.join(base, source)
+
+
+def _stream(entry: Any, index: int, base: str) -> StreamSpec:
+    source = _checked_entry(entry, f"streams[{index}]", _STREAM_FIELDS,
+                            " (a stream has no kind, history retention or partitions)")
+    return StreamSpec(name=entry["name"], source=_absolute(source, base), format=entry.get("format"),
+                      buckets=entry.get("buckets"))
 
 
 def _store(entry: Any, index: int, base: str) -> StoreSpec:
     where = f"stores[{index}]"
-    if not isinstance(entry, dict):
-        raise UsageError(f"{where}: expected a mapping")
-    unknown = set(entry) - _STORE_FIELDS
-    if unknown:
-        raise UsageError(f"{where}: unknown field(s): {', '.join(sorted(unknown))}")
-    for required in ("name", "source"):
-        if not isinstance(entry.get(required), str) or not entry[required]:
-            raise UsageError(f"{where}: '{required}' is required (a string)")
+    source = _checked_entry(entry, where, _STORE_FIELDS)
     retention = entry.get("history_retention")
     retention_ms = None
     if retention is not None:
@@ -165,12 +167,7 @@ def _store(entry: Any, index: int, base: str) -> StoreSpec:
             retention_ms = parse_duration_ms(retention)
         except DurationError as exc:
             raise UsageError(f"{where} ({entry['name']}): history_retention: {exc}") from None
-    for name in ("partitions", "buckets"):
-        if name in entry and (not isinstance(entry[name], int) or isinstance(entry[name], bool)):
-            raise UsageError(f"{where} ({entry['name']}): '{name}' must be an integer")
-    source = entry["source"]
-    if not os.path.isabs(source):
-        source = os.path.join(base, source)
+    source = _absolute(source, base)
     return StoreSpec(
         name=entry["name"],
         source=source,

@@ -29,7 +29,7 @@ from ingest.store import (
     commit_side,
     commit_store,
     existing_versions,
-    finish_pending_rejected,
+    finish_pending_sides,
     open_store,
     rejected_path,
     writer_lock,
@@ -228,8 +228,8 @@ def ingest_store(spark: SparkSession, warehouse: str, spec: StoreSpec, lock_time
     settings, explicit = spec.settings()
     with writer_lock(path, lock_timeout_s):
         handle = open_store(path, settings, explicit)
-        if finish_pending_rejected(handle):
-            log.info("store %s: completed the _rejected commit of run %d", spec.name, handle.state.run)
+        if finish_pending_sides(handle):
+            log.info("store %s: completed the side-table commits of run %d", spec.name, handle.state.run)
         files = list_source_files(spec.source)
         done = set(handle.state.done_files)
         new = {rel: full for rel, full in files.items() if rel not in done}

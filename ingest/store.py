@@ -292,24 +292,26 @@ def commit_rejected(store_path: str, run: int, adds: list[dict[str, Any]]) -> No
     commit_side(store_path, REJECTED_DIR, run, adds)
 
 
+def _pending_sides(state: StoreState) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The side tables a run's state still holds add actions for, in commit order."""
+    sides = ((REJECTED_DIR, state.rejected_adds), (CHANGELOG_DIR, state.changelog_adds),
+             (EMITTED_DIR, state.emitted_adds))
+    return [(side, adds) for side, adds in sides if adds]
+
+
 def commit_pending_sides(store_path: str, state: StoreState) -> None:
     """Commit the side tables of the run ``state`` describes (after its store commit)."""
-    for side, adds in ((REJECTED_DIR, state.rejected_adds), (CHANGELOG_DIR, state.changelog_adds),
-                       (EMITTED_DIR, state.emitted_adds)):
-        if adds:
-            commit_side(store_path, side, state.run, adds)
+    for side, adds in _pending_sides(state):
+        commit_side(store_path, side, state.run, adds)
 
 
-def finish_pending_rejected(handle: StoreHandle) -> bool:
+def finish_pending_sides(handle: StoreHandle) -> bool:
     """Complete a run whose store commit landed but whose side-table commits did not."""
     state = handle.state
     if state.run == 0:
         return False
     finished = False
-    for side, adds in ((REJECTED_DIR, state.rejected_adds), (CHANGELOG_DIR, state.changelog_adds),
-                       (EMITTED_DIR, state.emitted_adds)):
-        if not adds:
-            continue
+    for side, adds in _pending_sides(state):
         path = os.path.join(handle.path, side)
         if is_store(path) and (DeltaTable(path).transaction_version(APP_ID) or 0) >= state.run:
             continue

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 
 from pyspark import StorageLevel
 from pyspark.sql import SparkSession, Window
@@ -23,7 +24,7 @@ from ingest.pipeline import (
     _write_rejected,
     list_source_files,
 )
-from ingest.store import UsageError, commit_rejected, commit_store, finish_pending_rejected, open_store, writer_lock
+from ingest.store import UsageError, commit_rejected, commit_store, finish_pending_sides, open_store, writer_lock
 from ingest.writer import FILE_INFO_DDL, STREAM_SORT, collect_adds, make_store_writer
 from versiq.layout import DEFAULT_BUCKETS, STREAM_FILE_SCHEMA, STREAM_KIND, StoreSettings, StoreState
 from versiq.names import check_store_name
@@ -31,17 +32,14 @@ from versiq.names import check_store_name
 log = logging.getLogger("versiq.ingest")
 
 
+@dataclass(frozen=True)
 class StreamSpec:
     """One source stream: ``name``, ``source`` (file or directory), optional ``format``, ``buckets``."""
 
-    def __init__(self, name: str, source: str, format: str | None = None, buckets: int | None = None) -> None:
-        self.name = name
-        self.source = source
-        self.format = format
-        self.buckets = buckets
-
-    def __repr__(self) -> str:
-        return f"StreamSpec(name={self.name!r}, source={self.source!r}, format={self.format!r})"
+    name: str
+    source: str
+    format: str | None = None
+    buckets: int | None = None
 
     def settings(self) -> StoreSettings:
         return StoreSettings(kind=STREAM_KIND, history_retention_ms=0, partitions=1,
@@ -62,7 +60,7 @@ def ingest_stream(spark: SparkSession, warehouse: str, spec: StreamSpec, lock_ti
     settings = spec.settings()
     with writer_lock(path, lock_timeout_s):
         handle = open_store(path, settings, {"kind", "buckets"} if spec.buckets else {"kind"})
-        finish_pending_rejected(handle)
+        finish_pending_sides(handle)
         done = set(handle.state.done_files)
         new = {rel: full for rel, full in list_source_files(spec.source).items() if rel not in done}
         report = StreamReport()

@@ -87,7 +87,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -446,25 +446,41 @@ class Engine:
             self._build_con = duckdb.connect()
         return self._build_con
 
-    def _refresh_store(self, handle: _StoreHandle) -> None:
+    def _refresh_table(self, handle: _StoreHandle | _StreamHandle, kind: str,
+                       load: Callable[[DeltaTable], None]) -> None:
+        """Bring ``handle``'s Delta table up to date and ``load`` its snapshot; on any failure keep
+        serving the last good snapshot, say why in ``handle.error`` and re-read the log next time."""
         if not os.path.isdir(os.path.join(handle.path, "_delta_log")):
-            handle.error = "store directory or its _delta_log is gone (serving last good snapshot)"
+            handle.error = f"{kind} directory or its _delta_log is gone (serving last good snapshot)"
             return
         try:
             if handle.dt is None:
                 handle.dt = DeltaTable(handle.path)
             else:
                 handle.dt.update_incremental()
-            dt = handle.dt
+            load(handle.dt)
+            handle.error = None
+            handle.last_refresh = time.monotonic()
+        except Exception as exc:
+            handle.error = f"{type(exc).__name__}: {exc}"
+            # Force a full re-read of the log next time (the table object may be inconsistent).
+            handle.dt = None
+            log.warning("refresh of %s %s failed (serving last good snapshot): %s", kind, handle.name, exc)
+
+    @staticmethod
+    def _same_settings(handle: _StoreHandle | _StreamHandle, dt: DeltaTable, kind: str) -> layout.StoreSettings:
+        settings = _settings_or_none(dt.metadata().description)
+        if settings is None or settings != handle.settings:
+            raise ValueError(f"{kind} settings changed or became unreadable: {settings!r}")
+        return settings
+
+    def _refresh_store(self, handle: _StoreHandle) -> None:
+        def load(dt: DeltaTable) -> None:
             version = dt.version()
             prev = handle.loaded
             if prev is not None and prev.snapshot == version:
-                handle.error = None
-                handle.last_refresh = time.monotonic()
                 return
-            settings = _settings_or_none(dt.metadata().description)
-            if settings != handle.settings:
-                raise ValueError(f"store settings changed or became unreadable: {settings!r}")
+            settings = self._same_settings(handle, dt, "store")
             state = layout.read_state(handle.path, version)
             files = _files_by_bucket(dt, handle.path)
             con = self._build_connection()
@@ -485,37 +501,18 @@ class Engine:
                 buckets=buckets,
                 loaded_at=time.monotonic(),
             )
-            handle.error = None
-            handle.last_refresh = time.monotonic()
-        except Exception as exc:
-            handle.error = f"{type(exc).__name__}: {exc}"
-            # Force a full re-read of the log next time (the table object may be inconsistent).
-            handle.dt = None
-            log.warning("refresh of store %s failed (serving last good snapshot): %s", handle.name, exc)
+
+        self._refresh_table(handle, "store", load)
 
     def _refresh_stream(self, handle: _StreamHandle) -> None:
         """Bring a stream's file list up to date (no index: reads go to the files)."""
-        if not os.path.isdir(os.path.join(handle.path, "_delta_log")):
-            handle.error = "stream directory or its _delta_log is gone (serving last good snapshot)"
-            return
-        try:
-            if handle.dt is None:
-                handle.dt = DeltaTable(handle.path)
-            else:
-                handle.dt.update_incremental()
-            dt = handle.dt
+        def load(dt: DeltaTable) -> None:
             prev = handle.loaded
             if prev is None or prev.snapshot != dt.version():
-                settings = _settings_or_none(dt.metadata().description)
-                if settings != handle.settings:
-                    raise ValueError(f"stream settings changed or became unreadable: {settings!r}")
+                settings = self._same_settings(handle, dt, "stream")
                 handle.loaded = StreamSnapshot.open(handle.name, handle.path, settings, dt)
-            handle.error = None
-            handle.last_refresh = time.monotonic()
-        except Exception as exc:
-            handle.error = f"{type(exc).__name__}: {exc}"
-            handle.dt = None
-            log.warning("refresh of stream %s failed (serving last good snapshot): %s", handle.name, exc)
+
+        self._refresh_table(handle, "stream", load)
 
     # ------------------------------------------------------------------ views
     def _con(self) -> duckdb.DuckDBPyConnection:

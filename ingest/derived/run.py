@@ -19,9 +19,11 @@ Derived batches ("passes") are what make derived tables incremental and crash-sa
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +41,7 @@ from ingest.store import (
     StoreHandle,
     commit_pending_sides,
     commit_store,
-    finish_pending_rejected,
+    finish_pending_sides,
     is_store,
     open_store,
     writer_lock,
@@ -54,7 +56,6 @@ from versiq.layout import (
     REJECT_REASONS,
     REJECTED_DIR,
     REJECTED_SCHEMA,
-    STATE_KEY,
     STORE_FILE_SCHEMA,
     STREAM_FILE_SCHEMA,
     STREAM_KIND,
@@ -62,7 +63,6 @@ from versiq.layout import (
     StoreSettings,
     StoreState,
     bucket_of,
-    log_file,
     read_state,
 )
 
@@ -184,7 +184,7 @@ def derive(warehouse: str, pipeline: Pipeline, lock_timeout_s: float) -> dict[st
             path = os.path.join(warehouse, name)
             stack.enter_context(writer_lock(path, lock_timeout_s))
             handle = open_store(path, _table_settings(specs[name]), {"kind", "history_retention", "buckets"})
-            finish_pending_rejected(handle)
+            finish_pending_sides(handle)
             handles[name] = handle
         consumed = {name: tuple(sorted((s, handles[name].state.sources.get(s, {"run": 0})["run"])
                                        for s in sources_of[name])) for name in order}
@@ -210,42 +210,44 @@ def derive(warehouse: str, pipeline: Pipeline, lock_timeout_s: float) -> dict[st
     return {name: reports[name] for name in order}
 
 
+def _newest_snapshot(path: str, current: int | None, wanted: Callable[[StoreState], bool],
+                     stop: Callable[[StoreState], bool]) -> int | None:
+    """The newest snapshot <= ``current`` whose state is ``wanted``, scanning back until a state
+    is ``stop`` or the log ends (cleaned up log files end it too); None when not found."""
+    version = -1 if current is None else current
+    while version >= 0:
+        try:
+            state = read_state(path, version)
+        except FileNotFoundError:
+            return None
+        if wanted(state):
+            return version
+        if stop(state):
+            return None
+        version -= 1
+    return None
+
+
 def _snapshot_of_run(path: str, current: int | None, run: int) -> int:
     """The newest snapshot of a source store whose state is run ``run``: the store exactly as
     that run left it. Compaction and vacuum commits carry the state unchanged, so this is the
     newest compacted (hence still readable) copy, not the possibly vacuumed original."""
-    version = current if current is not None else -1
-    while version >= 0:
-        try:
-            state_run = read_state(path, version).run
-        except FileNotFoundError:
-            break
-        if state_run == run:
-            return version
-        if state_run < run:
-            break
-        version -= 1
-    raise DeriveError(f"store {os.path.basename(path)!r}: no readable snapshot of run {run} (its Delta log was "
-                      "cleaned up); delete the derived tables of this pipeline to rebuild them")
+    found = _newest_snapshot(path, current, lambda state: state.run == run, lambda state: state.run < run)
+    if found is None:
+        raise DeriveError(f"store {os.path.basename(path)!r}: no readable snapshot of run {run} (its Delta log "
+                          "was cleaned up); delete the derived tables of this pipeline to rebuild them")
+    return found
 
 
 def _find_snapshot(path: str, current: int | None, start: dict[str, int]) -> int | None:
     """The newest snapshot of a derived table computed from exactly the source runs ``start``;
     None means "before its first commit" (every start run is 0)."""
-    if current is not None:
-        for version in range(current, -1, -1):
-            try:
-                with open(log_file(path, version), encoding="utf-8") as handle:
-                    text = next((line for line in handle if line.startswith('{"commitInfo"')), None)
-            except FileNotFoundError:
-                break
-            if text is None or STATE_KEY not in text:
-                continue
-            state = read_state(path, version)
-            if all(state.sources.get(s, {"run": 0})["run"] == run for s, run in start.items()):
-                return version
-    if all(run == 0 for run in start.values()):
-        return None
+    def computed_from_start(state: StoreState) -> bool:
+        return all(state.sources.get(s, {"run": 0})["run"] == run for s, run in start.items())
+
+    found = _newest_snapshot(path, current, computed_from_start, lambda state: False)
+    if found is not None or all(run == 0 for run in start.values()):
+        return found
     raise DeriveError(f"derived table {os.path.basename(path)!r} has no snapshot computed from source runs "
                       f"{start}; delete the derived tables of this pipeline to rebuild them")
 
@@ -376,18 +378,17 @@ def _emission_table(run: int, emissions: list[Emission]) -> pa.Table:
 
 
 def _late_table(run: int, node: DerivedNode) -> pa.Table:
-    import json
-
-    own = node.own
-    retention = node.spec.history_retention_ms
+    """A derived table's results later than its grace, as ``_rejected`` rows: ``source`` is
+    the input that caused the result, ``row`` its emission sequence, ``raw`` the result."""
+    stream_time = node.own.stream_time.get(0) if node.own is not None else None
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     rows = [{
         "run": run, "source": e.cause, "line": None, "row": e.sequence, "partition": None, "offset": None,
         "reason": "late",
-        "raw": json.dumps({"key": e.key, "timestamp": e.timestamp}, separators=(",", ":"))[:-1]
-        + ',"value":' + (e.value if e.value is not None else "null") + "}",
-        "detail": f"result timestamp {e.timestamp} is before the table's stream time "
-                  f"{own.stream_time.get(0) if own else None} minus its history retention {retention} ms",
+        "raw": f'{{"key":{json.dumps(e.key, ensure_ascii=False)},"timestamp":{e.timestamp},'
+               f'"value":{"null" if e.value is None else e.value}}}',
+        "detail": f"result timestamp {e.timestamp} is before the table's stream time {stream_time} minus its "
+                  f"history retention {node.spec.history_retention_ms} ms",
         "ingested_at": now,
     } for e in node.late]
     return pa.Table.from_pylist(rows, schema=REJECTED_SCHEMA)
@@ -414,14 +415,16 @@ def _commit(spec: TableSpec, handles: dict[str, StoreHandle], infos: dict[str, S
     else:
         rows = node.own.changed_rows(run, buckets)
         adds = write_local(make_store_writer(handle.path, run, STORE_FILE_SCHEMA), rows)
-    inputs: dict[str, int | None] = {}
+    inputs: dict[str, int] = {}
     for name in spec.inputs:
-        inputs[name] = infos[name].snapshot if name in infos else handles[name].version
+        snapshot = infos[name].snapshot if name in infos else handles[name].version
+        if snapshot is not None:
+            inputs[name] = snapshot
     state = StoreState(
         run=run,
         stream_time=dict(node.own.stream_time) if node.own is not None else {},
         sources={s: {"run": infos[s].run, "snapshot": _or_minus_one(infos[s].snapshot)} for s in sorted(sources)},
-        inputs={k: v for k, v in inputs.items() if v is not None},  # type: ignore[misc]
+        inputs=inputs,
         definition=spec.definition,
     )
     state.emitted_adds = write_local(make_plain_writer(os.path.join(handle.path, EMITTED_DIR), run, EMITTED_SCHEMA),
