@@ -140,10 +140,13 @@ def _checked_entry(entry: Any, where: str, fields: set[str], hint: str = "") -> 
     for required in ("name", "source"):
         if not isinstance(entry.get(required), str) or not entry[required]:
             raise UsageError(f"{where}: '{required}' is required (a string)")
+    return str(entry["source"])
+
+
+def _check_integers(entry: dict[str, Any], where: str) -> None:
     for name in ("partitions", "buckets"):
         if name in entry and (not isinstance(entry[name], int) or isinstance(entry[name], bool)):
             raise UsageError(f"{where} ({entry['name']}): '{name}' must be an integer")
-    return str(entry["source"])
 
 
 def _absolute(source: str, base: str) -> str:
@@ -151,8 +154,9 @@ def _absolute(source: str, base: str) -> str:
 
 
 def _stream(entry: Any, index: int, base: str) -> StreamSpec:
-    source = _checked_entry(entry, f"streams[{index}]", _STREAM_FIELDS,
-                            " (a stream has no kind, history retention or partitions)")
+    where = f"streams[{index}]"
+    source = _checked_entry(entry, where, _STREAM_FIELDS, " (a stream has no kind, history retention or partitions)")
+    _check_integers(entry, where)
     return StreamSpec(name=entry["name"], source=_absolute(source, base), format=entry.get("format"),
                       buckets=entry.get("buckets"))
 
@@ -167,6 +171,7 @@ def _store(entry: Any, index: int, base: str) -> StoreSpec:
             retention_ms = parse_duration_ms(retention)
         except DurationError as exc:
             raise UsageError(f"{where} ({entry['name']}): history_retention: {exc}") from None
+    _check_integers(entry, where)
     source = _absolute(source, base)
     return StoreSpec(
         name=entry["name"],
