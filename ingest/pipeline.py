@@ -20,8 +20,9 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from ingest.records import PARSED_SCHEMA, format_of, parse_file
-from ingest.semantics import RunContext, classify, rows_to_write
+from ingest.order import MAX_FILES, MAX_POS, RUN_SCHEMA, file_seq_base, split_seq, with_order
+from ingest.records import format_of, parse_file, raw_texts
+from ingest.semantics import RunContext, classify, file_of, rows_to_write
 from ingest.store import (
     StoreHandle,
     UsageError,
@@ -246,28 +247,30 @@ def ingest_store(spark: SparkSession, warehouse: str, spec: StoreSpec, lock_time
         return report
 
 
-def _parse(spark: SparkSession, files: dict[str, str], fmt: str | None) -> DataFrame:
-    rows = [(full, rel, format_of(rel, fmt)) for rel, full in files.items()]
-    frame = spark.createDataFrame(rows, "path string, source string, fmt string")
+def _parse(spark: SparkSession, files: dict[str, str], fmt: str | None, partitions: int | None) -> DataFrame:
+    """Every file parsed (``ingest.records``) by a Spark task, with the processing-order
+    columns of ``ingest.order`` (``partitions``: the store's, None for a stream)."""
+    if len(files) > MAX_FILES:
+        raise UsageError(f"{len(files)} new files in one run; at most {MAX_FILES} (ingest them in parts)")
+    rows = [(full, rel, format_of(rel, fmt), index) for index, (rel, full) in enumerate(files.items())]
+    frame = spark.createDataFrame(rows, "path string, source string, fmt string, file_index int")
     frame = frame.repartition(max(1, min(len(rows), spark.sparkContext.defaultParallelism * 4)))
 
     def parse(batches):  # type: ignore[no-untyped-def]
         for batch in batches:
-            for full, rel, file_fmt in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(),
-                                           batch.column(2).to_pylist(), strict=True):
-                yield from parse_file(full, rel, file_fmt)
+            for full, rel, file_fmt, index in zip(*(batch.column(i).to_pylist() for i in range(4)), strict=True):
+                yield from with_order(parse_file(full, rel, file_fmt), index, partitions)
 
-    return frame.mapInArrow(parse, from_arrow_schema(PARSED_SCHEMA))
+    return frame.mapInArrow(parse, from_arrow_schema(RUN_SCHEMA))
 
 
 def _run_once(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, new: dict[str, str], run: int,
               report: StoreReport) -> None:
     settings = handle.settings
-    parsed = _parse(spark, new, spec.format).persist(StorageLevel.MEMORY_AND_DISK)
+    parsed = _parse(spark, new, spec.format, settings.partitions).persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        good = parsed.filter(F.col("reason").isNull()).select(
-            "source", "pos", "key", "value", "ts", "part", "offset")
-        flags = _parse_stats(parsed, report)  # first action: parses and caches every file
+        good = parsed.filter(F.col("reason").isNull()).select("seq", "fst", "key", "value", "ts", "part", "offset")
+        flags, file_max = _parse_stats(parsed, report, settings.partitions)  # parses and caches every file
         log.info("store %s: parsed %d record(s) from %d file(s)", spec.name, report.read, len(new))
         keys = pa.table({"key": pa.array([], pa.string())})
         if handle.table is not None and handle.data_files():
@@ -276,21 +279,21 @@ def _run_once(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, new: di
         existing = spark.createDataFrame(existing_arrow) if existing_arrow.num_rows else \
             spark.createDataFrame([], _existing_ddl())
         ctx = RunContext(settings, handle.state, run, explicit_partitions=flags["part"] > 0,
-                         any_offsets=flags["offset"] > 0)
+                         any_offsets=flags["offset"] > 0, file_max=file_max,
+                         tasks=max(1, min(settings.buckets, report.read // 250_000 + 1)))
         empty = existing_arrow.num_rows == 0
         classified = classify(spark, good, existing, ctx, existing_empty=empty).persist(
             StorageLevel.MEMORY_AND_DISK)
         try:
+            parse_rejections = sum(report.rejected.values())
             state = _next_state(classified, handle.state, run, new, report)
             log.info("store %s: %d accepted, %d rejected; writing", spec.name,
                      report.accepted_latest + report.accepted_out_of_order, sum(report.rejected.values()))
             rows = rows_to_write(classified, existing, ctx, existing_empty=empty)
-            write_tasks = max(1, min(settings.buckets, report.read // 250_000 + 1))
             store_adds = collect_adds(
-                rows.repartition(write_tasks, "bucket")
-                .mapInArrow(make_store_writer(handle.path, run, STORE_FILE_SCHEMA), FILE_INFO_DDL)
-            )
-            rejected_adds = _write_rejected(parsed, classified, handle.path, run, new, spec.format)
+                rows.mapInArrow(make_store_writer(handle.path, run, STORE_FILE_SCHEMA), FILE_INFO_DDL))
+            rejected_adds = _write_rejected(parsed, classified, handle.path, run, new, spec.format,
+                                            decided=sum(report.rejected.values()) - parse_rejections)
             state.rejected_adds = rejected_adds
             if spec.changelog:
                 if state.changelog_since is None:
@@ -315,43 +318,56 @@ def _existing_ddl() -> str:
     return ", ".join(f"`{f.name}` {names[str(f.type)]}" for f in STORE_SCHEMA if f.name != "bucket")
 
 
-def _parse_stats(parsed: DataFrame, report: StoreReport) -> dict[str, int]:
-    """Fill ``read`` and the parse-stage rejections; count records naming partitions/offsets."""
+def _parse_stats(parsed: DataFrame, report: StoreReport,
+                 partitions: int) -> tuple[dict[str, int], dict[tuple[int, int], int]]:
+    """Fill ``read`` and the parse-stage rejections; count records naming partitions/offsets;
+    and the largest valid timestamp per (default partition, file index), for
+    ``RunContext.file_max``.
+    One aggregation, the run's first action (it parses and caches every file); its result has
+    a row per reason, file and partition present in the file (files usually hold one or a few
+    partitions, so this stays far smaller than the records)."""
     flags = {"part": 0, "offset": 0}
-    rows = parsed.groupBy("reason").agg(
-        F.count(F.lit(1)).alias("n"), F.count("part").alias("part"), F.count("offset").alias("offset")
+    file_max: dict[tuple[int, int], int] = {}
+    default_p = F.when(F.col("reason").isNull(),
+                       F.pmod(F.crc32(F.encode(F.col("key"), "UTF-8")), F.lit(partitions)).cast("int"))
+    rows = parsed.groupBy("reason", file_of(F.col("seq")).alias("file"), default_p.alias("p")).agg(
+        F.count(F.lit(1)).alias("n"), F.count("part").alias("part"), F.count("offset").alias("offset"),
+        F.max("ts").alias("max_ts"),
     ).collect()
     for row in rows:
         report.read += row["n"]
         if row["reason"] is not None:
             report.rejected[row["reason"]] = report.rejected.get(row["reason"], 0) + row["n"]
         else:
-            flags = {"part": row["part"], "offset": row["offset"]}
-    return flags
+            flags["part"] += row["part"]
+            flags["offset"] += row["offset"]
+            file_max[(row["p"], row["file"])] = row["max_ts"]
+    return flags, file_max
 
 
 def _next_state(classified: DataFrame, state: StoreState, run: int,
                 new: dict[str, str], report: StoreReport) -> StoreState:
     """Outcome counts for the report and the store state after this run."""
-    outcome_rows = classified.groupBy("outcome").agg(
+    rows = classified.groupBy("outcome", "p").agg(
         F.count(F.lit(1)).alias("n"),
         F.sum(F.col("latest").cast("int")).alias("latest"),
         F.sum(F.col("replaced").cast("int")).alias("replaced"),
         F.sum(F.col("value").isNull().cast("int")).alias("tombstones"),
+        F.max("ts").alias("st"), F.max("offset").alias("off"),
     ).collect()
-    for row in outcome_rows:
-        if row["outcome"] == "accepted":
-            report.accepted_latest = int(row["latest"] or 0)
-            report.accepted_out_of_order = int(row["n"]) - report.accepted_latest
-            report.replaced_same_timestamp = int(row["replaced"] or 0)
-            report.tombstones = int(row["tombstones"] or 0)
-        else:
-            report.rejected[row["outcome"]] = report.rejected.get(row["outcome"], 0) + int(row["n"])
-    per_partition = classified.filter(F.col("outcome").isin("accepted", "late")).groupBy("p").agg(
-        F.max("ts").alias("st"), F.max("offset").alias("off")).collect()
     stream_time = dict(state.stream_time)
     max_offset = dict(state.max_offset)
-    for row in per_partition:
+    for row in rows:
+        if row["outcome"] == "accepted":
+            latest = int(row["latest"] or 0)
+            report.accepted_latest += latest
+            report.accepted_out_of_order += int(row["n"]) - latest
+            report.replaced_same_timestamp += int(row["replaced"] or 0)
+            report.tombstones += int(row["tombstones"] or 0)
+        else:
+            report.rejected[row["outcome"]] = report.rejected.get(row["outcome"], 0) + int(row["n"])
+        if row["outcome"] not in ("accepted", "late"):
+            continue
         p = int(row["p"])
         if row["st"] is not None:
             stream_time[p] = max(stream_time.get(p, row["st"]), row["st"])
@@ -368,19 +384,15 @@ def _write_changelog(classified: DataFrame, store_path: str, run: int, ctx: RunC
     k-th record of the partition takes the k-th (path, line/row) slot of that partition, which
     keeps every partition's own order (SEMANTICS.md §1) in one sequence.
     """
-    acc = classified.filter(F.col("outcome") == "accepted").select(
-        "key", "value", "ts", "p", "ord0", "source", "pos")
+    acc = classified.filter(F.col("outcome") == "accepted").select("key", "value", "ts", "p", "ord0", "seq")
     if ctx.any_offsets:
-        by_order = Window.partitionBy("p").orderBy(F.col("ord0").asc_nulls_first(), "source", "pos")
-        by_slot = Window.partitionBy("p").orderBy("slot_source", "slot_pos")
-        records = acc.withColumn("k", F.row_number().over(by_order)).drop("source", "pos")
-        slots = acc.select("p", F.col("source").alias("slot_source"), F.col("pos").alias("slot_pos")).withColumn(
-            "k", F.row_number().over(by_slot))
-        acc = records.join(slots, ["p", "k"]).withColumnRenamed("slot_source", "source").withColumnRenamed(
-            "slot_pos", "pos")
+        by_order = Window.partitionBy("p").orderBy(F.col("ord0").asc_nulls_first(), "seq")
+        records = acc.withColumn("k", F.row_number().over(by_order)).drop("seq")
+        slots = acc.select("p", "seq").withColumn("k", F.row_number().over(Window.partitionBy("p").orderBy("seq")))
+        acc = records.join(slots, ["p", "k"])
     out = acc.select(
         F.lit(run).cast("bigint").alias("run"),
-        F.row_number().over(Window.orderBy("source", "pos")).cast("bigint").alias("seq"),
+        F.row_number().over(Window.orderBy("seq")).cast("bigint").alias("seq"),
         "key", "value", F.col("ts").alias("timestamp"), F.col("p").cast("int").alias("partition"),
     )
     root = os.path.join(store_path, CHANGELOG_DIR)
@@ -389,22 +401,29 @@ def _write_changelog(classified: DataFrame, store_path: str, run: int, ctx: RunC
 
 
 def _write_rejected(parsed: DataFrame, classified: DataFrame | None, store_path: str, run: int,
-                    new: dict[str, str], fmt: str | None) -> list[dict[str, Any]]:
-    """The run's rejected records (parse stage, and decisions when ``classified`` is given)."""
-    rows_sources = [rel for rel in new if format_of(rel, fmt) == "parquet"]
-    early = parsed.filter(F.col("reason").isNotNull()).select(
-        "source", "pos", "part", "offset", F.col("reason"), "detail", "raw")
-    if classified is not None:
-        late = classified.filter(F.col("outcome") != "accepted").select(
-            "source", "pos", "part", "offset", F.col("outcome").alias("reason"), "detail")
-        early = early.unionByName(late.join(parsed.select("source", "pos", "raw"), ["source", "pos"]))
-    is_row = F.col("source").isin(rows_sources) if rows_sources else F.lit(False)
+                    new: dict[str, str], fmt: str | None, decided: int = 0) -> list[dict[str, Any]]:
+    """The run's rejected records: the parser's (with their text), and, when ``classified`` is
+    given and ``decided`` > 0, those rejected by the decisions, whose text is read again from
+    their files (``ingest.order``: the run does not carry the text of parsed records)."""
+    spark = parsed.sparkSession
+    files = [(full, format_of(rel, fmt)) for rel, full in new.items()]
+    names = spark.createDataFrame([(index, rel, files[index][1] == "parquet") for index, rel in enumerate(new)],
+                                  "file int, source string, is_row boolean")
+    rejected = parsed.filter(F.col("reason").isNotNull()).select("seq", "part", "offset", "reason", "detail", "raw")
+    if classified is not None and decided:
+        later = classified.filter(F.col("outcome") != "accepted").select(
+            "seq", "part", "offset", F.col("outcome").alias("reason"), "detail")
+        texts = later.select("seq", file_of(F.col("seq")).alias("file")).repartition("file").sortWithinPartitions(
+            "seq").mapInArrow(_text_reader(files), "seq bigint, raw string")
+        rejected = rejected.unionByName(later.join(texts, "seq"))
     ingested_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    out = early.select(
+    pos = F.col("seq").bitwiseAND(F.lit(MAX_POS))
+    out = rejected.withColumn("file", file_of(F.col("seq"))).join(F.broadcast(names), "file").select(
+        "seq",
         F.lit(run).cast("bigint").alias("run"),
         "source",
-        F.when(~is_row, F.col("pos")).alias("line"),
-        F.when(is_row, F.col("pos")).alias("row"),
+        F.when(~F.col("is_row"), pos).alias("line"),
+        F.when(F.col("is_row"), pos).alias("row"),
         F.col("part").alias("partition"),
         "offset",
         "reason",
@@ -414,6 +433,27 @@ def _write_rejected(parsed: DataFrame, classified: DataFrame | None, store_path:
     )
     root = rejected_path(store_path)
     return collect_adds(
-        out.repartition(1).sortWithinPartitions("source", "line", "row")
+        out.repartition(1).sortWithinPartitions("seq")
         .mapInArrow(make_plain_writer(root, run, REJECTED_SCHEMA), FILE_INFO_DDL)
     )
+
+
+def _text_reader(files: list[tuple[str, str]]):  # type: ignore[no-untyped-def]
+    """mapInArrow function: (seq, file) rows sorted by seq -> (seq, raw) read from the files
+    (``files[i]``: path and format of file index i)."""
+
+    def read(batches):  # type: ignore[no-untyped-def]
+        wanted: dict[int, list[int]] = {}
+        for batch in batches:
+            for seq in batch.column(0).to_pylist():
+                file, pos = split_seq(seq)
+                wanted.setdefault(file, []).append(pos)
+        for file, positions in sorted(wanted.items()):
+            full, file_fmt = files[file]
+            texts = raw_texts(full, file_fmt, positions)
+            base = file_seq_base(file)
+            yield pa.RecordBatch.from_pydict(
+                {"seq": [base + p for p in positions], "raw": [texts[p] for p in positions]},
+                schema=pa.schema([pa.field("seq", pa.int64()), pa.field("raw", pa.string())]))
+
+    return read

@@ -432,9 +432,9 @@ def _parse_json_line(out: _Batcher, number: int, raw: str) -> None:
     out.record(number, key, value_text, ts, part, offset, raw)
 
 
-def parse_csv(path: str, source: str) -> Iterator[pa.RecordBatch]:
-    """RFC 4180 CSV with a mandatory header; ``line`` is the 1-based line where a record starts."""
-    out = _Batcher(source)
+def _csv_records(path: str) -> Iterator[tuple[int, list[str] | csv.Error, str]]:
+    """(line where the record starts, its cells or the CSV error, its original text) for every
+    CSV record of the file, blank ones included."""
     with open(path, encoding="utf-8", newline="", errors="surrogateescape") as handle:
         consumed: list[str] = []
         line_no = 0
@@ -447,34 +447,41 @@ def parse_csv(path: str, source: str) -> Iterator[pa.RecordBatch]:
                 yield text
 
         reader = csv.reader(lines(), strict=True)
-        header: list[str] | None = None
         while True:
             consumed.clear()
             start = line_no + 1
             try:
-                row = next(reader)
+                row: list[str] | csv.Error = next(reader)
             except StopIteration:
-                break
+                return
             except csv.Error as exc:
-                raw = "".join(consumed).rstrip("\r\n")
-                out.reject(start, "malformed", f"invalid CSV: {exc}", raw)
-                continue
-            raw = "".join(consumed).rstrip("\r\n")
-            if header is not None and _has_surrogate(raw):
-                out.reject(start, "malformed", "line is not valid UTF-8", raw)
-                continue
-            if not row or (len(row) == 1 and row[0].strip() == "" and raw.strip() == ""):
-                continue
-            if header is None:
-                header = [h.strip() for h in row]
-                continue
-            if len(row) != len(header):
-                out.reject(start, "malformed",
-                           f"row has {len(row)} fields, header has {len(header)}", raw)
-            else:
-                _parse_csv_row(out, start, dict(zip(header, row, strict=True)), raw)
-            if len(out) >= BATCH_ROWS:
-                yield out.flush()
+                row = exc
+            yield start, row, "".join(consumed).rstrip("\r\n")
+
+
+def parse_csv(path: str, source: str) -> Iterator[pa.RecordBatch]:
+    """RFC 4180 CSV with a mandatory header; ``line`` is the 1-based line where a record starts."""
+    out = _Batcher(source)
+    header: list[str] | None = None
+    for start, row, raw in _csv_records(path):
+        if isinstance(row, csv.Error):
+            out.reject(start, "malformed", f"invalid CSV: {row}", raw)
+            continue
+        if header is not None and _has_surrogate(raw):
+            out.reject(start, "malformed", "line is not valid UTF-8", raw)
+            continue
+        if not row or (len(row) == 1 and row[0].strip() == "" and raw.strip() == ""):
+            continue
+        if header is None:
+            header = [h.strip() for h in row]
+            continue
+        if len(row) != len(header):
+            out.reject(start, "malformed",
+                       f"row has {len(row)} fields, header has {len(header)}", raw)
+        else:
+            _parse_csv_row(out, start, dict(zip(header, row, strict=True)), raw)
+        if len(out) >= BATCH_ROWS:
+            yield out.flush()
     if len(out):
         yield out.flush()
 
@@ -559,28 +566,37 @@ def parse_parquet(path: str, source: str, fast: bool = True) -> Iterator[pa.Reco
             out.reject(row_number, "malformed", f"cannot read Parquet rows from row {row_number} on: {exc}",
                        "")
             break
-        unit = None
-        if is_ts:
-            # Epoch ms with sub-millisecond digits truncated (floor: an instant before the epoch
-            # stays negative). Arrow's own cast refuses to drop digits, so divide the raw ticks.
-            idx = batch.schema.get_field_index("timestamp")
-            unit = batch.schema.field(idx).type.unit
-            batch = batch.set_column(idx, "timestamp", batch.column(idx).cast(pa.int64()))
+        batch, unit = _timestamp_ticks(batch) if is_ts else (batch, None)
         if fast and _fast_parquet_ok(batch.schema, ts_type):
             _fast_parquet_rows(out, row_number, batch, unit, ts_type)
             row_number += batch.num_rows
         else:
             for row in batch.to_pylist():
-                ticks = row.get("timestamp")
-                if unit is not None and ticks is not None:
-                    row["timestamp"] = ticks * 1000 if unit == "s" else ticks // _TICKS_PER_MS[unit]
-                raw = _parquet_cell_json(row)
+                raw = _parquet_row_text(row, unit)
                 _parse_parquet_row(out, row_number, row, raw, ts_type)
                 row_number += 1
         if len(out) >= BATCH_ROWS:
             yield out.flush()
     if len(out):
         yield out.flush()
+
+
+def _timestamp_ticks(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, str]:
+    """A batch whose ``timestamp`` column is a TIMESTAMP, with that column as its int64 ticks,
+    and the ticks' unit."""
+    idx = batch.schema.get_field_index("timestamp")
+    unit = batch.schema.field(idx).type.unit
+    return batch.set_column(idx, "timestamp", batch.column(idx).cast(pa.int64())), unit
+
+
+def _parquet_row_text(row: dict[str, Any], unit: str | None) -> str:
+    """A row's ``raw`` text; ``row`` (from a ``_timestamp_ticks`` batch when ``unit``) gets its
+    timestamp as epoch ms, with sub-millisecond digits truncated (floor: an instant before the
+    epoch stays negative; Arrow's own cast refuses to drop digits, so the ticks are divided)."""
+    ticks = row.get("timestamp")
+    if unit is not None and ticks is not None:
+        row["timestamp"] = ticks * 1000 if unit == "s" else ticks // _TICKS_PER_MS[unit]
+    return _parquet_cell_json(row)
 
 
 _encode_string = json.encoder.encode_basestring  # what json.dumps(ensure_ascii=False) uses
@@ -750,6 +766,51 @@ def parse_file(path: str, source: str, fmt: str) -> Iterator[pa.RecordBatch]:
         out = _Batcher(source)
         out.reject(0, "malformed", f"cannot read file: {exc}", "")
         yield out.flush()
+
+
+def raw_texts(path: str, fmt: str, positions: list[int]) -> dict[int, str]:
+    """The ``raw`` text the parser gives the *accepted-by-the-parser* records at ``positions``
+    (JSONL/CSV lines, Parquet rows) of a file.
+
+    A run carries the original text only for the records the parser rejects
+    (``ingest.order``); the few rejected later (late, duplicate offsets, partition errors) get
+    theirs from here, read again from the file. A position the file no longer has (it changed
+    during the run) is an error: the run fails and commits nothing."""
+    wanted = set(positions)
+    found: dict[int, str] = {}
+    if fmt == "jsonl":
+        with open(path, "rb") as handle:
+            for number, line in enumerate(handle, start=1):
+                if number in wanted:  # such a record's line is valid UTF-8 (else it is malformed)
+                    found[number] = line.decode("utf-8").rstrip("\r\n")
+                    if len(found) == len(wanted):
+                        break
+    elif fmt == "csv":
+        for start, _row, raw in _csv_records(path):
+            if start in wanted:
+                found[start] = raw
+                if len(found) == len(wanted):
+                    break
+    else:
+        pfile = pq.ParquetFile(path)
+        ts_field = pfile.schema_arrow.get_field_index("timestamp")
+        is_ts = ts_field >= 0 and pa.types.is_timestamp(pfile.schema_arrow.field(ts_field).type)
+        rows = sorted(wanted)
+        first = i = 0
+        for batch in pfile.iter_batches(batch_size=BATCH_ROWS):
+            end = first + batch.num_rows
+            if i < len(rows) and rows[i] < end:
+                batch, unit = _timestamp_ticks(batch) if is_ts else (batch, None)
+                while i < len(rows) and rows[i] < end:
+                    found[rows[i]] = _parquet_row_text(batch.slice(rows[i] - first, 1).to_pylist()[0], unit)
+                    i += 1
+            if i == len(rows):
+                break
+            first = end
+    missing = wanted - set(found)
+    if missing:
+        raise ValueError(f"{path}: record at {min(missing)} is no longer in the file (was it changed during the run?)")
+    return found
 
 
 def parse_bytes_for_tests(text: str, fmt: str = "jsonl") -> pa.Table:

@@ -69,7 +69,7 @@ def ingest_stream(spark: SparkSession, warehouse: str, spec: StreamSpec, lock_ti
             return report
         run = handle.state.run + 1
         report.run, report.files = run, len(new)
-        parsed = _parse(spark, new, spec.format).persist(StorageLevel.MEMORY_AND_DISK)
+        parsed = _parse(spark, new, spec.format, None).persist(StorageLevel.MEMORY_AND_DISK)
         try:
             for row in parsed.groupBy("reason").count().collect():
                 report.read += row["count"]
@@ -82,7 +82,7 @@ def ingest_stream(spark: SparkSession, warehouse: str, spec: StreamSpec, lock_ti
                 F.pmod(F.crc32(F.encode(F.col("key"), "UTF-8")), F.lit(handle.settings.buckets)).cast("int")
                 .alias("bucket"),
                 "key", "value", F.col("ts").alias("timestamp"), F.lit(run).cast("bigint").alias("run"),
-                F.row_number().over(Window.orderBy("source", "pos")).cast("bigint").alias("seq"),
+                F.row_number().over(Window.orderBy("seq")).cast("bigint").alias("seq"),
             )
             tasks = max(1, min(handle.settings.buckets, report.read // 250_000 + 1))
             adds = collect_adds(rows.repartition(tasks, "bucket").mapInArrow(
