@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
+from ingest.bucketing import by_bucket
 from ingest.order import POS_BITS
 from versiq.layout import StoreSettings, StoreState
 
@@ -191,11 +192,12 @@ def classify(spark: SparkSession, records: DataFrame, existing: DataFrame, ctx: 
         df = df.join(stored, "key", "left").join(stored_ts, ["key", "ts"], "left")
     # A key's accepted records share one partition (conflicts are rejected), so inside a key
     # processing order is the offset when the partition is ordered by offsets, else ``seq``.
-    df = df.withColumn("ord", F.coalesce(F.col("ord0"), F.col("seq"))).withColumn(
-        "bucket", bucket_of(F.col("key"), s.buckets)).repartition(ctx.tasks, "bucket")
-    # ``key`` first: Spark sorts by a prefix of the first sort column, and one task holds one
-    # bucket, so a leading ``bucket`` would make every comparison a full row comparison.
-    by_key = Window.partitionBy("key", "bucket", "accepted")
+    df = by_bucket(df.withColumn("ord", F.coalesce(F.col("ord0"), F.col("seq"))).withColumn(
+        "bucket", bucket_of(F.col("key"), s.buckets)), ctx.tasks)
+    # ``slot`` (a function of the key) keeps the bucket partitioning for the window. ``key``
+    # first: Spark sorts by a prefix of the first sort column, and a task holds one bucket, so
+    # a leading ``slot`` would make every comparison a full row comparison.
+    by_key = Window.partitionBy("key", "slot", "accepted")
     if s.kind == "timestamped":
         w = by_key.orderBy("ord")
         prev_ts = F.coalesce(F.lag("ts").over(w), F.col("stored_max"))
@@ -295,13 +297,13 @@ def rows_to_write(classified: DataFrame, existing: DataFrame, ctx: RunContext,
     old = existing.select("key", "valid_from", "value", "tombstone", "partition",
                           bucket_of(F.col("key"), s.buckets).alias("bucket"), F.lit(0).alias("src"),
                           F.col("valid_to").alias("old_valid_to"))
-    merged = new.unionByName(old).repartition(ctx.tasks, "bucket")
+    merged = by_bucket(new.unionByName(old), ctx.tasks)
     # a new version replaces the stored one at the same (key, valid_from): it sorts first
-    w_dedupe = Window.partitionBy("key", "bucket").orderBy("valid_from", F.col("src").desc())
+    w_dedupe = Window.partitionBy("key", "slot").orderBy("valid_from", F.col("src").desc())
     merged = merged.withColumn("prev_from", F.lag("valid_from").over(w_dedupe)).filter(
         F.col("prev_from").isNull() | (F.col("prev_from") != F.col("valid_from")))
     merged = merged.withColumn(
-        "valid_to", F.lead("valid_from").over(Window.partitionBy("key", "bucket").orderBy("valid_from")))
+        "valid_to", F.lead("valid_from").over(Window.partitionBy("key", "slot").orderBy("valid_from")))
     changed = (F.col("src") == 1) | ~F.col("valid_to").eqNullSafe(F.col("old_valid_to"))
     return _finish(merged.filter(changed).select("key", "valid_from", "valid_to", "value", "tombstone",
                                                  F.col("partition").cast("int"), "bucket"), ctx)

@@ -18,6 +18,7 @@ from pyspark import StorageLevel
 from pyspark.sql import SparkSession, Window
 from pyspark.sql import functions as F
 
+from ingest.bucketing import by_bucket
 from ingest.pipeline import (
     StreamReport,
     _parse,
@@ -85,7 +86,7 @@ def ingest_stream(spark: SparkSession, warehouse: str, spec: StreamSpec, lock_ti
                 F.row_number().over(Window.orderBy("seq")).cast("bigint").alias("seq"),
             )
             tasks = max(1, min(handle.settings.buckets, report.read // 250_000 + 1))
-            adds = collect_adds(rows.repartition(tasks, "bucket").mapInArrow(
+            adds = collect_adds(by_bucket(rows, tasks).mapInArrow(
                 make_store_writer(handle.path, run, STREAM_FILE_SCHEMA, STREAM_SORT), FILE_INFO_DDL))
             state = StoreState(run=run, done_files=sorted(done | set(new)))
             state.rejected_adds = _write_rejected(parsed, None, handle.path, run, new, spec.format)
