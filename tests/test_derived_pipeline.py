@@ -4,6 +4,7 @@ Each result is compared with the record-at-a-time reference model."""
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -159,3 +160,28 @@ def test_mixed_versioned_and_timestamped_join_follows_rule_15(spark: Any, tmp_pa
     assert got.versions == {"k": [(20, 30, '{"left":"a10","right":"c15"}'), (30, None, '{"left":"a30","right":"c15"}')]}
     model = model_pipeline(inputs, tables, runs)["ac"]
     assert got.emissions == [(e.key, e.value, e.timestamp, e.cause) for e in model.emissions]
+
+
+def test_null_group_keys_are_dropped_and_an_emptied_group_keeps_zero(spark: Any, tmp_path: Any) -> None:
+    """§5 aggregation through the real pipeline: a record whose group key is null (member
+    missing or null) belongs to no group, and a group whose last member leaves keeps its
+    aggregate at zero (``{"count":0,"sum":0}``), never a tombstone."""
+    inputs = [InputDef("A", "versioned")]
+    tables: list[dict[str, Any]] = [
+        {"name": "g", "from": "A", "group_by": "value.g", "aggregate": {"count": True, "sum": "value.n"}}]
+    runs: list[dict[str, list[Rec]]] = [
+        {"A": [Rec("k1", _v(1, "x"), 10), Rec("k2", '{"n":5}', 11), Rec("k3", '{"g":null,"n":2}', 12)]},
+        {"A": [Rec("k1", _v(3, "y"), 20), Rec("k2", _v(4, "x"), 21)]},  # k1 moves to y; k2 now has a group
+        {"A": [Rec("k2", None, 30), Rec("k3", _v(6, "y"), 31)]},  # x loses its last member
+    ]
+    real = RealPipeline(spark, str(tmp_path))
+    real.add("", inputs, tables, runs)
+    real.run_all()
+    model = model_pipeline(inputs, tables, runs)["g"]
+    got = real.observed("", "g")
+    assert got.versions == model.versions
+    assert got.emissions == [(e.key, e.value, e.timestamp, e.cause) for e in model.emissions]
+    assert set(got.versions) == {"x", "y"}  # no group for the null keys
+    final = {key: json.loads(versions[-1][2]) for key, versions in got.versions.items()}
+    assert final == {"x": {"count": 0, "sum": 0}, "y": {"count": 2, "sum": 9}}
+    assert all(value is not None for versions in got.versions.values() for _, _, value in versions)
