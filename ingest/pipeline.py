@@ -14,14 +14,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from ingest.order import MAX_FILES, MAX_POS, RUN_SCHEMA, file_seq_base, split_seq, with_order
-from ingest.records import format_of, parse_file, raw_texts
+from ingest.order import MAX_FILES, MAX_POS, POS_BITS, RUN_SCHEMA, file_seq_base, with_order
+from ingest.records import BATCH_ROWS, format_of, parse_file, raw_texts
 from ingest.semantics import RunContext, classify, file_of, rows_to_write
 from ingest.store import (
     StoreHandle,
@@ -52,6 +53,10 @@ from versiq.layout import (
 from versiq.names import check_store_name
 
 log = logging.getLogger("versiq.ingest")
+
+#: Largest files x partitions of a run whose per-file stream-time maxima are collected to the
+#: driver (``_parse_stats``); above it stream time is computed by Spark windows instead.
+FILE_STATS_LIMIT = 100_000
 
 
 @dataclass(frozen=True)
@@ -251,7 +256,9 @@ def _parse(spark: SparkSession, files: dict[str, str], fmt: str | None, partitio
     """Every file parsed (``ingest.records``) by a Spark task, with the processing-order
     columns of ``ingest.order`` (``partitions``: the store's, None for a stream)."""
     if len(files) > MAX_FILES:
-        raise UsageError(f"{len(files)} new files in one run; at most {MAX_FILES} (ingest them in parts)")
+        raise ValueError(f"{len(files)} new files in one run; at most {MAX_FILES} (ingest them in parts)")
+    if list(files) != sorted(files):  # file indexes are processing order (ingest.order)
+        raise ValueError("source files must be given in (relative path) order")
     rows = [(full, rel, format_of(rel, fmt), index) for index, (rel, full) in enumerate(files.items())]
     frame = spark.createDataFrame(rows, "path string, source string, fmt string, file_index int")
     frame = frame.repartition(max(1, min(len(rows), spark.sparkContext.defaultParallelism * 4)))
@@ -270,7 +277,9 @@ def _run_once(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, new: di
     parsed = _parse(spark, new, spec.format, settings.partitions).persist(StorageLevel.MEMORY_AND_DISK)
     try:
         good = parsed.filter(F.col("reason").isNull()).select("seq", "fst", "key", "value", "ts", "part", "offset")
-        flags, file_max = _parse_stats(parsed, report, settings.partitions)  # parses and caches every file
+        # per-file maxima for stream time without a shuffle, unless that is too many rows to collect
+        per_file = len(new) * settings.partitions <= FILE_STATS_LIMIT
+        flags, file_max = _parse_stats(parsed, report, settings.partitions if per_file else None)
         log.info("store %s: parsed %d record(s) from %d file(s)", spec.name, report.read, len(new))
         keys = pa.table({"key": pa.array([], pa.string())})
         if handle.table is not None and handle.data_files():
@@ -319,18 +328,22 @@ def _existing_ddl() -> str:
 
 
 def _parse_stats(parsed: DataFrame, report: StoreReport,
-                 partitions: int) -> tuple[dict[str, int], dict[tuple[int, int], int]]:
+                 partitions: int | None) -> tuple[dict[str, int], dict[tuple[int, int], int] | None]:
     """Fill ``read`` and the parse-stage rejections; count records naming partitions/offsets;
     and the largest valid timestamp per (default partition, file index), for
     ``RunContext.file_max``.
     One aggregation, the run's first action (it parses and caches every file); its result has
-    a row per reason, file and partition present in the file (files usually hold one or a few
-    partitions, so this stays far smaller than the records)."""
+    a row per reason, file and partition (the caller bounds files x partitions; with
+    ``partitions`` None only a row per reason, and no maxima)."""
     flags = {"part": 0, "offset": 0}
-    file_max: dict[tuple[int, int], int] = {}
-    default_p = F.when(F.col("reason").isNull(),
-                       F.pmod(F.crc32(F.encode(F.col("key"), "UTF-8")), F.lit(partitions)).cast("int"))
-    rows = parsed.groupBy("reason", file_of(F.col("seq")).alias("file"), default_p.alias("p")).agg(
+    file_max: dict[tuple[int, int], int] | None = None if partitions is None else {}
+    if partitions is None:
+        file, default_p = F.lit(None).cast("int"), F.lit(None).cast("int")
+    else:
+        file = file_of(F.col("seq"))
+        default_p = F.when(F.col("reason").isNull(),
+                           F.pmod(F.crc32(F.encode(F.col("key"), "UTF-8")), F.lit(partitions)).cast("int"))
+    rows = parsed.groupBy("reason", file.alias("file"), default_p.alias("p")).agg(
         F.count(F.lit(1)).alias("n"), F.count("part").alias("part"), F.count("offset").alias("offset"),
         F.max("ts").alias("max_ts"),
     ).collect()
@@ -341,7 +354,8 @@ def _parse_stats(parsed: DataFrame, report: StoreReport,
         else:
             flags["part"] += row["part"]
             flags["offset"] += row["offset"]
-            file_max[(row["p"], row["file"])] = row["max_ts"]
+            if file_max is not None:
+                file_max[(row["p"], row["file"])] = row["max_ts"]
     return flags, file_max
 
 
@@ -413,8 +427,8 @@ def _write_rejected(parsed: DataFrame, classified: DataFrame | None, store_path:
     if classified is not None and decided:
         later = classified.filter(F.col("outcome") != "accepted").select(
             "seq", "part", "offset", F.col("outcome").alias("reason"), "detail")
-        texts = later.select("seq", file_of(F.col("seq")).alias("file")).repartition("file").sortWithinPartitions(
-            "seq").mapInArrow(_text_reader(files), "seq bigint, raw string")
+        texts = later.select("seq", file_of(F.col("seq")).alias("file")).repartition("file").mapInArrow(
+            _text_reader(files), "seq bigint, raw string")
         rejected = rejected.unionByName(later.join(texts, "seq"))
     ingested_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     pos = F.col("seq").bitwiseAND(F.lit(MAX_POS))
@@ -439,21 +453,29 @@ def _write_rejected(parsed: DataFrame, classified: DataFrame | None, store_path:
 
 
 def _text_reader(files: list[tuple[str, str]]):  # type: ignore[no-untyped-def]
-    """mapInArrow function: (seq, file) rows sorted by seq -> (seq, raw) read from the files
-    (``files[i]``: path and format of file index i)."""
+    """mapInArrow function: (seq, file) rows -> (seq, raw) read from the files
+    (``files[i]``: path and format of file index i), in batches of ``BATCH_ROWS``."""
+    schema = pa.schema([pa.field("seq", pa.int64()), pa.field("raw", pa.string())])
 
     def read(batches):  # type: ignore[no-untyped-def]
-        wanted: dict[int, list[int]] = {}
-        for batch in batches:
-            for seq in batch.column(0).to_pylist():
-                file, pos = split_seq(seq)
-                wanted.setdefault(file, []).append(pos)
-        for file, positions in sorted(wanted.items()):
-            full, file_fmt = files[file]
-            texts = raw_texts(full, file_fmt, positions)
-            base = file_seq_base(file)
-            yield pa.RecordBatch.from_pydict(
-                {"seq": [base + p for p in positions], "raw": [texts[p] for p in positions]},
-                schema=pa.schema([pa.field("seq", pa.int64()), pa.field("raw", pa.string())]))
+        columns = [batch.column(0) for batch in batches]
+        if not columns:
+            return
+        seqs = np.unique(pa.concat_arrays(columns).to_numpy())  # sorted; 8 bytes per wanted record
+        files_of = seqs >> POS_BITS
+        for file in np.unique(files_of):
+            base = file_seq_base(int(file))
+            positions = (seqs[files_of == file] - base).tolist()
+            full, file_fmt = files[int(file)]
+            out_seq: list[int] = []
+            out_raw: list[str] = []
+            for pos, text in raw_texts(full, file_fmt, positions):
+                out_seq.append(base + pos)
+                out_raw.append(text)
+                if len(out_seq) == BATCH_ROWS:
+                    yield pa.RecordBatch.from_pydict({"seq": out_seq, "raw": out_raw}, schema=schema)
+                    out_seq, out_raw = [], []
+            if out_seq:
+                yield pa.RecordBatch.from_pydict({"seq": out_seq, "raw": out_raw}, schema=schema)
 
     return read

@@ -15,7 +15,7 @@ from __future__ import annotations
 import csv
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any
 
@@ -287,11 +287,23 @@ def _too_large(raw_bytes: int) -> bool:
     return raw_bytes > MAX_RECORD_BYTES
 
 
+_UTF8_BOM = b"\xef\xbb\xbf"
+
+
+def _jsonl_lines(handle: Any) -> Iterator[tuple[int, bytes]]:
+    """(1-based line number, line bytes) of a binary file; a UTF-8 byte order mark at the very
+    start of the file is not part of the first line (editors on Windows write one)."""
+    for number, line_bytes in enumerate(handle, start=1):
+        if number == 1 and line_bytes.startswith(_UTF8_BOM):
+            line_bytes = line_bytes[len(_UTF8_BOM):]
+        yield number, line_bytes
+
+
 def parse_jsonl(path: str, source: str, fast: bool = True) -> Iterator[pa.RecordBatch]:
     """``fast``: try ``_fast_json_line`` on each line first (tests turn it off to compare)."""
     out = _Batcher(source)
     with open(path, "rb") as handle:
-        for number, line_bytes in enumerate(handle, start=1):
+        for number, line_bytes in _jsonl_lines(handle):
             body = line_bytes.rstrip(b"\r\n")
             if not (fast and len(body) <= MAX_RECORD_BYTES and _fast_json_line(out, number, body)):
                 _slow_jsonl_line(out, number, line_bytes)
@@ -434,8 +446,9 @@ def _parse_json_line(out: _Batcher, number: int, raw: str) -> None:
 
 def _csv_records(path: str) -> Iterator[tuple[int, list[str] | csv.Error, str]]:
     """(line where the record starts, its cells or the CSV error, its original text) for every
-    CSV record of the file, blank ones included."""
-    with open(path, encoding="utf-8", newline="", errors="surrogateescape") as handle:
+    CSV record of the file, blank ones included (a UTF-8 byte order mark at the start of the
+    file is not part of the header)."""
+    with open(path, encoding="utf-8-sig", newline="", errors="surrogateescape") as handle:
         consumed: list[str] = []
         line_no = 0
 
@@ -463,6 +476,7 @@ def parse_csv(path: str, source: str) -> Iterator[pa.RecordBatch]:
     """RFC 4180 CSV with a mandatory header; ``line`` is the 1-based line where a record starts."""
     out = _Batcher(source)
     header: list[str] | None = None
+    header_line = 0
     for start, row, raw in _csv_records(path):
         if isinstance(row, csv.Error):
             out.reject(start, "malformed", f"invalid CSV: {row}", raw)
@@ -474,12 +488,13 @@ def parse_csv(path: str, source: str) -> Iterator[pa.RecordBatch]:
             continue
         if header is None:
             header = [h.strip() for h in row]
+            header_line = start
             continue
         if len(row) != len(header):
             out.reject(start, "malformed",
                        f"row has {len(row)} fields, header has {len(header)}", raw)
         else:
-            _parse_csv_row(out, start, dict(zip(header, row, strict=True)), raw)
+            _parse_csv_row(out, start, dict(zip(header, row, strict=True)), raw, header, header_line)
         if len(out) >= BATCH_ROWS:
             yield out.flush()
     if len(out):
@@ -496,7 +511,20 @@ def _csv_int(cells: dict[str, str], name: str, reason: str) -> int | None:
     raise Reject(reason, f"'{name}' must be a non-negative integer, got {text!r}")
 
 
-def _parse_csv_row(out: _Batcher, number: int, cells: dict[str, str], raw: str) -> None:
+def _missing_csv_field(name: str, header: list[str], header_line: int) -> Reject:
+    """``missing_field`` for an empty cell, or, when the header has no such column (a file
+    without a header line, a misspelt name), saying so: every row of the file gets it."""
+    if name in header:
+        return Reject("missing_field", f"missing field '{name}'")
+    shown = ",".join(header)
+    if len(shown) > 200:
+        shown = shown[:200] + "..."
+    return Reject("missing_field", f"missing field '{name}': the CSV header (line {header_line}) has no "
+                                   f"'{name}' column; it reads: {shown}")
+
+
+def _parse_csv_row(out: _Batcher, number: int, cells: dict[str, str], raw: str, header: list[str],
+                   header_line: int) -> None:
     if _too_large(len(raw.encode("utf-8", "surrogateescape"))):
         out.reject(number, "too_large", "record is larger than 1 MiB", raw)
         return
@@ -506,10 +534,10 @@ def _parse_csv_row(out: _Batcher, number: int, cells: dict[str, str], raw: str) 
         offset = _csv_int(cells, "offset", "bad_offset")
         key = cells.get("key")
         if key is None or key == "":
-            raise Reject("missing_field", "missing field 'key'")
+            raise _missing_csv_field("key", header, header_line)
         ts_text = cells.get("timestamp", "")
         if ts_text == "":
-            raise Reject("missing_field", "missing field 'timestamp'")
+            raise _missing_csv_field("timestamp", header, header_line)
         try:
             ts = parse_timestamp(ts_text.strip())
         except TimestampError as exc:
@@ -768,49 +796,50 @@ def parse_file(path: str, source: str, fmt: str) -> Iterator[pa.RecordBatch]:
         yield out.flush()
 
 
-def raw_texts(path: str, fmt: str, positions: list[int]) -> dict[int, str]:
-    """The ``raw`` text the parser gives the *accepted-by-the-parser* records at ``positions``
-    (JSONL/CSV lines, Parquet rows) of a file.
+def raw_texts(path: str, fmt: str, positions: Sequence[int]) -> Iterator[tuple[int, str]]:
+    """(position, ``raw`` text) of the *accepted-by-the-parser* records at ``positions``
+    (ascending JSONL/CSV lines or Parquet rows of a file), in that order, one at a time.
 
     A run carries the original text only for the records the parser rejects
-    (``ingest.order``); the few rejected later (late, duplicate offsets, partition errors) get
-    theirs from here, read again from the file. A position the file no longer has (it changed
-    during the run) is an error: the run fails and commits nothing."""
-    wanted = set(positions)
-    found: dict[int, str] = {}
+    (``ingest.order``); those rejected later (late, duplicate offsets, partition errors) get
+    theirs from here, read again from the file with the parser's own line splitting, CSV
+    reader and row rendering. Source files must not change while a run reads them; a position
+    the file no longer has is an error (the run fails and commits nothing)."""
+    i, n = 0, len(positions)
+    if n and any(positions[k] >= positions[k + 1] for k in range(n - 1)):
+        raise ValueError("positions must be strictly ascending")
     if fmt == "jsonl":
         with open(path, "rb") as handle:
-            for number, line in enumerate(handle, start=1):
-                if number in wanted:  # such a record's line is valid UTF-8 (else it is malformed)
-                    found[number] = line.decode("utf-8").rstrip("\r\n")
-                    if len(found) == len(wanted):
-                        break
+            for number, line in _jsonl_lines(handle):
+                if i == n:
+                    break
+                if number == positions[i]:  # such a record's line is valid UTF-8 (else it is malformed)
+                    yield number, line.decode("utf-8").rstrip("\r\n")
+                    i += 1
     elif fmt == "csv":
         for start, _row, raw in _csv_records(path):
-            if start in wanted:
-                found[start] = raw
-                if len(found) == len(wanted):
-                    break
-    else:
+            if i == n:
+                break
+            if start == positions[i]:
+                yield start, raw
+                i += 1
+    elif n:
         pfile = pq.ParquetFile(path)
         ts_field = pfile.schema_arrow.get_field_index("timestamp")
         is_ts = ts_field >= 0 and pa.types.is_timestamp(pfile.schema_arrow.field(ts_field).type)
-        rows = sorted(wanted)
-        first = i = 0
+        first = 0
         for batch in pfile.iter_batches(batch_size=BATCH_ROWS):
             end = first + batch.num_rows
-            if i < len(rows) and rows[i] < end:
+            if positions[i] < end:
                 batch, unit = _timestamp_ticks(batch) if is_ts else (batch, None)
-                while i < len(rows) and rows[i] < end:
-                    found[rows[i]] = _parquet_row_text(batch.slice(rows[i] - first, 1).to_pylist()[0], unit)
+                while i < n and positions[i] < end:
+                    yield positions[i], _parquet_row_text(batch.slice(positions[i] - first, 1).to_pylist()[0], unit)
                     i += 1
-            if i == len(rows):
+            if i == n:
                 break
             first = end
-    missing = wanted - set(found)
-    if missing:
-        raise ValueError(f"{path}: record at {min(missing)} is no longer in the file (was it changed during the run?)")
-    return found
+    if i < n:
+        raise ValueError(f"{path}: record at {positions[i]} is no longer in the file (was it changed during the run?)")
 
 
 def parse_bytes_for_tests(text: str, fmt: str = "jsonl") -> pa.Table:

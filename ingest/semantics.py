@@ -49,7 +49,7 @@ differently: a documented limitation of explicit ``partition`` fields.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -70,7 +70,8 @@ class RunContext:
     any_offsets: bool = True
     #: Largest valid timestamp per (default partition, file index) of this run, from the parse
     #: statistics; with ``fst`` it gives stream time without a shuffle (module docstring).
-    file_max: dict[tuple[int, int], int] = field(default_factory=dict)
+    #: None: not collected (too many files x partitions), Spark computes it.
+    file_max: dict[tuple[int, int], int] | None = None
     #: Spark tasks of the key window and of the writer (each holds whole buckets).
     tasks: int = 1
 
@@ -248,7 +249,7 @@ def _with_stream_time(spark: SparkSession, df: DataFrame, ctx: RunContext, order
     if ctx.any_offsets or not existing_empty:
         w_part = Window.partitionBy("p").orderBy(*order).rowsBetween(Window.unboundedPreceding, -1)
         st_before = F.greatest(F.col("prev_st"), F.max(valid_ts).over(w_part))
-    elif not ctx.explicit_partitions:
+    elif not ctx.explicit_partitions and ctx.file_max is not None:
         # Every record's partition is its default one and order is (source, pos): the parser's
         # running max of the file (``fst``) and the earlier files' maxima, joined from the driver.
         # Not for runs touching stored keys: a stored key's home may be another partition, so
@@ -261,11 +262,11 @@ def _with_stream_time(spark: SparkSession, df: DataFrame, ctx: RunContext, order
             df = df.withColumn("files_before", _null("bigint"))
         st_before = F.greatest(F.col("prev_st"), F.col("files_before"), F.col("fst"))
     else:
-        # A first build with explicit partitions and no offsets: processing order is (source,
-        # pos), and the prefix maximum is split in two so that one stream-time partition is not
-        # one Spark task (a single core sorting every record): within the file (a window per
-        # partition and file) and over the earlier files of the partition (a window over one
-        # row per partition and file).
+        # A first build with explicit partitions (or too many files to collect their maxima)
+        # and no offsets: processing order is (source, pos), and the prefix maximum is split in
+        # two so that one stream-time partition is not one Spark task (a single core sorting
+        # every record): within the file (a window per partition and file) and over the earlier
+        # files of the partition (a window over one row per partition and file).
         df = df.withColumn("file", file_of(F.col("seq")))
         w_file = Window.partitionBy("p", "file").orderBy("seq").rowsBetween(Window.unboundedPreceding, -1)
         w_files = Window.partitionBy("p").orderBy("file").rowsBetween(Window.unboundedPreceding, -1)

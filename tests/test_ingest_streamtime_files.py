@@ -1,15 +1,19 @@
 """Property test: stream time across several files of one stream-time partition (no offsets,
 so processing order is (source, pos) and the running maximum is computed per file plus over
-the earlier files) equals the record-at-a-time reference model, across runs."""
+the earlier files) equals the record-at-a-time reference model, across runs. Both ways of
+computing it: from the parser's per-file maxima, and (``FILE_STATS_LIMIT`` 0, as for runs with
+too many files x partitions) with Spark windows."""
 
 from __future__ import annotations
 
 import os
 from collections import Counter
+from unittest import mock
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from ingest import pipeline
 from ingest.pipeline import StoreSpec, run_ingest
 from tests.ingest_support import model_versions, record_line, rejected_rows, store_versions, stream_times, write_jsonl
 from tests.reference import InRecord, ReferenceStore
@@ -19,14 +23,21 @@ RECORD = st.tuples(st.sampled_from(["a", "b", "c", "d", "e"]), st.sampled_from([
 RUN = st.lists(st.lists(RECORD, min_size=0, max_size=8), min_size=1, max_size=4)  # files of one run
 
 
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=10, deadline=None)
 # f8 sorts before f9: its timestamp 80 makes f9's 5 late, and within f9 the 60 makes the 40 late
 @example(runs=[[[("b", "1", 5), ("c", "1", 60), ("d", "1", 40)], [("a", "1", 80)]]], partitions=1, retention=10,
-         kind="versioned")
+         kind="versioned", file_stats_limit=100_000)
+@example(runs=[[[("b", "1", 5), ("c", "1", 60), ("d", "1", 40)], [("a", "1", 80)]]], partitions=2, retention=10,
+         kind="versioned", file_stats_limit=0)
 @given(st.lists(RUN, min_size=1, max_size=2), st.sampled_from([1, 2]), st.sampled_from([0, 10, 1000]),
-       st.sampled_from(["versioned", "timestamped"]))
+       st.sampled_from(["versioned", "timestamped"]), st.sampled_from([100_000, 0]))
 def test_stream_time_over_many_files_matches_reference_model(spark, tmp_path_factory, runs, partitions,
-                                                             retention, kind):
+                                                             retention, kind, file_stats_limit):
+    with mock.patch.object(pipeline, "FILE_STATS_LIMIT", file_stats_limit):
+        _check(spark, tmp_path_factory, runs, partitions, retention, kind)
+
+
+def _check(spark, tmp_path_factory, runs, partitions, retention, kind):  # type: ignore[no-untyped-def]
     root = tmp_path_factory.mktemp("stf")
     src, wh = str(root / "src"), str(root / "wh")
     os.makedirs(src)
