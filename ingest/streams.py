@@ -89,7 +89,8 @@ def ingest_stream(spark: SparkSession, warehouse: str, spec: StreamSpec, lock_ti
             adds = collect_adds(by_bucket(rows, tasks).mapInArrow(
                 make_store_writer(handle.path, run, STREAM_FILE_SCHEMA, STREAM_SORT), FILE_INFO_DDL))
             state = StoreState(run=run, done_files=sorted(done | set(new)))
-            state.rejected_adds = _write_rejected(parsed, None, handle.path, run, new, spec.format)
+            state.rejected_adds = _write_rejected(parsed, None, handle.path, run, new, spec.format,
+                                                  total=sum(report.rejected.values()))
             report.snapshot = commit_store(handle, adds, state)
             if state.rejected_adds:
                 commit_rejected(handle.path, run, state.rejected_adds)

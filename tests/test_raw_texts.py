@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from ingest import pipeline
 from ingest.pipeline import StoreSpec, run_ingest
 from ingest.records import PARSED_SCHEMA, parse_file, raw_texts
 from tests.ingest_support import rejected_rows
@@ -83,9 +84,12 @@ def test_a_record_no_longer_in_the_file_is_an_error(tmp_path):
         list(raw_texts(path, "jsonl", [1, 1]))
 
 
-def test_late_and_duplicate_records_keep_their_text_in_every_format(spark, tmp_path):
+@pytest.mark.parametrize("driver_limit", [pipeline.DRIVER_REJECTIONS, 0], ids=["driver", "spark"])
+def test_late_and_duplicate_records_keep_their_text_in_every_format(spark, tmp_path, monkeypatch, driver_limit):
     """One run over a JSONL, a CSV and a Parquet file: its late records and duplicate offsets
-    are rejected after parsing, and ``_rejected`` holds their exact original text."""
+    are rejected after parsing, and ``_rejected`` holds their exact original text, whether the
+    driver or Spark writes it (``DRIVER_REJECTIONS``), next to the parser's own rejections."""
+    monkeypatch.setattr(pipeline, "DRIVER_REJECTIONS", driver_limit)
     src = tmp_path / "src"
     src.mkdir()
     jsonl = ['{"key":"a","value":1,"timestamp":1000}', '{"key":"b","value": 2,"timestamp":5}',
@@ -95,14 +99,21 @@ def test_late_and_duplicate_records_keep_their_text_in_every_format(spark, tmp_p
     table = pa.table({"key": ["f", "g"], "value": ['{"x": 1}', "5"],
                       "timestamp": pa.array([1_000_000, 5], pa.int64()).cast(pa.timestamp("ms", "UTC"))})
     pq.write_table(table, str(src / "3.parquet"))
+    (src / "0.jsonl").write_text('not json\n{"key":"z","value":1,"timestamp":1}\n', encoding="utf-8")
     (src / "4.jsonl").write_text('{"key":"h","value":1,"timestamp":3,"partition":0,"offset":1}\n'
                                  '{"key":"h","value":2,"timestamp":2000000,"partition":0,"offset":1}\n',
                                  encoding="utf-8")
     wh = str(tmp_path / "wh")
     entry = run_ingest(spark, wh, [StoreSpec("t", str(src), history_retention_ms=100)]).stores["t"]
     assert entry.error is None, entry.error
-    got = {(r["source"], r["line"], r["row"]): (r["reason"], r["raw"]) for r in rejected_rows(os.path.join(wh, "t"))}
+    rows = rejected_rows(os.path.join(wh, "t"))
+    assert [(r["source"], r["line"], r["row"]) for r in rows] == sorted(
+        (r["source"], r["line"], r["row"]) for r in rows)  # in processing order
+    assert all(r["run"] == 1 and r["ingested_at"] for r in rows)
+    assert next(r for r in rows if r["reason"] == "duplicate_offset")["offset"] == 1
+    got = {(r["source"], r["line"], r["row"]): (r["reason"], r["raw"]) for r in rows}
     assert got == {
+        ("0.jsonl", 1, None): ("malformed", "not json"),
         ("1.jsonl", 2, None): ("late", jsonl[1]),
         ("2.csv", 2, None): ("late", 'd,"[1,\n2]",7'),
         ("3.parquet", None, 1): ("late", json.dumps({"key": "g", "value": "5", "timestamp": 5})),
