@@ -395,6 +395,10 @@ async def _send_problem(send: Send, problem: Problem) -> None:
     await _send(send, problem.status, problem.body(), PROBLEM_MEDIA_TYPE, problem.headers)
 
 
+#: Every resource answers GET, and HEAD (GET without the body, ``VersiqMiddleware``).
+ALLOW = "GET, HEAD"
+
+
 class VersiqMiddleware:
     """Metrics for every request, auth, and raw-path routing of ``/v1/...``."""
 
@@ -408,10 +412,15 @@ class VersiqMiddleware:
             return
         start = time.perf_counter()
         status_box = [500]
+        method = scope.get("method", "")
+        if method == "HEAD":  # GET's status and headers (Content-Length included), no body
+            scope = dict(scope, method="GET")
 
         async def send_wrapper(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status_box[0] = message["status"]
+            elif method == "HEAD" and message["type"] == "http.response.body":
+                message = {"type": "http.response.body", "body": b"", "more_body": message.get("more_body", False)}
             await send(message)
 
         raw_path: bytes = scope.get("raw_path") or scope["path"].encode("utf-8")
@@ -431,7 +440,7 @@ class VersiqMiddleware:
                         return
                 await self.app(scope, receive, send_wrapper)
         finally:
-            self.service.metrics.observe(scope.get("method", ""), template, status_box[0],
+            self.service.metrics.observe(method, template, status_box[0],
                                          time.perf_counter() - start)
 
     async def _v1(self, scope: Scope, raw_path: bytes, send: Send) -> str:
@@ -445,8 +454,8 @@ class VersiqMiddleware:
                 raise Problem("route-not-found", f"no resource at {raw_path.decode('latin-1')!r}")
             template = route.template
             if scope["method"] != "GET":
-                raise Problem("method-not-allowed", f"{scope['method']} is not allowed here; use GET",
-                              headers={"allow": "GET"})
+                raise Problem("method-not-allowed", f"{scope['method']} is not allowed here; use GET (or HEAD)",
+                              headers={"allow": ALLOW})
             body = await self.service.handle_v1(route, scope.get("query_string", b""))
             await _send(send, 200, body, JSON)
         except Problem as problem:
@@ -518,8 +527,8 @@ def create_app(engine_or_settings: Engine | Settings, *, settings: Settings | No
             problem = Problem("route-not-found", f"no resource at {request.url.path!r}")
         elif exc.status_code == 405:
             problem = Problem("method-not-allowed",
-                              f"{request.method} is not allowed here; use GET",
-                              headers={"allow": "GET"})
+                              f"{request.method} is not allowed here; use GET (or HEAD)",
+                              headers={"allow": ALLOW})
         else:
             problem = Problem("bad-request", str(exc.detail))
             problem.status = exc.status_code

@@ -227,8 +227,21 @@ def test_unknown_routes_and_methods(s_client: httpx.Client) -> None:
         problem(get_raw(s_client, path), 404, "route-not-found")
     r = s_client.post("/v1/stores")
     problem(r, 405, "method-not-allowed")
-    assert r.headers["allow"] == "GET"
+    assert r.headers["allow"] == "GET, HEAD"
     problem(s_client.delete("/healthz"), 405, "method-not-allowed")
+
+
+def test_head_answers_what_get_would_without_the_body(s_client: httpx.Client) -> None:
+    for path in ("/v1/stores", "/v1/stores/prices", "/v1/stores/nope", "/v1/nothing", "/healthz", "/readyz",
+                 "/metrics", "/openapi.json"):
+        got, head = s_client.get(path), s_client.head(path)
+        assert head.status_code == got.status_code, path
+        assert head.content == b"", path
+        assert head.headers["content-type"] == got.headers["content-type"], path
+        if path != "/metrics":  # the metrics text changes between the two requests
+            assert head.headers["content-length"] == got.headers["content-length"], path
+    counted = s_client.get("/metrics").text
+    assert 'method="HEAD"' in counted  # HEAD requests are counted as themselves
 
 
 # ---------------------------------------------------------------------------- versions

@@ -361,6 +361,6 @@ def test_routes_methods_and_auth(s_warehouse: Warehouse) -> None:
             problem(c.get(path, headers=auth), 404, "route-not-found")
         r = c.post(RECORDS, headers=auth)
         problem(r, 405, "method-not-allowed")
-        assert r.headers["allow"] == "GET"
+        assert r.headers["allow"] == "GET, HEAD"
         assert c.get("/readyz").status_code == 200
 
