@@ -12,7 +12,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -60,6 +60,22 @@ log = logging.getLogger("versiq.ingest")
 FILE_STATS_LIMIT = 100_000
 #: Up to this many rejections in a run, ``_rejected`` is written on the driver (``_write_rejected``).
 DRIVER_REJECTIONS = 20_000
+
+
+def report_json(report: Any) -> dict[str, Any]:
+    """A run report dataclass's JSON form (``--report``, CONTRACT.md): every field in order,
+    ``seconds`` rounded to the millisecond, ``error`` only when there is one."""
+    out: dict[str, Any] = {}
+    for item in fields(report):
+        value = getattr(report, item.name)
+        if item.name == "error" and value is None:
+            continue
+        if item.name == "seconds":
+            value = round(value, 3)
+        elif isinstance(value, dict):
+            value = dict(value)
+        out[item.name] = value
+    return out
 
 
 @dataclass(frozen=True)
@@ -121,21 +137,7 @@ class StoreReport:
     error: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "read": self.read,
-            "accepted_latest": self.accepted_latest,
-            "accepted_out_of_order": self.accepted_out_of_order,
-            "replaced_same_timestamp": self.replaced_same_timestamp,
-            "tombstones": self.tombstones,
-            "rejected": dict(self.rejected),
-            "snapshot": self.snapshot,
-            "seconds": round(self.seconds, 3),
-            "files": self.files,
-            "run": self.run,
-        }
-        if self.error is not None:
-            out["error"] = self.error
-        return out
+        return report_json(self)
 
 
 @dataclass
@@ -152,13 +154,7 @@ class StreamReport:
     error: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "read": self.read, "appended": self.appended, "rejected": dict(self.rejected),
-            "snapshot": self.snapshot, "seconds": round(self.seconds, 3), "files": self.files, "run": self.run,
-        }
-        if self.error is not None:
-            out["error"] = self.error
-        return out
+        return report_json(self)
 
 
 @dataclass

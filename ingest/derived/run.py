@@ -36,7 +36,7 @@ from ingest.derived.operators import ForeignKeyJoin
 from ingest.derived.spec import TableSpec
 from ingest.derived.state import SnapshotReader, TableState
 from ingest.derived.topology import DerivedNode, Emission, SourceRecord, Topology
-from ingest.pipeline import RunReport, StreamReport, ingest_each, run_ingest
+from ingest.pipeline import RunReport, StreamReport, ingest_each, report_json, run_ingest
 from ingest.store import (
     StoreHandle,
     commit_pending_sides,
@@ -92,16 +92,7 @@ class TableReport:
     error: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "kind": self.kind, "emitted": self.emitted, "accepted_latest": self.accepted_latest,
-            "accepted_out_of_order": self.accepted_out_of_order,
-            "replaced_same_timestamp": self.replaced_same_timestamp, "tombstones": self.tombstones,
-            "rejected": dict(self.rejected), "snapshot": self.snapshot, "seconds": round(self.seconds, 3),
-            "run": self.run, "inputs": dict(self.inputs),
-        }
-        if self.error is not None:
-            out["error"] = self.error
-        return out
+        return report_json(self)
 
 
 @dataclass(frozen=True)
