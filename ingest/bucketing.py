@@ -39,6 +39,15 @@ def spark_hash_int(value: int, seed: int = SPARK_HASH_SEED) -> int:
     return h1 - (1 << 32) if h1 >= 1 << 31 else h1
 
 
+#: Records per write task (whole buckets per task, at most one task per bucket).
+RECORDS_PER_TASK = 250_000
+
+
+def write_tasks(buckets: int, records: int) -> int:
+    """Spark tasks that write (and, for stores, decide) a run of ``records`` records."""
+    return max(1, min(buckets, records // RECORDS_PER_TASK + 1))
+
+
 @lru_cache(maxsize=64)
 def task_slots(tasks: int) -> tuple[int, ...]:
     """``slots[t]``: the smallest non-negative INT that Spark's hash partitioning into ``tasks``

@@ -23,14 +23,15 @@ offsets to repeat), so the parser's verdict is the one that counts.
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from ingest.records import PARSED_SCHEMA
+from versiq.layout import default_partition_of
 
 POS_BITS = 40
 MAX_POS = (1 << POS_BITS) - 1
@@ -46,8 +47,8 @@ def file_seq_base(file_index: int) -> int:
     return file_index << POS_BITS
 
 
-def split_seq(seq: int) -> tuple[int, int]:
-    """(file index, pos) of a ``seq``."""
+def split_seq(seq: Any) -> tuple[Any, Any]:
+    """(file index, pos) of a ``seq`` (an int or a numpy array of them)."""
     return seq >> POS_BITS, seq & MAX_POS
 
 
@@ -87,8 +88,8 @@ def _file_stream_time(batch: pa.RecordBatch, partitions: int, running: dict[int,
         groups = [(0, rows)]
     else:
         keys = batch.column(PARSED_SCHEMA.get_field_index("key")).to_pylist()
-        parts = np.fromiter((zlib.crc32(keys[i].encode("utf-8")) % partitions for i in rows),
-                            dtype=np.int64, count=len(rows))
+        parts = np.fromiter((default_partition_of(keys[i], partitions) for i in rows), dtype=np.int64,
+                            count=len(rows))
         order = np.argsort(parts, kind="stable")
         sorted_parts = parts[order]
         starts = np.flatnonzero(np.r_[True, sorted_parts[1:] != sorted_parts[:-1]])

@@ -22,9 +22,10 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from ingest.order import MAX_FILES, MAX_POS, POS_BITS, RUN_SCHEMA, file_seq_base, with_order
+from ingest.bucketing import write_tasks
+from ingest.order import MAX_FILES, MAX_POS, RUN_SCHEMA, file_seq_base, split_seq, with_order
 from ingest.records import BATCH_ROWS, format_of, parse_file, raw_texts
-from ingest.semantics import RunContext, classify, file_of, rows_to_write
+from ingest.semantics import RunContext, classify, default_partition_of, file_of, rows_to_write
 from ingest.store import (
     StoreHandle,
     UsageError,
@@ -288,7 +289,7 @@ def _run_once(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, new: di
             spark.createDataFrame([], _existing_ddl())
         ctx = RunContext(settings, handle.state, run, explicit_partitions=flags["part"] > 0,
                          any_offsets=flags["offset"] > 0, file_max=file_max,
-                         tasks=max(1, min(settings.buckets, report.read // 250_000 + 1)))
+                         tasks=write_tasks(settings.buckets, report.read))
         empty = existing_arrow.num_rows == 0
         classified = classify(spark, good, existing, ctx, existing_empty=empty).persist(
             StorageLevel.MEMORY_AND_DISK)
@@ -300,9 +301,9 @@ def _run_once(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, new: di
             rows = rows_to_write(classified, existing, ctx, existing_empty=empty)
             store_adds = collect_adds(
                 rows.mapInArrow(make_store_writer(handle.path, run, STORE_FILE_SCHEMA), FILE_INFO_DDL))
+            rejected = sum(report.rejected.values())
             rejected_adds = _write_rejected(parsed, classified, handle.path, run, new, spec.format,
-                                            decided=sum(report.rejected.values()) - parse_rejections,
-                                            total=sum(report.rejected.values()))
+                                            decided=rejected - parse_rejections, total=rejected)
             state.rejected_adds = rejected_adds
             if spec.changelog:
                 if state.changelog_since is None:
@@ -341,8 +342,7 @@ def _parse_stats(parsed: DataFrame, report: StoreReport,
         file, default_p = F.lit(None).cast("int"), F.lit(None).cast("int")
     else:
         file = file_of(F.col("seq"))
-        default_p = F.when(F.col("reason").isNull(),
-                           F.pmod(F.crc32(F.encode(F.col("key"), "UTF-8")), F.lit(partitions)).cast("int"))
+        default_p = F.when(F.col("reason").isNull(), default_partition_of(F.col("key"), partitions))
     rows = parsed.groupBy("reason", file.alias("file"), default_p.alias("p")).agg(
         F.count(F.lit(1)).alias("n"), F.count("part").alias("part"), F.count("offset").alias("offset"),
         F.max("ts").alias("max_ts"),
@@ -444,7 +444,7 @@ def _write_rejected(parsed: DataFrame, classified: DataFrame | None, store_path:
             parts.append(decided_rows.join(texts, "seq").select(parts[0].column_names))
         table = pa.concat_tables([t.cast(parts[0].schema) for t in parts]).sort_by("seq")
         seq = table.column("seq").to_numpy()
-        file_index, pos = seq >> POS_BITS, seq & MAX_POS
+        file_index, pos = split_seq(seq)
         is_row = np.array([files[i][1] == "parquet" for i in file_index], dtype=bool)
         out = pa.table({
             "run": pa.array(np.full(len(seq), run), pa.int64()),
@@ -493,7 +493,7 @@ def _read_texts(files: list[tuple[str, str]], seqs: Any) -> Iterator[pa.RecordBa
     """(seq, raw) batches of at most ``BATCH_ROWS`` for the records ``seqs`` (a numpy array),
     read from their files (``files[i]``: path and format of file index i)."""
     seqs = np.unique(seqs)  # sorted: each file's positions ascending; 8 bytes per record
-    files_of = seqs >> POS_BITS
+    files_of, _ = split_seq(seqs)
     for file in np.unique(files_of):
         base = file_seq_base(int(file))
         full, file_fmt = files[int(file)]

@@ -580,8 +580,7 @@ def parse_parquet(path: str, source: str, fast: bool = True) -> Iterator[pa.Reco
         out.reject(0, "malformed", f"not a readable Parquet file: {exc}", "")
         yield out.flush()
         return
-    names = set(pfile.schema_arrow.names)
-    ts_type = pfile.schema_arrow.field("timestamp").type if "timestamp" in names else None
+    ts_type = _timestamp_type(pfile)
     is_ts = ts_type is not None and pa.types.is_timestamp(ts_type)
     row_number = 0
     batches = pfile.iter_batches(batch_size=BATCH_ROWS)
@@ -609,6 +608,18 @@ def parse_parquet(path: str, source: str, fast: bool = True) -> Iterator[pa.Reco
         yield out.flush()
 
 
+def _timestamp_type(pfile: pq.ParquetFile) -> pa.DataType | None:
+    """The type of the file's ``timestamp`` column, None without one."""
+    schema = pfile.schema_arrow
+    return schema.field("timestamp").type if "timestamp" in schema.names else None
+
+
+def _epoch_ms(ticks: int, unit: str) -> int:
+    """TIMESTAMP ticks of ``unit`` as epoch ms, sub-millisecond digits truncated (floor: an
+    instant before the epoch stays negative; Arrow's own cast refuses to drop digits)."""
+    return ticks * 1000 if unit == "s" else ticks // _TICKS_PER_MS[unit]
+
+
 def _timestamp_ticks(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, str]:
     """A batch whose ``timestamp`` column is a TIMESTAMP, with that column as its int64 ticks,
     and the ticks' unit."""
@@ -619,11 +630,10 @@ def _timestamp_ticks(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, str]:
 
 def _parquet_row_text(row: dict[str, Any], unit: str | None) -> str:
     """A row's ``raw`` text; ``row`` (from a ``_timestamp_ticks`` batch when ``unit``) gets its
-    timestamp as epoch ms, with sub-millisecond digits truncated (floor: an instant before the
-    epoch stays negative; Arrow's own cast refuses to drop digits, so the ticks are divided)."""
+    timestamp as epoch ms (``_epoch_ms``)."""
     ticks = row.get("timestamp")
     if unit is not None and ticks is not None:
-        row["timestamp"] = ticks * 1000 if unit == "s" else ticks // _TICKS_PER_MS[unit]
+        row["timestamp"] = _epoch_ms(ticks, unit)
     return _parquet_cell_json(row)
 
 
@@ -655,8 +665,7 @@ def _fast_parquet_rows(out: _Batcher, first: int, batch: pa.RecordBatch, unit: s
     for name, column in zip(names, batch.columns, strict=True):
         cells = column.to_pylist()
         if name == "timestamp" and unit is not None:
-            cells = [None if t is None else (t * 1000 if unit == "s" else t // _TICKS_PER_MS[unit])
-                     for t in cells]
+            cells = [None if t is None else _epoch_ms(t, unit) for t in cells]
         columns.append(cells)
         if pa.types.is_integer(column.type):
             rendered.append(["null" if v is None else int.__repr__(v) for v in cells])
@@ -825,8 +834,8 @@ def raw_texts(path: str, fmt: str, positions: Sequence[int]) -> Iterator[tuple[i
                 i += 1
     elif n:
         pfile = pq.ParquetFile(path)
-        ts_field = pfile.schema_arrow.get_field_index("timestamp")
-        is_ts = ts_field >= 0 and pa.types.is_timestamp(pfile.schema_arrow.field(ts_field).type)
+        ts_type = _timestamp_type(pfile)
+        is_ts = ts_type is not None and pa.types.is_timestamp(ts_type)
         first = 0
         for batch in pfile.iter_batches(batch_size=BATCH_ROWS):
             end = first + batch.num_rows

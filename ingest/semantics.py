@@ -78,7 +78,16 @@ class RunContext:
 
 def bucket_of(key: Column, buckets: int) -> Column:
     """``versiq.layout.bucket_of`` in Spark: CRC-32 of the key's UTF-8 bytes modulo buckets."""
-    return F.pmod(F.crc32(F.encode(key, "UTF-8")), F.lit(buckets)).cast("int")
+    return _crc32_mod(key, buckets)
+
+
+def default_partition_of(key: Column, partitions: int) -> Column:
+    """``versiq.layout.default_partition_of`` in Spark (a record that names no partition)."""
+    return _crc32_mod(key, partitions)
+
+
+def _crc32_mod(key: Column, n: int) -> Column:
+    return F.pmod(F.crc32(F.encode(key, "UTF-8")), F.lit(n)).cast("int")
 
 
 def _with_prior_state(spark: SparkSession, frame: DataFrame, state: StoreState) -> DataFrame:
@@ -129,9 +138,7 @@ def classify(spark: SparkSession, records: DataFrame, existing: DataFrame, ctx: 
     df = records.withColumn(
         "p",
         F.when(bad_part, F.lit(None).cast("int"))
-        .when(F.col("part").isNotNull(), F.col("part").cast("int")).otherwise(
-            F.pmod(F.crc32(F.encode(F.col("key"), "UTF-8")), F.lit(P)).cast("int")
-        ),
+        .when(F.col("part").isNotNull(), F.col("part").cast("int")).otherwise(default_partition_of(F.col("key"), P)),
     )
     if existing_empty:
         df = df.withColumn("home_stored", _null("int"))

@@ -18,13 +18,14 @@ from pyspark import StorageLevel
 from pyspark.sql import SparkSession, Window
 from pyspark.sql import functions as F
 
-from ingest.bucketing import by_bucket
+from ingest.bucketing import by_bucket, write_tasks
 from ingest.pipeline import (
     StreamReport,
     _parse,
     _write_rejected,
     list_source_files,
 )
+from ingest.semantics import bucket_of
 from ingest.store import UsageError, commit_rejected, commit_store, finish_pending_sides, open_store, writer_lock
 from ingest.writer import FILE_INFO_DDL, STREAM_SORT, collect_adds, make_store_writer
 from versiq.layout import DEFAULT_BUCKETS, STREAM_FILE_SCHEMA, STREAM_KIND, StoreSettings, StoreState
@@ -80,13 +81,11 @@ def ingest_stream(spark: SparkSession, warehouse: str, spec: StreamSpec, lock_ti
                     report.rejected[row["reason"]] = report.rejected.get(row["reason"], 0) + row["count"]
             good = parsed.filter(F.col("reason").isNull())
             rows = good.select(
-                F.pmod(F.crc32(F.encode(F.col("key"), "UTF-8")), F.lit(handle.settings.buckets)).cast("int")
-                .alias("bucket"),
+                bucket_of(F.col("key"), handle.settings.buckets).alias("bucket"),
                 "key", "value", F.col("ts").alias("timestamp"), F.lit(run).cast("bigint").alias("run"),
                 F.row_number().over(Window.orderBy("seq")).cast("bigint").alias("seq"),
             )
-            tasks = max(1, min(handle.settings.buckets, report.read // 250_000 + 1))
-            adds = collect_adds(by_bucket(rows, tasks).mapInArrow(
+            adds = collect_adds(by_bucket(rows, write_tasks(handle.settings.buckets, report.read)).mapInArrow(
                 make_store_writer(handle.path, run, STREAM_FILE_SCHEMA, STREAM_SORT), FILE_INFO_DDL))
             state = StoreState(run=run, done_files=sorted(done | set(new)))
             state.rejected_adds = _write_rejected(parsed, None, handle.path, run, new, spec.format,
