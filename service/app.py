@@ -399,6 +399,10 @@ async def _send_problem(send: Send, problem: Problem) -> None:
 ALLOW = "GET, HEAD"
 
 
+def _method_not_allowed(method: str) -> Problem:
+    return Problem("method-not-allowed", f"{method} is not allowed here; use GET (or HEAD)", headers={"allow": ALLOW})
+
+
 class VersiqMiddleware:
     """Metrics for every request, auth, and raw-path routing of ``/v1/...``."""
 
@@ -454,8 +458,7 @@ class VersiqMiddleware:
                 raise Problem("route-not-found", f"no resource at {raw_path.decode('latin-1')!r}")
             template = route.template
             if scope["method"] != "GET":
-                raise Problem("method-not-allowed", f"{scope['method']} is not allowed here; use GET (or HEAD)",
-                              headers={"allow": ALLOW})
+                raise _method_not_allowed(scope["method"])
             body = await self.service.handle_v1(route, scope.get("query_string", b""))
             await _send(send, 200, body, JSON)
         except Problem as problem:
@@ -526,9 +529,7 @@ def create_app(engine_or_settings: Engine | Settings, *, settings: Settings | No
         if exc.status_code == 404:
             problem = Problem("route-not-found", f"no resource at {request.url.path!r}")
         elif exc.status_code == 405:
-            problem = Problem("method-not-allowed",
-                              f"{request.method} is not allowed here; use GET (or HEAD)",
-                              headers={"allow": ALLOW})
+            problem = _method_not_allowed(request.method)
         else:
             problem = Problem("bad-request", str(exc.detail))
             problem.status = exc.status_code
