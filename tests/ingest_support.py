@@ -62,6 +62,11 @@ def store_versions(path: str, version: int | None = None) -> dict[str, list[Stor
     out: dict[str, list[StoredVersion]] = {}
     if not files:
         return out
+    # the layout contract (versiq.layout): a run writes at most one row per (key, valid_from),
+    # so the read rule never has to choose between two rows of one run
+    twice = duckdb.sql("SELECT key, valid_from, run FROM read_parquet($files) GROUP BY ALL HAVING count(*) > 1",
+                       params={"files": files}).fetchall()
+    assert not twice, f"rows written twice by one run: {twice[:5]}"
     rows = duckdb.sql(
         "SELECT key, valid_from, value, valid_to, tombstone FROM read_parquet($files) "
         "QUALIFY row_number() OVER (PARTITION BY key, valid_from ORDER BY run DESC) = 1 "
