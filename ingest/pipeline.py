@@ -26,6 +26,7 @@ from ingest.bucketing import write_tasks
 from ingest.order import MAX_FILES, MAX_POS, RUN_SCHEMA, file_seq_base, split_seq, with_order
 from ingest.records import BATCH_ROWS, format_of, parse_file, raw_texts
 from ingest.semantics import RunContext, classify, default_partition_of, file_of, rows_to_write
+from ingest.sources import SourceError, check_readable, list_sources
 from ingest.store import (
     StoreHandle,
     UsageError,
@@ -135,6 +136,8 @@ class StoreReport:
     seconds: float = 0.0
     files: int = 0
     run: int | None = None
+    #: Source entries that are not regular files, never opened (``ingest.sources``).
+    ignored: list[dict[str, str]] = field(default_factory=list)
     error: str | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -152,6 +155,8 @@ class StreamReport:
     seconds: float = 0.0
     files: int = 0
     run: int | None = None
+    #: Source entries that are not regular files, never opened (``ingest.sources``).
+    ignored: list[dict[str, str]] = field(default_factory=list)
     error: str | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -179,22 +184,11 @@ class RunReport:
         return out
 
 
-def list_source_files(source: str) -> dict[str, str]:
-    """Relative path -> absolute path of every file under ``source`` (names starting with
-    '.' or '_' ignored at any depth), sorted by relative path (code point order)."""
-    source = os.path.abspath(source)
-    if os.path.isfile(source):
-        name = os.path.basename(source)
-        return {} if name.startswith((".", "_")) else {name: source}
-    found: dict[str, str] = {}
-    for folder, dirs, files in os.walk(source):
-        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
-        for name in files:
-            if name.startswith((".", "_")):
-                continue
-            full = os.path.join(folder, name)
-            found[os.path.relpath(full, source).replace(os.sep, "/")] = full
-    return dict(sorted(found.items()))
+def log_ignored(what: str, name: str, ignored: list[dict[str, str]]) -> list[dict[str, str]]:
+    """Name every ignored source entry in the log (a warning: it may be a mistake), once per run."""
+    for entry in ignored:
+        log.warning("%s %s: ignored %s (a %s, not a regular file)", what, name, entry["path"], entry["type"])
+    return ignored
 
 
 def run_ingest(spark: SparkSession, warehouse: str, specs: list[StoreSpec], *,
@@ -222,6 +216,9 @@ def ingest_each(specs: list[Any], ingest_one: Any, failed: Any, what: str) -> di
             reports[spec.name] = ingest_one(spec)
         except UsageError:
             raise
+        except SourceError as exc:  # the environment, not a bug: one line, no traceback
+            log.error("%s %s failed: %s", what, spec.name, exc)
+            reports[spec.name] = failed(f"{type(exc).__name__}: {exc}")
         except Exception as exc:  # noqa: BLE001 - one failed store never stops the others
             log.exception("%s %s failed", what, spec.name)
             reports[spec.name] = failed(f"{type(exc).__name__}: {exc}")
@@ -236,10 +233,11 @@ def ingest_store(spark: SparkSession, warehouse: str, spec: StoreSpec, lock_time
         handle = open_store(path, settings, explicit)
         if finish_pending_sides(handle):
             log.info("store %s: completed the side-table commits of run %d", spec.name, handle.state.run)
-        files = list_source_files(spec.source)
+        listing = list_sources(spec.source)
         done = set(handle.state.done_files)
-        new = {rel: full for rel, full in files.items() if rel not in done}
-        report = StoreReport()
+        new = {rel: full for rel, full in listing.files.items() if rel not in done}
+        report = StoreReport(ignored=log_ignored("store", spec.name, listing.ignored))
+        check_readable(new)
         if not new and handle.table is not None:
             report.snapshot = handle.version
             log.info("store %s: no new files (snapshot %s)", spec.name, handle.version)

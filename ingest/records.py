@@ -23,6 +23,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from versiq.layout import MAX_KEY_BYTES
 from versiq.timestamps import MAX_TIMESTAMP, TimestampError, parse_timestamp
 
 MAX_RECORD_BYTES = 1024 * 1024
@@ -234,7 +235,9 @@ class _Batcher:
 
     def record(self, pos: int, key: str, value: str | None, ts: int, part: int | None,
                offset: int | None, raw: str) -> None:
-        if _has_surrogate(key):
+        if _key_too_long(key):
+            self.reject(pos, "bad_key", _key_too_long_detail(key), raw, part, offset)
+        elif _has_surrogate(key):
             self.reject(pos, "bad_key", "'key' is not valid Unicode (lone surrogate)", raw, part, offset)
         elif value is not None and _has_surrogate(value):
             self.reject(pos, "bad_value", "'value' is not valid Unicode (lone surrogate)", raw, part,
@@ -245,6 +248,9 @@ class _Batcher:
     def fast_row(self, pos: int, key: str, value: str | None, ts: int, part: int | None,
                  offset: int | None, raw: str) -> None:
         """A record already known to be valid UTF-8 throughout (no surrogates to check)."""
+        if _key_too_long(key):
+            self.reject(pos, "bad_key", _key_too_long_detail(key), raw, part, offset)
+            return
         self._source.append(self.source)
         self._pos.append(pos)
         self._key.append(key)
@@ -281,6 +287,18 @@ class _Batcher:
         batch = pa.RecordBatch.from_pydict(self.columns, schema=PARSED_SCHEMA)
         self._reset()
         return batch
+
+
+def _key_too_long(key: str) -> bool:
+    """Every format's accepted records pass the batcher, so the key limit is checked once here.
+    A key of at most MAX_KEY_BYTES // 4 characters cannot exceed the limit (UTF-8 takes at most
+    4 bytes per character): only longer keys are encoded to count."""
+    return len(key) > MAX_KEY_BYTES // 4 and len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES
+
+
+def _key_too_long_detail(key: str) -> str:
+    size = len(key.encode("utf-8", "surrogatepass"))
+    return f"'key' is {size} bytes of UTF-8; the limit is {MAX_KEY_BYTES} bytes (4 KiB)"
 
 
 def _too_large(raw_bytes: int) -> bool:
@@ -448,6 +466,11 @@ def _csv_records(path: str) -> Iterator[tuple[int, list[str] | csv.Error, str]]:
     """(line where the record starts, its cells or the CSV error, its original text) for every
     CSV record of the file, blank ones included (a UTF-8 byte order mark at the start of the
     file is not part of the header)."""
+    # The csv module refuses fields over 128 KiB by default; the record limit (1 MiB, checked on
+    # each record's text by the caller) is the only size limit in every format. A field past it
+    # still ends that record with a csv.Error, whose text is then too large as well.
+    if csv.field_size_limit() < MAX_RECORD_BYTES + 1:
+        csv.field_size_limit(MAX_RECORD_BYTES + 1)
     with open(path, encoding="utf-8-sig", newline="", errors="surrogateescape") as handle:
         consumed: list[str] = []
         line_no = 0
@@ -478,6 +501,9 @@ def parse_csv(path: str, source: str) -> Iterator[pa.RecordBatch]:
     header: list[str] | None = None
     header_line = 0
     for start, row, raw in _csv_records(path):
+        if header is not None and _too_large(len(raw.encode("utf-8", "surrogateescape"))):
+            out.reject(start, "too_large", "record is larger than 1 MiB", raw)
+            continue
         if isinstance(row, csv.Error):
             out.reject(start, "malformed", f"invalid CSV: {row}", raw)
             continue
@@ -525,9 +551,7 @@ def _missing_csv_field(name: str, header: list[str], header_line: int) -> Reject
 
 def _parse_csv_row(out: _Batcher, number: int, cells: dict[str, str], raw: str, header: list[str],
                    header_line: int) -> None:
-    if _too_large(len(raw.encode("utf-8", "surrogateescape"))):
-        out.reject(number, "too_large", "record is larger than 1 MiB", raw)
-        return
+    """One CSV record of the header's width whose text is within the record limit (parse_csv)."""
     part = offset = None
     try:
         part = _csv_int(cells, "partition", "bad_partition")
@@ -573,10 +597,15 @@ def parse_parquet(path: str, source: str, fast: bool = True) -> Iterator[pa.Reco
 
     ``fast``: batches of plain columns (strings and integers) are read column-wise and every
     row that ``_fast_parquet_rows`` cannot take whole goes through the general path."""
+    with open(path, "rb") as handle:  # an OSError here is the environment's: it fails the run
+        yield from _parse_parquet_file(handle, source, fast)
+
+
+def _parse_parquet_file(handle: Any, source: str, fast: bool) -> Iterator[pa.RecordBatch]:
     out = _Batcher(source)
     try:
-        pfile = pq.ParquetFile(path)
-    except Exception as exc:  # noqa: BLE001 - any unreadable file is one malformed record
+        pfile = pq.ParquetFile(handle)
+    except Exception as exc:  # noqa: BLE001 - content that is not Parquet is one malformed record
         out.reject(0, "malformed", f"not a readable Parquet file: {exc}", "")
         yield out.flush()
         return
@@ -796,13 +825,10 @@ def format_of(path: str, explicit: str | None) -> str:
 
 
 def parse_file(path: str, source: str, fmt: str) -> Iterator[pa.RecordBatch]:
-    """Parse one file; an unreadable file becomes one ``malformed`` rejection, never a crash."""
-    try:
-        yield from PARSERS[fmt](path, source)
-    except OSError as exc:
-        out = _Batcher(source)
-        out.reject(0, "malformed", f"cannot read file: {exc}", "")
-        yield out.flush()
+    """Parse one file. Content that is not a record is a rejection; a file that cannot be
+    *read* (an OSError) raises: that fails the run, which commits nothing, so the file is not
+    marked done and the next run reads it (``ingest.sources``)."""
+    yield from PARSERS[fmt](path, source)
 
 
 def raw_texts(path: str, fmt: str, positions: Sequence[int]) -> Iterator[tuple[int, str]]:

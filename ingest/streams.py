@@ -23,9 +23,10 @@ from ingest.pipeline import (
     StreamReport,
     _parse,
     _write_rejected,
-    list_source_files,
+    log_ignored,
 )
 from ingest.semantics import bucket_of
+from ingest.sources import check_readable, list_sources
 from ingest.store import UsageError, commit_rejected, commit_store, finish_pending_sides, open_store, writer_lock
 from ingest.writer import FILE_INFO_DDL, STREAM_SORT, collect_adds, make_store_writer
 from versiq.layout import DEFAULT_BUCKETS, STREAM_FILE_SCHEMA, STREAM_KIND, StoreSettings, StoreState
@@ -64,8 +65,10 @@ def ingest_stream(spark: SparkSession, warehouse: str, spec: StreamSpec, lock_ti
         handle = open_store(path, settings, {"kind", "buckets"} if spec.buckets else {"kind"})
         finish_pending_sides(handle)
         done = set(handle.state.done_files)
-        new = {rel: full for rel, full in list_source_files(spec.source).items() if rel not in done}
-        report = StreamReport()
+        listing = list_sources(spec.source)
+        new = {rel: full for rel, full in listing.files.items() if rel not in done}
+        report = StreamReport(ignored=log_ignored("stream", spec.name, listing.ignored))
+        check_readable(new)
         if not new and handle.table is not None:
             report.snapshot = handle.version
             return report

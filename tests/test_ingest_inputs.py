@@ -36,6 +36,10 @@ JSONL_CASES = [
     ('{"key":"a","timestamp":3,"partition":5}', "bad_partition"),
     ('{"key":"a","timestamp":3,"offset":-2}', "bad_offset"),
     ('{"key":"a","timestamp":3,"value":"' + "x" * (1024 * 1024) + '"}', "too_large"),
+    # issue 10: a year-0 instant once crashed every run of the store; keys must stay servable
+    ('{"key":"a","timestamp":"0000-01-01T00:00:00Z"}', "bad_timestamp"),
+    ('{"key":"a","timestamp":"2024-01-01T24:00:00Z","value":1}', "bad_timestamp"),
+    ('{"key":"' + "k" * 4097 + '","timestamp":3}', "bad_key"),
 ]
 
 
@@ -88,19 +92,23 @@ def test_csv_rules(spark, tmp_path):
         'k4,1,,,\n'                       # missing timestamp
         'k5,1,10,x,\n'                    # bad partition
         'k6,1\n'                          # wrong field count
-        'k7,"[1,\n2]",30,,\n',            # a record spanning two lines
+        'k7,"[1,\n2]",30,,\n'             # a record spanning two lines
+        'k8,"""' + "x" * 200_000 + '""",40,,\n'   # a field over the csv module's default 128 KiB
+        'k9,1,0000-01-01T00:00:00Z,,\n',   # year 0: bad_timestamp, never a crash
         encoding="utf-8")
     wh = str(tmp_path / "wh")
     entry = run_ingest(spark, wh, [StoreSpec("c", str(src), history_retention_ms=10**13)]).stores["c"]
     assert entry.error is None
     assert {k: v for k, v in entry.rejected.items() if v} == {
-        "bad_value": 1, "missing_field": 2, "bad_partition": 1, "malformed": 1}
+        "bad_value": 1, "missing_field": 2, "bad_partition": 1, "malformed": 1, "bad_timestamp": 1}
     versions = store_versions(os.path.join(wh, "c"))
+    assert versions["k8"][0].value == '"' + "x" * 200_000 + '"'
     assert [(v.timestamp, v.value, v.valid_to) for v in versions["k1"]] == [(10, '{"p":1.50}', 20), (20, None, None)]
     assert versions["k7"][0].value == "[1,2]"
     assert versions["k3"][0].timestamp == 1704067200000
     lines = {r["line"]: r["reason"] for r in rejected_rows(os.path.join(wh, "c"))}
-    assert lines == {4: "bad_value", 6: "missing_field", 7: "missing_field", 8: "bad_partition", 9: "malformed"}
+    assert lines == {4: "bad_value", 6: "missing_field", 7: "missing_field", 8: "bad_partition", 9: "malformed",
+                     13: "bad_timestamp"}
 
 
 def test_parquet_rules(spark, tmp_path):

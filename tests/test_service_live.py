@@ -186,6 +186,26 @@ def test_key_errors(s_client: httpx.Client) -> None:
     }
 
 
+TIMESTAMP_EDGES = ("0000-01-01T00:00:00Z", "0000-02-29T00:00:00+00:00", "9999-12-31T23:59:59.999-23:59",
+                   "2024-01-01T24:00:00Z", "2024-06-30T23:59:60Z", "2024-01-01T00:00:00+24:00",
+                   "2024-01-01T00:00:00.%sZ" % ("9" * 3000), "\u0662\u0660\u0662\u0664-01-01T00:00:00Z",
+                   "1969-12-31T23:59:59.999Z", "9" * 400, "2024-01-01T00:00:00 23:59")
+
+
+@pytest.mark.parametrize("text", TIMESTAMP_EDGES)
+def test_timestamp_edges_never_answer_5xx(s_client: httpx.Client, text: str) -> None:
+    """Issue 10 item 1: a year-0 instant once answered 500. Every time parameter of every read
+    either answers or is a 400 problem quoting the text."""
+    reads = [(key_path("prices", "p-1"), "asOf"), (key_path("prices", "hist", "/versions"), "from"),
+             (key_path("prices", "hist", "/versions"), "to"), ("/v1/streams/clicks/records", "from"),
+             ("/v1/streams/clicks/records", "to")]
+    for path, name in reads:
+        r = s_client.get(path, params={name: text})
+        assert r.status_code < 500, (path, name, r.text)
+        if r.status_code == 400:
+            assert problem(r, 400, "bad-request")["parameter"] == name
+
+
 def test_odd_keys_round_trip(s_client: httpx.Client) -> None:
     for key in ODD_KEYS:
         r = s_client.get(key_path("prices", key))

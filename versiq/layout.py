@@ -33,7 +33,8 @@ A Delta table partitioned by ``bucket`` with the columns of ``STORE_SCHEMA``:
 
 - ``bucket``    INT    ``crc32(utf8(key)) mod buckets`` (``bucket_of``): physical layout only,
                        lets a reader open one directory for a key. Never changes results.
-- ``key``       STRING the record key.
+- ``key``       STRING the record key: at most ``MAX_KEY_BYTES`` (4 KiB) of UTF-8, so that every
+                       stored key can be asked for in a URL (ingest rejects longer ones ``bad_key``).
 - ``valid_from``BIGINT the version's timestamp (epoch ms).
 - ``valid_to``  BIGINT the next version's timestamp (exclusive); null = still valid.
 - ``value``     STRING compact JSON text of the value; null for a tombstone.
@@ -90,6 +91,10 @@ FORMAT_KEY = "versiq.format"
 STATE_KEY = "versiq.state"
 APP_ID = "versiq.ingest"
 DEFAULT_BUCKETS = 16
+#: The longest key a store holds, in UTF-8 bytes. A key is a URL path segment when it is read
+#: (percent-encoded: up to 3 bytes per byte, plus a page token that repeats it), so a key that
+#: can be ingested must stay well inside what the HTTP server accepts in a request line.
+MAX_KEY_BYTES = 4096
 KINDS = ("versioned", "timestamped")
 #: A stream table (``STREAM_SCHEMA``): an append-only event log, never a versioned store.
 STREAM_KIND = "stream"

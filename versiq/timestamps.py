@@ -10,7 +10,6 @@ that can be asked about, and vice versa.
 
 from __future__ import annotations
 
-import calendar
 import re
 
 MAX_TIMESTAMP = 2**63 - 1
@@ -51,7 +50,7 @@ def parse_timestamp(text: str, *, query_string: bool = False) -> int:
         )
     year, month, day, hour, minute, second = (int(match.group(i)) for i in range(1, 7))
     fraction = match.group(7) or ""
-    if not (1 <= month <= 12 and 1 <= day <= calendar.monthrange(year, month)[1]):
+    if not (1 <= month <= 12 and 1 <= day <= _days_in_month(year, month)):
         raise TimestampError(f"{text!r} is not a valid calendar date")
     if hour > 23 or minute > 59 or second > 59:
         raise TimestampError(f"{text!r} has an out-of-range time of day")
@@ -63,7 +62,7 @@ def parse_timestamp(text: str, *, query_string: bool = False) -> int:
         offset_minutes = off_h * 60 + off_m
         if match.group(9) == "-":
             offset_minutes = -offset_minutes
-    seconds = calendar.timegm((year, month, day, hour, minute, second, 0, 0, 0))
+    seconds = _days_from_civil(year, month, day) * 86_400 + hour * 3600 + minute * 60 + second
     millis = seconds * 1000 + int((fraction + "000")[:3]) - offset_minutes * 60_000
     if millis < 0 or millis > MAX_TIMESTAMP:
         raise TimestampError(f"{text!r} is outside the epoch-millisecond range [0, 2^63-1]")
@@ -71,8 +70,55 @@ def parse_timestamp(text: str, *, query_string: bool = False) -> int:
 
 
 def format_timestamp(millis: int) -> str:
-    """Render epoch ms as an RFC 3339 UTC instant (for humans: logs, CLI summaries)."""
-    import datetime as _dt
+    """Render epoch ms as an RFC 3339 UTC instant (for humans: logs, CLI summaries).
 
-    instant = _dt.datetime.fromtimestamp(millis / 1000, tz=_dt.UTC)
-    return instant.strftime("%Y-%m-%dT%H:%M:%S.") + f"{millis % 1000:03d}Z"
+    Total over every stored timestamp: an instant past year 9999 (RFC 3339 has four year digits)
+    is rendered as its epoch milliseconds, so a summary never fails on an extreme record.
+    """
+    days, rest = divmod(millis, 86_400_000)
+    year, month, day = _civil_from_days(days)
+    if not 0 <= year <= 9999:
+        return f"{millis} ms since the epoch"
+    hour, rest = divmod(rest, 3_600_000)
+    minute, rest = divmod(rest, 60_000)
+    second, milli = divmod(rest, 1000)
+    return f"{year:04d}-{month:02d}-{day:02d}T{hour:02d}:{minute:02d}:{second:02d}.{milli:03d}Z"
+
+
+# Proleptic Gregorian calendar arithmetic (H. Hinnant's days_from_civil / civil_from_days). The
+# standard library's calendar and datetime refuse year 0 and raise for instants outside their
+# range; plain integer arithmetic is total, so every text of the grammar either converts or is a
+# TimestampError, never another exception (issue 10: a year-0 record once blocked a store).
+
+
+def _is_leap(year: int) -> bool:
+    return year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)
+
+
+def _days_in_month(year: int, month: int) -> int:
+    if month == 2:
+        return 29 if _is_leap(year) else 28
+    return 30 if month in (4, 6, 9, 11) else 31
+
+
+def _days_from_civil(year: int, month: int, day: int) -> int:
+    """Days from 1970-01-01 to the given date (negative before it)."""
+    year -= month <= 2
+    era = year // 400
+    year_of_era = year - era * 400
+    day_of_year = (153 * (month + (-3 if month > 2 else 9)) + 2) // 5 + day - 1
+    day_of_era = year_of_era * 365 + year_of_era // 4 - year_of_era // 100 + day_of_year
+    return era * 146_097 + day_of_era - 719_468
+
+
+def _civil_from_days(days: int) -> tuple[int, int, int]:
+    """The date ``days`` after 1970-01-01: the inverse of ``_days_from_civil``."""
+    days += 719_468
+    era = days // 146_097
+    day_of_era = days - era * 146_097
+    year_of_era = (day_of_era - day_of_era // 1460 + day_of_era // 36_524 - day_of_era // 146_096) // 365
+    day_of_year = day_of_era - (365 * year_of_era + year_of_era // 4 - year_of_era // 100)
+    mp = (5 * day_of_year + 2) // 153
+    day = day_of_year - (153 * mp + 2) // 5 + 1
+    month = mp + (3 if mp < 10 else -9)
+    return year_of_era + era * 400 + (month <= 2), month, day

@@ -1,0 +1,110 @@
+"""Which files of a source a run reads: listing, what is ignored, and what fails the run.
+
+A source is a file or a directory walked recursively. Names starting with ``.`` or ``_`` are
+never sources (at any depth). Only regular files, and symlinks to regular files, are read:
+anything else (a FIFO, a socket, a device, a symlink to a directory) is never opened — opening
+a FIFO blocks until a writer appears, which once hung an ingest while it held the store's lock —
+and is named in the run report and the log as ignored, with its type.
+
+A file or directory that cannot be read (a dangling symlink, a symlink loop, a permission
+error, an I/O error) is an error of the *run*, not of a record: the store's run fails with a
+message naming the path and the OS error, nothing of it is committed, and the next run retries
+the file. Turning it into a rejected record would mark the file done and lose it for good once
+it became readable.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass, field
+
+
+class SourceError(Exception):
+    """A source file or directory cannot be read: the store's run fails and commits nothing.
+    The message names the path and the OS error (one line, no traceback)."""
+
+
+@dataclass
+class SourceListing:
+    #: Relative path (``/``-separated) -> absolute path of every regular file, sorted by
+    #: relative path in code point order (the processing order of files, SEMANTICS.md §1).
+    files: dict[str, str] = field(default_factory=dict)
+    #: Entries that are not regular files: ``{"path": relative path, "type": "fifo"|...}``.
+    ignored: list[dict[str, str]] = field(default_factory=list)
+
+
+def _hidden(name: str) -> bool:
+    return name.startswith((".", "_"))
+
+
+def _kind(mode: int) -> str | None:
+    """The type name of a non-regular file (None for a regular one)."""
+    if stat.S_ISREG(mode):
+        return None
+    for test, name in ((stat.S_ISFIFO, "fifo"), (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "character device"),
+                       (stat.S_ISBLK, "block device"), (stat.S_ISDIR, "directory")):
+        if test(mode):
+            return name
+    return "unknown file type"
+
+
+def _classify(listing: SourceListing, rel: str, full: str) -> None:
+    try:
+        mode = os.stat(full).st_mode  # follows symlinks: a symlink to a regular file is a file
+    except OSError as exc:
+        raise SourceError(f"cannot read source file {full}: {exc.strerror or exc}") from None
+    kind = _kind(mode)
+    if kind is None:
+        listing.files[rel] = full
+    else:
+        if os.path.islink(full):
+            kind = f"symlink to {kind}"
+        listing.ignored.append({"path": rel, "type": kind})
+
+
+def list_sources(source: str) -> SourceListing:
+    """Every file of ``source`` (see the module docstring); raises ``SourceError`` when a file
+    or directory of it cannot be read."""
+    source = os.path.abspath(source)
+    listing = SourceListing()
+    if not os.path.isdir(source):
+        name = os.path.basename(source)
+        if not _hidden(name):
+            _classify(listing, name, source)
+        return listing
+
+    def unreadable(exc: OSError) -> None:
+        raise SourceError(f"cannot read source directory {exc.filename}: {exc.strerror or exc}")
+
+    for folder, dirs, files in os.walk(source, onerror=unreadable):
+        # os.walk lists a symlink to a directory among ``dirs`` and does not enter it
+        for name in sorted(dirs):
+            full = os.path.join(folder, name)
+            if not _hidden(name) and os.path.islink(full):
+                listing.ignored.append({"path": os.path.relpath(full, source).replace(os.sep, "/"),
+                                        "type": "symlink to directory"})
+        dirs[:] = sorted(d for d in dirs if not _hidden(d) and not os.path.islink(os.path.join(folder, d)))
+        for name in files:
+            if not _hidden(name):
+                full = os.path.join(folder, name)
+                _classify(listing, os.path.relpath(full, source).replace(os.sep, "/"), full)
+    listing.files = dict(sorted(listing.files.items()))
+    listing.ignored.sort(key=lambda entry: entry["path"])
+    return listing
+
+
+def check_readable(files: dict[str, str]) -> None:
+    """Open every file about to be read (non-blocking, so a file replaced by a FIFO since the
+    listing cannot hang the run): a file that cannot be opened fails the run on the driver, with
+    a clear message, before any Spark work. Parse tasks re-raise read errors as well."""
+    for full in files.values():
+        try:
+            fd = os.open(full, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError as exc:
+            raise SourceError(f"cannot read source file {full}: {exc.strerror or exc}") from None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise SourceError(f"source file {full} is no longer a regular file")
+        finally:
+            os.close(fd)
