@@ -106,3 +106,11 @@ class UnsupportedQuery(QueryError):
 
 class InvalidQuery(QueryError):
     """The query's parameters are invalid (e.g. ``from_time > to_time``, page size < 1): a client error."""
+
+
+class StoreUnavailable(QueryError):
+    """The warehouse has the store (a ``_delta_log``) but it cannot be read: 503, not 404."""
+
+
+class StreamUnavailable(QueryError):
+    """The warehouse has the stream but it cannot be read: 503, not 404."""

@@ -106,7 +106,9 @@ from query.api import (
     SnapshotNotFound,
     StoreInfo,
     StoreNotFound,
+    StoreUnavailable,
     StreamNotFound,
+    StreamUnavailable,
     UnsupportedQuery,
     VersionedKeyQuery,
     VersionedRecord,
@@ -324,6 +326,16 @@ class _StreamHandle:
     last_refresh: float | None = None
 
 
+def _has_commits(path: str) -> bool:
+    """Whether a table directory has any Delta commit or checkpoint file (else it is being
+    created and is not a store yet, rather than a broken one)."""
+    try:
+        names_ = os.listdir(os.path.join(path, "_delta_log"))
+    except OSError:
+        return True  # the log exists but cannot be listed: that is an unreadable store
+    return any(n.endswith(".json") or ".checkpoint" in n for n in names_)
+
+
 def _settings_or_none(description: str | None) -> layout.StoreSettings | None:
     """Settings of a versiq store; None for a Delta table without the versiq marker (not a
     store); ValueError for a versiq store this reader cannot read (refused)."""
@@ -348,6 +360,9 @@ class Engine:
         self._stores: dict[str, _StoreHandle] = {}
         self._streams: dict[str, _StreamHandle] = {}
         self._refused: dict[str, str] = {}
+        #: Directories with a ``_delta_log`` that cannot be read (corrupt log, unreadable
+        #: metadata): name -> error. Retried at every refresh until readable or gone.
+        self._unavailable: dict[str, str] = {}
         self._ignored: set[str] = set()
         self._local = threading.local()
         self._refresh_lock = threading.Lock()
@@ -402,17 +417,20 @@ class Engine:
                 entries = sorted(os.scandir(self.warehouse), key=lambda e: e.name)
             except FileNotFoundError:
                 entries = []
-            present = {e.name for e in entries}
+            present = {e.name for e in entries
+                       if e.is_dir() and os.path.isdir(os.path.join(e.path, "_delta_log"))}
             for gone in [n for n in self._refused if n not in present]:
                 del self._refused[gone]
+            for gone in [n for n in self._unavailable if n not in present]:
+                del self._unavailable[gone]
+                log.info("store %s is no longer in the warehouse", gone)
+            self._forget_removed(present)
             self._ignored &= present
             for entry in entries:
                 name = entry.name
-                if not names.is_valid_store_name(name) or not entry.is_dir():
+                if not names.is_valid_store_name(name) or name not in present:
                     continue
                 if name in self._stores or name in self._streams or name in self._refused or name in self._ignored:
-                    continue
-                if not os.path.isdir(os.path.join(entry.path, "_delta_log")):
                     continue
                 self._discover(name, entry.path)
             for handle in list(self._stores.values()):
@@ -420,13 +438,33 @@ class Engine:
             for stream in list(self._streams.values()):
                 self._refresh_stream(stream)
 
+    def _forget_removed(self, present: set[str]) -> None:
+        """Stores and streams whose directory (or ``_delta_log``) is gone leave the catalog: the
+        warehouse is the truth, so they are no longer listed or served (readiness follows)."""
+        for table in (self._stores, self._streams):
+            for name in [n for n in table if n not in present]:
+                del table[name]  # type: ignore[attr-defined]
+                log.info("%s is no longer in the warehouse: not served any more", name)
+        with self._cache_lock:
+            for cache in (self._snapshot_cache, self._stream_cache):
+                for key in [k for k in cache if k[0] not in present]:
+                    del cache[key]  # type: ignore[attr-defined]
+
     def _discover(self, name: str, path: str) -> None:
         try:
             dt = DeltaTable(path)
             description = dt.metadata().description
-        except Exception as exc:  # no commit yet, or unreadable: maybe next time
-            log.debug("skipping %s: %s", path, exc)
+        except Exception as exc:
+            if not _has_commits(path):  # a store being created: its first commit is not written yet
+                log.debug("skipping %s: %s", path, exc)
+                return
+            error = f"cannot read the Delta table: {type(exc).__name__}: {exc}"
+            if self._unavailable.get(name) != error:
+                log.error("store %s is unavailable: %s", name, error)
+            self._unavailable[name] = error
             return
+        if self._unavailable.pop(name, None) is not None:
+            log.info("store %s is readable again", name)
         try:
             settings = _settings_or_none(description)
         except ValueError as exc:
@@ -459,13 +497,22 @@ class Engine:
             else:
                 handle.dt.update_incremental()
             load(handle.dt)
-            handle.error = None
             handle.last_refresh = time.monotonic()
         except Exception as exc:
-            handle.error = f"{type(exc).__name__}: {exc}"
+            error = f"{type(exc).__name__}: {exc}"
+            if handle.error != error:  # once per failure, not at every refresh
+                if handle.loaded is None:
+                    log.error("%s %s is unavailable: %s", kind, handle.name, error)
+                else:
+                    log.error("refresh of %s %s failed (serving its last good snapshot %d): %s", kind,
+                              handle.name, handle.loaded.snapshot, error)
+            handle.error = error
             # Force a full re-read of the log next time (the table object may be inconsistent).
             handle.dt = None
-            log.warning("refresh of %s %s failed (serving last good snapshot): %s", kind, handle.name, exc)
+            return
+        if handle.error is not None:
+            log.info("%s %s is readable again", kind, handle.name)
+        handle.error = None
 
     @staticmethod
     def _same_settings(handle: _StoreHandle | _StreamHandle, dt: DeltaTable, kind: str) -> layout.StoreSettings:
@@ -532,6 +579,10 @@ class Engine:
             raise error(f"invalid {kind} name {name!r}")
         handle = own.get(name)
         if handle is None:
+            unavailable = self._unavailable.get(name)
+            if unavailable is not None:
+                raise (StreamUnavailable if kind == "stream" else StoreUnavailable)(
+                    f"{kind} {name!r} is in the warehouse but cannot be read: {unavailable}")
             reason = self._refused.get(name)
             if reason is not None:
                 raise error(f"{kind} {name!r} is refused: {reason}")
@@ -544,7 +595,7 @@ class Engine:
         handle = self._handle(store)
         loaded = handle.loaded
         if loaded is None:
-            raise StoreNotFound(f"store {store!r} is not loaded yet: {handle.error or 'loading'}")
+            raise StoreUnavailable(f"store {store!r} cannot be read: {handle.error or 'not loaded yet'}")
         return loaded
 
     def _view(self, store: str, snapshot: int | None) -> _View:
@@ -599,6 +650,16 @@ class Engine:
         return layout.horizon(view.state.stream_time.get(p), view.settings.history_retention_ms)
 
     # ------------------------------------------------------------------ public reads
+    def unavailable(self) -> dict[str, str]:
+        """Stores and streams in the warehouse that cannot be read: name -> error. Their reads
+        answer StoreUnavailable/StreamUnavailable (503), never "not found"."""
+        out = dict(self._unavailable)
+        for table in (self._stores, self._streams):
+            for name, handle in table.items():
+                if handle.loaded is None:
+                    out[name] = handle.error or "not loaded yet"
+        return dict(sorted(out.items()))
+
     def list_stores(self) -> list[StoreInfo]:
         """Every loaded store (current snapshot), by name."""
         out = []
@@ -726,7 +787,7 @@ class Engine:
         handle = self._stream_handle(stream)
         loaded = handle.loaded
         if loaded is None:
-            raise StreamNotFound(f"stream {stream!r} is not loaded yet: {handle.error or 'loading'}")
+            raise StreamUnavailable(f"stream {stream!r} cannot be read: {handle.error or 'not loaded yet'}")
         if snapshot is None or snapshot == loaded.snapshot:
             return loaded
         if isinstance(snapshot, bool) or not isinstance(snapshot, int) or snapshot < 0:
@@ -830,9 +891,12 @@ class Engine:
         """``{"ready", "stores": {name: {"snapshot", "lastRefreshAgeSeconds", "error"}}, "streams":
         {same}, "refused"}``.
 
-        Ready once a refresh pass ran and every discovered (non-refused) store and stream has a
-        loaded snapshot; one serving its last good snapshot after a failed refresh stays ready
-        (its ``error`` says why it is stale).
+        Ready once a refresh pass ran and every store and stream of the warehouse (every
+        directory with a ``_delta_log``, refused format versions aside) has a loaded snapshot:
+        ``unavailable`` names those that cannot be read, and readiness follows the warehouse at
+        every refresh (a repaired store makes it ready again, a removed one leaves it). One
+        serving its last good snapshot after a failed refresh stays ready (its ``error`` says
+        why it is stale).
         """
         now = time.monotonic()
         ready = self._started
@@ -850,4 +914,7 @@ class Engine:
                     "lastRefreshAgeSeconds": None if h.last_refresh is None else round(now - h.last_refresh, 3),
                     "error": h.error,
                 }
-        return {"ready": ready, "stores": out["stores"], "streams": out["streams"], "refused": dict(self._refused)}
+        if self._unavailable:
+            ready = False
+        return {"ready": ready, "stores": out["stores"], "streams": out["streams"], "refused": dict(self._refused),
+                "unavailable": self.unavailable()}

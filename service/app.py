@@ -35,7 +35,9 @@ from query.api import (
     SnapshotNotFound,
     StoreInfo,
     StoreNotFound,
+    StoreUnavailable,
     StreamNotFound,
+    StreamUnavailable,
     UnsupportedQuery,
     VersionedKeyQuery,
 )
@@ -162,7 +164,7 @@ class Service:
 
     def readiness(self) -> dict[str, Any]:
         if self.engine is None:
-            return {"ready": False, "stores": {}, "streams": {}, "refused": {}}
+            return {"ready": False, "stores": {}, "streams": {}, "refused": {}, "unavailable": {}}
         return self.engine.readiness()
 
     def require_engine(self) -> Engine:
@@ -201,7 +203,9 @@ class Service:
             parse_query(query_string, ())
             engine = self.require_engine()
             stores = await run_in_threadpool(engine.list_stores)
-            return _dumps({"stores": [store_info_json(s) for s in stores]})
+            unavailable = await run_in_threadpool(engine.unavailable)
+            return _dumps({"stores": [store_info_json(s) for s in stores],
+                           "unavailable": [{"name": name, "error": error} for name, error in unavailable.items()]})
         if route.template in (ROUTE_STREAMS, ROUTE_STREAM, ROUTE_STREAM_RECORDS):
             return await self._streams(route, query_string)
         store = route.store or ""
@@ -234,6 +238,10 @@ class Service:
         except StreamNotFound as exc:
             raise Problem("stream-not-found", str(exc) or f"no stream named {store!r} in the warehouse",
                           stream=store) from None
+        except (StoreUnavailable, StreamUnavailable) as exc:
+            # the engine retries at every refresh: worth asking again after one interval
+            retry = {"retry-after": str(max(1, round(self.settings.refresh_interval_s)))}
+            raise Problem(f"{what}-unavailable", str(exc), headers=retry, **name) from None
         except SnapshotNotFound as exc:
             raise Problem("snapshot-not-found", str(exc) or f"{what} {store!r} has no snapshot {snapshot}",
                           **name, snapshot=snapshot) from None
@@ -508,8 +516,16 @@ def create_app(engine_or_settings: Engine | Settings, *, settings: Settings | No
         return JSONResponse({"status": "ok"})
 
     @app.get("/readyz")
-    async def readyz() -> Response:
+    async def readyz(request: Request) -> Response:
         state = await run_in_threadpool(service.readiness)
+        if service.authorized(request.scope) is not None:
+            # With auth on, an anonymous probe learns only whether the server is ready: store
+            # names, snapshots, errors and paths are for token holders.
+            state = {"ready": bool(state.get("ready"))}
+            if state["ready"]:
+                return JSONResponse(state)
+            problem = Problem("not-ready", "not ready (details need a bearer token)", **state)
+            return Response(problem.body(), status_code=503, media_type=PROBLEM_MEDIA_TYPE)
         if state.get("ready"):
             return JSONResponse(state)
         problem = Problem("not-ready", _not_ready_detail(state, service.engine is None), **state)
@@ -562,6 +578,9 @@ def _not_ready_detail(state: dict[str, Any], no_engine: bool) -> str:
     reasons += [f"stream {name!r}: {info['error']}" for name, info in state.get("streams", {}).items()
                 if info.get("error")]
     reasons += [f"store {name!r} refused: {why}" for name, why in state.get("refused", {}).items()]
+    reasons += [f"{name!r} cannot be read: {why}" for name, why in state.get("unavailable", {}).items()
+                if why not in {info.get("error") for info in [*state.get("stores", {}).values(),
+                                                              *state.get("streams", {}).values()]}]
     return "not ready" + (": " + "; ".join(reasons) if reasons else ": stores not loaded yet")
 
 

@@ -8,10 +8,10 @@ import secrets
 import sys
 from typing import Any
 
+from service.http import VersiqHttpProtocol, head_timeout_s
 from service.settings import ConfigError, Settings
-
-EXIT_OK = 0
-EXIT_USAGE = 2
+from versiq.durations import DurationError
+from versiq.exits import EXIT_OK, EXIT_SERVE_FAILED, EXIT_USAGE
 
 
 def uvicorn_log_config(log_format: str, level: str) -> dict[str, Any]:
@@ -53,20 +53,29 @@ def serve_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     os.environ.setdefault("VERSIQ_TOKEN_SECRET", secrets.token_hex(32))
     try:
         Settings.from_env()  # fail fast on bad configuration, before forking workers
-    except ConfigError as exc:
+        head_timeout_s()
+    except (ConfigError, DurationError) as exc:
         print(f"versiq serve: {exc}", file=sys.stderr)
         return EXIT_USAGE
 
     import uvicorn
 
-    uvicorn.run(
-        "service.app:app_from_env",
-        factory=True,
-        host=args.host,
-        port=args.port,
-        workers=args.workers,
-        log_config=uvicorn_log_config(args.log_format, args.log_level),
-        access_log=True,
-        proxy_headers=False,
-    )
+    try:
+        uvicorn.run(
+            "service.app:app_from_env",
+            factory=True,
+            host=args.host,
+            port=args.port,
+            workers=args.workers,
+            log_config=uvicorn_log_config(args.log_format, args.log_level),
+            access_log=True,
+            proxy_headers=False,
+            http=VersiqHttpProtocol,  # head timeouts, size limits, problem+json refusals (service.http)
+        )
+    except SystemExit as exc:  # uvicorn exits when it cannot start serving (e.g. address in use)
+        if exc.code in (None, 0):
+            raise
+        print(f"versiq serve: could not start serving on {args.host}:{args.port} (the error is logged above)",
+              file=sys.stderr)
+        return EXIT_SERVE_FAILED
     return EXIT_OK

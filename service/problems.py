@@ -23,9 +23,14 @@ PROBLEM_TYPES: dict[str, tuple[int, str]] = {
     "snapshot-not-found": (404, "Snapshot not found"),
     "route-not-found": (404, "No such resource"),
     "method-not-allowed": (405, "Method not allowed"),
+    "request-timeout": (408, "Request timeout"),
     "gone": (410, "Gone"),
+    "uri-too-long": (414, "URI too long"),
+    "header-fields-too-large": (431, "Request header fields too large"),
     "internal-error": (500, "Internal server error"),
     "not-ready": (503, "Not ready"),
+    "store-unavailable": (503, "Store unavailable"),
+    "stream-unavailable": (503, "Stream unavailable"),
 }
 
 

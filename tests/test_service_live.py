@@ -593,5 +593,5 @@ def test_not_ready_without_warehouse(tmp_path: Any) -> None:
         if r.status_code == 503:
             body = problem(r, 503, "not-ready")
             assert body["ready"] is False
-        assert c.get("/v1/stores").json() == {"stores": []}
+        assert c.get("/v1/stores").json() == {"stores": [], "unavailable": []}
         problem(c.get(key_path("x", "k")), 404, "store-not-found")

@@ -22,6 +22,7 @@ if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
 from service.app import create_app  # noqa: E402
+from service.http import VersiqHttpProtocol  # noqa: E402
 from service.settings import Settings  # noqa: E402
 from tests.q_storebuilder import StoreBuilder, StreamBuilder  # noqa: E402
 
@@ -116,7 +117,7 @@ def live_server(settings: Settings) -> Iterator[str]:
     app = create_app(settings)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           lifespan="on"))
+                                           lifespan="on", http=VersiqHttpProtocol))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
