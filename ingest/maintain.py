@@ -11,7 +11,14 @@
 - **Checkpoint** writes a Delta checkpoint so readers load the log quickly.
 - **Vacuum** deletes files removed longer ago than ``VACUUM_RETENTION_HOURS`` (1 hour = the
   default page-token lifetime of the service, so a token's pinned snapshot stays readable for
-  its whole life; set ``VERSIQ_VACUUM_RETENTION_HOURS`` to keep old snapshots longer).
+  its whole life; set ``VERSIQ_VACUUM_RETENTION_HOURS`` to keep old snapshots longer), and
+  files no commit ever referenced (left by a killed ingest or maintain, or a failed write) once
+  they are older than the same retention: delta-rs's *full* vacuum, in the store table and in
+  each side table (``_rejected``, ``_changelog``, ``_emitted``). This never touches a file a
+  writer may still commit: maintain holds the store's writer lock, so no ingest of the store
+  is between writing its files and committing them; a run's side-table files that a crash left
+  uncommitted are committed first (``finish_pending_sides``), exactly as the next ingest would;
+  and the retention spares anything written in the last hour whatever its origin.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import duckdb
 from deltalake import DeltaTable
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction
 
-from ingest.store import existing_store_path, is_store, writer_lock
+from ingest.store import SIDE_TABLES, existing_store_path, finish_pending_sides, is_store, open_store, writer_lock
 from ingest.writer import file_stats
 from versiq.layout import (
     STATE_KEY,
@@ -47,15 +54,26 @@ COMPACT_FILES_PER_BUCKET = 4
 def maintain_store(warehouse: str, store: str, lock_timeout_s: float = 60.0) -> dict[str, Any]:
     path = existing_store_path(warehouse, store)
     with writer_lock(path, lock_timeout_s):
+        table = DeltaTable(path)
+        handle = open_store(path, StoreSettings.from_description(table.metadata().description), set())
+        if finish_pending_sides(handle):  # their files are referenced before any full vacuum
+            log.info("store %s: completed the side-table commits of run %d", store, handle.state.run)
         result = compact(path)
         table = DeltaTable(path)
         table.create_checkpoint()
         # vacuum may commit too: carry the state so the newest commit always has it
         state = read_state(path, table.version())
         removed = table.vacuum(retention_hours=VACUUM_RETENTION_HOURS, dry_run=False,
-                               enforce_retention_duration=False,
+                               enforce_retention_duration=False, full=True,
                                commit_properties=CommitProperties(custom_metadata={STATE_KEY: state.to_json()}))
-        result.update(checkpoint=table.version(), vacuumed_files=len(removed))
+        side_removed = 0
+        for side in SIDE_TABLES:
+            side_path = os.path.join(path, side)
+            if is_store(side_path):
+                side_removed += len(DeltaTable(side_path).vacuum(
+                    retention_hours=VACUUM_RETENTION_HOURS, dry_run=False, enforce_retention_duration=False,
+                    full=True))
+        result.update(checkpoint=table.version(), vacuumed_files=len(removed), vacuumed_side_files=side_removed)
         return result
 
 

@@ -7,6 +7,7 @@ against the reference model too, so a wrong model cannot make a wrong ingest pas
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -227,3 +228,36 @@ def test_every_commit_after_maintain_carries_the_store_state(spark, tmp_path, mo
         info = next(_json.loads(line)["commitInfo"] for line in handle if line.startswith('{"commitInfo"'))
     assert _json.loads(info[STATE_KEY])["run"] == 2
     assert stream_times(path) == {0: 2}
+
+
+def test_maintain_removes_old_orphaned_files_and_spares_young_ones(spark, tmp_path):
+    """Issue 10 item 7: files no commit references (a killed maintain, a failed write) are removed
+    once older than the vacuum retention, in the store and its side tables; younger ones stay
+    (a writer's files are protected by the lock and by the retention)."""
+    from ingest.maintain import maintain_store
+
+    bad = '{"key":"x","timestamp":"never"}'
+    path, _ = ingest(spark, tmp_path, "o", [[("a.jsonl", lines([("k", "1", 1), ("j", "2", 2)]) + [bad])]], buckets=1)
+    before = store_versions(path)
+    old = time.time() - 3 * 3600
+    planted = {}
+    for folder in ("bucket=0", "_rejected"):
+        for age in ("old", "young"):
+            target = os.path.join(path, folder, f"orphan-{age}.parquet")
+            with open(target, "wb") as handle:
+                handle.write(b"PAR1 not referenced by any commit")
+            if age == "old":
+                os.utime(target, (old, old))
+            planted[(folder, age)] = target
+    stale_tmp = os.path.join(path, "bucket=0", "compact-00000001-dead.parquet.tmp")  # a killed maintain
+    with open(stale_tmp, "wb") as handle:
+        handle.write(b"partial")
+    os.utime(stale_tmp, (old, old))
+
+    result = maintain_store(str(tmp_path / "wh"), "o")
+    assert not os.path.exists(planted[("bucket=0", "old")]) and not os.path.exists(stale_tmp)
+    assert not os.path.exists(planted[("_rejected", "old")])
+    assert os.path.exists(planted[("bucket=0", "young")]) and os.path.exists(planted[("_rejected", "young")])
+    assert result["vacuumed_files"] >= 2 and result["vacuumed_side_files"] >= 1
+    assert store_versions(path) == before
+    assert [r["reason"] for r in rejected_rows(path)] == ["bad_timestamp"]
