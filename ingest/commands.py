@@ -28,7 +28,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 def _pipeline_from_args(args: argparse.Namespace) -> Any:
     from ingest.config import Pipeline, load_config
-    from ingest.pipeline import StoreSpec
+    from ingest.pipeline import StoreSpec, parse_max_future
 
     if args.config:
         if args.store or args.source:
@@ -42,9 +42,13 @@ def _pipeline_from_args(args: argparse.Namespace) -> Any:
             retention = parse_duration_ms(args.history_retention)
         except DurationError as exc:
             raise UsageError(f"--history-retention: {exc}") from None
+    try:
+        max_future = parse_max_future(args.max_future)
+    except DurationError as exc:
+        raise UsageError(f"--max-future: {exc} (or none)") from None
     return Pipeline(stores=[StoreSpec(name=args.store, source=args.source, format=args.format, kind=args.kind,
                                       history_retention_ms=retention, partitions=args.partitions,
-                                      buckets=args.buckets)])
+                                      buckets=args.buckets, max_future_ms=max_future)])
 
 
 def _seconds(text: str, flag: str) -> float:

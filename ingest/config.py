@@ -7,6 +7,7 @@ stores:
     format: jsonl                # jsonl | csv | parquet (default: by file extension)
     kind: versioned              # versioned | timestamped
     history_retention: 7d        # ms integer, 5m / 12h / 7d, or ISO-8601 (P7D)
+    max_future: 1h               # refuse records later than the run's clock + this (none: no limit)
     partitions: 4
     buckets: 16                  # optional physical layout
 streams:                         # append-only event logs (docs/derived-tables.md)
@@ -29,13 +30,14 @@ from typing import Any
 import yaml
 
 from ingest.derived.spec import TableSpec, check_global_store, parse_tables
-from ingest.pipeline import StoreSpec
+from ingest.pipeline import DEFAULT_MAX_FUTURE_MS, StoreSpec, parse_max_future
 from ingest.store import UsageError
 from ingest.streams import StreamSpec
 from versiq.durations import DurationError, parse_duration_ms
 from versiq.layout import STREAM_KIND, StoreSettings
 
-_STORE_FIELDS = {"name", "source", "format", "kind", "history_retention", "partitions", "buckets", "global"}
+_STORE_FIELDS = {"name", "source", "format", "kind", "history_retention", "partitions", "buckets", "global",
+                 "max_future"}
 _STREAM_FIELDS = {"name", "source", "format", "buckets"}
 
 
@@ -171,9 +173,16 @@ def _store(entry: Any, index: int, base: str) -> StoreSpec:
             retention_ms = parse_duration_ms(retention)
         except DurationError as exc:
             raise UsageError(f"{where} ({entry['name']}): history_retention: {exc}") from None
+    max_future_ms: int | None = DEFAULT_MAX_FUTURE_MS
+    if entry.get("max_future") is not None:
+        try:
+            max_future_ms = parse_max_future(str(entry["max_future"]))
+        except DurationError as exc:
+            raise UsageError(f"{where} ({entry['name']}): max_future: {exc} (or none)") from None
     _check_integers(entry, where)
     source = _absolute(source, base)
     return StoreSpec(
+        max_future_ms=max_future_ms,
         name=entry["name"],
         source=source,
         format=entry.get("format"),

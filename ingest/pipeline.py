@@ -40,7 +40,7 @@ from ingest.store import (
     writer_lock,
 )
 from ingest.writer import FILE_INFO_DDL, collect_adds, make_plain_writer, make_store_writer, write_local
-from versiq.durations import DEFAULT_HISTORY_RETENTION_MS
+from versiq.durations import DEFAULT_HISTORY_RETENTION_MS, parse_duration_ms
 from versiq.layout import (
     CHANGELOG_DIR,
     CHANGELOG_SCHEMA,
@@ -62,6 +62,28 @@ log = logging.getLogger("versiq.ingest")
 FILE_STATS_LIMIT = 100_000
 #: Up to this many rejections in a run, ``_rejected`` is written on the driver (``_write_rejected``).
 DRIVER_REJECTIONS = 20_000
+#: Default ``max_future``: a record more than 1 hour after the wall clock of its run is refused.
+DEFAULT_MAX_FUTURE_MS = 3_600_000
+
+
+def parse_max_future(text: str) -> int | None:
+    """``max_future`` as given on the command line or in a pipeline file: a duration, or
+    ``none`` for no limit. Raises DurationError."""
+    return None if text.strip().lower() == "none" else parse_duration_ms(text)
+
+
+def future_bound(max_future_ms: int | None, now_ms: int | None = None) -> int | None:
+    """The latest timestamp a run accepts: its wall clock (taken once, on the driver, when the
+    run starts) plus ``max_future_ms``; None when there is no limit.
+
+    Why per run and not a store setting: like a Kafka broker's
+    ``log.message.timestamp.after.max.ms`` (KIP-937) it guards the input against broken clocks
+    and poison records; it is not part of the store's semantics. A record refused today can be
+    ingested once its time has come (from a new file; a file is never read twice)."""
+    if max_future_ms is None:
+        return None
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    return min(now + max_future_ms, 2**63 - 1)
 
 
 def report_json(report: Any) -> dict[str, Any]:
@@ -93,6 +115,9 @@ class StoreSpec:
     buckets: int | None = None
     #: Keep a ``_changelog`` of accepted records (set when derived tables read this store).
     changelog: bool = False
+    #: Records stamped later than the run's wall clock plus this are rejected ``bad_timestamp``
+    #: (None: no limit). An input guard of each run, not a store setting (``future_bound``).
+    max_future_ms: int | None = DEFAULT_MAX_FUTURE_MS
 
     def settings(self) -> tuple[StoreSettings, set[str]]:
         explicit = {name for name, value in (("kind", self.kind),
@@ -120,6 +145,8 @@ class StoreSpec:
             raise UsageError(f"store {self.name!r}: partitions must be in [1, 10000]")
         if self.buckets is not None and not 1 <= self.buckets <= 4096:
             raise UsageError(f"store {self.name!r}: buckets must be in [1, 4096]")
+        if self.max_future_ms is not None and not 0 <= self.max_future_ms <= 2**63 - 1:
+            raise UsageError(f"store {self.name!r}: max_future must be in [0, 2^63-1] ms or none")
         if not os.path.exists(self.source):
             raise UsageError(f"store {self.name!r}: source {self.source!r} does not exist")
 
@@ -250,7 +277,8 @@ def ingest_store(spark: SparkSession, warehouse: str, spec: StoreSpec, lock_time
         return report
 
 
-def _parse(spark: SparkSession, files: dict[str, str], fmt: str | None, partitions: int | None) -> DataFrame:
+def _parse(spark: SparkSession, files: dict[str, str], fmt: str | None, partitions: int | None,
+           max_timestamp: int | None = None) -> DataFrame:
     """Every file parsed (``ingest.records``) by a Spark task, with the processing-order
     columns of ``ingest.order`` (``partitions``: the store's, None for a stream)."""
     if len(files) > MAX_FILES:
@@ -264,7 +292,7 @@ def _parse(spark: SparkSession, files: dict[str, str], fmt: str | None, partitio
     def parse(batches):  # type: ignore[no-untyped-def]
         for batch in batches:
             for full, rel, file_fmt, index in zip(*(batch.column(i).to_pylist() for i in range(4)), strict=True):
-                yield from with_order(parse_file(full, rel, file_fmt), index, partitions)
+                yield from with_order(parse_file(full, rel, file_fmt, max_timestamp), index, partitions)
 
     return frame.mapInArrow(parse, from_arrow_schema(RUN_SCHEMA))
 
@@ -272,7 +300,8 @@ def _parse(spark: SparkSession, files: dict[str, str], fmt: str | None, partitio
 def _run_once(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, new: dict[str, str], run: int,
               report: StoreReport) -> None:
     settings = handle.settings
-    parsed = _parse(spark, new, spec.format, settings.partitions).persist(StorageLevel.MEMORY_AND_DISK)
+    parsed = _parse(spark, new, spec.format, settings.partitions, future_bound(spec.max_future_ms)).persist(
+        StorageLevel.MEMORY_AND_DISK)
     try:
         good = parsed.filter(F.col("reason").isNull()).select("seq", "fst", "key", "value", "ts", "part", "offset")
         # per-file maxima for stream time without a shuffle, unless that is too many rows to collect

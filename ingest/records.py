@@ -21,10 +21,11 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from versiq.layout import MAX_KEY_BYTES
-from versiq.timestamps import MAX_TIMESTAMP, TimestampError, parse_timestamp
+from versiq.timestamps import MAX_TIMESTAMP, TimestampError, format_timestamp, parse_timestamp
 
 MAX_RECORD_BYTES = 1024 * 1024
 BATCH_ROWS = 8192
@@ -824,11 +825,38 @@ def format_of(path: str, explicit: str | None) -> str:
     return FORMAT_BY_EXTENSION.get(os.path.splitext(path)[1].lower(), "jsonl")
 
 
-def parse_file(path: str, source: str, fmt: str) -> Iterator[pa.RecordBatch]:
+def parse_file(path: str, source: str, fmt: str, max_timestamp: int | None = None) -> Iterator[pa.RecordBatch]:
     """Parse one file. Content that is not a record is a rejection; a file that cannot be
     *read* (an OSError) raises: that fails the run, which commits nothing, so the file is not
-    marked done and the next run reads it (``ingest.sources``)."""
-    yield from PARSERS[fmt](path, source)
+    marked done and the next run reads it (``ingest.sources``).
+
+    ``max_timestamp``: records stamped later are rejected ``bad_timestamp`` (the store's
+    ``max_future`` guard, ``future_bound``), so they never reach stream time."""
+    for batch in PARSERS[fmt](path, source):
+        yield batch if max_timestamp is None else refuse_future(batch, max_timestamp)
+
+
+def refuse_future(batch: pa.RecordBatch, max_timestamp: int) -> pa.RecordBatch:
+    """``batch`` with every accepted record stamped after ``max_timestamp`` turned into a
+    ``bad_timestamp`` rejection (a broker's ``log.message.timestamp.after.max.ms``, KIP-937: one
+    record at 2^63-1 would otherwise pin stream time and make every later record late)."""
+    ts = batch.column(PARSED_SCHEMA.get_field_index("ts"))
+    reason = batch.column(PARSED_SCHEMA.get_field_index("reason"))
+    later = pc.fill_null(pc.greater(ts, pa.scalar(max_timestamp, pa.int64())), False)  # rejected rows: null ts
+    future = pc.and_(reason.is_null(), later)
+    if not pc.any(future).as_py():
+        return batch
+    columns = {name: batch.column(i) for i, name in enumerate(PARSED_SCHEMA.names)}
+    details = [None if not f else
+               f"timestamp {t} ({format_timestamp(t)}) is later than {max_timestamp} "
+               f"({format_timestamp(max_timestamp)}), the ingest's wall clock plus the store's max_future: "
+               "such a record would pin stream time (pass --max-future none to accept it)"
+               for f, t in zip(future.to_pylist(), ts.to_pylist(), strict=True)]
+    columns["reason"] = pc.if_else(future, pa.scalar("bad_timestamp"), reason)
+    columns["detail"] = pc.if_else(future, pa.array(details, pa.string()), columns["detail"])
+    for name in ("key", "value", "ts"):
+        columns[name] = pc.if_else(future, pa.scalar(None, columns[name].type), columns[name])
+    return pa.RecordBatch.from_arrays(list(columns.values()), schema=PARSED_SCHEMA)
 
 
 def raw_texts(path: str, fmt: str, positions: Sequence[int]) -> Iterator[tuple[int, str]]:

@@ -261,3 +261,51 @@ def test_maintain_removes_old_orphaned_files_and_spares_young_ones(spark, tmp_pa
     assert result["vacuumed_files"] >= 2 and result["vacuumed_side_files"] >= 1
     assert store_versions(path) == before
     assert [r["reason"] for r in rejected_rows(path)] == ["bad_timestamp"]
+
+
+def test_a_record_far_in_the_future_is_refused_and_never_pins_stream_time(spark, tmp_path):
+    """Issue 10 item 2 (KIP-937's guard): a record at 2^63-1 once pinned stream time at the maximum,
+    so every later record was late. It is rejected bad_timestamp by default (max_future 1h)."""
+    future = 2**63 - 1
+    path, [first, second] = ingest(spark, tmp_path, "f", [
+        [("a.jsonl", lines([("a", "1", 100), ("a", "2", future)]))],
+        [("b.jsonl", lines([("b", "3", 200)], "b.jsonl"))],
+    ])
+    assert first.rejected["bad_timestamp"] == 1 and second.rejected["late"] == 0
+    assert stream_times(path) == {0: 200}
+    assert set(store_versions(path)) == {"a", "b"}
+    [row] = rejected_rows(path)
+    assert row["reason"] == "bad_timestamp" and "max_future" in row["detail"] and str(future) in row["raw"]
+    # --max-future none: the record is accepted (and then pins stream time, as the user asked)
+    path, [rep] = ingest(spark, tmp_path, "g", [[("a.jsonl", lines([("a", "2", future)]))]], max_future_ms=None)
+    assert rep.rejected["bad_timestamp"] == 0 and stream_times(path) == {0: future}
+
+
+def test_the_future_bound_is_inclusive():
+    import pyarrow as pa
+
+    from ingest.pipeline import future_bound, parse_max_future
+    from ingest.records import parse_bytes_for_tests, refuse_future
+
+    table = parse_bytes_for_tests('{"key":"a","value":1,"timestamp":1000}\n{"key":"b","value":1,"timestamp":1001}\n'
+                                  '{"key":"c","timestamp":"x"}\n')
+    [batch] = table.to_batches()
+    out = pa.Table.from_batches([refuse_future(batch, 1000)])
+    assert out.column("reason").to_pylist() == [None, "bad_timestamp", "bad_timestamp"]
+    assert out.column("key").to_pylist() == ["a", None, None]
+    assert "1001" in out.column("detail")[1].as_py() and "max_future" in out.column("detail")[1].as_py()
+    assert future_bound(None) is None and future_bound(5, now_ms=10) == 15 and future_bound(2**63 - 1, 10) == 2**63 - 1
+    assert parse_max_future("none") is None and parse_max_future("2h") == 7_200_000
+
+
+def test_max_future_in_a_pipeline_file(tmp_path):
+    from ingest.config import load_config
+
+    (tmp_path / "d").mkdir()
+    (tmp_path / "p.yaml").write_text("stores:\n  - {name: a, source: d, max_future: none}\n"
+                                     "  - {name: b, source: d, max_future: 2h}\n  - {name: c, source: d}\n")
+    stores = load_config(str(tmp_path / "p.yaml")).stores
+    assert [s.max_future_ms for s in stores] == [None, 7_200_000, 3_600_000]
+    (tmp_path / "q.yaml").write_text("stores:\n  - {name: a, source: d, max_future: soon}\n")
+    with pytest.raises(UsageError, match="max_future"):
+        load_config(str(tmp_path / "q.yaml"))
