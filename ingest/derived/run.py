@@ -63,6 +63,7 @@ from versiq.layout import (
     StoreSettings,
     StoreState,
     bucket_of,
+    read_rule_sql,
     read_state,
 )
 
@@ -192,7 +193,10 @@ def derive(warehouse: str, pipeline: Pipeline, lock_timeout_s: float) -> dict[st
             try:
                 _run_pass(pipeline, specs, handles, infos, sources_of, dict(start), writers, reports)
             except Exception as exc:  # noqa: BLE001 - reported per table; other passes go on
-                log.exception("derived tables %s failed", ", ".join(writers))
+                if isinstance(exc, DeriveError):  # explained in one line: no traceback
+                    log.error("derived tables %s failed: %s", ", ".join(writers), exc)
+                else:
+                    log.exception("derived tables %s failed", ", ".join(writers))
                 for name in writers:  # the tables committed before the failure keep their report
                     if name not in reports:
                         reports[name] = TableReport(kind=specs[name].kind, error=f"{type(exc).__name__}: {exc}")
@@ -262,6 +266,36 @@ def _read_records(path: str, after: int, upto: int, is_stream: bool) -> list[Sou
     return [SourceRecord(k, v, int(t), int(p)) for k, v, t, p in rows]
 
 
+def _bootstrap_records(info: SourceInfo, run: int) -> list[SourceRecord]:
+    """The history store ``info`` holds after run ``run``, as a changelog: every version a query
+    could still return (validTo after its partition's horizon, or still valid; tombstones
+    included, as they end the validity before them; a timestamped store's current values), in
+    (timestamp, key) order, so every record is in order for its key."""
+    snapshot = _snapshot_of_run(info.path, info.snapshot, run)
+    files = list(DeltaTable(info.path, version=snapshot).file_uris())
+    if not files:
+        return []
+    settings = info.settings
+    state = read_state(info.path, snapshot)
+    observable = "NOT tombstone"
+    if settings.kind == "versioned":
+        cases = " ".join(f"WHEN {p} THEN {t - settings.history_retention_ms}"
+                         for p, t in sorted(state.stream_time.items()))
+        horizon = f"CASE \"partition\" {cases} END" if cases else "NULL"
+        observable = f"valid_to IS NULL OR {horizon} IS NULL OR valid_to > {horizon}"
+    con = duckdb.connect()
+    try:
+        rows = con.sql(
+            "SELECT key, value, valid_from, \"partition\" FROM (SELECT key, valid_from, valid_to, value, tombstone, "
+            f"\"partition\", run FROM read_parquet($files) {read_rule_sql(settings.kind)}) WHERE {observable} "
+            "ORDER BY valid_from, key", params={"files": files}).fetchall()
+    finally:
+        con.close()
+    log.info("store %s: derived tables start from its snapshot %d (run %d): %d version(s)", info.name, snapshot,
+             run, len(rows))
+    return [SourceRecord(k, v, int(t), int(p)) for k, v, t, p in rows]
+
+
 def _run_pass(pipeline: Pipeline, specs: dict[str, TableSpec], handles: dict[str, StoreHandle],
               infos: dict[str, SourceInfo], sources_of: dict[str, set[str]], start: dict[str, int],
               writers: list[str], reports: dict[str, TableReport]) -> None:
@@ -280,13 +314,19 @@ def _run_pass(pipeline: Pipeline, specs: dict[str, TableSpec], handles: dict[str
         for s in sorted(pass_sources):
             info = infos[s]
             after = start.get(s, 0)
-            if info.run > after and not info.is_stream and (info.changelog_since is None
-                                                            or info.changelog_since > after + 1):
-                raise DeriveError(
-                    f"store {s!r} has no changelog of runs {after + 1}..{(info.changelog_since or info.run + 1) - 1} "
-                    "(it was ingested before a derived table read it); delete the store and ingest it again from "
-                    "its source files so derived tables can be built from its whole history")
-            records[s] = _read_records(info.path, after, info.run, info.is_stream)
+            covered = info.changelog_since is not None and info.changelog_since <= after + 1
+            if info.run > after and not info.is_stream and not covered:
+                if after:  # a table that consumed runs of this store always had their changelog
+                    first = (info.changelog_since or info.run + 1) - 1
+                    raise DeriveError(f"store {s!r} has no changelog of runs {after + 1}..{first}; delete the "
+                                      "derived tables of this pipeline to rebuild them from the store")
+                # A store ingested before any table read it: bootstrap from what it holds
+                # (docs/derived-tables.md, "Tables added over an existing store"), then go on
+                # with its changelog from the first run that kept one.
+                upto = info.run if info.changelog_since is None else info.changelog_since - 1
+                records[s] = _bootstrap_records(info, upto) + _read_records(info.path, upto, info.run, False)
+            else:
+                records[s] = _read_records(info.path, after, info.run, info.is_stream)
             if info.is_stream:
                 continue
             snapshot = _snapshot_of_run(info.path, info.snapshot, after) if after else None
