@@ -20,10 +20,10 @@ from typing import Any
 
 from ingest.store import LockTimeout, UsageError
 from versiq.durations import DurationError, parse_duration_ms
+from versiq.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 log = logging.getLogger("versiq.ingest")
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 def _pipeline_from_args(args: argparse.Namespace) -> Any:

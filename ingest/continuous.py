@@ -30,6 +30,7 @@ from functools import reduce
 from typing import Any
 
 from ingest.store import LockTimeout, UsageError
+from versiq.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 log = logging.getLogger("versiq.ingest")
 
@@ -65,8 +66,6 @@ def run_continuous(spark: Any, warehouse: str, pipeline: Any, interval_s: float,
     ``one_run()`` runs the pipeline once and returns its ``RunReport``; ``after_run(report)``
     prints/writes it and does maintenance.
     """
-    from ingest.commands import EXIT_FAILED, EXIT_OK, EXIT_USAGE
-
     sources = [spec.source for spec in [*pipeline.stores, *pipeline.streams]]
     frame = reduce(lambda a, b: a.union(b), [_source_frame(spark, s) for s in sources])
     checkpoint = checkpoint_dir(warehouse, sources)

@@ -28,6 +28,8 @@ from ingest.records import MAX_RECORD_BYTES, PARSED_SCHEMA, parse_file
 from versiq.layout import MAX_KEY_BYTES
 from versiq.timestamps import MAX_TIMESTAMP, TimestampError, format_timestamp, parse_timestamp
 
+#: CI runs the derandomized "ci" profile with these counts; HYPOTHESIS_PROFILE=explore runs 25x more.
+SCALE = 25 if os.environ.get("HYPOTHESIS_PROFILE") == "explore" else 1
 DIGITS = "0123456789"
 # Non-ASCII decimal digits (Arabic-Indic, fullwidth, Devanagari): never digits of the grammar.
 ODD_DIGITS = "\u0660\u0661\uff10\uff11\u0966"
@@ -88,7 +90,7 @@ def test_timestamp_edges_convert_or_raise_the_grammar_error(text: str) -> None:
         assert parse_timestamp(text) == expected
 
 
-@settings(max_examples=400)
+@settings(max_examples=400 * SCALE)
 @given(st.one_of(rfc3339_like(), st.text(max_size=40), st.integers(-10, 2**64).map(str)))
 @example("0000-01-01T00:00:00Z")
 def test_timestamp_grammar_is_total(text: str) -> None:
@@ -104,7 +106,7 @@ def test_timestamp_grammar_is_total(text: str) -> None:
             assert got is None or 0 <= got <= MAX_TIMESTAMP
 
 
-@settings(max_examples=300)
+@settings(max_examples=300 * SCALE)
 @given(st.integers(0, MAX_TIMESTAMP))
 def test_format_timestamp_is_total_and_round_trips(millis: int) -> None:
     text = format_timestamp(millis)
@@ -206,7 +208,7 @@ def _comparable(key: object, ts: object) -> bool:
     return True
 
 
-@settings(max_examples=250)
+@settings(max_examples=250 * SCALE)
 @given(KEYS, st.one_of(JSON_VALUES, BIG_VALUE), STAMPS)
 @example("k", "x" * 200_000, 1)             # a CSV field over the csv module's default 128 KiB
 @example("k", "x" * (MAX_RECORD_BYTES + 10), 1)

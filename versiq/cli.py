@@ -12,11 +12,8 @@ import sys
 from collections.abc import Sequence
 
 from versiq import __version__
+from versiq.exits import EXIT_USAGE
 from versiq.logs import setup_logging
-
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
 
 
 def _add_logging(parser: argparse.ArgumentParser) -> None:

@@ -92,7 +92,8 @@ def _report_line(report_path: Path) -> str:
 
 def demo_command(args: argparse.Namespace) -> int:
     """Generate (once), ingest, print example queries, then serve unless ``--no-serve``."""
-    from versiq.cli import EXIT_USAGE, main
+    from versiq.cli import main
+    from versiq.exits import EXIT_USAGE
 
     data = Path(args.data)
     warehouse = Path(args.warehouse)
