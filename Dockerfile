@@ -23,6 +23,7 @@ COPY versiq ./versiq
 COPY ingest ./ingest
 COPY query ./query
 COPY service ./service
+COPY cli ./cli
 RUN pip install --no-cache-dir . && rm -rf /src/build
 
 RUN mkdir -p /warehouse /data && chown versiq:versiq /warehouse /data

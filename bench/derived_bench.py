@@ -66,10 +66,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import gen_changelog as gen  # noqa: E402
 
-from ingest.config import Pipeline  # noqa: E402
-from ingest.derived.spec import parse_tables  # noqa: E402
-from ingest.pipeline import StoreSpec  # noqa: E402
-from ingest.streams import StreamSpec  # noqa: E402
+from versiq.ingest.config import Pipeline  # noqa: E402
+from versiq.ingest.derived.spec import parse_tables  # noqa: E402
+from versiq.ingest.pipeline import StoreSpec  # noqa: E402
+from versiq.ingest.streams import StreamSpec  # noqa: E402
 
 START_MS = gen.START_MS
 SPAN_MS = gen.SPAN_MS
@@ -255,9 +255,9 @@ LOADS = {"calls": 0, "keys_all": 0, "keys_requested": 0, "seconds": 0.0, "all_se
 
 def instrument() -> None:
     """Time the derived pass's phases (names below) and count ``SnapshotReader.load`` calls."""
-    import ingest.derived.run as run
-    from ingest.derived.state import SnapshotReader
-    from ingest.derived.topology import Topology
+    import versiq.ingest.derived.run as run
+    from versiq.ingest.derived.state import SnapshotReader
+    from versiq.ingest.derived.topology import Topology
 
     def timed(fn: Any, label: str) -> Any:
         @functools.wraps(fn)
@@ -325,7 +325,7 @@ def uptime() -> str:
 # -- phases --------------------------------------------------------------------------------
 
 def ingest_sources(spark: Any, root: str) -> dict[str, Any]:
-    from ingest.derived.run import run_pipeline
+    from versiq.ingest.derived.run import run_pipeline
 
     stores, streams = source_specs(root, list(STORES + STREAMS))
     t0 = time.perf_counter()
@@ -343,7 +343,7 @@ def ingest_sources(spark: Any, root: str) -> dict[str, Any]:
 def warm_up(spark: Any, root: str) -> None:
     """A throwaway ingest + derive so the first measured ingest does not pay Spark's warm-up
     (class loading, Python workers, first-job planning)."""
-    from ingest.derived.run import run_pipeline
+    from versiq.ingest.derived.run import run_pipeline
 
     folder = os.path.join(root, "_warm_up")
     os.makedirs(os.path.join(folder, "src"))
@@ -359,7 +359,7 @@ def warm_up(spark: Any, root: str) -> None:
 
 def derive_one(spark: Any, root: str, op: str, inputs: dict[str, int], ingest_s: dict[str, float],
                profile: bool) -> dict[str, Any]:
-    from ingest.derived.run import run_pipeline
+    from versiq.ingest.derived.run import run_pipeline
 
     pipeline = operator_pipeline(root, op)
     name = pipeline.tables[0].name
@@ -435,7 +435,7 @@ def main() -> None:
     result["generate_s"] = round(time.perf_counter() - t0, 2)
     print(f"generated {build_in} in {result['generate_s']} s under {root}", flush=True)
 
-    from ingest.spark import get_spark
+    from versiq.ingest.spark import get_spark
 
     t0 = time.perf_counter()
     spark = get_spark("local[*]")

@@ -36,8 +36,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import gen_changelog as gen  # noqa: E402
 
-from ingest.pipeline import StoreSpec, run_ingest  # noqa: E402
-from ingest.spark import get_spark  # noqa: E402
+from versiq.ingest.pipeline import StoreSpec, run_ingest  # noqa: E402
+from versiq.ingest.spark import get_spark  # noqa: E402
 
 VERSIONS = 10
 BATCH_EVENTS = 10_000
@@ -59,7 +59,7 @@ def instrument() -> None:
     (the pipeline is lazy, so a phase's seconds include the plan it triggers)."""
     import functools
 
-    import ingest.pipeline as pipeline
+    import versiq.ingest.pipeline as pipeline
 
     for name in PHASE_NAMES:
         fn = getattr(pipeline, name, None)

@@ -16,7 +16,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ingest.records import parse_file  # noqa: E402
+from versiq.ingest.records import parse_file  # noqa: E402
 
 
 def run(path: str, fmt: str) -> tuple[int, float]:

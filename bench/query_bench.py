@@ -88,8 +88,8 @@ def ensure_store(work: str, keys: int) -> tuple[str, dict]:
             info = json.load(fh)
         print(f"reusing store {warehouse} ({info['events']:,} events)", flush=True)
         return warehouse, info
-    from ingest.pipeline import StoreSpec, run_ingest
-    from ingest.spark import get_spark
+    from versiq.ingest.pipeline import StoreSpec, run_ingest
+    from versiq.ingest.spark import get_spark
 
     shutil.rmtree(warehouse, ignore_errors=True)
     source = os.path.join(work, f"src-query-{keys}")
@@ -141,8 +141,8 @@ class Workload:
 
 
 def engine_floors(warehouse: str, wl: Workload, n: int) -> dict:
-    from query.api import MultiVersionedKeyQuery, VersionedKeyQuery
-    from query.engine import Engine
+    from versiq.query.api import MultiVersionedKeyQuery, VersionedKeyQuery
+    from versiq.query.engine import Engine
 
     t0 = time.perf_counter()
     eng = Engine(warehouse)

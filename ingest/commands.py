@@ -18,17 +18,17 @@ import sys
 import tempfile
 from typing import Any
 
-from ingest.store import LockTimeout, UsageError
 from versiq.durations import DurationError, parse_duration_ms
 from versiq.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from versiq.ingest.store import LockTimeout, UsageError
 
 log = logging.getLogger("versiq.ingest")
 
 
 
 def _pipeline_from_args(args: argparse.Namespace) -> Any:
-    from ingest.config import Pipeline, load_config
-    from ingest.pipeline import StoreSpec, parse_max_future
+    from versiq.ingest.config import Pipeline, load_config
+    from versiq.ingest.pipeline import StoreSpec, parse_max_future
 
     if args.config:
         if args.store or args.source:
@@ -112,8 +112,8 @@ def ingest_command(args: argparse.Namespace, parser: argparse.ArgumentParser | N
         print(f"versiq ingest: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
 
-    from ingest.derived.run import run_pipeline
-    from ingest.spark import get_spark
+    from versiq.ingest.derived.run import run_pipeline
+    from versiq.ingest.spark import get_spark
 
     spark = get_spark(args.master)
     if not args.continuous:
@@ -121,8 +121,8 @@ def ingest_command(args: argparse.Namespace, parser: argparse.ArgumentParser | N
             return _one_run(spark, args, pipeline, lock_timeout)
         finally:
             spark.stop()  # the demo serves in the same process afterwards: free the JVM
-    from ingest.continuous import run_continuous
-    from ingest.maintain import compact_if_due
+    from versiq.ingest.continuous import run_continuous
+    from versiq.ingest.maintain import compact_if_due
 
     def one_run() -> Any:
         return run_pipeline(spark, args.warehouse, pipeline, lock_timeout_s=lock_timeout)
@@ -150,7 +150,7 @@ def ingest_command(args: argparse.Namespace, parser: argparse.ArgumentParser | N
 
 
 def _one_run(spark: Any, args: argparse.Namespace, pipeline: Any, lock_timeout: float) -> int:
-    from ingest.derived.run import run_pipeline
+    from versiq.ingest.derived.run import run_pipeline
 
     try:
         report = run_pipeline(spark, args.warehouse, pipeline, lock_timeout_s=lock_timeout)
@@ -165,7 +165,7 @@ def _one_run(spark: Any, args: argparse.Namespace, pipeline: Any, lock_timeout: 
 
 
 def rejected_command(args: argparse.Namespace) -> int:
-    from ingest.rejected import iter_rejected
+    from versiq.ingest.rejected import iter_rejected
 
     try:
         rows = iter_rejected(args.warehouse, args.store, args.reason)
@@ -186,7 +186,7 @@ def rejected_command(args: argparse.Namespace) -> int:
 
 
 def maintain_command(args: argparse.Namespace) -> int:
-    from ingest.maintain import maintain_store
+    from versiq.ingest.maintain import maintain_store
 
     try:
         result = maintain_store(args.warehouse, args.store, _seconds(args.lock_timeout, "--lock-timeout"))

@@ -29,11 +29,11 @@ from typing import Any
 
 import yaml
 
-from ingest.derived.spec import TableSpec, check_global_store, parse_tables
-from ingest.pipeline import DEFAULT_MAX_FUTURE_MS, StoreSpec, parse_max_future
-from ingest.store import UsageError
-from ingest.streams import StreamSpec
 from versiq.durations import DurationError, parse_duration_ms
+from versiq.ingest.derived.spec import TableSpec, check_global_store, parse_tables
+from versiq.ingest.pipeline import DEFAULT_MAX_FUTURE_MS, StoreSpec, parse_max_future
+from versiq.ingest.store import UsageError
+from versiq.ingest.streams import StreamSpec
 from versiq.layout import STREAM_KIND, StoreSettings
 
 _STORE_FIELDS = {"name", "source", "format", "kind", "history_retention", "partitions", "buckets", "global",

@@ -29,8 +29,8 @@ from collections.abc import Callable
 from functools import reduce
 from typing import Any
 
-from ingest.store import LockTimeout, UsageError
 from versiq.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from versiq.ingest.store import LockTimeout, UsageError
 
 log = logging.getLogger("versiq.ingest")
 

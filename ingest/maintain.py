@@ -32,8 +32,15 @@ import duckdb
 from deltalake import DeltaTable
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction
 
-from ingest.store import SIDE_TABLES, existing_store_path, finish_pending_sides, is_store, open_store, writer_lock
-from ingest.writer import file_stats
+from versiq.ingest.store import (
+    SIDE_TABLES,
+    existing_store_path,
+    finish_pending_sides,
+    is_store,
+    open_store,
+    writer_lock,
+)
+from versiq.ingest.writer import file_stats
 from versiq.layout import (
     STATE_KEY,
     STORE_FILE_SCHEMA,

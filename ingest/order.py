@@ -30,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ingest.records import PARSED_SCHEMA
+from versiq.ingest.records import PARSED_SCHEMA
 from versiq.layout import default_partition_of
 
 POS_BITS = 40

@@ -22,12 +22,13 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from ingest.bucketing import write_tasks
-from ingest.order import MAX_FILES, MAX_POS, RUN_SCHEMA, file_seq_base, split_seq, with_order
-from ingest.records import BATCH_ROWS, format_of, parse_file, raw_texts
-from ingest.semantics import RunContext, classify, default_partition_of, file_of, rows_to_write
-from ingest.sources import SourceError, check_readable, list_sources
-from ingest.store import (
+from versiq.durations import DEFAULT_HISTORY_RETENTION_MS, parse_duration_ms
+from versiq.ingest.bucketing import write_tasks
+from versiq.ingest.order import MAX_FILES, MAX_POS, RUN_SCHEMA, file_seq_base, split_seq, with_order
+from versiq.ingest.records import BATCH_ROWS, format_of, parse_file, raw_texts
+from versiq.ingest.semantics import RunContext, classify, default_partition_of, file_of, rows_to_write
+from versiq.ingest.sources import SourceError, check_readable, list_sources
+from versiq.ingest.store import (
     StoreHandle,
     UsageError,
     commit_rejected,
@@ -39,8 +40,7 @@ from ingest.store import (
     rejected_path,
     writer_lock,
 )
-from ingest.writer import FILE_INFO_DDL, collect_adds, make_plain_writer, make_store_writer, write_local
-from versiq.durations import DEFAULT_HISTORY_RETENTION_MS, parse_duration_ms
+from versiq.ingest.writer import FILE_INFO_DDL, collect_adds, make_plain_writer, make_store_writer, write_local
 from versiq.layout import (
     CHANGELOG_DIR,
     CHANGELOG_SCHEMA,

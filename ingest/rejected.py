@@ -8,7 +8,7 @@ from typing import Any
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from ingest.store import UsageError, existing_store_path, is_store, rejected_path
+from versiq.ingest.store import UsageError, existing_store_path, is_store, rejected_path
 from versiq.layout import REJECT_REASONS
 
 

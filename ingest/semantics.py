@@ -54,8 +54,8 @@ from dataclasses import dataclass
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from ingest.bucketing import by_bucket
-from ingest.order import POS_BITS
+from versiq.ingest.bucketing import by_bucket
+from versiq.ingest.order import POS_BITS
 from versiq.layout import StoreSettings, StoreState
 
 

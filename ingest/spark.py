@@ -15,7 +15,6 @@ import zipfile
 
 from pyspark.sql import SparkSession
 
-import ingest
 import versiq
 
 DEFAULT_MASTER = "local[*]"
@@ -51,15 +50,15 @@ def get_spark(master: str | None = None, app_name: str = "versiq-ingest") -> Spa
 
 
 def _ship_project(spark: SparkSession) -> None:
-    """Zip the ``versiq`` and ``ingest`` packages and add them to every executor's path."""
-    target = os.path.join(tempfile.mkdtemp(prefix="versiq-pyfiles-"), "versiq_ingest.zip")
+    """Zip the ``versiq`` package (following its links to ingest/, query/, service/, cli/) and add
+    it to every executor's path."""
+    target = os.path.join(tempfile.mkdtemp(prefix="versiq-pyfiles-"), "versiq.zip")
+    root = os.path.dirname(versiq.__file__ or "")
+    base = os.path.dirname(root)
     with zipfile.ZipFile(target, "w") as archive:
-        for package in (versiq, ingest):
-            root = os.path.dirname(package.__file__ or "")
-            base = os.path.dirname(root)
-            for folder, _dirs, files in os.walk(root):
-                for name in files:
-                    if name.endswith(".py"):
-                        full = os.path.join(folder, name)
-                        archive.write(full, os.path.relpath(full, base))
+        for folder, _dirs, files in os.walk(root, followlinks=True):
+            for name in files:
+                if name.endswith(".py"):
+                    full = os.path.join(folder, name)
+                    archive.write(full, os.path.relpath(full, base))
     spark.sparkContext.addPyFile(target)

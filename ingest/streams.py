@@ -18,17 +18,17 @@ from pyspark import StorageLevel
 from pyspark.sql import SparkSession, Window
 from pyspark.sql import functions as F
 
-from ingest.bucketing import by_bucket, write_tasks
-from ingest.pipeline import (
+from versiq.ingest.bucketing import by_bucket, write_tasks
+from versiq.ingest.pipeline import (
     StreamReport,
     _parse,
     _write_rejected,
     log_ignored,
 )
-from ingest.semantics import bucket_of
-from ingest.sources import check_readable, list_sources
-from ingest.store import UsageError, commit_rejected, commit_store, finish_pending_sides, open_store, writer_lock
-from ingest.writer import FILE_INFO_DDL, STREAM_SORT, collect_adds, make_store_writer
+from versiq.ingest.semantics import bucket_of
+from versiq.ingest.sources import check_readable, list_sources
+from versiq.ingest.store import UsageError, commit_rejected, commit_store, finish_pending_sides, open_store, writer_lock
+from versiq.ingest.writer import FILE_INFO_DDL, STREAM_SORT, collect_adds, make_store_writer
 from versiq.layout import DEFAULT_BUCKETS, STREAM_FILE_SCHEMA, STREAM_KIND, StoreSettings, StoreState
 from versiq.names import check_store_name
 

@@ -2,7 +2,7 @@
 
 Library use (no FastAPI needed)::
 
-    from query import Engine, VersionedKeyQuery, MultiVersionedKeyQuery
+    from versiq.query import Engine, VersionedKeyQuery, MultiVersionedKeyQuery
 
 See ``query.engine`` for the design (in-memory index of the current snapshot, DuckDB for older
 snapshots, refresh bound and memory), ``query.api`` for the typed queries, results and errors, and
@@ -11,7 +11,7 @@ snapshots, refresh bound and memory), ``query.api`` for the typed queries, resul
     engine.stream_records("clicks", StreamRecordsQuery(key="u-1", from_time=t0), limit=100)
 """
 
-from query.api import (
+from versiq.query.api import (
     InvalidQuery,
     KeyResult,
     MultiVersionedKeyQuery,
@@ -28,8 +28,8 @@ from query.api import (
     VersionedRecord,
     VersionsPage,
 )
-from query.engine import Engine
-from query.streams import StreamInfo, StreamPosition, StreamRecord, StreamRecordsPage, StreamRecordsQuery
+from versiq.query.engine import Engine
+from versiq.query.streams import StreamInfo, StreamPosition, StreamRecord, StreamRecordsPage, StreamRecordsQuery
 
 __all__ = [
     "Engine",

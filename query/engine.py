@@ -97,8 +97,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from query import reads
-from query.api import (
+from versiq import layout, names
+from versiq.query import reads
+from versiq.query.api import (
     InvalidQuery,
     KeyResult,
     MultiVersionedKeyQuery,
@@ -114,10 +115,10 @@ from query.api import (
     VersionedRecord,
     VersionsPage,
 )
-from query.files import abs_path as _abs_path
-from query.files import arrow as _arrow
-from query.files import latest_version_on_disk as _latest_version_on_disk
-from query.streams import (
+from versiq.query.files import abs_path as _abs_path
+from versiq.query.files import arrow as _arrow
+from versiq.query.files import latest_version_on_disk as _latest_version_on_disk
+from versiq.query.streams import (
     StreamInfo,
     StreamPosition,
     StreamRecord,
@@ -127,7 +128,6 @@ from query.streams import (
     check_query,
     stream_files,
 )
-from versiq import layout, names
 
 log = logging.getLogger(__name__)
 

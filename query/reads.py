@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from query.api import Outcome, VersionedRecord
+from versiq.query.api import Outcome, VersionedRecord
 
 #: Sentinel for a null ``valid_to`` in the int64 arrays (timestamps are >= -1).
 NULL_TS = np.iinfo(np.int64).min

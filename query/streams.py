@@ -21,9 +21,9 @@ import duckdb
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from query.api import InvalidQuery, SnapshotGone
-from query.files import abs_path, arrow
 from versiq import layout
+from versiq.query.api import InvalidQuery, SnapshotGone
+from versiq.query.files import abs_path, arrow
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 
-from query.api import (
+from versiq.names import is_valid_store_name
+from versiq.query.api import (
     InvalidQuery,
     MultiVersionedKeyQuery,
     SnapshotGone,
@@ -41,9 +42,9 @@ from query.api import (
     UnsupportedQuery,
     VersionedKeyQuery,
 )
-from query.streams import StreamInfo, StreamPosition, StreamRecordsQuery
-from service.metrics import Metrics
-from service.params import (
+from versiq.query.streams import StreamInfo, StreamPosition, StreamRecordsQuery
+from versiq.service.metrics import Metrics
+from versiq.service.params import (
     ROUTE_KEY,
     ROUTE_STORE,
     ROUTE_STORES,
@@ -60,13 +61,12 @@ from service.params import (
     split_path,
     timestamp_param,
 )
-from service.problems import PROBLEM_MEDIA_TYPE, Problem, bad_request
-from service.settings import Settings
-from service.tokens import STREAM_RECORDS, PageQuery, PageTokens
-from versiq.names import is_valid_store_name
+from versiq.service.problems import PROBLEM_MEDIA_TYPE, Problem, bad_request
+from versiq.service.settings import Settings
+from versiq.service.tokens import STREAM_RECORDS, PageQuery, PageTokens
 
 if TYPE_CHECKING:
-    from query.engine import Engine
+    from versiq.query.engine import Engine
 
 log = logging.getLogger("versiq.service")
 
@@ -495,7 +495,7 @@ def create_app(engine_or_settings: Engine | Settings, *, settings: Settings | No
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         if owns_engine:
-            from query.engine import Engine as EngineImpl
+            from versiq.query.engine import Engine as EngineImpl
 
             started = EngineImpl(settings.warehouse, refresh_interval_s=settings.refresh_interval_s)
             await run_in_threadpool(started.start)

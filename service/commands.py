@@ -8,10 +8,10 @@ import secrets
 import sys
 from typing import Any
 
-from service.http import VersiqHttpProtocol, head_timeout_s
-from service.settings import ConfigError, Settings
 from versiq.durations import DurationError
 from versiq.exits import EXIT_OK, EXIT_SERVE_FAILED, EXIT_USAGE
+from versiq.service.http import VersiqHttpProtocol, head_timeout_s
+from versiq.service.settings import ConfigError, Settings
 
 
 def uvicorn_log_config(log_format: str, level: str) -> dict[str, Any]:
@@ -62,7 +62,7 @@ def serve_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
 
     try:
         uvicorn.run(
-            "service.app:app_from_env",
+            "versiq.service.app:app_from_env",
             factory=True,
             host=args.host,
             port=args.port,

@@ -24,8 +24,8 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from service.problems import PROBLEM_BASE, PROBLEM_MEDIA_TYPE, PROBLEM_TYPES
 from versiq.durations import DurationError, parse_duration_ms
+from versiq.service.problems import PROBLEM_BASE, PROBLEM_MEDIA_TYPE, PROBLEM_TYPES
 
 #: Longest request target (path and query string) accepted, in bytes.
 MAX_URL_BYTES = 64 * 1024

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from service.problems import Problem, bad_request
+from versiq.service.problems import Problem, bad_request
 from versiq.timestamps import TimestampError, parse_timestamp
 
 _HEX = frozenset(b"0123456789abcdefABCDEF")

@@ -21,7 +21,7 @@ import json
 import time
 from dataclasses import dataclass
 
-from service.problems import Problem, bad_request
+from versiq.service.problems import Problem, bad_request
 
 #: Payload layouts: 1 = versions ``[1, store, key, from, to, order, snapshot, timestamp,
 #: issued]``; 2 = any listing ``[2, listing, name, key, from, to, order, snapshot, [position...],

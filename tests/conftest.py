@@ -27,7 +27,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 def spark():
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("VERSIQ_SHUFFLE_PARTITIONS", "2")
-    from ingest.spark import get_spark
+    from versiq.ingest.spark import get_spark
 
     session = get_spark("local[2]")
     yield session

@@ -20,7 +20,7 @@ from decimal import Decimal
 from typing import Any
 
 from tests.reference import InRecord, ReferenceStore, RunCounts
-from versiq.expressions import is_true, key_string, parse_expression, parse_value, render_json
+from versiq.ingest.derived.expressions import is_true, key_string, parse_expression, parse_value, render_json
 
 DEFAULT_RETENTION_MS = 86_400_000
 

@@ -19,13 +19,13 @@ from typing import Any
 import duckdb
 from deltalake import DeltaTable
 
-from ingest.config import Pipeline
-from ingest.derived.run import run_pipeline
-from ingest.derived.spec import parse_tables
-from ingest.pipeline import StoreSpec
-from ingest.streams import StreamSpec
 from tests.derived_reference import InputDef, Rec
 from tests.ingest_support import store_versions, timestamped_values
+from versiq.ingest.config import Pipeline
+from versiq.ingest.derived.run import run_pipeline
+from versiq.ingest.derived.spec import parse_tables
+from versiq.ingest.pipeline import StoreSpec
+from versiq.ingest.streams import StreamSpec
 
 REFS = {"from": None, "join": ("left", "right"), "fk_join": ("left", "right"), "stream_join": ("stream", "table")}
 

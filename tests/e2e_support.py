@@ -27,12 +27,12 @@ if _TESTS not in sys.path:  # test_service_support is imported as a top-level mo
 
 from test_service_support import free_port, key_path  # noqa: E402
 
-from ingest.pipeline import StoreReport, StoreSpec, run_ingest  # noqa: E402
-from query.engine import Engine  # noqa: E402
-from service.app import create_app  # noqa: E402
-from service.settings import Settings  # noqa: E402
 from tests.ingest_support import record_line, write_jsonl  # noqa: E402
 from tests.reference import InRecord, ReferenceStore, RunCounts  # noqa: E402
+from versiq.ingest.pipeline import StoreReport, StoreSpec, run_ingest  # noqa: E402
+from versiq.query.engine import Engine  # noqa: E402
+from versiq.service.app import create_app  # noqa: E402
+from versiq.service.settings import Settings  # noqa: E402
 
 __all__ = ["key_path", "iso", "problem", "IngestedStore", "serve_engine", "collect_pages",
            "model_key_json", "model_versions_json", "PROBLEM_BASE"]

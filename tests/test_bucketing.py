@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pyspark.sql import functions as F
 
-from ingest.bucketing import by_bucket, spark_hash_int, task_slots
+from versiq.ingest.bucketing import by_bucket, spark_hash_int, task_slots
 
 
 def test_python_hash_is_sparks(spark):

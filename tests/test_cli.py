@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 from reference import InRecord, ReferenceStore
 
-from versiq.sample import SUMMARY_FILE, SampleSummary, generate, load_summary
+from versiq.cli.sample import SUMMARY_FILE, SampleSummary, generate, load_summary
 from versiq.timestamps import TimestampError, parse_timestamp
 
 #: The flags each subcommand promises (issues #2-#4, CONTRACT.md): add, never rename.
@@ -251,9 +251,8 @@ def test_generate_rejects_bad_arguments(tmp_path: Path) -> None:
 def test_demo_drives_the_cli_contract(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                       capsys: pytest.CaptureFixture[str]) -> None:
     """The demo's ingest and serve calls are valid CLI invocations; it prints working curls."""
-    import versiq.cli
-    from versiq.cli import build_parser
-    from versiq.demo import demo_command
+    from versiq.cli.demo import demo_command
+    from versiq.cli.main import build_parser
 
     calls: list[list[str]] = []
 
@@ -266,10 +265,9 @@ def test_demo_drives_the_cli_contract(tmp_path: Path, monkeypatch: pytest.Monkey
                 "read": 10, "accepted_latest": 9, "accepted_out_of_order": 1, "rejected": {"late": 1}}}}))
         return 0
 
-    monkeypatch.setattr(versiq.cli, "main", fake_main)
     args = build_parser().parse_args(["demo", "--data", str(tmp_path / "d"), "--warehouse",
                                       str(tmp_path / "w"), "--keys", "200", "--port", "9123"])
-    assert demo_command(args) == 0
+    assert demo_command(args, fake_main) == 0
     summary = load_summary(tmp_path / "d")
     assert summary is not None and summary.keys == 200
     assert [c[0] for c in calls] == ["ingest", "serve"]
@@ -285,7 +283,7 @@ def test_demo_drives_the_cli_contract(tmp_path: Path, monkeypatch: pytest.Monkey
 
     # A second run reuses the data (same summary) and ingests again (a no-op for the store).
     calls.clear()
-    assert demo_command(args) == 0
+    assert demo_command(args, fake_main) == 0
     assert load_summary(tmp_path / "d") == summary
     assert [c[0] for c in calls] == ["ingest", "serve"]
 

@@ -26,7 +26,7 @@ import httpx
 import pytest
 import yaml
 
-from versiq.cli import build_parser
+from versiq.cli.main import build_parser
 from versiq.durations import parse_duration_ms
 from versiq.names import is_valid_store_name
 

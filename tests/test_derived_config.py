@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ingest.config import load_config
-from ingest.store import UsageError
+from versiq.ingest.config import load_config
+from versiq.ingest.store import UsageError
 
 HEAD = """
 stores:

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-import ingest.derived.run as derived_run
-from ingest import maintain
-from ingest.pipeline import run_ingest
+import versiq.ingest.derived.run as derived_run
 from tests.derived_reference import InputDef, Rec
 from tests.derived_reference import run_pipeline as model_pipeline
 from tests.derived_support import RealPipeline
+from versiq.ingest import maintain
+from versiq.ingest.pipeline import run_ingest
 
 INPUTS = [InputDef("A", "versioned", history_retention_ms=50), InputDef("B", "versioned")]
 TABLES: list[dict[str, Any]] = [

@@ -1,4 +1,4 @@
-"""Unit tests for versiq.expressions: the derived-table expression language and value rendering.
+"""Unit tests for versiq.ingest.derived.expressions: the derived-table expression language and value rendering.
 
 The evaluator must never raise (a pipeline run cannot crash on one odd record), so besides the
 table-driven checks of every construct there is a property test over random JSON values.
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from versiq.expressions import (
+from versiq.ingest.derived.expressions import (
     Expression,
     ExpressionError,
     is_true,

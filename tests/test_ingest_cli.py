@@ -18,9 +18,9 @@ import time
 
 import pytest
 
-from ingest.pipeline import StoreSpec, run_ingest
-from ingest.store import commit_rejected
 from tests.ingest_support import rejected_rows, store_versions, stream_times, write_jsonl
+from versiq.ingest.pipeline import StoreSpec, run_ingest
+from versiq.ingest.store import commit_rejected
 
 VERSIQ = [sys.executable, "-m", "versiq.cli"]
 REASONS = {"late", "malformed", "missing_field", "bad_key", "bad_timestamp", "bad_value", "bad_partition",
@@ -126,7 +126,7 @@ def test_crash_between_store_and_rejected_commit_is_completed_by_rerun(spark, tm
     src = tmp_path / "src"
     write_jsonl(str(src), "a.jsonl", ['{"key":"a","value":1,"timestamp":5}', "garbage"])
     wh = str(tmp_path / "wh")
-    import ingest.pipeline as pipeline
+    import versiq.ingest.pipeline as pipeline
 
     def boom(*args, **kwargs):
         raise RuntimeError("simulated crash after the store commit")

@@ -8,9 +8,9 @@ import os
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ingest.pipeline import StoreSpec, run_ingest
-from ingest.records import parse_bytes_for_tests
 from tests.ingest_support import StoredVersion, rejected_rows, store_versions
+from versiq.ingest.pipeline import StoreSpec, run_ingest
+from versiq.ingest.records import parse_bytes_for_tests
 
 JSONL_CASES = [
     ('{"key":"a","value":{"p":1.50},"timestamp":1}', None),

@@ -10,9 +10,9 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ingest.order import POS_BITS, RUN_SCHEMA, split_seq, with_order
-from ingest.records import PARSED_SCHEMA
-from ingest.semantics import files_before
+from versiq.ingest.order import POS_BITS, RUN_SCHEMA, split_seq, with_order
+from versiq.ingest.records import PARSED_SCHEMA
+from versiq.ingest.semantics import files_before
 
 ROW = st.tuples(st.sampled_from(["a", "b", "c", "é", "k1", "k2"]), st.integers(-5, 50), st.booleans())
 

@@ -15,7 +15,6 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ingest.pipeline import StoreSpec, run_ingest
 from tests.ingest_support import (
     model_versions,
     record_line,
@@ -25,6 +24,7 @@ from tests.ingest_support import (
     write_jsonl,
 )
 from tests.reference import InRecord, ReferenceStore
+from versiq.ingest.pipeline import StoreSpec, run_ingest
 
 VALUES = st.sampled_from(['1', '"a"', '{"x":1.50}', '[1,2]', '""', 'true', None])
 

@@ -10,10 +10,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ingest.pipeline import StoreSpec, run_ingest
-from ingest.records import PARSED_SCHEMA, parse_bytes_for_tests, parse_file
-from ingest.store import UsageError
 from tests.ingest_support import StoredVersion, rejected_rows, store_versions
+from versiq.ingest.pipeline import StoreSpec, run_ingest
+from versiq.ingest.records import PARSED_SCHEMA, parse_bytes_for_tests, parse_file
+from versiq.ingest.store import UsageError
 
 DEEP = 100_000
 MIB = 1024 * 1024

@@ -11,8 +11,6 @@ import time
 
 import pytest
 
-from ingest.pipeline import StoreSpec, run_ingest
-from ingest.store import UsageError
 from tests.ingest_support import (
     StoredVersion,
     model_versions,
@@ -25,6 +23,8 @@ from tests.ingest_support import (
     write_jsonl,
 )
 from tests.reference import ReferenceStore
+from versiq.ingest.pipeline import StoreSpec, run_ingest
+from versiq.ingest.store import UsageError
 
 V = StoredVersion
 
@@ -185,7 +185,7 @@ def test_maintain_compacts_prunes_expired_history_and_keeps_old_snapshots(spark,
     before the horizon dropped (no query can return it), older snapshots still readable."""
     from deltalake import DeltaTable
 
-    from ingest.maintain import maintain_store
+    from versiq.ingest.maintain import maintain_store
 
     run1 = [("a.jsonl", lines([("k", str(t), t) for t in (10, 20, 30, 40)] + [("j", "1", 50)]))]
     run2 = [("b.jsonl", lines([("k", "99", 20), ("k", "100", 100), ("j", None, 60)], "b.jsonl"))]
@@ -215,7 +215,7 @@ def test_every_commit_after_maintain_carries_the_store_state(spark, tmp_path, mo
 
     from deltalake import DeltaTable
 
-    import ingest.maintain as maintain
+    import versiq.ingest.maintain as maintain
     from versiq.layout import STATE_KEY, log_file
 
     path, _ = ingest(spark, tmp_path, "v", [[("a.jsonl", lines([("k", "1", 1)]))],
@@ -234,7 +234,7 @@ def test_maintain_removes_old_orphaned_files_and_spares_young_ones(spark, tmp_pa
     """Issue 10 item 7: files no commit references (a killed maintain, a failed write) are removed
     once older than the vacuum retention, in the store and its side tables; younger ones stay
     (a writer's files are protected by the lock and by the retention)."""
-    from ingest.maintain import maintain_store
+    from versiq.ingest.maintain import maintain_store
 
     bad = '{"key":"x","timestamp":"never"}'
     path, _ = ingest(spark, tmp_path, "o", [[("a.jsonl", lines([("k", "1", 1), ("j", "2", 2)]) + [bad])]], buckets=1)
@@ -284,8 +284,8 @@ def test_a_record_far_in_the_future_is_refused_and_never_pins_stream_time(spark,
 def test_the_future_bound_is_inclusive():
     import pyarrow as pa
 
-    from ingest.pipeline import future_bound, parse_max_future
-    from ingest.records import parse_bytes_for_tests, refuse_future
+    from versiq.ingest.pipeline import future_bound, parse_max_future
+    from versiq.ingest.records import parse_bytes_for_tests, refuse_future
 
     table = parse_bytes_for_tests('{"key":"a","value":1,"timestamp":1000}\n{"key":"b","value":1,"timestamp":1001}\n'
                                   '{"key":"c","timestamp":"x"}\n')
@@ -299,7 +299,7 @@ def test_the_future_bound_is_inclusive():
 
 
 def test_max_future_in_a_pipeline_file(tmp_path):
-    from ingest.config import load_config
+    from versiq.ingest.config import load_config
 
     (tmp_path / "d").mkdir()
     (tmp_path / "p.yaml").write_text("stores:\n  - {name: a, source: d, max_future: none}\n"

@@ -11,10 +11,10 @@ import tempfile
 
 import pytest
 
-import ingest.sources as sources_module
-from ingest.pipeline import StoreSpec, run_ingest
-from ingest.sources import SourceError, list_sources
+import versiq.ingest.sources as sources_module
 from tests.ingest_support import store_versions
+from versiq.ingest.pipeline import StoreSpec, run_ingest
+from versiq.ingest.sources import SourceError, list_sources
 
 LINE = '{{"key":"{key}","value":1,"timestamp":{ts}}}\n'
 

@@ -13,10 +13,10 @@ from unittest import mock
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from ingest import pipeline
-from ingest.pipeline import StoreSpec, run_ingest
 from tests.ingest_support import model_versions, record_line, rejected_rows, store_versions, stream_times, write_jsonl
 from tests.reference import InRecord, ReferenceStore
+from versiq.ingest import pipeline
+from versiq.ingest.pipeline import StoreSpec, run_ingest
 
 RECORD = st.tuples(st.sampled_from(["a", "b", "c", "d", "e"]), st.sampled_from(['1', '"x"', None]),
                    st.integers(0, 80))

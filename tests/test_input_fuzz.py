@@ -24,7 +24,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from ingest.records import MAX_RECORD_BYTES, PARSED_SCHEMA, parse_file
+from versiq.ingest.records import MAX_RECORD_BYTES, PARSED_SCHEMA, parse_file
 from versiq.layout import MAX_KEY_BYTES
 from versiq.timestamps import MAX_TIMESTAMP, TimestampError, format_timestamp, parse_timestamp
 

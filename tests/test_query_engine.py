@@ -14,7 +14,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from query.api import (
+from versiq import layout
+from versiq.query.api import (
     InvalidQuery,
     KeyResult,
     MultiVersionedKeyQuery,
@@ -25,8 +26,7 @@ from query.api import (
     VersionedKeyQuery,
     VersionedRecord,
 )
-from query.engine import Engine
-from versiq import layout
+from versiq.query.engine import Engine
 
 try:
     from tests.q_storebuilder import StoreBuilder, write_rows

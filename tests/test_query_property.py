@@ -9,8 +9,8 @@ import tempfile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from query.api import MultiVersionedKeyQuery, UnsupportedQuery, VersionedKeyQuery
-from query.engine import Engine
+from versiq.query.api import MultiVersionedKeyQuery, UnsupportedQuery, VersionedKeyQuery
+from versiq.query.engine import Engine
 
 try:
     from tests.q_storebuilder import StoreBuilder

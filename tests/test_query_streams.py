@@ -17,10 +17,10 @@ from deltalake import DeltaTable, write_deltalake
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from query.api import InvalidQuery, SnapshotGone, SnapshotNotFound, StoreNotFound, StreamNotFound
-from query.engine import Engine
-from query.streams import StreamPosition, StreamRecord, StreamRecordsQuery
 from versiq import layout
+from versiq.query.api import InvalidQuery, SnapshotGone, SnapshotNotFound, StoreNotFound, StreamNotFound
+from versiq.query.engine import Engine
+from versiq.query.streams import StreamPosition, StreamRecord, StreamRecordsQuery
 
 try:
     from tests.q_storebuilder import StoreBuilder, StreamBuilder, StreamRow

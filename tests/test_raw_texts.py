@@ -11,11 +11,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ingest import pipeline
-from ingest.pipeline import StoreSpec, run_ingest
-from ingest.records import PARSED_SCHEMA, parse_file, raw_texts
 from tests.ingest_support import rejected_rows
 from tests.test_records_fastpath import TRICKY_LINES, VALUES
+from versiq.ingest import pipeline
+from versiq.ingest.pipeline import StoreSpec, run_ingest
+from versiq.ingest.records import PARSED_SCHEMA, parse_file, raw_texts
 
 CSV_TEXT = (
     'key,value,timestamp,partition,offset\r\n'

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ingest.records import PARSED_SCHEMA, parse_jsonl, parse_parquet
+from versiq.ingest.records import PARSED_SCHEMA, parse_jsonl, parse_parquet
 
 TRICKY_LINES = [
     '{"key":"a","value":{"v":1,"price":923.52},"timestamp":1709251200000}',
@@ -178,7 +178,7 @@ def test_parquet_fast_path_agrees_on_generated_values():
 
 
 def test_fast_paths_take_ordinary_records(monkeypatch):
-    import ingest.records as records
+    import versiq.ingest.records as records
 
     def refuse(*args, **kwargs):
         raise AssertionError("general path used for an ordinary record")

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ingest.records import _compact_members, compact, parse_bytes_for_tests, strict_loads
 from versiq.durations import DurationError, parse_duration_ms
+from versiq.ingest.records import _compact_members, compact, parse_bytes_for_tests, strict_loads
 from versiq.names import is_valid_store_name
 from versiq.timestamps import TimestampError, parse_timestamp
 
@@ -98,7 +98,7 @@ def test_store_names(name, ok):
 @settings(max_examples=200)
 @given(JSON, st.sampled_from([(",", ":"), (", ", ": ")]), st.booleans())
 def test_json_text_columns_store_the_compact_form(value, separators, ascii_only):
-    from ingest.records import value_from_json_text
+    from versiq.ingest.records import value_from_json_text
 
     text = json.dumps(value, separators=separators, ensure_ascii=ascii_only)
     assert value_from_json_text(text) == compact(strict_loads(text))

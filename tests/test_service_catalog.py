@@ -15,8 +15,8 @@ import httpx
 import pytest
 from test_service_support import T0, key_path, live_server
 
-from service.settings import Settings
 from tests.q_storebuilder import StoreBuilder
+from versiq.service.settings import Settings
 
 PROBLEMS = "https://versiq.dev/problems/"
 

@@ -27,7 +27,7 @@ from test_service_support import (
     live_server,
 )
 
-from service.settings import Settings
+from versiq.service.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent

@@ -20,10 +20,10 @@ import httpx
 import pytest
 from test_service_support import T0, free_port, key_path, live_server
 
-from service.http import MAX_HEADER_BYTES, MAX_URL_BYTES
-from service.settings import Settings
 from tests.q_storebuilder import StoreBuilder
 from versiq.layout import MAX_KEY_BYTES
+from versiq.service.http import MAX_HEADER_BYTES, MAX_URL_BYTES
+from versiq.service.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBLEMS = "https://versiq.dev/problems/"

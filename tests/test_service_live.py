@@ -23,8 +23,8 @@ from test_service_support import (
     live_server,
 )
 
-from service.app import OPENAPI_PATH
-from service.settings import Settings
+from versiq.service.app import OPENAPI_PATH
+from versiq.service.settings import Settings
 
 PROBLEM = "application/problem+json"
 BASE = "https://versiq.dev/problems/"

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, settings
 from schemathesis.checks import CHECKS
 from test_service_support import build_warehouse, live_server
 
-from service.settings import Settings
+from versiq.service.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 schema = schemathesis.openapi.from_path(str(ROOT / "openapi.yaml"))

@@ -27,8 +27,8 @@ from test_service_support import (
     live_server,
 )
 
-from service.settings import Settings
 from tests.q_storebuilder import StreamBuilder, StreamRow
+from versiq.service.settings import Settings
 
 RECORDS = "/v1/streams/clicks/records"
 

@@ -21,10 +21,10 @@ _ROOT = str(Path(__file__).resolve().parent.parent)
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from service.app import create_app  # noqa: E402
-from service.http import VersiqHttpProtocol  # noqa: E402
-from service.settings import Settings  # noqa: E402
 from tests.q_storebuilder import StoreBuilder, StreamBuilder  # noqa: E402
+from versiq.service.app import create_app  # noqa: E402
+from versiq.service.http import VersiqHttpProtocol  # noqa: E402
+from versiq.service.settings import Settings  # noqa: E402
 
 T0 = 1_700_000_000_000
 HOUR = 3_600_000

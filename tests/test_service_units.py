@@ -15,7 +15,7 @@ import httpx
 import pytest
 from test_service_support import build_warehouse, free_port, key_path
 
-from service.params import (
+from versiq.service.params import (
     ROUTE_KEY,
     ROUTE_STREAM,
     ROUTE_STREAM_RECORDS,
@@ -26,9 +26,9 @@ from service.params import (
     percent_decode,
     split_path,
 )
-from service.problems import Problem
-from service.settings import ConfigError, Settings
-from service.tokens import STREAM_RECORDS, PageQuery, PageTokens
+from versiq.service.problems import Problem
+from versiq.service.settings import ConfigError, Settings
+from versiq.service.tokens import STREAM_RECORDS, PageQuery, PageTokens
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from ingest.derived.spec import TableSpec
-from ingest.derived.state import Change, TableState
-from versiq.expressions import is_true, key_string, parse_value, render_json
+from versiq.ingest.derived.expressions import is_true, key_string, parse_value, render_json
+from versiq.ingest.derived.spec import TableSpec
+from versiq.ingest.derived.state import Change, TableState
 
 
 @dataclass(frozen=True)

@@ -31,13 +31,14 @@ import duckdb
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from ingest.config import Pipeline
-from ingest.derived.operators import ForeignKeyJoin
-from ingest.derived.spec import TableSpec
-from ingest.derived.state import SnapshotReader, TableState
-from ingest.derived.topology import DerivedNode, Emission, SourceRecord, Topology
-from ingest.pipeline import RunReport, StreamReport, ingest_each, report_json, run_ingest
-from ingest.store import (
+from versiq.ingest.config import Pipeline
+from versiq.ingest.derived.expressions import key_string, parse_value
+from versiq.ingest.derived.operators import ForeignKeyJoin
+from versiq.ingest.derived.spec import TableSpec
+from versiq.ingest.derived.state import SnapshotReader, TableState
+from versiq.ingest.derived.topology import DerivedNode, Emission, SourceRecord, Topology
+from versiq.ingest.pipeline import RunReport, StreamReport, ingest_each, report_json, run_ingest
+from versiq.ingest.store import (
     StoreHandle,
     commit_pending_sides,
     commit_store,
@@ -46,9 +47,8 @@ from ingest.store import (
     open_store,
     writer_lock,
 )
-from ingest.streams import ingest_stream
-from ingest.writer import STREAM_SORT, make_plain_writer, make_store_writer, write_local
-from versiq.expressions import key_string, parse_value
+from versiq.ingest.streams import ingest_stream
+from versiq.ingest.writer import STREAM_SORT, make_plain_writer, make_store_writer, write_local
 from versiq.layout import (
     CHANGELOG_DIR,
     EMITTED_DIR,

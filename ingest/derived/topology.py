@@ -13,9 +13,9 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
-from ingest.derived.operators import OPERATORS, Emit, Operator, StreamRecord
-from ingest.derived.spec import TableSpec
-from ingest.derived.state import Change, TableState
+from versiq.ingest.derived.operators import OPERATORS, Emit, Operator, StreamRecord
+from versiq.ingest.derived.spec import TableSpec
+from versiq.ingest.derived.state import Change, TableState
 
 
 @dataclass(frozen=True)

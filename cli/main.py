@@ -163,27 +163,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     setup_logging(args.log_format, args.log_level)
     if args.command == "ingest":
-        from ingest.commands import ingest_command
+        from versiq.ingest.commands import ingest_command
 
         return ingest_command(args, parser)
     if args.command == "serve":
-        from service.commands import serve_command
+        from versiq.service.commands import serve_command
 
         return serve_command(args, parser)
     if args.command == "maintain":
-        from ingest.commands import maintain_command
+        from versiq.ingest.commands import maintain_command
 
         return maintain_command(args)
     if args.command == "rejected":
-        from ingest.commands import rejected_command
+        from versiq.ingest.commands import rejected_command
 
         return rejected_command(args)
     if args.command == "demo":
-        from versiq.demo import demo_command
+        from versiq.cli.demo import demo_command
 
-        return demo_command(args)
+        return demo_command(args, main)  # the demo drives the CLI itself: passed down, never imported back
     if args.command == "generate":
-        from versiq.sample import generate_command
+        from versiq.cli.sample import generate_command
 
         return generate_command(args)
     parser.error(f"unknown command {args.command}")

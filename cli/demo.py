@@ -12,10 +12,11 @@ import json
 import logging
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import quote
 
-from versiq.sample import SampleExample, SampleSummary, describe, generate, load_summary
+from versiq.cli.sample import SampleExample, SampleSummary, describe, generate, load_summary
 from versiq.timestamps import format_timestamp
 
 log = logging.getLogger(__name__)
@@ -90,9 +91,8 @@ def _report_line(report_path: Path) -> str:
     )
 
 
-def demo_command(args: argparse.Namespace) -> int:
+def demo_command(args: argparse.Namespace, main: Callable[[list[str]], int]) -> int:
     """Generate (once), ingest, print example queries, then serve unless ``--no-serve``."""
-    from versiq.cli import main
     from versiq.exits import EXIT_USAGE
 
     data = Path(args.data)
