@@ -1,0 +1,372 @@
+"""What the warehouse holds, kept up to date: discovery of stores and streams, the refresh
+thread, the handle of each table with its current snapshot, and readiness.
+
+``start()`` loads every store, then a daemon thread calls ``refresh()`` every
+``refresh_interval_s``. A refresh pass discovers new stores and streams (direct children of the
+warehouse with a valid name, ``_delta_log/`` and a versiq settings description; an unknown format
+version or kind is *refused*, a Delta table without the versiq marker is ignored, one whose log
+cannot be read is *unavailable* and retried at every pass), forgets the ones that left the
+warehouse, brings each table's ``DeltaTable`` up to date (``update_incremental``) and, when its
+version moved, builds the new index (``query.index.build_loaded``) and swaps the handle's
+snapshot reference atomically. A failed refresh keeps serving the last good snapshot and records
+the error (``readiness()["stores"][name]["error"]``), logged once per failure.
+
+Bound: a commit becomes visible to ``snapshot=None`` reads at most
+``refresh_interval_s + build time of the changed buckets`` after it lands (a full rebuild is one
+DuckDB scan of the changed buckets: ~1 s per million physical rows here).
+
+A warehouse child whose settings have ``kind = stream`` (``versiq.layout.STREAM_KIND``) is a
+*stream*, never a store: it has no in-memory index; a refresh keeps the current snapshot's file
+list with its statistics (``query.streams.StreamSnapshot``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
+from deltalake import DeltaTable
+
+from versiq import layout, names
+from versiq.query.api import StoreNotFound, StoreUnavailable, StreamNotFound, StreamUnavailable
+from versiq.query.index import LoadedStore, build_loaded
+from versiq.query.streams import StreamSnapshot
+
+log = logging.getLogger("versiq.query.engine")
+
+
+@dataclass
+class StoreHandle:
+    name: str
+    path: str
+    settings: layout.StoreSettings
+    dt: DeltaTable | None = None
+    loaded: LoadedStore | None = None
+    error: str | None = None
+    last_refresh: float | None = None  # monotonic time of the last successful refresh check
+
+
+@dataclass
+class StreamHandle:
+    name: str
+    path: str
+    settings: layout.StoreSettings
+    dt: DeltaTable | None = None
+    loaded: StreamSnapshot | None = None
+    error: str | None = None
+    last_refresh: float | None = None
+
+
+def has_commits(path: str) -> bool:
+    """Whether a table directory has any Delta commit or checkpoint file (else it is being
+    created and is not a store yet, rather than a broken one)."""
+    try:
+        names_ = os.listdir(os.path.join(path, "_delta_log"))
+    except OSError:
+        return True  # the log exists but cannot be listed: that is an unreadable store
+    return any(n.endswith(".json") or ".checkpoint" in n for n in names_)
+
+
+def settings_or_none(description: str | None) -> layout.StoreSettings | None:
+    """Settings of a versiq store; None for a Delta table without the versiq marker (not a
+    store); ValueError for a versiq store this reader cannot read (refused)."""
+    try:
+        data = json.loads(description) if description else None
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(data, dict) or layout.FORMAT_KEY not in data:
+        return None
+    try:
+        return layout.StoreSettings.from_description(description)
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"invalid versiq settings: {exc!r}") from exc
+
+
+class Catalog:
+    """The stores and streams of ``warehouse`` and their current snapshots (module docstring).
+
+    ``on_refresh(names)`` is called after every refresh pass with the names of the tables still
+    in the warehouse (the engine drops cached older snapshots of the others)."""
+
+    def __init__(self, warehouse: str, *, refresh_interval_s: float = 1.0,
+                 on_refresh: Callable[[set[str]], None] | None = None) -> None:
+        self.warehouse = os.path.abspath(warehouse)
+        self.refresh_interval_s = refresh_interval_s
+        self.stores: dict[str, StoreHandle] = {}
+        self.streams: dict[str, StreamHandle] = {}
+        self._refused: dict[str, str] = {}
+        #: Directories with a ``_delta_log`` that cannot be read (corrupt log, unreadable
+        #: metadata): name -> error. Retried at every refresh until readable or gone.
+        self._unavailable: dict[str, str] = {}
+        self._ignored: set[str] = set()
+        self._on_refresh = on_refresh
+        self.refresh_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._started = False
+        self._build_con: duckdb.DuckDBPyConnection | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """First load of every store, then a daemon thread refreshing every refresh_interval_s."""
+        self.refresh()
+        self._started = True
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._loop, name="versiq-refresh", daemon=True)
+            self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+        with self.refresh_lock:
+            if self._build_con is not None:
+                self._build_con.close()
+                self._build_con = None
+
+    def __enter__(self) -> Catalog:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.refresh_interval_s):
+            try:
+                self.refresh()
+            except Exception:  # pragma: no cover - refresh records per-store errors itself
+                log.exception("refresh pass failed")
+
+
+    # ------------------------------------------------------------------ refresh
+    def refresh(self) -> None:
+        """One synchronous refresh pass: discover stores, reload those whose version moved."""
+        with self.refresh_lock:
+            self._started = True
+            try:
+                entries = sorted(os.scandir(self.warehouse), key=lambda e: e.name)
+            except FileNotFoundError:
+                entries = []
+            present = {e.name for e in entries
+                       if e.is_dir() and os.path.isdir(os.path.join(e.path, "_delta_log"))}
+            for gone in [n for n in self._refused if n not in present]:
+                del self._refused[gone]
+            for gone in [n for n in self._unavailable if n not in present]:
+                del self._unavailable[gone]
+                log.info("store %s is no longer in the warehouse", gone)
+            self._forget_removed(present)
+            self._ignored &= present
+            for entry in entries:
+                name = entry.name
+                if not names.is_valid_store_name(name) or name not in present:
+                    continue
+                if name in self.stores or name in self.streams or name in self._refused or name in self._ignored:
+                    continue
+                self._discover(name, entry.path)
+            for handle in list(self.stores.values()):
+                self._refresh_store(handle)
+            for stream in list(self.streams.values()):
+                self._refresh_stream(stream)
+            if self._on_refresh is not None:
+                self._on_refresh(set(self.stores) | set(self.streams))
+
+    def _forget_removed(self, present: set[str]) -> None:
+        """Stores and streams whose directory (or ``_delta_log``) is gone leave the catalog: the
+        warehouse is the truth, so they are no longer listed or served (readiness follows)."""
+        for table in (self.stores, self.streams):
+            for name in [n for n in table if n not in present]:
+                del table[name]  # type: ignore[attr-defined]
+                log.info("%s is no longer in the warehouse: not served any more", name)
+
+    def _discover(self, name: str, path: str) -> None:
+        try:
+            dt = DeltaTable(path)
+            description = dt.metadata().description
+        except Exception as exc:
+            if not has_commits(path):  # a store being created: its first commit is not written yet
+                log.debug("skipping %s: %s", path, exc)
+                return
+            error = f"cannot read the Delta table: {type(exc).__name__}: {exc}"
+            if self._unavailable.get(name) != error:
+                log.error("store %s is unavailable: %s", name, error)
+            self._unavailable[name] = error
+            return
+        if self._unavailable.pop(name, None) is not None:
+            log.info("store %s is readable again", name)
+        try:
+            settings = settings_or_none(description)
+        except ValueError as exc:
+            self._refused[name] = str(exc)
+            log.warning("refusing store %s: %s", name, exc)
+            return
+        if settings is None:
+            self._ignored.add(name)
+            return
+        if settings.kind == layout.STREAM_KIND:
+            self.streams[name] = StreamHandle(name=name, path=path, settings=settings, dt=dt)
+            return
+        self.stores[name] = StoreHandle(name=name, path=path, settings=settings, dt=dt)
+
+    def _build_connection(self) -> duckdb.DuckDBPyConnection:
+        if self._build_con is None:
+            self._build_con = duckdb.connect()
+        return self._build_con
+
+    def _refresh_table(self, handle: StoreHandle | StreamHandle, kind: str,
+                       load: Callable[[DeltaTable], None]) -> None:
+        """Bring ``handle``'s Delta table up to date and ``load`` its snapshot; on any failure keep
+        serving the last good snapshot, say why in ``handle.error`` and re-read the log next time."""
+        if not os.path.isdir(os.path.join(handle.path, "_delta_log")):
+            handle.error = f"{kind} directory or its _delta_log is gone (serving last good snapshot)"
+            return
+        try:
+            if handle.dt is None:
+                handle.dt = DeltaTable(handle.path)
+            else:
+                handle.dt.update_incremental()
+            load(handle.dt)
+            handle.last_refresh = time.monotonic()
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            if handle.error != error:  # once per failure, not at every refresh
+                if handle.loaded is None:
+                    log.error("%s %s is unavailable: %s", kind, handle.name, error)
+                else:
+                    log.error("refresh of %s %s failed (serving its last good snapshot %d): %s", kind,
+                              handle.name, handle.loaded.snapshot, error)
+            handle.error = error
+            # Force a full re-read of the log next time (the table object may be inconsistent).
+            handle.dt = None
+            return
+        if handle.error is not None:
+            log.info("%s %s is readable again", kind, handle.name)
+        handle.error = None
+
+    @staticmethod
+    def _same_settings(handle: StoreHandle | StreamHandle, dt: DeltaTable, kind: str) -> layout.StoreSettings:
+        settings = settings_or_none(dt.metadata().description)
+        if settings is None or settings != handle.settings:
+            raise ValueError(f"{kind} settings changed or became unreadable: {settings!r}")
+        return settings
+
+    def _refresh_store(self, handle: StoreHandle) -> None:
+        def load(dt: DeltaTable) -> None:
+            prev = handle.loaded
+            if prev is not None and prev.snapshot == dt.version():
+                return
+            settings = self._same_settings(handle, dt, "store")
+            handle.loaded = build_loaded(handle.name, handle.path, dt, settings, prev, self._build_connection())
+
+        self._refresh_table(handle, "store", load)
+
+    def _refresh_stream(self, handle: StreamHandle) -> None:
+        """Bring a stream's file list up to date (no index: reads go to the files)."""
+        def load(dt: DeltaTable) -> None:
+            prev = handle.loaded
+            if prev is None or prev.snapshot != dt.version():
+                settings = self._same_settings(handle, dt, "stream")
+                handle.loaded = StreamSnapshot.open(handle.name, handle.path, settings, dt)
+
+        self._refresh_table(handle, "stream", load)
+
+    def store_handle(self, store: str) -> StoreHandle:
+        return self._lookup(store, self.stores, self.streams, "store", "stream", StoreNotFound)
+
+    def _lookup(self, name: str, own: dict[str, Any], other: dict[str, Any], kind: str, other_kind: str,
+                error: type[Exception]) -> Any:
+        """The handle of store/stream ``name``, or ``error`` saying precisely why there is none."""
+        if not isinstance(name, str) or not names.is_valid_store_name(name):
+            raise error(f"invalid {kind} name {name!r}")
+        handle = own.get(name)
+        if handle is None:
+            unavailable = self._unavailable.get(name)
+            if unavailable is not None:
+                raise (StreamUnavailable if kind == "stream" else StoreUnavailable)(
+                    f"{kind} {name!r} is in the warehouse but cannot be read: {unavailable}")
+            reason = self._refused.get(name)
+            if reason is not None:
+                raise error(f"{kind} {name!r} is refused: {reason}")
+            if name in other:
+                raise error(f"no {kind} {name!r}: {name!r} is a {other_kind} (/v1/{other_kind}s/{name})")
+            raise error(f"no {kind} {name!r}")
+        return handle
+
+    def current_store(self, store: str) -> LoadedStore:
+        """The current snapshot's index of ``store``; StoreUnavailable when it has none."""
+        handle = self.store_handle(store)
+        loaded = handle.loaded
+        if loaded is None:
+            raise StoreUnavailable(f"store {store!r} cannot be read: {handle.error or 'not loaded yet'}")
+        return loaded
+
+
+    def stream_handle(self, stream: str) -> StreamHandle:
+        handle: StreamHandle = self._lookup(stream, self.streams, self.stores, "stream", "store", StreamNotFound)
+        return handle
+
+    def current_stream(self, stream: str) -> StreamSnapshot:
+        """The current snapshot of ``stream``; StreamUnavailable when it has none."""
+        handle = self.stream_handle(stream)
+        if handle.loaded is None:
+            raise StreamUnavailable(f"stream {stream!r} cannot be read: {handle.error or 'not loaded yet'}")
+        return handle.loaded
+
+    def refresh_stream(self, stream: str) -> None:
+        """Refresh one stream now (its current files were compacted away before the next pass)."""
+        handle = self.stream_handle(stream)
+        with self.refresh_lock:
+            self._refresh_stream(handle)
+
+    def unavailable(self) -> dict[str, str]:
+        """Stores and streams in the warehouse that cannot be read: name -> error. Their reads
+        answer StoreUnavailable/StreamUnavailable (503), never "not found"."""
+        out = dict(self._unavailable)
+        for table in (self.stores, self.streams):
+            for name, handle in table.items():
+                if handle.loaded is None:
+                    out[name] = handle.error or "not loaded yet"
+        return dict(sorted(out.items()))
+
+
+    def readiness(self) -> dict[str, Any]:
+        """``{"ready", "stores": {name: {"snapshot", "lastRefreshAgeSeconds", "error"}}, "streams":
+        {same}, "refused"}``.
+
+        Ready once a refresh pass ran and every store and stream of the warehouse (every
+        directory with a ``_delta_log``, refused format versions aside) has a loaded snapshot:
+        ``unavailable`` names those that cannot be read, and readiness follows the warehouse at
+        every refresh (a repaired store makes it ready again, a removed one leaves it). One
+        serving its last good snapshot after a failed refresh stays ready (its ``error`` says
+        why it is stale).
+        """
+        now = time.monotonic()
+        ready = self._started
+        out: dict[str, dict[str, Any]] = {"stores": {}, "streams": {}}
+        handles: list[tuple[str, dict[str, StoreHandle] | dict[str, StreamHandle]]] = [
+            ("stores", self.stores), ("streams", self.streams)]
+        for member, table in handles:
+            for name in sorted(table):
+                h = table[name]
+                loaded = h.loaded
+                if loaded is None:
+                    ready = False
+                out[member][name] = {
+                    "snapshot": None if loaded is None else loaded.snapshot,
+                    "lastRefreshAgeSeconds": None if h.last_refresh is None else round(now - h.last_refresh, 3),
+                    "error": h.error,
+                }
+        if self._unavailable:
+            ready = False
+        return {"ready": ready, "stores": out["stores"], "streams": out["streams"], "refused": dict(self._refused),
+                "unavailable": self.unavailable()}
+

@@ -1,0 +1,125 @@
+"""Older snapshots: what answers ``snapshot=V`` reads and page tokens pinned to a snapshot that is
+no longer the current one, for stores and streams alike.
+
+DuckDB reads the Parquet files of ``DeltaTable(path, version=V)`` — for a store, the key's bucket
+only, pruned further with the add actions' min/max ``key`` statistics, with the read rule in SQL
+(``QUALIFY row_number() ... ORDER BY run DESC``). The caller passes its DuckDB connection (one per
+thread). One LRU cache keeps the file lists (and ``StoreState``) of the ``SNAPSHOT_CACHE_SIZE``
+most recently used older snapshots of every store and stream.
+
+Errors: a snapshot above the table's latest version is ``SnapshotNotFound``; one whose log or
+files are gone (vacuumed) is ``SnapshotGone``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import duckdb
+from deltalake import DeltaTable
+
+from versiq import layout
+from versiq.query import reads
+from versiq.query.api import SnapshotGone, SnapshotNotFound
+from versiq.query.files import arrow, latest_version_on_disk
+from versiq.query.index import DataFile, StoreView, files_by_bucket, resolve_sql, rows_from_table
+from versiq.query.streams import StreamSnapshot, stream_files
+
+SNAPSHOT_CACHE_SIZE = 8
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class FilesSnapshot(StoreView):
+    """An older (or not yet loaded) snapshot: file lists per bucket, read with DuckDB per key."""
+
+    path: str = ""
+    files: dict[int, list[DataFile]] = field(default_factory=dict)
+
+    def rows(self, con: duckdb.DuckDBPyConnection, key: str) -> reads.KeyRows | None:
+        files = [
+            f.path
+            for f in self.files.get(layout.bucket_of(key, self.settings.buckets), [])
+            if f.may_contain(key)
+        ]
+        if not files:
+            return None
+        try:
+            tbl = arrow(con, resolve_sql(self.settings.kind, True), {"files": files, "key": key})
+        except duckdb.IOException as exc:
+            raise SnapshotGone(f"snapshot {self.snapshot} of store {self.name!r} is gone: {exc}") from exc
+        if tbl.num_rows == 0:
+            return None
+        vf, vt, tomb, values, part = rows_from_table(tbl)
+        return reads.KeyRows(vf, vt, tomb, values, 0, tbl.num_rows, int(part[0]))
+
+
+
+class SnapshotCache:
+    """The older snapshots opened lately, for stores and streams: one LRU of ``size`` entries
+    keyed by (kind, name, snapshot); thread-safe."""
+
+    def __init__(self, size: int = SNAPSHOT_CACHE_SIZE) -> None:
+        self.size = size
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[tuple[str, str, int], Any] = OrderedDict()
+
+    def get(self, kind: str, name: str, path: str, newest_known: int, snapshot: int,
+            open_snapshot: Callable[[DeltaTable], T]) -> T:
+        """Snapshot ``snapshot`` of the ``kind`` table ``name`` at ``path``, opened with
+        ``open_snapshot(DeltaTable at that version)`` unless cached. ``newest_known`` is the
+        newest version the caller has seen (the log on disk may be newer)."""
+        if isinstance(snapshot, bool) or not isinstance(snapshot, int) or snapshot < 0:
+            raise SnapshotNotFound(f"invalid snapshot {snapshot!r}")
+        key = (kind, name, snapshot)
+        with self._lock:
+            cached = self._entries.get(key)
+            if cached is not None:
+                self._entries.move_to_end(key)
+                return cached  # type: ignore[no-any-return]
+        latest = max(latest_version_on_disk(path), newest_known)
+        if snapshot > latest:
+            raise SnapshotNotFound(f"{kind} {name!r} has no snapshot {snapshot} (latest is {latest})")
+        try:
+            view = open_snapshot(DeltaTable(path, version=snapshot))
+        except Exception as exc:
+            raise SnapshotGone(f"snapshot {snapshot} of {kind} {name!r} is no longer readable: {exc}") from exc
+        with self._lock:
+            self._entries[key] = view
+            while len(self._entries) > self.size:
+                self._entries.popitem(last=False)
+        return view
+
+    def retain(self, names: set[str]) -> None:
+        """Forget the snapshots of tables that are no longer in the warehouse."""
+        with self._lock:
+            for key in [k for k in self._entries if k[1] not in names]:
+                del self._entries[key]
+
+
+def store_snapshot(name: str, path: str, settings: layout.StoreSettings, snapshot: int,
+                   dt: DeltaTable) -> FilesSnapshot:
+    """An older snapshot of a store: its file lists per bucket and its state."""
+    files = files_by_bucket(dt, path)
+    return FilesSnapshot(
+        name=name,
+        snapshot=snapshot,
+        settings=settings,
+        state=layout.read_state(path, snapshot),
+        file_count=sum(len(v) for v in files.values()),
+        physical_rows=sum(f.num_records for v in files.values() for f in v),
+        path=path,
+        files=files,
+    )
+
+
+def stream_snapshot(name: str, path: str, settings: layout.StoreSettings, snapshot: int,
+                    dt: DeltaTable) -> StreamSnapshot:
+    """An older snapshot of a stream: its file list and state."""
+    return StreamSnapshot(name=name, snapshot=snapshot, settings=settings,
+                          state=layout.read_state(path, snapshot), files=stream_files(dt, path))
