@@ -8,7 +8,6 @@ path on literal ``/`` and decodes each segment exactly once as UTF-8.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from versiq.service.problems import Problem, bad_request
 from versiq.timestamps import TimestampError, parse_timestamp
@@ -45,14 +44,6 @@ def percent_decode(raw: bytes, *, plus_is_space: bool, what: str) -> str:
         return out.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise bad_request(f"{what} is not valid UTF-8 after percent-decoding: {exc.reason}") from None
-
-
-def split_path(raw_path: bytes) -> list[bytes]:
-    """``/v1/stores/a%2Fb`` -> ``[b"v1", b"stores", b"a%2Fb"]`` (segments still encoded)."""
-    path = raw_path.split(b"?", 1)[0]
-    if path.startswith(b"/"):
-        path = path[1:]
-    return path.split(b"/")
 
 
 def parse_query(query_string: bytes, allowed: tuple[str, ...]) -> dict[str, str]:
@@ -123,53 +114,4 @@ def order_param(params: dict[str, str]) -> str:
     return text
 
 
-@dataclass(frozen=True)
-class Route:
-    """A matched route: its template (for metrics) and decoded path parameters."""
-
-    template: str
-    store: str | None = None
-    key: str | None = None
-    stream: str | None = None
-
-
-ROUTE_STORES = "/v1/stores"
-ROUTE_STORE = "/v1/stores/{store}"
-ROUTE_KEY = "/v1/stores/{store}/keys/{key}"
-ROUTE_VERSIONS = "/v1/stores/{store}/keys/{key}/versions"
-ROUTE_STREAMS = "/v1/streams"
-ROUTE_STREAM = "/v1/streams/{stream}"
-ROUTE_STREAM_RECORDS = "/v1/streams/{stream}/records"
-
-
-def _match_streams(segments: list[bytes]) -> Route | None:
-    n = len(segments)
-    if n == 2:
-        return Route(ROUTE_STREAMS)
-    if n > 4 or (n == 4 and segments[3] != b"records"):
-        return None
-    stream = percent_decode(segments[2], plus_is_space=False, what="the stream name")
-    return Route(ROUTE_STREAM if n == 3 else ROUTE_STREAM_RECORDS, stream=stream)
-
-
-def match_v1(segments: list[bytes]) -> Route | None:
-    """Match the segments of a ``/v1/...`` raw path; None = no such route."""
-    n = len(segments)
-    if n >= 2 and segments[0] == b"v1" and segments[1] == b"streams":
-        return _match_streams(segments)
-    if n < 2 or segments[0] != b"v1" or segments[1] != b"stores":
-        return None
-    if n == 2:
-        return Route(ROUTE_STORES)
-    store = percent_decode(segments[2], plus_is_space=False, what="the store name")
-    if n == 3:
-        return Route(ROUTE_STORE, store)
-    if segments[3] != b"keys" or n not in (5, 6):
-        return None
-    if n == 6 and segments[5] != b"versions":
-        return None
-    key = percent_decode(segments[4], plus_is_space=False, what="the key")
-    return Route(ROUTE_KEY if n == 5 else ROUTE_VERSIONS, store, key)
-
-
-__all__ = ["Problem", "Route", "match_v1", "parse_query", "percent_decode", "split_path"]
+__all__ = ["Problem", "parse_query", "percent_decode"]

@@ -23,7 +23,7 @@ EXACT_1MIB = _EXACT_PREFIX + "x" * (MIB - len(_EXACT_PREFIX) - 2) + '"}'
 # (line, expected reason or None); each of these crashed the parser (ValueError, OverflowError,
 # UnicodeEncodeError, RecursionError) and with it the whole run, or was decided wrongly.
 JSONL_CASES = [
-    ('{"key":' + "1" * 5000 + ',"timestamp":1}', None),                # int() 4300-digit limit
+    ('{"key":' + "1" * 5000 + ',"timestamp":1}', "bad_key"),           # int() 4300-digit limit; > 4 KiB key
     ('{"key":-0,"timestamp":1}', None),                                 # key "0"
     ('{"key":"a","timestamp":' + "1" * 5000 + "}", "bad_timestamp"),
     ('{"key":"a","timestamp":"' + "1" * 5000 + '"}', "bad_timestamp"),
@@ -44,7 +44,7 @@ def test_jsonl_lines_never_crash_and_get_the_right_reason():
     table = parse_bytes_for_tests("\n".join(line for line, _ in JSONL_CASES) + "\n")
     assert table.column("reason").to_pylist() == [reason for _, reason in JSONL_CASES]
     rows = table.to_pylist()
-    assert rows[0]["key"] == "1" * 5000 and rows[1]["key"] == "0"
+    assert "5000 bytes" in rows[0]["detail"] and "4096" in rows[0]["detail"] and rows[1]["key"] == "0"
     assert rows[11]["value"] == "[" * 600 + "]" * 600
     assert rows[6]["raw"] == JSONL_CASES[6][0]
 

@@ -15,18 +15,17 @@ import httpx
 import pytest
 from test_service_support import build_warehouse, free_port, key_path
 
-from versiq.service.params import (
+from versiq.service.params import parse_query, percent_decode
+from versiq.service.problems import Problem
+from versiq.service.routes import (
     ROUTE_KEY,
     ROUTE_STREAM,
     ROUTE_STREAM_RECORDS,
     ROUTE_STREAMS,
     ROUTE_VERSIONS,
     match_v1,
-    parse_query,
-    percent_decode,
     split_path,
 )
-from versiq.service.problems import Problem
 from versiq.service.settings import ConfigError, Settings
 from versiq.service.tokens import STREAM_RECORDS, PageQuery, PageTokens
 

@@ -1,0 +1,229 @@
+"""The ``/v1`` handlers: one coroutine per route of ``service.routes``, each parsing its query
+parameters (``service.params``), asking the engine in the thread pool and rendering the answer
+(``service.render``). All query logic is in ``versiq.query``; engine errors become problems in
+``service.errors``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from starlette.concurrency import run_in_threadpool
+
+from versiq.names import is_valid_store_name
+from versiq.query.api import MultiVersionedKeyQuery, QueryError, VersionedKeyQuery
+from versiq.query.streams import StreamPosition, StreamRecordsQuery
+from versiq.service.errors import query_problem
+from versiq.service.metrics import Metrics
+from versiq.service.params import order_param, page_size_param, parse_query, snapshot_param, timestamp_param
+from versiq.service.problems import Problem, bad_request
+from versiq.service.render import (
+    dumps,
+    key_json,
+    store_info_json,
+    stream_info_json,
+    stream_records_json,
+    versions_json,
+)
+from versiq.service.routes import (
+    ROUTE_KEY,
+    ROUTE_STORE,
+    ROUTE_STORES,
+    ROUTE_STREAM,
+    ROUTE_STREAM_RECORDS,
+    ROUTE_STREAMS,
+    ROUTE_VERSIONS,
+    Route,
+)
+from versiq.service.settings import Settings
+from versiq.service.tokens import STREAM_RECORDS, PageQuery, PageTokens
+
+if TYPE_CHECKING:
+    from versiq.query.engine import Engine
+
+_NAME_RULE = "1-100 letters, digits, '_', '-' or '.', starting with a letter or digit"
+
+
+def _range_params(params: dict[str, str]) -> tuple[int | None, int | None, str, int]:
+    """``from``, ``to`` (checked in order), ``order`` and ``pageSize`` of a listing."""
+    from_time = timestamp_param(params, "from")
+    to_time = timestamp_param(params, "to")
+    if from_time is not None and to_time is not None and from_time > to_time:
+        raise bad_request(f"'from' ({from_time}) is after 'to' ({to_time})", parameter="from")
+    return from_time, to_time, order_param(params), page_size_param(params)
+
+
+def _checked_name(name: str | None, what: str) -> str:
+    """A store or stream name from the path; a name no table can have is a 404 at once."""
+    name = name or ""
+    if not is_valid_store_name(name):
+        extension: dict[str, Any] = {what: name}
+        raise Problem(f"{what}-not-found", f"no {what} named {name!r}: {what} names are {_NAME_RULE}", **extension)
+    return name
+
+
+class Service:
+    """Per-app state: the engine, page tokens and metrics, and the ``/v1`` handlers."""
+
+    def __init__(self, settings: Settings, engine: Engine | None) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.tokens = PageTokens(settings.token_secret, settings.token_ttl_s)
+        self.metrics = Metrics(self.readiness)
+        self._routes: dict[str, Callable[[Route, bytes], Awaitable[bytes]]] = {
+            ROUTE_STORES: self._stores,
+            ROUTE_STORE: self._store,
+            ROUTE_KEY: self._get,
+            ROUTE_VERSIONS: self._versions,
+            ROUTE_STREAMS: self._streams,
+            ROUTE_STREAM: self._stream,
+            ROUTE_STREAM_RECORDS: self._stream_records,
+        }
+
+    def readiness(self) -> dict[str, Any]:
+        if self.engine is None:
+            return {"ready": False, "stores": {}, "streams": {}, "refused": {}, "unavailable": {}}
+        return self.engine.readiness()
+
+    def require_engine(self) -> Engine:
+        if self.engine is None:
+            raise Problem("not-ready", "the query engine is not started")
+        return self.engine
+
+    async def handle_v1(self, route: Route, query_string: bytes) -> bytes:
+        """The body of the 200 answer to ``route``; raises ``Problem`` otherwise."""
+        return await self._routes[route.template](route, query_string)
+
+    async def _call(self, name: str, at: int | None, fn: Callable[..., Any], *args: Any,
+                    what: str = "store", **kwargs: Any) -> Any:
+        """Run an engine call in the thread pool; its errors become problems about ``what``
+        (``store`` or ``stream``) ``name`` read at snapshot ``at``."""
+        try:
+            return await run_in_threadpool(fn, *args, **kwargs)
+        except QueryError as exc:
+            raise query_problem(exc, what, name, at, self.settings.refresh_interval_s) from None
+
+    def _resume(self, params: dict[str, str], bound: PageQuery) -> tuple[int | None, Any]:
+        """The snapshot to read and the token's position (None without ``pageToken``): a token
+        pins its snapshot, and ``?snapshot`` may only repeat it."""
+        snapshot = snapshot_param(params)
+        token = params.get("pageToken")
+        if token is None:
+            return snapshot, None
+        position = self.tokens.resolve(token, bound)
+        if snapshot is not None and snapshot != position.snapshot:
+            raise bad_request(
+                f"query parameter 'snapshot' ({snapshot}) differs from the snapshot the page "
+                f"token pins ({position.snapshot}); omit it or repeat it unchanged",
+                parameter="snapshot",
+            )
+        return position.snapshot, position
+
+    # ------------------------------------------------------------------ stores
+    async def _stores(self, route: Route, query_string: bytes) -> bytes:
+        parse_query(query_string, ())
+        engine = self.require_engine()
+        stores = await run_in_threadpool(engine.list_stores)
+        unavailable = await run_in_threadpool(engine.unavailable)
+        return dumps({"stores": [store_info_json(s) for s in stores],
+                      "unavailable": [{"name": name, "error": error} for name, error in unavailable.items()]})
+
+    async def _store(self, route: Route, query_string: bytes) -> bytes:
+        store = _checked_name(route.store, "store")
+        snapshot = snapshot_param(parse_query(query_string, ("snapshot",)))
+        engine = self.require_engine()
+        info = await self._call(store, snapshot, engine.store_info, store, snapshot)
+        return dumps(store_info_json(info))
+
+    async def _get(self, route: Route, query_string: bytes) -> bytes:
+        store = _checked_name(route.store, "store")
+        key = route.key or ""
+        params = parse_query(query_string, ("asOf", "snapshot"))
+        if not key:
+            raise bad_request("the key must not be empty")
+        as_of = timestamp_param(params, "asOf")
+        snapshot = snapshot_param(params)
+        engine = self.require_engine()
+        result = await self._call(store, snapshot, engine.get, store,
+                                  VersionedKeyQuery(key, as_of), snapshot=snapshot)
+        if result.outcome == "ok" and result.record is not None:
+            return key_json(key, result)
+        when = "now (latest)" if as_of is None else f"as of {as_of}"
+        extra = {"key": key, "snapshot": result.snapshot, "horizon": result.horizon}
+        if result.outcome == "expired":
+            raise Problem(
+                "expired",
+                f"asOf {as_of} is older than the history-retention horizon {result.horizon} "
+                f"(stream time - historyRetentionMs of the key's partition) of store {store!r} at "
+                f"snapshot {result.snapshot}; the latest version of key {key!r} is newer than "
+                "that, so no answer can be given",
+                **extra,
+            )
+        raise Problem("not-found", f"key {key!r} has no value {when} in store {store!r} at "
+                      f"snapshot {result.snapshot}", **extra)
+
+    async def _versions(self, route: Route, query_string: bytes) -> bytes:
+        store = _checked_name(route.store, "store")
+        key = route.key or ""
+        params = parse_query(query_string,
+                             ("from", "to", "order", "pageSize", "pageToken", "snapshot"))
+        if not key:
+            raise bad_request("the key must not be empty")
+        from_time, to_time, order, page_size = _range_params(params)
+        query = PageQuery(store, key, from_time, to_time, order)
+        snapshot, position = self._resume(params, query)
+        resume_after = None if position is None else position.resume_after
+        engine = self.require_engine()
+        page = await self._call(
+            store, snapshot, engine.versions, store,
+            MultiVersionedKeyQuery(key, from_time, to_time, order == "asc"),
+            snapshot=snapshot, resume_after=resume_after, limit=page_size,
+        )
+        next_token = None
+        if page.resume_after is not None:
+            next_token = self.tokens.issue(query, page.snapshot, page.resume_after)
+        return versions_json(key, page, next_token)
+
+    # ------------------------------------------------------------------ streams
+    async def _streams(self, route: Route, query_string: bytes) -> bytes:
+        parse_query(query_string, ())
+        engine = self.require_engine()
+        streams = await run_in_threadpool(engine.list_streams)
+        return dumps({"streams": [stream_info_json(s) for s in streams]})
+
+    async def _stream(self, route: Route, query_string: bytes) -> bytes:
+        stream = _checked_name(route.stream, "stream")
+        snapshot = snapshot_param(parse_query(query_string, ("snapshot",)))
+        engine = self.require_engine()
+        info = await self._call(stream, snapshot, engine.stream_info, stream, snapshot, what="stream")
+        return dumps(stream_info_json(info))
+
+    async def _stream_records(self, route: Route, query_string: bytes) -> bytes:
+        stream = _checked_name(route.stream, "stream")
+        params = parse_query(query_string,
+                             ("key", "from", "to", "order", "pageSize", "pageToken", "snapshot"))
+        key = params.get("key")
+        if key == "":
+            raise bad_request("query parameter 'key' must not be empty (omit it for every key)",
+                              parameter="key")
+        from_time, to_time, order, page_size = _range_params(params)
+        bound = PageQuery(stream, key, from_time, to_time, order, STREAM_RECORDS)
+        snapshot, position = self._resume(params, bound)
+        resume_after: StreamPosition | None = None
+        if position is not None:
+            if len(position.position) != 2:
+                raise bad_request("query parameter 'pageToken' is not a valid page token",
+                                  parameter="pageToken")
+            resume_after = StreamPosition(*position.position)
+        engine = self.require_engine()
+        page = await self._call(
+            stream, snapshot, engine.stream_records, stream,
+            StreamRecordsQuery(key, from_time, to_time, order == "asc"),
+            what="stream", snapshot=snapshot, resume_after=resume_after, limit=page_size,
+        )
+        next_token = None
+        if page.resume_after is not None:
+            after = page.resume_after
+            next_token = self.tokens.issue(bound, page.snapshot, (after.run, after.sequence))
+        return stream_records_json(stream, key, page, next_token)

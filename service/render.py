@@ -1,0 +1,106 @@
+"""How answers look on the wire: the JSON of stores, streams, records and pages (field names are
+the contract of openapi.yaml). Record bodies are assembled from bytes: a stored value is compact
+JSON text already and goes out verbatim (``1.50`` stays ``1.50``)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from versiq.query.api import KeyResult, StoreInfo, VersionsPage
+from versiq.query.streams import StreamInfo, StreamRecordsPage
+
+JSON = "application/json"
+
+
+def dumps(obj: Any) -> bytes:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def int_or_null(value: int | None) -> bytes:
+    return b"null" if value is None else str(int(value)).encode("ascii")
+
+
+def store_info_json(info: StoreInfo) -> dict[str, Any]:
+    """One entry of ``GET /v1/stores`` and the body of ``GET /v1/stores/{store}``."""
+    versioned = info.kind == "versioned"
+    per_partition = []
+    for partition in sorted(info.stream_time):
+        st = info.stream_time[partition]
+        per_partition.append({
+            "partition": partition,
+            "streamTime": st,
+            "oldestQueryableTimestamp": max(0, st - info.history_retention_ms) if versioned else None,
+        })
+    stream_time = max(info.stream_time.values()) if info.stream_time else None
+    oldest = None
+    if versioned and stream_time is not None:
+        oldest = max(0, stream_time - info.history_retention_ms)
+    return {
+        "name": info.name,
+        "kind": info.kind,
+        "historyRetentionMs": info.history_retention_ms,
+        "partitions": info.partitions,
+        "streamTime": stream_time,
+        "partitionStreamTimes": per_partition,
+        "snapshot": info.snapshot,
+        "oldestQueryableTimestamp": oldest,
+        "counts": dict(info.counts),
+        "inputs": dict(info.inputs),
+        "sources": {name: {"run": v["run"], "snapshot": v["snapshot"]} for name, v in info.sources.items()},
+    }
+
+
+def stream_info_json(info: StreamInfo) -> dict[str, Any]:
+    return {
+        "name": info.name,
+        "snapshot": info.snapshot,
+        "lastRun": info.last_run,
+        "buckets": info.buckets,
+        "counts": dict(info.counts),
+        "minTimestamp": info.min_timestamp,
+        "maxTimestamp": info.max_timestamp,
+        "inputs": dict(info.inputs),
+        "sources": {name: {"run": v["run"], "snapshot": v["snapshot"]} for name, v in info.sources.items()},
+    }
+
+
+def key_json(key: str, result: KeyResult) -> bytes:
+    """A found record of ``GET .../keys/{key}``."""
+    rec = result.record
+    assert rec is not None
+    return b"".join((
+        b'{"key":', dumps(key), b',"value":', rec.value.encode("utf-8"),
+        b',"timestamp":', int_or_null(rec.timestamp),
+        b',"validTo":', int_or_null(rec.valid_to),
+        b',"snapshot":', int_or_null(result.snapshot), b"}",
+    ))
+
+
+def versions_json(key: str, page: VersionsPage, next_token: str | None) -> bytes:
+    """A page of ``GET .../keys/{key}/versions``."""
+    records = b",".join(
+        b"".join((b'{"value":', r.value.encode("utf-8"), b',"timestamp":',
+                  int_or_null(r.timestamp), b',"validTo":', int_or_null(r.valid_to), b"}"))
+        for r in page.records
+    )
+    return b"".join((
+        b'{"key":', dumps(key), b',"records":[', records, b'],"nextPageToken":',
+        dumps(next_token), b',"snapshot":', int_or_null(page.snapshot),
+        b',"horizon":', int_or_null(page.horizon), b"}",
+    ))
+
+
+def stream_records_json(stream: str, key: str | None, page: StreamRecordsPage, next_token: str | None) -> bytes:
+    """A page of ``GET /v1/streams/{stream}/records``."""
+    records = b",".join(
+        b"".join((b'{"key":', dumps(r.key), b',"value":',
+                  b"null" if r.value is None else r.value.encode("utf-8"),
+                  b',"timestamp":', int_or_null(r.timestamp), b',"run":', int_or_null(r.run),
+                  b',"sequence":', int_or_null(r.sequence), b"}"))
+        for r in page.records
+    )
+    return b"".join((
+        b'{"stream":', dumps(stream), b',"key":', dumps(key), b',"records":[', records,
+        b'],"nextPageToken":', dumps(next_token), b',"snapshot":', int_or_null(page.snapshot), b"}",
+    ))
