@@ -178,13 +178,13 @@ def test_parquet_fast_path_agrees_on_generated_values():
 
 
 def test_fast_paths_take_ordinary_records(monkeypatch):
-    import versiq.ingest.records as records
+    from versiq.ingest.records import jsonl, parquet_rows
 
     def refuse(*args, **kwargs):
         raise AssertionError("general path used for an ordinary record")
 
-    monkeypatch.setattr(records, "_parse_json_line", refuse)
-    monkeypatch.setattr(records, "_parse_parquet_row", refuse)
+    monkeypatch.setattr(jsonl, "_parse_json_line", refuse)
+    monkeypatch.setattr(parquet_rows, "_parse_parquet_row", refuse)
     line = '{"key":"k1","value":{"v":1,"price":923.52,"tags":["a",null,true]},"timestamp":1709251200000}'
     with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as tmp:
         tmp.write(line + "\n")

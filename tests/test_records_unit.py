@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from versiq.durations import DurationError, parse_duration_ms
-from versiq.ingest.records import _compact_members, compact, parse_bytes_for_tests, strict_loads
+from versiq.ingest.records import compact, parse_bytes_for_tests, strict_loads
+from versiq.ingest.records.jsonl import compact_members as _compact_members
 from versiq.names import is_valid_store_name
 from versiq.timestamps import TimestampError, parse_timestamp
 
