@@ -255,7 +255,7 @@ LOADS = {"calls": 0, "keys_all": 0, "keys_requested": 0, "seconds": 0.0, "all_se
 
 def instrument() -> None:
     """Time the derived pass's phases (names below) and count ``SnapshotReader.load`` calls."""
-    import versiq.ingest.derived.run as run
+    import versiq.ingest.derived.derive as run
     from versiq.ingest.derived.state import SnapshotReader
     from versiq.ingest.derived.topology import Topology
 
@@ -325,7 +325,7 @@ def uptime() -> str:
 # -- phases --------------------------------------------------------------------------------
 
 def ingest_sources(spark: Any, root: str) -> dict[str, Any]:
-    from versiq.ingest.derived.run import run_pipeline
+    from versiq.ingest.run import run_pipeline
 
     stores, streams = source_specs(root, list(STORES + STREAMS))
     t0 = time.perf_counter()
@@ -343,7 +343,7 @@ def ingest_sources(spark: Any, root: str) -> dict[str, Any]:
 def warm_up(spark: Any, root: str) -> None:
     """A throwaway ingest + derive so the first measured ingest does not pay Spark's warm-up
     (class loading, Python workers, first-job planning)."""
-    from versiq.ingest.derived.run import run_pipeline
+    from versiq.ingest.run import run_pipeline
 
     folder = os.path.join(root, "_warm_up")
     os.makedirs(os.path.join(folder, "src"))
@@ -359,7 +359,7 @@ def warm_up(spark: Any, root: str) -> None:
 
 def derive_one(spark: Any, root: str, op: str, inputs: dict[str, int], ingest_s: dict[str, float],
                profile: bool) -> dict[str, Any]:
-    from versiq.ingest.derived.run import run_pipeline
+    from versiq.ingest.run import run_pipeline
 
     pipeline = operator_pipeline(root, op)
     name = pipeline.tables[0].name

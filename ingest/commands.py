@@ -20,7 +20,8 @@ from typing import Any
 
 from versiq.durations import DurationError, parse_duration_ms
 from versiq.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
-from versiq.ingest.store import LockTimeout, UsageError
+from versiq.ingest.errors import UsageError
+from versiq.ingest.store import LockTimeout
 
 log = logging.getLogger("versiq.ingest")
 
@@ -112,7 +113,7 @@ def ingest_command(args: argparse.Namespace, parser: argparse.ArgumentParser | N
         print(f"versiq ingest: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
 
-    from versiq.ingest.derived.run import run_pipeline
+    from versiq.ingest.run import run_pipeline
     from versiq.ingest.spark import get_spark
 
     spark = get_spark(args.master)
@@ -150,7 +151,7 @@ def ingest_command(args: argparse.Namespace, parser: argparse.ArgumentParser | N
 
 
 def _one_run(spark: Any, args: argparse.Namespace, pipeline: Any, lock_timeout: float) -> int:
-    from versiq.ingest.derived.run import run_pipeline
+    from versiq.ingest.run import run_pipeline
 
     try:
         report = run_pipeline(spark, args.warehouse, pipeline, lock_timeout_s=lock_timeout)

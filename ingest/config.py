@@ -31,8 +31,8 @@ import yaml
 
 from versiq.durations import DurationError, parse_duration_ms
 from versiq.ingest.derived.spec import TableSpec, check_global_store, parse_tables
+from versiq.ingest.errors import UsageError
 from versiq.ingest.pipeline import DEFAULT_MAX_FUTURE_MS, StoreSpec, parse_max_future
-from versiq.ingest.store import UsageError
 from versiq.ingest.streams import StreamSpec
 from versiq.layout import STREAM_KIND, StoreSettings
 

@@ -30,7 +30,8 @@ from functools import reduce
 from typing import Any
 
 from versiq.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
-from versiq.ingest.store import LockTimeout, UsageError
+from versiq.ingest.errors import UsageError
+from versiq.ingest.store import LockTimeout
 
 log = logging.getLogger("versiq.ingest")
 

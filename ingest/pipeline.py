@@ -11,43 +11,38 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
-from pyspark.sql.pandas.types import from_arrow_schema
 
 from versiq.durations import DEFAULT_HISTORY_RETENTION_MS, parse_duration_ms
 from versiq.ingest.bucketing import write_tasks
-from versiq.ingest.order import MAX_FILES, MAX_POS, RUN_SCHEMA, file_seq_base, split_seq, with_order
-from versiq.ingest.records import BATCH_ROWS, format_of, parse_file, raw_texts
+from versiq.ingest.errors import UsageError
+from versiq.ingest.parse import parse_files
+from versiq.ingest.rejections import write_rejected
+from versiq.ingest.reports import RunReport, StoreReport
 from versiq.ingest.semantics import RunContext, classify, default_partition_of, file_of, rows_to_write
-from versiq.ingest.sources import SourceError, check_readable, list_sources
+from versiq.ingest.sources import SourceError, check_readable, list_sources, log_ignored
 from versiq.ingest.store import (
     StoreHandle,
-    UsageError,
     commit_rejected,
     commit_side,
     commit_store,
     existing_versions,
     finish_pending_sides,
     open_store,
-    rejected_path,
     writer_lock,
 )
-from versiq.ingest.writer import FILE_INFO_DDL, collect_adds, make_plain_writer, make_store_writer, write_local
+from versiq.ingest.writer import FILE_INFO_DDL, collect_adds, make_plain_writer, make_store_writer
 from versiq.layout import (
     CHANGELOG_DIR,
     CHANGELOG_SCHEMA,
     DEFAULT_BUCKETS,
     KINDS,
-    REJECT_REASONS,
-    REJECTED_SCHEMA,
     STORE_FILE_SCHEMA,
     STORE_SCHEMA,
     StoreSettings,
@@ -60,8 +55,6 @@ log = logging.getLogger("versiq.ingest")
 #: Largest files x partitions of a run whose per-file stream-time maxima are collected to the
 #: driver (``_parse_stats``); above it stream time is computed by Spark windows instead.
 FILE_STATS_LIMIT = 100_000
-#: Up to this many rejections in a run, ``_rejected`` is written on the driver (``_write_rejected``).
-DRIVER_REJECTIONS = 20_000
 #: Default ``max_future``: a record more than 1 hour after the wall clock of its run is refused.
 DEFAULT_MAX_FUTURE_MS = 3_600_000
 
@@ -84,22 +77,6 @@ def future_bound(max_future_ms: int | None, now_ms: int | None = None) -> int | 
         return None
     now = int(time.time() * 1000) if now_ms is None else now_ms
     return min(now + max_future_ms, 2**63 - 1)
-
-
-def report_json(report: Any) -> dict[str, Any]:
-    """A run report dataclass's JSON form (``--report``, CONTRACT.md): every field in order,
-    ``seconds`` rounded to the millisecond, ``error`` only when there is one."""
-    out: dict[str, Any] = {}
-    for item in fields(report):
-        value = getattr(report, item.name)
-        if item.name == "error" and value is None:
-            continue
-        if item.name == "seconds":
-            value = round(value, 3)
-        elif isinstance(value, dict):
-            value = dict(value)
-        out[item.name] = value
-    return out
 
 
 @dataclass(frozen=True)
@@ -151,71 +128,6 @@ class StoreSpec:
             raise UsageError(f"store {self.name!r}: source {self.source!r} does not exist")
 
 
-@dataclass
-class StoreReport:
-    read: int = 0
-    accepted_latest: int = 0
-    accepted_out_of_order: int = 0
-    replaced_same_timestamp: int = 0
-    tombstones: int = 0
-    rejected: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REJECT_REASONS, 0))
-    snapshot: int | None = None
-    seconds: float = 0.0
-    files: int = 0
-    run: int | None = None
-    #: Source entries that are not regular files, never opened (``ingest.sources``).
-    ignored: list[dict[str, str]] = field(default_factory=list)
-    error: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return report_json(self)
-
-
-@dataclass
-class StreamReport:
-    """A source stream's run: records read, appended and rejected (no grace: never late)."""
-
-    read: int = 0
-    appended: int = 0
-    rejected: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REJECT_REASONS, 0))
-    snapshot: int | None = None
-    seconds: float = 0.0
-    files: int = 0
-    run: int | None = None
-    #: Source entries that are not regular files, never opened (``ingest.sources``).
-    ignored: list[dict[str, str]] = field(default_factory=list)
-    error: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return report_json(self)
-
-
-@dataclass
-class RunReport:
-    stores: dict[str, StoreReport] = field(default_factory=dict)
-    streams: dict[str, StreamReport] = field(default_factory=dict)
-    #: Derived tables and stream outputs (``ingest.derived.report.TableReport``).
-    tables: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def failed(self) -> bool:
-        entries = [*self.stores.values(), *self.streams.values(), *self.tables.values()]
-        return any(r.error is not None for r in entries)
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"stores": {name: r.to_json() for name, r in self.stores.items()}}
-        if self.streams:
-            out["streams"] = {name: r.to_json() for name, r in self.streams.items()}
-        if self.tables:
-            out["tables"] = {name: r.to_json() for name, r in self.tables.items()}
-        return out
-
-
-def log_ignored(what: str, name: str, ignored: list[dict[str, str]]) -> list[dict[str, str]]:
-    """Name every ignored source entry in the log (a warning: it may be a mistake), once per run."""
-    for entry in ignored:
-        log.warning("%s %s: ignored %s (a %s, not a regular file)", what, name, entry["path"], entry["type"])
-    return ignored
 
 
 def run_ingest(spark: SparkSession, warehouse: str, specs: list[StoreSpec], *,
@@ -277,30 +189,10 @@ def ingest_store(spark: SparkSession, warehouse: str, spec: StoreSpec, lock_time
         return report
 
 
-def _parse(spark: SparkSession, files: dict[str, str], fmt: str | None, partitions: int | None,
-           max_timestamp: int | None = None) -> DataFrame:
-    """Every file parsed (``ingest.records``) by a Spark task, with the processing-order
-    columns of ``ingest.order`` (``partitions``: the store's, None for a stream)."""
-    if len(files) > MAX_FILES:
-        raise ValueError(f"{len(files)} new files in one run; at most {MAX_FILES} (ingest them in parts)")
-    if list(files) != sorted(files):  # file indexes are processing order (ingest.order)
-        raise ValueError("source files must be given in (relative path) order")
-    rows = [(full, rel, format_of(rel, fmt), index) for index, (rel, full) in enumerate(files.items())]
-    frame = spark.createDataFrame(rows, "path string, source string, fmt string, file_index int")
-    frame = frame.repartition(max(1, min(len(rows), spark.sparkContext.defaultParallelism * 4)))
-
-    def parse(batches):  # type: ignore[no-untyped-def]
-        for batch in batches:
-            for full, rel, file_fmt, index in zip(*(batch.column(i).to_pylist() for i in range(4)), strict=True):
-                yield from with_order(parse_file(full, rel, file_fmt, max_timestamp), index, partitions)
-
-    return frame.mapInArrow(parse, from_arrow_schema(RUN_SCHEMA))
-
-
 def _run_once(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, new: dict[str, str], run: int,
               report: StoreReport) -> None:
     settings = handle.settings
-    parsed = _parse(spark, new, spec.format, settings.partitions, future_bound(spec.max_future_ms)).persist(
+    parsed = parse_files(spark, new, spec.format, settings.partitions, future_bound(spec.max_future_ms)).persist(
         StorageLevel.MEMORY_AND_DISK)
     try:
         good = parsed.filter(F.col("reason").isNull()).select("seq", "fst", "key", "value", "ts", "part", "offset")
@@ -329,7 +221,7 @@ def _run_once(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, new: di
             store_adds = collect_adds(
                 rows.mapInArrow(make_store_writer(handle.path, run, STORE_FILE_SCHEMA), FILE_INFO_DDL))
             rejected = sum(report.rejected.values())
-            rejected_adds = _write_rejected(parsed, classified, handle.path, run, new, spec.format,
+            rejected_adds = write_rejected(parsed, classified, handle.path, run, new, spec.format,
                                             decided=rejected - parse_rejections, total=rejected)
             state.rejected_adds = rejected_adds
             if spec.changelog:
@@ -441,107 +333,3 @@ def _write_changelog(classified: DataFrame, store_path: str, run: int, ctx: RunC
         make_plain_writer(root, run, CHANGELOG_SCHEMA), FILE_INFO_DDL))
 
 
-def _write_rejected(parsed: DataFrame, classified: DataFrame | None, store_path: str, run: int,
-                    new: dict[str, str], fmt: str | None, decided: int = 0,
-                    total: int | None = None) -> list[dict[str, Any]]:
-    """The run's rejected records: the parser's (with their text), and, when ``classified`` is
-    given and ``decided`` > 0, those rejected by the decisions, whose text is read again from
-    their files (``ingest.order``: the run does not carry the text of parsed records).
-
-    With ``total`` (all rejections of the run) up to ``DRIVER_REJECTIONS`` the rows are
-    collected and the file written on the driver: the same file, without about five Spark
-    jobs (an incremental batch's usual case); else Spark assembles and writes it."""
-    if total == 0:
-        return []
-    files = [(full, format_of(rel, fmt)) for rel, full in new.items()]
-    sources = list(new)
-    rejected = parsed.filter(F.col("reason").isNotNull()).select("seq", "part", "offset", "reason", "detail", "raw")
-    later = None
-    if classified is not None and decided:
-        later = classified.filter(F.col("outcome") != "accepted").select(
-            "seq", "part", "offset", F.col("outcome").alias("reason"), "detail")
-    root = rejected_path(store_path)
-    ingested_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    if total is not None and total <= DRIVER_REJECTIONS:
-        parts = [rejected.toArrow()]
-        if later is not None:
-            decided_rows = later.toArrow()
-            texts = pa.Table.from_batches(list(_read_texts(files, decided_rows.column("seq").to_numpy())),
-                                          schema=_TEXT_SCHEMA)
-            parts.append(decided_rows.join(texts, "seq").select(parts[0].column_names))
-        table = pa.concat_tables([t.cast(parts[0].schema) for t in parts]).sort_by("seq")
-        seq = table.column("seq").to_numpy()
-        file_index, pos = split_seq(seq)
-        is_row = np.array([files[i][1] == "parquet" for i in file_index], dtype=bool)
-        out = pa.table({
-            "run": pa.array(np.full(len(seq), run), pa.int64()),
-            "source": pa.array([sources[i] for i in file_index], pa.string()),
-            "line": pa.array(pos, pa.int64(), mask=is_row),
-            "row": pa.array(pos, pa.int64(), mask=~is_row),
-            "partition": table.column("part"),
-            "offset": table.column("offset"),
-            "reason": table.column("reason"),
-            "raw": table.column("raw"),
-            "detail": table.column("detail"),
-            "ingested_at": pa.array([ingested_at] * len(seq), pa.string()),
-        })
-        return write_local(make_plain_writer(root, run, REJECTED_SCHEMA), out)
-    spark = parsed.sparkSession
-    names = spark.createDataFrame([(index, rel, files[index][1] == "parquet") for index, rel in enumerate(sources)],
-                                  "file int, source string, is_row boolean")
-    if later is not None:
-        texts = later.select("seq", file_of(F.col("seq")).alias("file")).repartition("file").mapInArrow(
-            _text_reader(files), "seq bigint, raw string")
-        rejected = rejected.unionByName(later.join(texts, "seq"))
-    pos_col = F.col("seq").bitwiseAND(F.lit(MAX_POS))
-    frame = rejected.withColumn("file", file_of(F.col("seq"))).join(F.broadcast(names), "file").select(
-        "seq",
-        F.lit(run).cast("bigint").alias("run"),
-        "source",
-        F.when(~F.col("is_row"), pos_col).alias("line"),
-        F.when(F.col("is_row"), pos_col).alias("row"),
-        F.col("part").alias("partition"),
-        "offset",
-        "reason",
-        "raw",
-        "detail",
-        F.lit(ingested_at).alias("ingested_at"),
-    )
-    return collect_adds(
-        frame.repartition(1).sortWithinPartitions("seq")
-        .mapInArrow(make_plain_writer(root, run, REJECTED_SCHEMA), FILE_INFO_DDL)
-    )
-
-
-_TEXT_SCHEMA = pa.schema([pa.field("seq", pa.int64()), pa.field("raw", pa.string())])
-
-
-def _read_texts(files: list[tuple[str, str]], seqs: Any) -> Iterator[pa.RecordBatch]:
-    """(seq, raw) batches of at most ``BATCH_ROWS`` for the records ``seqs`` (a numpy array),
-    read from their files (``files[i]``: path and format of file index i)."""
-    seqs = np.unique(seqs)  # sorted: each file's positions ascending; 8 bytes per record
-    files_of, _ = split_seq(seqs)
-    for file in np.unique(files_of):
-        base = file_seq_base(int(file))
-        full, file_fmt = files[int(file)]
-        out_seq: list[int] = []
-        out_raw: list[str] = []
-        for pos, text in raw_texts(full, file_fmt, (seqs[files_of == file] - base).tolist()):
-            out_seq.append(base + pos)
-            out_raw.append(text)
-            if len(out_seq) == BATCH_ROWS:
-                yield pa.RecordBatch.from_pydict({"seq": out_seq, "raw": out_raw}, schema=_TEXT_SCHEMA)
-                out_seq, out_raw = [], []
-        if out_seq:
-            yield pa.RecordBatch.from_pydict({"seq": out_seq, "raw": out_raw}, schema=_TEXT_SCHEMA)
-
-
-def _text_reader(files: list[tuple[str, str]]):  # type: ignore[no-untyped-def]
-    """mapInArrow function: (seq, file) rows -> (seq, raw), ``_read_texts`` on an executor."""
-
-    def read(batches):  # type: ignore[no-untyped-def]
-        columns = [batch.column(0) for batch in batches]
-        if columns:
-            yield from _read_texts(files, pa.concat_arrays(columns).to_numpy())
-
-    return read

@@ -8,7 +8,8 @@ from typing import Any
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from versiq.ingest.store import UsageError, existing_store_path, is_store, rejected_path
+from versiq.ingest.errors import UsageError
+from versiq.ingest.store import existing_store_path, is_store, rejected_path
 from versiq.layout import REJECT_REASONS
 
 

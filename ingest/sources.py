@@ -15,9 +15,12 @@ it became readable.
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 from dataclasses import dataclass, field
+
+log = logging.getLogger("versiq.ingest")
 
 
 class SourceError(Exception):
@@ -108,3 +111,10 @@ def check_readable(files: dict[str, str]) -> None:
                 raise SourceError(f"source file {full} is no longer a regular file")
         finally:
             os.close(fd)
+
+
+def log_ignored(what: str, name: str, ignored: list[dict[str, str]]) -> list[dict[str, str]]:
+    """Name every ignored source entry in the log (a warning: it may be a mistake), once per run."""
+    for entry in ignored:
+        log.warning("%s %s: ignored %s (a %s, not a regular file)", what, name, entry["path"], entry["type"])
+    return ignored

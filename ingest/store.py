@@ -29,6 +29,7 @@ from deltalake.transaction import (
     create_table_with_add_actions,
 )
 
+from versiq.ingest.errors import UsageError
 from versiq.layout import (
     APP_ID,
     CHANGELOG_DIR,
@@ -52,10 +53,6 @@ from versiq.layout import (
     read_state,
 )
 from versiq.names import check_store_name
-
-
-class UsageError(Exception):
-    """A configuration or usage error found before any data is touched (exit status 2)."""
 
 
 class LockTimeout(Exception):

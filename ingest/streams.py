@@ -19,15 +19,13 @@ from pyspark.sql import SparkSession, Window
 from pyspark.sql import functions as F
 
 from versiq.ingest.bucketing import by_bucket, write_tasks
-from versiq.ingest.pipeline import (
-    StreamReport,
-    _parse,
-    _write_rejected,
-    log_ignored,
-)
+from versiq.ingest.errors import UsageError
+from versiq.ingest.parse import parse_files
+from versiq.ingest.rejections import write_rejected
+from versiq.ingest.reports import StreamReport
 from versiq.ingest.semantics import bucket_of
-from versiq.ingest.sources import check_readable, list_sources
-from versiq.ingest.store import UsageError, commit_rejected, commit_store, finish_pending_sides, open_store, writer_lock
+from versiq.ingest.sources import check_readable, list_sources, log_ignored
+from versiq.ingest.store import commit_rejected, commit_store, finish_pending_sides, open_store, writer_lock
 from versiq.ingest.writer import FILE_INFO_DDL, STREAM_SORT, collect_adds, make_store_writer
 from versiq.layout import DEFAULT_BUCKETS, STREAM_FILE_SCHEMA, STREAM_KIND, StoreSettings, StoreState
 from versiq.names import check_store_name
@@ -74,7 +72,7 @@ def ingest_stream(spark: SparkSession, warehouse: str, spec: StreamSpec, lock_ti
             return report
         run = handle.state.run + 1
         report.run, report.files = run, len(new)
-        parsed = _parse(spark, new, spec.format, None).persist(StorageLevel.MEMORY_AND_DISK)
+        parsed = parse_files(spark, new, spec.format, None).persist(StorageLevel.MEMORY_AND_DISK)
         try:
             for row in parsed.groupBy("reason").count().collect():
                 report.read += row["count"]
@@ -91,7 +89,7 @@ def ingest_stream(spark: SparkSession, warehouse: str, spec: StreamSpec, lock_ti
             adds = collect_adds(by_bucket(rows, write_tasks(handle.settings.buckets, report.read)).mapInArrow(
                 make_store_writer(handle.path, run, STREAM_FILE_SCHEMA, STREAM_SORT), FILE_INFO_DDL))
             state = StoreState(run=run, done_files=sorted(done | set(new)))
-            state.rejected_adds = _write_rejected(parsed, None, handle.path, run, new, spec.format,
+            state.rejected_adds = write_rejected(parsed, None, handle.path, run, new, spec.format,
                                                   total=sum(report.rejected.values()))
             report.snapshot = commit_store(handle, adds, state)
             if state.rejected_adds:

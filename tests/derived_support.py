@@ -22,9 +22,9 @@ from deltalake import DeltaTable
 from tests.derived_reference import InputDef, Rec
 from tests.ingest_support import store_versions, timestamped_values
 from versiq.ingest.config import Pipeline
-from versiq.ingest.derived.run import run_pipeline
 from versiq.ingest.derived.spec import parse_tables
 from versiq.ingest.pipeline import StoreSpec
+from versiq.ingest.run import run_pipeline
 from versiq.ingest.streams import StreamSpec
 
 REFS = {"from": None, "join": ("left", "right"), "fk_join": ("left", "right"), "stream_join": ("stream", "table")}

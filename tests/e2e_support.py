@@ -29,7 +29,8 @@ from test_service_support import free_port, key_path  # noqa: E402
 
 from tests.ingest_support import record_line, write_jsonl  # noqa: E402
 from tests.reference import InRecord, ReferenceStore, RunCounts  # noqa: E402
-from versiq.ingest.pipeline import StoreReport, StoreSpec, run_ingest  # noqa: E402
+from versiq.ingest.pipeline import StoreSpec, run_ingest  # noqa: E402
+from versiq.ingest.reports import StoreReport  # noqa: E402
 from versiq.query.engine import Engine  # noqa: E402
 from versiq.service.app import create_app  # noqa: E402
 from versiq.service.settings import Settings  # noqa: E402

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from versiq.ingest.config import load_config
-from versiq.ingest.store import UsageError
+from versiq.ingest.errors import UsageError
 
 HEAD = """
 stores:

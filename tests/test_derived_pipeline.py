@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-import versiq.ingest.derived.run as derived_run
+import versiq.ingest.derived.derive as derived_run
 from tests.derived_reference import InputDef, Rec
 from tests.derived_reference import run_pipeline as model_pipeline
 from tests.derived_support import RealPipeline

@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.ingest_support import StoredVersion, rejected_rows, store_versions
+from versiq.ingest.errors import UsageError
 from versiq.ingest.pipeline import StoreSpec, run_ingest
 from versiq.ingest.records import PARSED_SCHEMA, parse_bytes_for_tests, parse_file
-from versiq.ingest.store import UsageError
 
 DEEP = 100_000
 MIB = 1024 * 1024

@@ -23,8 +23,8 @@ from tests.ingest_support import (
     write_jsonl,
 )
 from tests.reference import ReferenceStore
+from versiq.ingest.errors import UsageError
 from versiq.ingest.pipeline import StoreSpec, run_ingest
-from versiq.ingest.store import UsageError
 
 V = StoredVersion
 

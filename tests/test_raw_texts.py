@@ -13,7 +13,7 @@ import pytest
 
 from tests.ingest_support import rejected_rows
 from tests.test_records_fastpath import TRICKY_LINES, VALUES
-from versiq.ingest import pipeline
+from versiq.ingest import rejections
 from versiq.ingest.pipeline import StoreSpec, run_ingest
 from versiq.ingest.records import PARSED_SCHEMA, parse_file, raw_texts
 
@@ -84,12 +84,12 @@ def test_a_record_no_longer_in_the_file_is_an_error(tmp_path):
         list(raw_texts(path, "jsonl", [1, 1]))
 
 
-@pytest.mark.parametrize("driver_limit", [pipeline.DRIVER_REJECTIONS, 0], ids=["driver", "spark"])
+@pytest.mark.parametrize("driver_limit", [rejections.DRIVER_REJECTIONS, 0], ids=["driver", "spark"])
 def test_late_and_duplicate_records_keep_their_text_in_every_format(spark, tmp_path, monkeypatch, driver_limit):
     """One run over a JSONL, a CSV and a Parquet file: its late records and duplicate offsets
     are rejected after parsing, and ``_rejected`` holds their exact original text, whether the
     driver or Spark writes it (``DRIVER_REJECTIONS``), next to the parser's own rejections."""
-    monkeypatch.setattr(pipeline, "DRIVER_REJECTIONS", driver_limit)
+    monkeypatch.setattr(rejections, "DRIVER_REJECTIONS", driver_limit)
     src = tmp_path / "src"
     src.mkdir()
     jsonl = ['{"key":"a","value":1,"timestamp":1000}', '{"key":"b","value": 2,"timestamp":5}',

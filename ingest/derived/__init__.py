@@ -6,5 +6,5 @@
 - ``operators``: filter, copy, toTable, stream-table join, table-table join, foreign-key join,
   aggregation: record at a time, exactly SEMANTICS.md §5.
 - ``topology``: the merge of the inputs and the depth-first propagation.
-- ``run``: one derived batch: read the inputs' changelogs, run the topology, write and commit.
+- ``derive``: the derive phase: read the inputs' changelogs, run the topology, write and commit.
 """

@@ -14,7 +14,7 @@ from typing import Any
 
 from versiq.durations import DEFAULT_HISTORY_RETENTION_MS, DurationError, parse_duration_ms
 from versiq.ingest.derived.expressions import Expression, ExpressionError, parse_expression
-from versiq.ingest.store import UsageError
+from versiq.ingest.errors import UsageError
 from versiq.layout import DEFAULT_BUCKETS, KINDS, STREAM_KIND
 from versiq.names import check_store_name
 

@@ -1,4 +1,4 @@
-"""A pipeline run: ingest the sources, then compute every derived table from their changelogs.
+"""The derive phase of a pipeline run (``ingest.run``): compute every derived table from the changelogs of its sources.
 
 Derived batches ("passes") are what make derived tables incremental and crash-safe:
 
@@ -24,8 +24,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import duckdb
 import pyarrow as pa
@@ -37,7 +36,7 @@ from versiq.ingest.derived.operators import ForeignKeyJoin
 from versiq.ingest.derived.spec import TableSpec
 from versiq.ingest.derived.state import SnapshotReader, TableState
 from versiq.ingest.derived.topology import DerivedNode, Emission, SourceRecord, Topology
-from versiq.ingest.pipeline import RunReport, StreamReport, ingest_each, report_json, run_ingest
+from versiq.ingest.reports import TableReport
 from versiq.ingest.store import (
     StoreHandle,
     commit_pending_sides,
@@ -47,13 +46,11 @@ from versiq.ingest.store import (
     open_store,
     writer_lock,
 )
-from versiq.ingest.streams import ingest_stream
 from versiq.ingest.writer import STREAM_SORT, make_plain_writer, make_store_writer, write_local
 from versiq.layout import (
     CHANGELOG_DIR,
     EMITTED_DIR,
     EMITTED_SCHEMA,
-    REJECT_REASONS,
     REJECTED_DIR,
     REJECTED_SCHEMA,
     STORE_FILE_SCHEMA,
@@ -74,28 +71,6 @@ class DeriveError(Exception):
     """A derived table cannot be computed from what its inputs kept (message says what to do)."""
 
 
-@dataclass
-class TableReport:
-    """A derived table's (or stream output's) run: what its operator emitted and how its store
-    took the results."""
-
-    kind: str
-    emitted: int = 0
-    accepted_latest: int = 0
-    accepted_out_of_order: int = 0
-    replaced_same_timestamp: int = 0
-    tombstones: int = 0
-    rejected: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REJECT_REASONS, 0))
-    snapshot: int | None = None
-    seconds: float = 0.0
-    run: int | None = None
-    inputs: dict[str, int] = field(default_factory=dict)
-    error: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return report_json(self)
-
-
 @dataclass(frozen=True)
 class SourceInfo:
     """A source store or stream as the derive phase found it (after this run's ingest)."""
@@ -110,20 +85,6 @@ class SourceInfo:
     @property
     def is_stream(self) -> bool:
         return self.settings.kind == STREAM_KIND
-
-
-def run_pipeline(spark: Any, warehouse: str, pipeline: Pipeline, *, lock_timeout_s: float = 60.0) -> RunReport:
-    """Ingest every store and stream of the pipeline, then bring every derived table up to date.
-    A failing store, stream or table is reported (``error``) and the others go on."""
-    for stream in pipeline.streams:
-        stream.validate()
-    report = run_ingest(spark, warehouse, pipeline.stores, lock_timeout_s=lock_timeout_s)
-    report.streams.update(ingest_each(pipeline.streams,
-                                      lambda stream: ingest_stream(spark, warehouse, stream, lock_timeout_s),
-                                      lambda error: StreamReport(error=error), "stream"))
-    if pipeline.tables:
-        report.tables.update(derive(warehouse, pipeline, lock_timeout_s))
-    return report
 
 
 # -- the derive phase -------------------------------------------------------------------------

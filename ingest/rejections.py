@@ -1,0 +1,131 @@
+"""Writing a run's rejected records to the store's ``_rejected`` table: the parser's, with their
+original text, and those rejected by the run's decisions (late, duplicate offsets, partition
+conflicts), whose text is read again from their files (the run does not carry the text of
+parsed records: ``ingest.order``)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from versiq.ingest.order import MAX_POS, file_seq_base, split_seq
+from versiq.ingest.records import BATCH_ROWS, format_of, raw_texts
+from versiq.ingest.semantics import file_of
+from versiq.ingest.store import rejected_path
+from versiq.ingest.writer import FILE_INFO_DDL, collect_adds, make_plain_writer, write_local
+from versiq.layout import REJECTED_SCHEMA
+
+#: Up to this many rejections in a run, ``_rejected`` is written on the driver (``write_rejected``).
+DRIVER_REJECTIONS = 20_000
+
+
+def write_rejected(parsed: DataFrame, classified: DataFrame | None, store_path: str, run: int,
+                    new: dict[str, str], fmt: str | None, decided: int = 0,
+                    total: int | None = None) -> list[dict[str, Any]]:
+    """The run's rejected records: the parser's (with their text), and, when ``classified`` is
+    given and ``decided`` > 0, those rejected by the decisions, whose text is read again from
+    their files (``ingest.order``: the run does not carry the text of parsed records).
+
+    With ``total`` (all rejections of the run) up to ``DRIVER_REJECTIONS`` the rows are
+    collected and the file written on the driver: the same file, without about five Spark
+    jobs (an incremental batch's usual case); else Spark assembles and writes it."""
+    if total == 0:
+        return []
+    files = [(full, format_of(rel, fmt)) for rel, full in new.items()]
+    sources = list(new)
+    rejected = parsed.filter(F.col("reason").isNotNull()).select("seq", "part", "offset", "reason", "detail", "raw")
+    later = None
+    if classified is not None and decided:
+        later = classified.filter(F.col("outcome") != "accepted").select(
+            "seq", "part", "offset", F.col("outcome").alias("reason"), "detail")
+    root = rejected_path(store_path)
+    ingested_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    if total is not None and total <= DRIVER_REJECTIONS:
+        parts = [rejected.toArrow()]
+        if later is not None:
+            decided_rows = later.toArrow()
+            texts = pa.Table.from_batches(list(_read_texts(files, decided_rows.column("seq").to_numpy())),
+                                          schema=_TEXT_SCHEMA)
+            parts.append(decided_rows.join(texts, "seq").select(parts[0].column_names))
+        table = pa.concat_tables([t.cast(parts[0].schema) for t in parts]).sort_by("seq")
+        seq = table.column("seq").to_numpy()
+        file_index, pos = split_seq(seq)
+        is_row = np.array([files[i][1] == "parquet" for i in file_index], dtype=bool)
+        out = pa.table({
+            "run": pa.array(np.full(len(seq), run), pa.int64()),
+            "source": pa.array([sources[i] for i in file_index], pa.string()),
+            "line": pa.array(pos, pa.int64(), mask=is_row),
+            "row": pa.array(pos, pa.int64(), mask=~is_row),
+            "partition": table.column("part"),
+            "offset": table.column("offset"),
+            "reason": table.column("reason"),
+            "raw": table.column("raw"),
+            "detail": table.column("detail"),
+            "ingested_at": pa.array([ingested_at] * len(seq), pa.string()),
+        })
+        return write_local(make_plain_writer(root, run, REJECTED_SCHEMA), out)
+    spark = parsed.sparkSession
+    names = spark.createDataFrame([(index, rel, files[index][1] == "parquet") for index, rel in enumerate(sources)],
+                                  "file int, source string, is_row boolean")
+    if later is not None:
+        texts = later.select("seq", file_of(F.col("seq")).alias("file")).repartition("file").mapInArrow(
+            _text_reader(files), "seq bigint, raw string")
+        rejected = rejected.unionByName(later.join(texts, "seq"))
+    pos_col = F.col("seq").bitwiseAND(F.lit(MAX_POS))
+    frame = rejected.withColumn("file", file_of(F.col("seq"))).join(F.broadcast(names), "file").select(
+        "seq",
+        F.lit(run).cast("bigint").alias("run"),
+        "source",
+        F.when(~F.col("is_row"), pos_col).alias("line"),
+        F.when(F.col("is_row"), pos_col).alias("row"),
+        F.col("part").alias("partition"),
+        "offset",
+        "reason",
+        "raw",
+        "detail",
+        F.lit(ingested_at).alias("ingested_at"),
+    )
+    return collect_adds(
+        frame.repartition(1).sortWithinPartitions("seq")
+        .mapInArrow(make_plain_writer(root, run, REJECTED_SCHEMA), FILE_INFO_DDL)
+    )
+
+
+_TEXT_SCHEMA = pa.schema([pa.field("seq", pa.int64()), pa.field("raw", pa.string())])
+
+
+def _read_texts(files: list[tuple[str, str]], seqs: Any) -> Iterator[pa.RecordBatch]:
+    """(seq, raw) batches of at most ``BATCH_ROWS`` for the records ``seqs`` (a numpy array),
+    read from their files (``files[i]``: path and format of file index i)."""
+    seqs = np.unique(seqs)  # sorted: each file's positions ascending; 8 bytes per record
+    files_of, _ = split_seq(seqs)
+    for file in np.unique(files_of):
+        base = file_seq_base(int(file))
+        full, file_fmt = files[int(file)]
+        out_seq: list[int] = []
+        out_raw: list[str] = []
+        for pos, text in raw_texts(full, file_fmt, (seqs[files_of == file] - base).tolist()):
+            out_seq.append(base + pos)
+            out_raw.append(text)
+            if len(out_seq) == BATCH_ROWS:
+                yield pa.RecordBatch.from_pydict({"seq": out_seq, "raw": out_raw}, schema=_TEXT_SCHEMA)
+                out_seq, out_raw = [], []
+        if out_seq:
+            yield pa.RecordBatch.from_pydict({"seq": out_seq, "raw": out_raw}, schema=_TEXT_SCHEMA)
+
+
+def _text_reader(files: list[tuple[str, str]]):  # type: ignore[no-untyped-def]
+    """mapInArrow function: (seq, file) rows -> (seq, raw), ``_read_texts`` on an executor."""
+
+    def read(batches):  # type: ignore[no-untyped-def]
+        columns = [batch.column(0) for batch in batches]
+        if columns:
+            yield from _read_texts(files, pa.concat_arrays(columns).to_numpy())
+
+    return read
