@@ -5,7 +5,7 @@ The writer needs every row of a bucket in one task (one file per bucket and run)
 bucket number, and 16 bucket numbers hashed into 16 tasks leave 6 tasks empty and 6 with two
 buckets: on two cores that costs little, on a cluster it halves the parallelism of the key
 window and the write. So rows are hash-partitioned by a ``slot`` number chosen per task such
-that Spark's own hash sends it to that task (``tests/test_bucketing.py`` checks this against
+that Spark's own hash sends it to that task (``tests/ingest/test_bucketing.py`` checks this against
 Spark). Were Spark's hash ever to change, buckets would still never be split, only spread
 less evenly.
 """

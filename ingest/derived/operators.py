@@ -56,6 +56,15 @@ class Operator:
         """A join result's timestamp: the max of the given ones and the key's previous result."""
         return max(s for s in (*stamps, self._prev(key)) if s is not None)
 
+    def _with_results(self, emits: list[Emit]) -> list[Emit]:
+        """Rule 27, no result, no emission: a join emits a tombstone only for a key that has a
+        current result; when the old and the new result are both null nothing is emitted (as
+        Kafka's join processors do)."""
+        own = self.own
+        if own is None:
+            return emits
+        return [e for e in emits if e.value is not None or own.latest_value(e.key) is not None]
+
     def _join(self, key: str, left: str | None, right: str | None) -> str:
         """The joined value: ``{"left":L,"right":R}`` verbatim, or the ``select`` projection."""
         if self.spec.select is None:
@@ -145,7 +154,7 @@ class TableTableJoin(Operator):
                 value = self._join(change.key, y, x)
         else:
             value = None if x is None and y is None else self._join(change.key, left, right)
-        return [Emit(change.key, value, self._stamp(change.key, change.timestamp, y_ts))]
+        return self._with_results([Emit(change.key, value, self._stamp(change.key, change.timestamp, y_ts))])
 
 
 class ForeignKeyJoin(Operator):
@@ -208,16 +217,16 @@ class ForeignKeyJoin(Operator):
                     self._index.setdefault(new_fk, set()).add(change.key)
             a = change.new
             if a is None:
-                return [Emit(change.key, None, self._stamp(change.key, change.timestamp))]
+                return self._with_results([Emit(change.key, None, self._stamp(change.key, change.timestamp))])
             fk = self._fk(change.key, a)
             found = None if fk is None else right.latest_value(fk)
             if found is None:
                 stamp = self._stamp(change.key, change.timestamp)
                 if self.spec.join_type == "left":
                     return [Emit(change.key, self._join(change.key, a, None), stamp)]
-                if change.old is None:  # KIP-213 (LHS table, row 7): nothing to retract
-                    return []
-                return [Emit(change.key, None, stamp)]
+                # inner join, no match: retract the previous result, if any (KIP-213 LHS table,
+                # row 7: a new left key without a match emits nothing; rule 27)
+                return self._with_results([Emit(change.key, None, stamp)])
             stamp = self._stamp(change.key, change.timestamp, found[1])
             return [Emit(change.key, self._join(change.key, a, found[0]), stamp)]
         if right.versioned and not change.in_order:
@@ -236,7 +245,7 @@ class ForeignKeyJoin(Operator):
             else:
                 value = self._join(key, a, change.new)
             out.append(Emit(key, value, self._stamp(key, change.timestamp, a_ts)))
-        return out
+        return self._with_results(out)
 
 
 def _number(value: Any) -> int | Decimal | None:

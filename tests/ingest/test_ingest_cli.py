@@ -1,0 +1,255 @@
+"""The `versiq ingest` / `rejected` / `maintain` contract as other tools drive it: subprocesses,
+exit codes, the report file, the writer lock, kill -9 and rerun, continuous mode, and a real
+Spark standalone cluster (master + one worker on 127.0.0.1).
+
+Subprocess tests cost a JVM start each (~10 s), so they are few and each checks a lot.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.support.ingest import rejected_rows, store_versions, stream_times, write_jsonl
+from versiq.ingest.pipeline import StoreSpec, run_ingest
+from versiq.ingest.store import commit_rejected
+
+VERSIQ = [sys.executable, "-m", "versiq.cli"]
+REASONS = {"late", "malformed", "missing_field", "bad_key", "bad_timestamp", "bad_value", "bad_partition",
+           "duplicate_offset", "partition_conflict", "too_large", "expression_error"}
+
+
+def env() -> dict[str, str]:
+    e = dict(os.environ)
+    e["PYSPARK_PYTHON"] = sys.executable
+    e["VERSIQ_SHUFFLE_PARTITIONS"] = "2"
+    e.pop("SPARK_MASTER", None)
+    return e
+
+
+def versiq(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*VERSIQ, *args], capture_output=True, text=True, timeout=timeout, env=env(),
+                          stdin=subprocess.DEVNULL)
+
+
+def make_changelog(folder, files: int = 3, keys: int = 300, per_key: int = 6) -> None:
+    """Deterministic changelog with out-of-order, late and malformed lines."""
+    for f in range(files):
+        lines = []
+        for k in range(keys):
+            for v in range(per_key):
+                ts = 1000 * (f * per_key + v) + k
+                if (k + v) % 7 == 0:
+                    ts -= 1500  # out of order
+                if (k * v) % 97 == 5 and f == files - 1:
+                    ts = 1  # late
+                value = "null" if (k + v) % 31 == 0 else f'{{"v":{f}.{v}0,"k":{k}}}'
+                lines.append(f'{{"key":"k{k:04d}","value":{value},"timestamp":{ts}}}')
+        lines.insert(5, "this is not json")
+        write_jsonl(str(folder), f"part-{f}.jsonl", lines)
+
+
+def test_cli_usage_errors_exit_2(tmp_path):
+    wh = str(tmp_path / "wh")
+    cases = [
+        ["ingest", "--warehouse", wh, "--store", "s"],
+        ["ingest", "--warehouse", wh, "--store", "../evil", "--source", str(tmp_path)],
+        ["ingest", "--warehouse", wh, "--store", "s", "--source", str(tmp_path / "missing")],
+        ["ingest", "--warehouse", wh, "--store", "s", "--source", str(tmp_path), "--history-retention", "7 days"],
+    ]
+    config = tmp_path / "bad.yaml"
+    config.write_text("stores:\n  - name: s\n    source: .\n    colour: blue\n")
+    cases.append(["ingest", "--warehouse", wh, "--config", str(config)])
+    for args in cases:
+        result = versiq(*args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert "error" in result.stderr
+        assert not os.path.exists(os.path.join(wh, "s", "_delta_log"))
+    assert versiq("rejected", "--warehouse", wh, "--store", "nope").returncode == 2
+
+
+def test_cli_report_lock_and_partial_failure(tmp_path):
+    """Exit 0 with a complete report; then one store locked by another writer fails (exit 1,
+    `error` in its entry) while the other store of the same config still commits."""
+    src_a, src_b = tmp_path / "a", tmp_path / "b"
+    make_changelog(src_a, files=1, keys=20, per_key=3)
+    make_changelog(src_b, files=1, keys=10, per_key=2)
+    wh = str(tmp_path / "wh")
+    report_file = tmp_path / "out" / "report.json"
+    result = versiq("ingest", "--warehouse", wh, "--store", "a", "--source", str(src_a),
+                    "--history-retention", "PT1S", "--report", str(report_file))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(report_file.read_text())
+    entry = report["stores"]["a"]
+    assert set(entry["rejected"]) >= REASONS
+    assert entry["read"] == entry["accepted_latest"] + entry["accepted_out_of_order"] + sum(entry["rejected"].values())
+    assert entry["snapshot"] == 0 and entry["seconds"] > 0
+    assert "store a: read" in result.stderr
+
+    config = tmp_path / "pipeline.yaml"
+    config.write_text(f"stores:\n  - name: a\n    source: {src_a}\n  - name: b\n    source: b\n"
+                      "    history_retention: 5m\n    partitions: 2\n")
+    lock_path = os.path.join(wh, "a", "_versiq", "lock")
+    with open(lock_path, "a+") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        handle.write("pid=test-holder")
+        handle.flush()
+        write_jsonl(str(src_a), "more.jsonl", ['{"key":"x","value":1,"timestamp":999999}'])
+        result = versiq("ingest", "--warehouse", wh, "--config", str(config), "--report", str(report_file),
+                        "--lock-timeout", "1s")
+    assert result.returncode == 1, result.stderr
+    report = json.loads(report_file.read_text())
+    assert "locked by another writer" in report["stores"]["a"]["error"]
+    assert "test-holder" in report["stores"]["a"]["error"]
+    assert report["stores"]["b"]["snapshot"] == 0 and "error" not in report["stores"]["b"]
+
+    out = versiq("rejected", "--warehouse", wh, "--store", "a", "--reason", "malformed")
+    assert out.returncode == 0
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    assert rows and all(r["reason"] == "malformed" and r["raw"] == "this is not json" and r["line"] == 6
+                        for r in rows)
+    maintained = versiq("maintain", "--warehouse", wh, "--store", "b")
+    assert maintained.returncode == 0, maintained.stderr
+
+
+def test_crash_between_store_and_rejected_commit_is_completed_by_rerun(spark, tmp_path, monkeypatch):
+    """The `_rejected` commit follows the store commit under the same txn id; a run that died
+    between them is completed by the next run, and nothing is written twice."""
+    src = tmp_path / "src"
+    write_jsonl(str(src), "a.jsonl", ['{"key":"a","value":1,"timestamp":5}', "garbage"])
+    wh = str(tmp_path / "wh")
+    import versiq.ingest.pipeline as pipeline
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("simulated crash after the store commit")
+
+    monkeypatch.setattr(pipeline, "commit_rejected", boom)
+    report = run_ingest(spark, wh, [StoreSpec("c", str(src))])
+    assert "simulated crash" in report.stores["c"].error
+    path = os.path.join(wh, "c")
+    assert rejected_rows(path) == []
+    monkeypatch.setattr(pipeline, "commit_rejected", commit_rejected)
+    report = run_ingest(spark, wh, [StoreSpec("c", str(src))])
+    assert report.stores["c"].error is None and report.stores["c"].run is None  # nothing new to read
+    assert [r["raw"] for r in rejected_rows(path)] == ["garbage"]
+    run_ingest(spark, wh, [StoreSpec("c", str(src))])
+    assert [r["raw"] for r in rejected_rows(path)] == ["garbage"]
+
+
+def test_kill_9_then_rerun_equals_an_uninterrupted_run(spark, tmp_path):
+    src = tmp_path / "src"
+    make_changelog(src, files=4, keys=400, per_key=5)
+    reference_wh = str(tmp_path / "ref")
+    run_ingest(spark, reference_wh, [StoreSpec("k", str(src), history_retention_ms=3000)])
+    ref = os.path.join(reference_wh, "k")
+    for delay in (9.0,):
+        wh = str(tmp_path / f"wh-{delay}")
+        args = [*VERSIQ, "ingest", "--warehouse", wh, "--store", "k", "--source", str(src),
+                "--history-retention", "3000"]
+        proc = subprocess.Popen(args, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        time.sleep(delay)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        result = versiq("ingest", "--warehouse", wh, "--store", "k", "--source", str(src),
+                        "--history-retention", "3000")
+        assert result.returncode == 0, result.stderr
+        path = os.path.join(wh, "k")
+        assert store_versions(path) == store_versions(ref)
+        assert stream_times(path) == stream_times(ref)
+        key = lambda r: (r["source"], r["line"], r["reason"])  # noqa: E731
+        assert sorted(map(key, rejected_rows(path))) == sorted(map(key, rejected_rows(ref)))
+
+
+def _wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_continuous_mode_picks_up_a_file_that_lands_while_it_runs(tmp_path):
+    src = tmp_path / "src"
+    write_jsonl(str(src), "a.jsonl", ['{"key":"a","value":1,"timestamp":5}'])
+    wh = str(tmp_path / "wh")
+    report_file = tmp_path / "report.json"
+    proc = subprocess.Popen(
+        [*VERSIQ, "ingest", "--warehouse", wh, "--store", "live", "--source", str(src), "--continuous",
+         "--trigger-interval", "1s", "--report", str(report_file)],
+        env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    try:
+        path = os.path.join(wh, "live")
+        _wait_for(lambda: report_file.exists(), 120, "the first micro-batch")
+        write_jsonl(str(src), "sub/b.jsonl", ['{"key":"b","value":2,"timestamp":6}'])
+        _wait_for(lambda: "b" in store_versions(path), 120, "the new file to be ingested")
+        assert json.loads(report_file.read_text())["stores"]["live"]["run"] == 2
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    assert code == 0, proc.stderr.read() if proc.stderr else ""
+    assert set(store_versions(path)) == {"a", "b"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.cluster
+def test_ingest_on_a_spark_standalone_cluster(spark, tmp_path):
+    """Master and one worker started from the PySpark installation on 127.0.0.1; the ingest
+    runs its parse and write tasks on the worker's executor."""
+    import pyspark
+
+    spark_class = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-class")
+    port = _free_port()
+    e = env()
+    e["SPARK_LOCAL_IP"] = "127.0.0.1"
+    logs = open(tmp_path / "cluster.log", "w")  # noqa: SIM115
+    master = subprocess.Popen([spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                               "--port", str(port), "--webui-port", str(_free_port())],
+                              env=e, stdout=logs, stderr=logs)
+    worker = subprocess.Popen([spark_class, "org.apache.spark.deploy.worker.Worker",
+                               f"spark://127.0.0.1:{port}", "--host", "127.0.0.1", "--cores", "2",
+                               "--memory", "2g", "--webui-port", str(_free_port()),
+                               "--work-dir", str(tmp_path / "work")],
+                              env=e, stdout=logs, stderr=logs)
+    try:
+        src = tmp_path / "src"
+        make_changelog(src, files=2, keys=50, per_key=4)
+        wh = str(tmp_path / "wh")
+        result = subprocess.run(
+            [*VERSIQ, "ingest", "--warehouse", wh, "--store", "dist", "--source", str(src),
+             "--master", f"spark://127.0.0.1:{port}", "--history-retention", "3000"],
+            capture_output=True, text=True, timeout=300, env=e, stdin=subprocess.DEVNULL)
+        assert result.returncode == 0, result.stderr[-3000:]
+        ref_wh = str(tmp_path / "ref")
+        run_ingest(spark, ref_wh, [StoreSpec("dist", str(src), history_retention_ms=3000)])
+        assert store_versions(os.path.join(wh, "dist")) == store_versions(os.path.join(ref_wh, "dist"))
+        # the executor really ran on the worker: it has an application work directory
+        assert any(os.scandir(tmp_path / "work")), "no executor ran on the worker"
+    finally:
+        for proc in (worker, master):
+            proc.terminate()
+        for proc in (worker, master):
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        logs.close()

@@ -1,0 +1,100 @@
+"""Source files that cannot be read fail the run and are retried; non-regular files are never
+opened (issue 10, items 4 and 5; ``ingest.sources``)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+import versiq.ingest.sources as sources_module
+from tests.support.ingest import store_versions
+from versiq.ingest.pipeline import StoreSpec, run_ingest
+from versiq.ingest.sources import SourceError, list_sources
+
+LINE = '{{"key":"{key}","value":1,"timestamp":{ts}}}\n'
+
+
+def _snapshot_count(store: str) -> int:
+    log = os.path.join(store, "_delta_log")
+    return len([n for n in os.listdir(log) if n.endswith(".json")]) if os.path.isdir(log) else 0
+
+
+def test_a_dangling_symlink_fails_the_run_and_is_read_once_it_resolves(spark, tmp_path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.jsonl").write_text(LINE.format(key="a", ts=1))
+    target = tmp_path / "later.jsonl"
+    os.symlink(target, src / "b.jsonl")
+    wh = str(tmp_path / "wh")
+
+    entry = run_ingest(spark, wh, [StoreSpec("s", str(src))]).stores["s"]
+    assert entry.error is not None
+    assert str(src / "b.jsonl") in entry.error and "No such file or directory" in entry.error
+    assert _snapshot_count(os.path.join(wh, "s")) == 0  # nothing of the store was committed
+
+    target.write_text(LINE.format(key="b", ts=2))
+    entry = run_ingest(spark, wh, [StoreSpec("s", str(src))]).stores["s"]
+    assert entry.error is None and entry.read == 2
+    assert set(store_versions(os.path.join(wh, "s"))) == {"a", "b"}
+
+
+@pytest.mark.timeout(300)
+def test_a_fifo_is_ignored_never_opened_and_named_in_the_report(spark, tmp_path, caplog) -> None:
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "a.jsonl").write_text(LINE.format(key="a", ts=1))
+    os.mkfifo(src / "sub" / "pipe.jsonl")  # opening it for reading would block forever
+    os.symlink(src / "sub", src / "linked")  # a symlink to a directory is not followed
+    wh = str(tmp_path / "wh")
+    with caplog.at_level("WARNING", logger="versiq.ingest"):
+        entry = run_ingest(spark, wh, [StoreSpec("f", str(src))]).stores["f"]
+    assert entry.error is None and entry.read == 1
+    assert entry.ignored == [{"path": "linked", "type": "symlink to directory"},
+                             {"path": "sub/pipe.jsonl", "type": "fifo"}]
+    assert entry.to_json()["ignored"] == entry.ignored
+    assert "sub/pipe.jsonl" in caplog.text and "fifo" in caplog.text
+
+
+def test_listing_names_the_unreadable_entry(tmp_path) -> None:
+    loop = tmp_path / "loop.jsonl"
+    os.symlink(loop, loop)
+    with pytest.raises(SourceError, match="loop.jsonl"):
+        list_sources(str(tmp_path))
+    os.unlink(loop)
+    (tmp_path / "x.jsonl").write_text("")
+    assert list(list_sources(str(tmp_path)).files) == ["x.jsonl"]
+
+
+@pytest.mark.skipif(os.geteuid() == 0 and shutil.which("setpriv") is None, reason="needs a non-root user")
+def test_an_unreadable_directory_fails_the_listing() -> None:
+    """Permissions do not stop root: the listing runs as ``nobody`` when the tests run as root."""
+    root = tempfile.mkdtemp(prefix="versiq-unreadable-")
+    try:
+        os.chmod(root, 0o755)
+        os.mkdir(os.path.join(root, "closed"))
+        with open(os.path.join(root, "closed", "a.jsonl"), "w") as handle:
+            handle.write(LINE.format(key="a", ts=1))
+        os.chmod(os.path.join(root, "closed"), 0)
+        # ingest.sources needs only the standard library: a copy next to the data lets ``nobody``
+        # import it whatever the permissions of the checkout and the virtualenv are.
+        module_dir = os.path.join(root, "module")
+        os.mkdir(module_dir)
+        shutil.copy(sources_module.__file__ or "", os.path.join(module_dir, "sources.py"))
+        code = ("import sys; from sources import list_sources, SourceError\n"
+                "try:\n    list_sources(sys.argv[1])\nexcept SourceError as exc:\n    print(exc); sys.exit(3)\n")
+        prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
+        python = getattr(sys, "_base_executable", sys.executable)
+        code = f"import sys; sys.path.insert(0, {module_dir!r})\n" + code
+        result = subprocess.run([*prefix, python, "-I", "-c", code, root], capture_output=True, text=True,
+                                timeout=60, cwd="/")
+        assert result.returncode == 3, result.stderr
+        assert "cannot read source directory" in result.stdout and "closed" in result.stdout
+        assert "Permission denied" in result.stdout
+    finally:
+        os.chmod(os.path.join(root, "closed"), 0o755)
+        shutil.rmtree(root)

@@ -1,0 +1,111 @@
+"""Helpers for ingest tests: write changelog files, read a store back independently of query/.
+
+Stores are read here with DuckDB and the layout's read rule directly (not through the query
+engine), so ingest tests check the on-disk contract itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+import duckdb
+from deltalake import DeltaTable
+
+from tests.support.reference import InRecord
+from versiq.layout import read_state
+
+
+def record_line(r: InRecord) -> str:
+    parts = [f'"key":{json.dumps(r.key)}']
+    if r.value is not None:
+        parts.append(f'"value":{r.value}')
+    parts.append(f'"timestamp":{r.timestamp}')
+    if r.partition is not None:
+        parts.append(f'"partition":{r.partition}')
+    if r.offset is not None:
+        parts.append(f'"offset":{r.offset}')
+    return "{" + ",".join(parts) + "}"
+
+
+def write_jsonl(folder: str, name: str, lines: list[str]) -> str:
+    path = os.path.join(folder, name)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write("\n".join(lines) + "\n")
+    return path
+
+
+def records_from(source: str, specs: list[tuple]) -> list[InRecord]:
+    """(key, value_text|None, ts[, partition[, offset]]) tuples -> InRecords numbered as lines."""
+    out = []
+    for i, spec in enumerate(specs, start=1):
+        key, value, ts, *rest = spec
+        part = rest[0] if rest else None
+        offset = rest[1] if len(rest) > 1 else None
+        out.append(InRecord(source, i, key, value, ts, part, offset))
+    return out
+
+
+@dataclass(frozen=True)
+class StoredVersion:
+    timestamp: int
+    value: str | None
+    valid_to: int | None
+
+
+def store_versions(path: str, version: int | None = None) -> dict[str, list[StoredVersion]]:
+    """Every version per key (tombstones included) after the read rule, ascending."""
+    table = DeltaTable(path, version=version) if version is not None else DeltaTable(path)
+    files = table.file_uris()
+    out: dict[str, list[StoredVersion]] = {}
+    if not files:
+        return out
+    # the layout contract (versiq.layout): a run writes at most one row per (key, valid_from),
+    # so the read rule never has to choose between two rows of one run
+    twice = duckdb.sql("SELECT key, valid_from, run FROM read_parquet($files) GROUP BY ALL HAVING count(*) > 1",
+                       params={"files": files}).fetchall()
+    assert not twice, f"rows written twice by one run: {twice[:5]}"
+    rows = duckdb.sql(
+        "SELECT key, valid_from, value, valid_to, tombstone FROM read_parquet($files) "
+        "QUALIFY row_number() OVER (PARTITION BY key, valid_from ORDER BY run DESC) = 1 "
+        "ORDER BY key, valid_from",
+        params={"files": files},
+    ).fetchall()
+    for key, valid_from, value, valid_to, tombstone in rows:
+        assert (value is None) == tombstone
+        out.setdefault(key, []).append(StoredVersion(valid_from, value, valid_to))
+    return out
+
+
+def timestamped_values(path: str) -> dict[str, tuple[str | None, int]]:
+    files = DeltaTable(path).file_uris()
+    if not files:
+        return {}
+    rows = duckdb.sql(
+        "SELECT key, value, valid_from FROM read_parquet($files) "
+        "QUALIFY row_number() OVER (PARTITION BY key ORDER BY run DESC) = 1",
+        params={"files": files},
+    ).fetchall()
+    return {k: (v, t) for k, v, t in rows}
+
+
+def stream_times(path: str) -> dict[int, int]:
+    return read_state(path, DeltaTable(path).version()).stream_time
+
+
+def rejected_rows(path: str) -> list[dict]:
+    rej = os.path.join(path, "_rejected")
+    if not os.path.isdir(os.path.join(rej, "_delta_log")):
+        return []
+    return DeltaTable(rej).to_pyarrow_table().to_pylist()
+
+
+def model_versions(model, keys) -> dict[str, list[StoredVersion]]:
+    out = {}
+    for key in keys:
+        vs = model.all_versions(key)
+        if vs:
+            out[key] = [StoredVersion(v.timestamp, v.value, v.valid_to) for v in vs]
+    return out
