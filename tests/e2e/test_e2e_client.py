@@ -1,4 +1,4 @@
-"""The client generated from openapi.yaml (see test_service_client.py) against a live server over
+"""The client generated from openapi.yaml (see tests/service/test_service_client.py) against a live server over
 a store written by the real Spark ingest, paging to the end."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from test_service_client import s_generated  # noqa: F401 - the generated-client fixture
 
+from tests.service.test_service_client import s_generated  # noqa: F401 - the generated-client fixture
 from tests.support.e2e import IngestedStore, iso, model_versions_json, serve_engine, source_dir
 from tests.support.ingest import records_from
 

@@ -221,6 +221,7 @@ def test_run_reports_and_store_info(sem: IngestedStore, client: httpx.Client) ->
 
 
 # ------------------------------------------------------------------------------- rules 6-7
+@pytest.mark.rule(6)
 def test_latest_rule_6(q: Q) -> None:
     q.ok("ooo", None, "a3", july(4), None)            # the late "ooo" record changed nothing
     q.ok("rep", None, "y", july(2), None)
@@ -239,6 +240,7 @@ def test_latest_rule_6(q: Q) -> None:
                          b'"timestamp":%d,"validTo":null,"snapshot":1}' % july(2))
 
 
+@pytest.mark.rule(7)
 def test_as_of_rule_7(q: Q) -> None:
     q.ok("ooo", july(3), "a2", july(3), july(4))        # the out-of-order version, validTo next
     q.ok("ooo", july(3) - 1, "a1", july(2), july(3))
@@ -272,6 +274,7 @@ def test_as_of_iso_timestamps(q: Q) -> None:
 
 
 # ------------------------------------------------------------------------------- rule 8 + edges
+@pytest.mark.rule(8, 22)
 def test_expired_as_of_rule_8_and_retention_edges(q: Q) -> None:
     # t < h and the newest version is newer than t: expired (even with no version <= t)
     q.none("exp", june(20), "expired", H0)
@@ -298,6 +301,7 @@ def test_expired_as_of_rule_8_and_retention_edges(q: Q) -> None:
 
 
 # ------------------------------------------------------------------------------- rules 9-11
+@pytest.mark.rule(9, 11)
 def test_versions_rule_9(q: Q) -> None:
     all_rng = [rec(10, july(10), july(15)), rec(15, july(15), july(20)),
                rec(20, july(20), july(25)), rec(25, july(25), None)]
@@ -329,6 +333,7 @@ def test_versions_rule_9(q: Q) -> None:
     assert b'"records":[{"value":{"p":1.50,"q":[1e3,-0.0,10.000],"s":"x"},' in r.content
 
 
+@pytest.mark.rule(10, 22)
 def test_versions_rule_10_and_retention_edges(q: Q) -> None:
     # history that ended at or before h is hidden from every range
     assert q.versions("exp") == [rec("mid", june(15), july(5)), rec("new", july(5), None)]
@@ -394,6 +399,7 @@ def test_kip_968_worked_example(q: Q) -> None:
 
 
 # ------------------------------------------------------------------------------- snapshots
+@pytest.mark.rule(22)
 def test_snapshot_judges_expiry_as_the_store_did(q: Q) -> None:
     h_old, h_new = T1 - 25 * DAY, T1 + 10 * DAY
     q.ok("snap", T1 + DAY, "a", T1, T1 + 5 * DAY, snapshot=0)

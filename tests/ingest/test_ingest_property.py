@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -58,6 +59,7 @@ def _chunks(n: int, cuts: list[int]) -> list[tuple[int, int]]:
     return [(bounds[i], bounds[i + 1]) for i in range(3)]
 
 
+@pytest.mark.rule(1, 2, 3, 4, 5, 12, 19, 20, 21)
 @settings(max_examples=5)
 @given(batch())
 def test_ingest_matches_reference_model(spark, tmp_path_factory, data):

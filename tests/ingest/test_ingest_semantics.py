@@ -49,6 +49,7 @@ def lines(specs, source="a.jsonl"):
     return [record_line(r) for r in records_from(source, specs)]
 
 
+@pytest.mark.rule(1, 4, 5)
 def test_versions_validto_tombstones_and_replacement(spark, tmp_path):
     """Rules 1, 4, 5: one version per timestamp, tombstones are versions, validTo is the next
     version's timestamp, an out-of-order record between two versions recomputes validTo."""
@@ -82,6 +83,7 @@ def test_versions_validto_tombstones_and_replacement(spark, tmp_path):
             counts.tombstones) == (9, 2, 4, 5)
 
 
+@pytest.mark.rule(2, 3)
 def test_grace_is_strict_and_late_records_change_nothing(spark, tmp_path):
     """Rules 2-3: timestamp == streamTime - H is accepted, one ms older is rejected `late`,
     and a rejected record changes neither the store nor stream time."""
@@ -96,6 +98,7 @@ def test_grace_is_strict_and_late_records_change_nothing(spark, tmp_path):
     assert "horizon 90" in rej["detail"]
 
 
+@pytest.mark.rule(2)
 def test_stream_time_persists_across_runs(spark, tmp_path):
     """Rule 2 across runs: stream time is part of the store's committed state."""
     run1 = [("a.jsonl", lines([("a", "1", 100)]))]
@@ -106,6 +109,7 @@ def test_stream_time_persists_across_runs(spark, tmp_path):
     assert r1.snapshot == 0 and r2.snapshot == 1
 
 
+@pytest.mark.rule(2, 19)
 def test_partitions_are_separate_stream_time_domains(spark, tmp_path):
     """§1: stream time per partition; bad_partition; a key stays in its partition."""
     specs = [
@@ -129,6 +133,7 @@ def test_partitions_are_separate_stream_time_domains(spark, tmp_path):
         run_ingest(spark, str(tmp_path / "wh"), [StoreSpec("q", str(tmp_path / "src-q"), partitions=3)])
 
 
+@pytest.mark.rule(20)
 def test_offsets_define_processing_order_and_duplicates(spark, tmp_path):
     """§1: ordered by offset when every record of the partition has one; a (partition, offset)
     already processed, or not above an earlier run's highest offset, is `duplicate_offset`."""
@@ -152,6 +157,7 @@ def test_rerun_without_new_files_changes_nothing(spark, tmp_path):
     assert DeltaTable(path).version() == 0
 
 
+@pytest.mark.rule(21)
 def test_same_results_for_every_split(spark, tmp_path):
     """§1: identical stores however the changelog is split into runs (record-at-a-time)."""
     specs = [("k", "1", 50), ("k", "2", 40), ("j", "3", 45), ("k", "4", 20), ("k", None, 45),
@@ -168,6 +174,7 @@ def test_same_results_for_every_split(spark, tmp_path):
     assert model_versions(model, "kj") == store_versions(whole)
 
 
+@pytest.mark.rule(12)
 def test_timestamped_store_keeps_latest_by_processing_order(spark, tmp_path):
     """Rule 12 (KIP-258): one value per key, the last by processing order, not by timestamp."""
     specs = [("a", "1", 100), ("a", "2", 50), ("b", "3", 10), ("b", None, 20), ("c", "4", 5)]
@@ -180,6 +187,7 @@ def test_timestamped_store_keeps_latest_by_processing_order(spark, tmp_path):
     assert rep2.accepted_out_of_order == 1
 
 
+@pytest.mark.rule(22)
 def test_maintain_compacts_prunes_expired_history_and_keeps_old_snapshots(spark, tmp_path):
     """`versiq maintain`: one file per bucket, superseded rows gone, history that ended at or
     before the horizon dropped (no query can return it), older snapshots still readable."""

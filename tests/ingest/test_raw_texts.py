@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.ingest.test_records_fastpath import TRICKY_LINES, VALUES
 from tests.support.ingest import rejected_rows
-from tests.test_records_fastpath import TRICKY_LINES, VALUES
 from versiq.ingest import rejections
 from versiq.ingest.pipeline import StoreSpec, run_ingest
 from versiq.ingest.records import PARSED_SCHEMA, parse_file, raw_texts

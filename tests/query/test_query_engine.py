@@ -88,6 +88,7 @@ def rng(engine, key, lo=None, hi=None, asc=True, store="s", limit=1000):
 
 
 # ---------------------------------------------------------------------------- rules 6-7
+@pytest.mark.rule(6, 7)
 def test_latest_and_as_of_rules_6_7(q_warehouse, q_engine):
     b = StoreBuilder(q_warehouse, "s", history_retention_ms=DAY)
     b.apply([("a", "1", 10), ("a", "2", 20), ("a", None, 30), ("e", '""', 5), ("t", "1", 1), ("t", None, 2)])
@@ -112,6 +113,7 @@ def test_latest_and_as_of_rules_6_7(q_warehouse, q_engine):
     assert latest.snapshot == b.version and latest.horizon == 30 - DAY
 
 
+@pytest.mark.rule(6)
 def test_latest_has_no_valid_to(q_warehouse, q_engine):
     b = StoreBuilder(q_warehouse, "s")
     b.apply([("k", "1", 1), ("k", "2", 2)])
@@ -138,6 +140,7 @@ def retention_store(q_warehouse):
     return b
 
 
+@pytest.mark.rule(8, 22)
 def test_retention_edges_as_of(q_warehouse, q_engine):
     b = retention_store(q_warehouse)
     e = q_engine()
@@ -160,6 +163,7 @@ def test_retention_edges_as_of(q_warehouse, q_engine):
                 assert got[0] == want[0], (key, t)
 
 
+@pytest.mark.rule(10, 22)
 def test_retention_edges_range(q_warehouse, q_engine):
     b = retention_store(q_warehouse)
     e = q_engine()
@@ -179,6 +183,7 @@ def test_retention_edges_range(q_warehouse, q_engine):
 
 
 # ---------------------------------------------------------------------------- rules 9-11
+@pytest.mark.rule(9, 11)
 def test_range_rules_9_11(q_warehouse, q_engine):
     b = StoreBuilder(q_warehouse, "s", history_retention_ms=10 * DAY)
     b.apply([("k", "1", 10), ("k", "2", 20), ("k", None, 30), ("k", "4", 40), ("k", "5", 50)])
@@ -207,6 +212,7 @@ def _iso(text: str) -> int:
     return int(datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC).timestamp() * 1000)
 
 
+@pytest.mark.rule(9, 11)
 def test_kip_968_example(q_warehouse, q_engine):
     t1, t5, t10, t15, t20 = (
         _iso(f"2023-01-{d:02d}T10:00:00.00Z") for d in (1, 5, 10, 15, 20)
@@ -477,6 +483,7 @@ def test_read_rule_max_run_wins(q_warehouse, q_engine):
 
 
 # ---------------------------------------------------------------------------- timestamped
+@pytest.mark.rule(12)
 def test_timestamped_store_latest_only(q_warehouse, q_engine):
     b = StoreBuilder(q_warehouse, "ts", kind="timestamped")
     b.apply([("a", "1", 10), ("a", "2", 5), ("b", "1", 1), ("b", None, 2)])
@@ -499,6 +506,7 @@ def test_timestamped_store_latest_only(q_warehouse, q_engine):
 
 
 # ---------------------------------------------------------------------------- partitions
+@pytest.mark.rule(19, 22)
 def test_explicit_partitions_use_the_keys_partition(q_warehouse, q_engine):
     from tests.support.reference import InRecord
     b = StoreBuilder(q_warehouse, "s", history_retention_ms=10, partitions=2)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import tempfile
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -80,6 +81,7 @@ def _check_key(eng, ref: ReferenceStore, key: str, snapshot, ts_list, ranges, pa
     runs=runs_st,
     data=st.data(),
 )
+@pytest.mark.rule(6, 7, 8, 9, 10, 11, 12, 22)
 def test_engine_matches_reference(kind, h, partitions, buckets, runs, data):
     with tempfile.TemporaryDirectory() as wh:
         b = StoreBuilder(wh, "s", kind=kind, history_retention_ms=h, partitions=partitions, buckets=buckets)

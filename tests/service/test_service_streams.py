@@ -12,8 +12,8 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-from test_service_live import get_raw, problem
 
+from tests.service.test_service_live import get_raw, problem
 from tests.support.service import (
     CLICK_RUNS,
     EXPENSIVE_INPUTS,

@@ -67,12 +67,14 @@ tables:
     ("- {name: x, from: orders, colour: red}", "unknown field(s) for a copy table: colour"),
     ("- {name: x, stream_join: {stream: clicks, table: orders}, kind: versioned}", "output is a stream"),
 ])
+@pytest.mark.rule(18)
 def test_refused_at_load(tmp_path: Path, tables: str, message: str) -> None:
     with pytest.raises(UsageError) as info:
         _load(tmp_path, "tables:\n  " + tables + "\n")
     assert message in str(info.value)
 
 
+@pytest.mark.rule(18)
 def test_a_versioned_global_store_is_refused(tmp_path: Path) -> None:
     head = "stores:\n  - {name: orders, source: src, global: true}\n"
     with pytest.raises(UsageError, match="a global table cannot be versioned"):

@@ -51,6 +51,7 @@ def _same(got: list[tuple[Any, ...]], want: list[tuple[Any, ...]], value_at: int
         split(g) == split(w) and _values_equal(g[value_at], w[value_at]) for g, w in zip(got, want, strict=True))
 
 
+@pytest.mark.rule(13, 15, 16, 17, 24, 27)
 @pytest.mark.parametrize("index", range(len(EXAMPLES)), ids=[e.name for e in EXAMPLES])
 def test_kip_example(ran: RealPipeline, index: int) -> None:
     example = EXAMPLES[index]

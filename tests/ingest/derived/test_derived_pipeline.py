@@ -153,6 +153,7 @@ def test_a_table_added_over_an_existing_store_starts_from_what_it_holds(spark: A
     assert json.loads(json.dumps(report.stores["A"].to_json()))["run"] == 2
 
 
+@pytest.mark.rule(15)
 def test_mixed_versioned_and_timestamped_join_follows_rule_15(spark: Any, tmp_path: Any) -> None:
     """Rule 15 with one versioned side (A) and one timestamped side (C): an out-of-order A record
     updates A but emits nothing; an out-of-order C record emits (offset semantics), and the
@@ -180,6 +181,7 @@ def test_mixed_versioned_and_timestamped_join_follows_rule_15(spark: Any, tmp_pa
     assert got.emissions == [(e.key, e.value, e.timestamp, e.cause) for e in model.emissions]
 
 
+@pytest.mark.rule(30)
 def test_null_group_keys_are_dropped_and_an_emptied_group_keeps_zero(spark: Any, tmp_path: Any) -> None:
     """§5 aggregation through the real pipeline: a record whose group key is null (member
     missing or null) belongs to no group, and a group whose last member leaves keeps its

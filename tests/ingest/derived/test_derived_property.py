@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -78,6 +79,7 @@ def _example(draw: st.DrawFn) -> list[dict[str, list[Rec]]]:
     return runs or [{}]
 
 
+@pytest.mark.rule(13, 14, 15, 16, 17, 23, 24, 25, 26, 27, 28, 29, 30)
 @settings(max_examples=2, deadline=None, suppress_health_check=list(HealthCheck))
 @given(examples=st.lists(_example(), min_size=4, max_size=4))
 def test_pipeline_matches_reference_model(spark: Any, tmp_path_factory: Any,

@@ -37,6 +37,7 @@ def test_kip_examples_cover_every_normative_example() -> None:
     } <= names
 
 
+@pytest.mark.rule(24)
 def test_emission_run_sequence_and_cause() -> None:
     ex = next(e for e in EXAMPLES if e.name == "kip213_lhs_event_table")
     left = run_pipeline(ex.inputs, ex.tables, ex.runs)["left"]
@@ -65,6 +66,7 @@ def test_cause_is_the_direct_input_and_changes_flow_depth_first() -> None:
 
 
 # ------------------------------------------------------------------------------------ merge order
+@pytest.mark.rule(23)
 def test_merge_by_head_timestamp_ties_to_first_declared() -> None:
     inputs = [InputDef("A", "versioned"), InputDef("B", "versioned")]
     tables: list[dict[str, Any]] = [{"name": "ab", "join": {"left": "A", "right": "B", "type": "outer"}}]
@@ -80,6 +82,7 @@ def test_merge_by_head_timestamp_ties_to_first_declared() -> None:
 
 
 # ---------------------------------------------------------------------------------- join operators
+@pytest.mark.rule(26)
 def test_join_result_timestamp_floor() -> None:
     """Outer join: after a@10 and its delete @11, b@5 (other side empty) is stamped 11, not 5."""
     inputs = [InputDef("A", "versioned"), InputDef("B", "versioned")]
@@ -91,6 +94,7 @@ def test_join_result_timestamp_floor() -> None:
     assert result.counts["accepted_out_of_order"] == 0
 
 
+@pytest.mark.rule(15)
 def test_join_unversioned_side_out_of_order_still_emits() -> None:
     inputs = [InputDef("A", "timestamped"), InputDef("B", "versioned")]
     tables: list[dict[str, Any]] = [{"name": "ab", "join": {"left": "A", "right": "B", "type": "inner"}}]
@@ -112,6 +116,7 @@ def test_join_left_and_select() -> None:
     ]  # B's x has no A value: a left join emits nothing for it
 
 
+@pytest.mark.rule(16)
 def test_fk_join_change_retracts_old_result() -> None:
     inputs = [InputDef("L", "versioned"), InputDef("R", "versioned")]
     tables: list[dict[str, Any]] = [
@@ -131,6 +136,7 @@ def test_fk_join_change_retracts_old_result() -> None:
     ]
 
 
+@pytest.mark.rule(28)
 def test_fk_join_null_foreign_key() -> None:
     inputs = [InputDef("L", "versioned"), InputDef("R", "versioned")]
     tables: list[dict[str, Any]] = [
@@ -200,6 +206,7 @@ def test_stream_to_table_and_stream_output_to_table() -> None:
     assert results["big"].versions == {"p": [(1, None, "7")]}  # the stream filter drops, never deletes
 
 
+@pytest.mark.rule(14, 25)
 def test_stream_join_timestamped_table_uses_current_value() -> None:
     inputs = [InputDef("T", "timestamped"), InputDef("S", "stream")]
     tables: list[dict[str, Any]] = [{"name": "o", "stream_join": {"stream": "S", "table": "T", "type": "inner"}}]
@@ -224,6 +231,7 @@ def test_group_change_subtracts_then_adds() -> None:
     ]
 
 
+@pytest.mark.rule(30)
 def test_empty_group_keeps_zero_aggregate_and_group_timestamp_is_monotone() -> None:
     runs = [{"T": [Rec("k", '{"g":"x","n":5}', 10), Rec("j", '{"g":"x","n":"bad"}', 4), Rec("k", None, 12),
                    Rec("j", '{"n":1}', 13)]}]
@@ -239,6 +247,7 @@ def test_empty_group_keeps_zero_aggregate_and_group_timestamp_is_monotone() -> N
     assert result.counts["tombstones"] == 0
 
 
+@pytest.mark.rule(17)
 def test_aggregate_same_group_is_one_atomic_update() -> None:
     runs = [{"T": [Rec("k", '{"g":"x","n":1}', 1), Rec("k", '{"g":"x","n":4}', 2)]}]
     result = run_pipeline([InputDef("T", "timestamped")], _AGG, runs)["agg"]
@@ -246,6 +255,7 @@ def test_aggregate_same_group_is_one_atomic_update() -> None:
 
 
 # ---------------------------------------------------------------------------------------- filter
+@pytest.mark.rule(13)
 def test_filter_timestamped_input_drops_duplicate_tombstone() -> None:
     tables: list[dict[str, Any]] = [{"name": "f", "from": "T", "filter": "value.ok"}]
     recs = [Rec("k", '{"ok":false}', 1), Rec("k", None, 2), Rec("k", '{"ok":true}', 3), Rec("k", None, 4),
@@ -258,6 +268,7 @@ def test_filter_timestamped_input_drops_duplicate_tombstone() -> None:
 
 
 # --------------------------------------------------------------------------- derived store grace
+@pytest.mark.rule(29)
 def test_late_result_goes_to_derived_rejected() -> None:
     inputs = [InputDef("T", "versioned")]
     tables: list[dict[str, Any]] = [
