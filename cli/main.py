@@ -1,6 +1,6 @@
 """The ``versiq`` command line: argument parsing only; each subcommand's work lives in its package.
 
-The flags and exit codes here are a contract other tools drive (issues #3, #4; CONTRACT.md):
+The flags and exit codes here are a contract other tools drive (issues #3, #4; docs/contract.md):
 add, never rename. Exit status: 0 success, 1 a store failed, 2 usage or configuration error.
 """
 

@@ -6,7 +6,7 @@
 
 Number text is written as-is (``12.50`` keeps its trailing zero), timestamps are epoch ms or
 RFC 3339 instants (``Z`` or an offset). The records are in *processing order*: the files sort by
-name and are read line by line (SEMANTICS.md §1), and that order is built so that the outcome of
+name and are read line by line (docs/semantics.md, rules 19-21), and that order is built so that the outcome of
 every record under the demo store's settings (``kind: versioned``, history retention 7 days,
 one stream-time partition) is known by construction:
 

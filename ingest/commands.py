@@ -1,6 +1,6 @@
 """CLI glue for ``versiq ingest``, ``versiq rejected`` and ``versiq maintain``.
 
-Exit status (CONTRACT.md): 0 every store committed; 1 a store failed (its report entry has
+Exit status (docs/contract.md): 0 every store committed; 1 a store failed (its report entry has
 ``error``); 2 usage/configuration error found before any data is touched.
 
 Continuous mode (``ingest.continuous``): Spark Structured Streaming's file source watches the

@@ -3,7 +3,7 @@
 - **Compaction** rewrites each bucket that has more than one file (or superseded rows) as one
   file with exactly the rows the read rule selects (``versiq.layout``), sorted by
   (key, valid_from), and drops history that no query can return any more: versions whose
-  ``valid_to`` is at or before the horizon of their partition (SEMANTICS.md, Retention edges:
+  ``valid_to`` is at or before the horizon of their partition (docs/semantics.md, Retention edges:
   such history is never returned, and no later record can touch it, since any record at or
   before it is late). The commit carries the unchanged store state, so readers and later runs
   see the same store. The commit is a plain Delta remove+add: old snapshots stay readable until

@@ -1,7 +1,7 @@
 """One ingest run over one or more stores: list new files, parse, decide, write, commit.
 
 ``run_ingest(spark, warehouse, specs)`` is the in-process entry point (same semantics as the
-CLI); it returns a ``RunReport`` whose JSON form is the ``--report`` file (CONTRACT.md).
+CLI); it returns a ``RunReport`` whose JSON form is the ``--report`` file (docs/contract.md).
 Each store's run is one atomic, idempotent Delta commit of data + state, followed by the
 ``_rejected`` commit under the same transaction id.
 """
@@ -315,7 +315,7 @@ def _write_changelog(classified: DataFrame, store_path: str, run: int, ctx: RunC
 
     Across partitions the order is (path, line/row); inside a partition ordered by offset, the
     k-th record of the partition takes the k-th (path, line/row) slot of that partition, which
-    keeps every partition's own order (SEMANTICS.md §1) in one sequence.
+    keeps every partition's own order (docs/semantics.md, rules 19-21) in one sequence.
     """
     acc = classified.filter(F.col("outcome") == "accepted").select("key", "value", "ts", "p", "ord0", "seq")
     if ctx.any_offsets:

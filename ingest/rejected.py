@@ -1,4 +1,4 @@
-"""Reading a store's ``_rejected`` table for ``versiq rejected`` (CONTRACT.md)."""
+"""Reading a store's ``_rejected`` table for ``versiq rejected`` (docs/contract.md)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ report per store, stream and derived table, and the run's whole report.
 
 Every report has the rejected records by reason (every code, zeros included), the snapshot the
 run committed, its wall time, its run number and, when it failed, its error; stores and derived
-tables add the put outcomes of their records (SEMANTICS.md rule 4).
+tables add the put outcomes of their records (docs/semantics.md rule 4).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from versiq.layout import REJECT_REASONS
 
 
 def report_json(report: Any) -> dict[str, Any]:
-    """A run report dataclass's JSON form (``--report``, CONTRACT.md): every field in order,
+    """A run report dataclass's JSON form (``--report``, docs/contract.md): every field in order,
     ``seconds`` rounded to the millisecond, ``error`` only when there is one."""
     out: dict[str, Any] = {}
     for item in fields(report):

@@ -1,4 +1,4 @@
-"""Kafka Streams versioned-store semantics (SEMANTICS.md §1-4), computed set-wise in Spark.
+"""Kafka Streams versioned-store semantics (docs/semantics.md, rules 1-12 and 19-22), computed set-wise in Spark.
 
 Record-at-a-time semantics without a record-at-a-time loop:
 

@@ -31,7 +31,7 @@ class SourceError(Exception):
 @dataclass
 class SourceListing:
     #: Relative path (``/``-separated) -> absolute path of every regular file, sorted by
-    #: relative path in code point order (the processing order of files, SEMANTICS.md §1).
+    #: relative path in code point order (the processing order of files, docs/semantics.md, rules 19-21).
     files: dict[str, str] = field(default_factory=dict)
     #: Entries that are not regular files: ``{"path": relative path, "type": "fifo"|...}``.
     ignored: list[dict[str, str]] = field(default_factory=list)

@@ -15,7 +15,7 @@ Outcome = Literal["ok", "not-found", "expired"]
 
 @dataclass(frozen=True)
 class VersionedKeyQuery:
-    """One key, latest (``as_of is None``) or as of a timestamp (SEMANTICS.md rules 6-8)."""
+    """One key, latest (``as_of is None``) or as of a timestamp (docs/semantics.md rules 6-8)."""
 
     key: str
     as_of: int | None = None

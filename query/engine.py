@@ -4,7 +4,7 @@ and the records of its streams. The public face of ``versiq.query``; it answers 
 - ``query.catalog``: what the warehouse holds and each table's current snapshot (refresh);
 - ``query.index``: the in-memory index of a store's current snapshot (``snapshot=None`` reads);
 - ``query.snapshots``: older snapshots read from files with DuckDB (``snapshot=V``, pinned pages);
-- ``query.reads``: SEMANTICS.md rules 6-11 and the retention edges, once for every path, so the
+- ``query.reads``: docs/semantics.md rules 6-11 and the retention edges, once for every path, so the
   paths cannot disagree. Expiry is judged with the stream time of the snapshot that answers
   (``versiq.layout.read_state(path, V)``), for the key's partition (its rows' ``partition``
   column; ``default_partition_of`` for a key without rows).

@@ -1,4 +1,4 @@
-"""The read rules of SEMANTICS.md §3 (rules 6-11 and the retention edges) over one key's versions.
+"""The read rules of docs/semantics.md (rules 6-11 and the retention edges) over one key's versions.
 
 Both read paths (the in-memory index of the current snapshot and the DuckDB reader of older
 snapshots) produce a :class:`KeyRows` — the key's *resolved* versions (read rule of

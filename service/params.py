@@ -1,4 +1,4 @@
-"""Raw-path routing and strict query-string parsing (CONTRACT.md, HTTP request details).
+"""Raw-path routing and strict query-string parsing (docs/contract.md, HTTP request details).
 
 Starlette routes on the percent-decoded path, which makes ``a%2Fb`` unreachable and lets
 ``foo%2Fversions`` hit the versions endpoint of ``foo``. The service therefore splits the raw

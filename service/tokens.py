@@ -1,4 +1,4 @@
-"""Opaque, integrity-protected page tokens (CONTRACT.md, HTTP request details).
+"""Opaque, integrity-protected page tokens (docs/contract.md, HTTP request details).
 
 Format: ``base64url(payload JSON) "." base64url(HMAC-SHA256(secret, payload)[:16])``. The
 payload binds the listing (a store's key versions, or a stream's records), the store or stream,

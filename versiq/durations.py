@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-DEFAULT_HISTORY_RETENTION_MS = 86_400_000  # 1 day (CONTRACT.md, Input edge cases)
+DEFAULT_HISTORY_RETENTION_MS = 86_400_000  # 1 day (docs/contract.md, Input edge cases)
 
 _UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
 _SHORT = re.compile(r"([0-9]+)(ms|s|m|h|d|w)\Z")

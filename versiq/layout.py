@@ -39,7 +39,7 @@ A Delta table partitioned by ``bucket`` with the columns of ``STORE_SCHEMA``:
 - ``valid_to``  BIGINT the next version's timestamp (exclusive); null = still valid.
 - ``value``     STRING compact JSON text of the value; null for a tombstone.
 - ``tombstone`` BOOL   true for a tombstone version (stored: it bounds the validity before it).
-- ``partition`` INT    the key's stream-time partition (SEMANTICS.md §1).
+- ``partition`` INT    the key's stream-time partition (docs/semantics.md, rules 19-21).
 - ``run``       BIGINT the ingest run (1, 2, ...) that wrote this row.
 
 Rows are **appended**, never rewritten in place: each run appends one complete row for every
@@ -176,7 +176,7 @@ REJECTED_SCHEMA = pa.schema(
     ]
 )
 
-#: Rejection reason codes (CONTRACT.md): every report lists all of them, zeros included.
+#: Rejection reason codes (docs/contract.md): every report lists all of them, zeros included.
 REJECT_REASONS = (
     "late",
     "malformed",
@@ -207,7 +207,7 @@ def bucket_of(key: str, buckets: int) -> int:
 
 
 def default_partition_of(key: str, partitions: int) -> int:
-    """A key's stream-time partition when its records name none (SEMANTICS.md §1)."""
+    """A key's stream-time partition when its records name none (docs/semantics.md, rules 19-21)."""
     return zlib.crc32(key.encode("utf-8")) % partitions
 
 

@@ -1,4 +1,4 @@
-"""Store names: validated before any path is built from them (CONTRACT.md, Stores on disk)."""
+"""Store names: validated before any path is built from them (docs/contract.md, Stores on disk)."""
 
 from __future__ import annotations
 

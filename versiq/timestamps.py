@@ -1,4 +1,4 @@
-"""The one timestamp grammar used by input files and query parameters (CONTRACT.md, Timestamps).
+"""The one timestamp grammar used by input files and query parameters (docs/contract.md, Timestamps).
 
 A base-10 integer in ``[0, 2**63 - 1]`` is epoch milliseconds; otherwise the RFC 3339 profile
 ``YYYY-MM-DDTHH:MM:SS[.fraction](Z|+HH:MM|-HH:MM)`` is converted to epoch milliseconds with

@@ -19,7 +19,7 @@ so the two can never disagree about what an expression means. Grammar (precedenc
 Keywords and function names are case-insensitive; member names after ``.`` are not (they are
 JSON member names). Evaluation never raises: anything that fails (a missing member, a wrong
 type, division by zero, comparing a string with a number) is null, because a pipeline run must
-never crash on one odd record (CONTRACT.md: ``try_`` semantics).
+never crash on one odd record (docs/contract.md: ``try_`` semantics).
 
 Numbers are ``int`` or ``decimal.Decimal``, never ``float``: values are parsed with
 ``parse_float=Decimal`` and computed numbers are rendered as plain decimals, so a sum of prices

@@ -1,4 +1,5 @@
-"""The operators of derived tables, one record at a time (SEMANTICS.md §5, docs/derived-tables.md).
+"""The operators of derived tables, one record at a time (docs/semantics.md, rules 13-18 and 23-30;
+docs/derived-tables.md).
 
 Each operator turns one input change (table inputs) or one stream record (stream inputs) into
 the results it emits, reading the other side's table state as it stands at that point of the

@@ -2,7 +2,7 @@
 
 Everything is checked at load, before any data is touched (exit status 2): the operation and
 its fields, the expressions (parsed here), that every input is declared earlier in the file,
-input kinds (tables vs streams), and SEMANTICS.md rule 18 (suppress on a versioned table,
+input kinds (tables vs streams), and docs/semantics.md rule 18 (suppress on a versioned table,
 a versioned global table).
 """
 
@@ -197,7 +197,7 @@ def _table(entry: Any, index: int, kinds: dict[str, str]) -> TableSpec:
 
 
 def _rule_18(where: str, entry: dict[str, Any], kind: str, input_kinds: list[str]) -> None:
-    """SEMANTICS.md rule 18 (KIP-914): no suppress on a versioned table, no versioned global table."""
+    """docs/semantics.md rule 18 (KIP-914): no suppress on a versioned table, no versioned global table."""
     if "suppress" in entry:
         if "versioned" in input_kinds:
             raise UsageError(f"{where}: suppress cannot be applied to a versioned table (KIP-914: a versioned "

@@ -1,4 +1,4 @@
-"""One synchronous topology: the input merge and depth-first propagation (SEMANTICS.md §5).
+"""One synchronous topology: the input merge and depth-first propagation (docs/semantics.md, rules 13-18 and 23-30).
 
 Source inputs are merged record by record: among the inputs with records left, the head record
 with the smallest timestamp goes next, ties to the input declared first (inputs are never

@@ -22,7 +22,7 @@ from tests.support.reference import InRecord, ReferenceStore
 from versiq.cli.sample import SUMMARY_FILE, SampleSummary, generate, load_summary
 from versiq.timestamps import TimestampError, parse_timestamp
 
-#: The flags each subcommand promises (issues #2-#4, CONTRACT.md): add, never rename.
+#: The flags each subcommand promises (issues #2-#4, docs/contract.md): add, never rename.
 CONTRACT_FLAGS = {
     "ingest": ["--warehouse", "--store", "--source", "--config", "--format", "--kind",
                "--history-retention", "--partitions", "--master", "--report", "--continuous",

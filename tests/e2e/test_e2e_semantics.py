@@ -1,4 +1,4 @@
-"""SEMANTICS.md §3 end to end: real Spark ingest -> real Delta -> live uvicorn -> httpx.
+"""docs/semantics.md, rules 6-11 and 22 end to end: real Spark ingest -> real Delta -> live uvicorn -> httpx.
 
 One store ``sem`` (3 partitions = 3 stream-time domains, 30-day history retention):
 

@@ -1,5 +1,5 @@
 """Bad input of every kind, in every format: kept in `_rejected` with a reason, counted, never
-crashing a run (CONTRACT.md, Input edge cases and Record parsing)."""
+crashing a run (docs/contract.md, Input edge cases and Record parsing)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Regression tests from a review of ingest/: inputs that crashed a whole store's run (one bad
-line must only ever be one rejected record), boundary rules of CONTRACT.md, and Spark
+line must only ever be one rejected record), boundary rules of docs/contract.md, and Spark
 expressions that overflowed under ANSI mode."""
 
 from __future__ import annotations

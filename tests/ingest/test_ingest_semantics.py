@@ -1,4 +1,4 @@
-"""SEMANTICS.md §1-4 through the real Spark ingest into real Delta stores.
+"""docs/semantics.md, rules 1-12 and 19-22 through the real Spark ingest into real Delta stores.
 
 Each test states the rule it checks; expected stores are written out by hand and checked
 against the reference model too, so a wrong model cannot make a wrong ingest pass.

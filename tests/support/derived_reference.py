@@ -1,6 +1,6 @@
 """A naive, record-at-a-time reference model of a whole derived-table pipeline (issue #5).
 
-Written from the documents only: SEMANTICS.md §5 (rules 13-18 and "Operator details"), the KIPs
+Written from the documents only: docs/semantics.md (rules 13-18 and "Operator details"), the KIPs
 it names (KIP-914, KIP-904, KIP-213) and docs/derived-tables.md. It does not look at
 ``ingest/derived/``; the implementation must agree with it. Everything is dicts, lists and linear
 scans so that each operator can be checked by eye against docs/derived-tables.md "Operators".

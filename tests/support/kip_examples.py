@@ -1,14 +1,14 @@
-"""The normative KIP worked examples (SEMANTICS.md §5) as data for the derived-table tests.
+"""The normative KIP worked examples (docs/semantics.md, rules 13-18 and 23-30) as data for the derived-table tests.
 
 Each example gives the pipeline (``inputs``, ``tables`` in the shape ``tests.support.derived_reference``
 takes), the ``runs`` and the result exactly as the KIP states it. The KIP sequences are *arrival*
 orders; they are reproduced by giving each stretch of consecutive records from one input its own
-run (SEMANTICS.md §5, "Processing order across inputs"), so the head-timestamp merge never
+run (docs/semantics.md, rules 13-18 and 23-30, "Processing order across inputs"), so the head-timestamp merge never
 reorders them.
 
-The KIP texts in /work/shared/kips/ are wiki dumps that mix revisions; the comment on each
+The KIP texts (Apache Kafka wiki pages) mix revisions; the comment on each
 example says which lines were used and how they were read. Where the KIP and
-docs/derived-tables.md disagree, the KIP (+ SEMANTICS.md) wins and the comment says so.
+docs/derived-tables.md disagree, the KIP (+ docs/semantics.md) wins and the comment says so.
 
 Values are simple JSON strings ('"a0"') or numbers where an operator needs them (a sum, a
 foreign key).
@@ -183,9 +183,9 @@ EXAMPLES.append(KipExample(
 # data, only the rule: the stream record joins get(key, streamTimestamp); when that returns null
 # (including "older than the versioned store's history retention") an inner join emits nothing and
 # a left join emits the record with a null table value. The data below is ours; the normative
-# details are SEMANTICS.md rules 7-8, rule 14 and "Operator details": beyond retention the latest
+# details are docs/semantics.md rules 7-8, rule 14 and "Operator details": beyond retention the latest
 # version still joins when its timestamp <= the stream record's (Kafka's RocksDB store returns
-# null there; SEMANTICS.md wins), and null-valued stream records are skipped.
+# null there; docs/semantics.md wins), and null-valued stream records are skipped.
 # Table T (retention 10): k: t1@1, t5@5, t30@30; m: m1@1 -> stream time 30, horizon 20.
 #   k s25@25: as of 25 (>= 20) -> t5 (the version valid at 25, not the latest t30)
 #   k s3@3:   3 < 20 and k's latest (t30@30) is newer than 3 -> expired: inner nothing, left null

@@ -1,7 +1,7 @@
-"""A small pure-Python, record-at-a-time reference model of a versiq store (SEMANTICS.md §1-4).
+"""A small pure-Python, record-at-a-time reference model of a versiq store (docs/semantics.md, rules 1-12 and 19-22).
 
 It is deliberately naive (dicts, one record at a time, linear scans) so that it is easy to check
-by eye against SEMANTICS.md; the real implementation (Spark set-wise ingest, indexed reads) must
+by eye against docs/semantics.md; the real implementation (Spark set-wise ingest, indexed reads) must
 agree with it on every generated changelog and query.
 """
 

@@ -20,7 +20,7 @@ from versiq.service.settings import Settings
 
 T0 = 1_700_000_000_000
 HOUR = 3_600_000
-#: Keys that must round-trip through the path (CONTRACT.md, HTTP request details).
+#: Keys that must round-trip through the path (docs/contract.md, HTTP request details).
 ODD_KEYS = [
     "a/b", "foo/versions", "100%", "a%2Fb", "what?x=1&y=2", "with space", "+plus+",
     "ünïcødé/🎉", "#hash", "semi;colon", "back\\slash", "tab\there",

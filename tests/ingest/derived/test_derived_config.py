@@ -1,5 +1,5 @@
 """The ``streams:``/``tables:`` sections of a pipeline file: everything is checked at load,
-before any data is touched (SEMANTICS.md rule 18 included), with a message naming the entry."""
+before any data is touched (docs/semantics.md rule 18 included), with a message naming the entry."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """The derived-table reference model (tests/support/derived_reference.py) against the KIP examples and
-a few hand-computed cases per operator (docs/derived-tables.md, SEMANTICS.md §5). Pure Python, fast.
+a few hand-computed cases per operator (docs/derived-tables.md; docs/semantics.md, rules 13-18 and
+23-30). Pure Python, fast.
 """
 
 from __future__ import annotations
