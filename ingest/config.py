@@ -34,7 +34,7 @@ from versiq.ingest.derived.spec import TableSpec, check_global_store, parse_tabl
 from versiq.ingest.errors import UsageError
 from versiq.ingest.pipeline import DEFAULT_MAX_FUTURE_MS, StoreSpec, parse_max_future
 from versiq.ingest.streams import StreamSpec
-from versiq.layout import STREAM_KIND, StoreSettings
+from versiq.layout import STREAM_KIND, StoreSettings, has_delta_log
 
 _STORE_FIELDS = {"name", "source", "format", "kind", "history_retention", "partitions", "buckets", "global",
                  "max_future"}
@@ -102,7 +102,7 @@ def _check_existing_table(warehouse: str, table: TableSpec) -> None:
     """A derived table that exists must have been computed from the same definition: results
     of a changed filter or join applied to new records only would silently mix two tables."""
     path = os.path.join(warehouse, table.name)
-    if not os.path.isdir(os.path.join(path, "_delta_log")):
+    if not has_delta_log(path):
         return
     from deltalake import DeltaTable
 

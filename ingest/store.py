@@ -49,6 +49,7 @@ from versiq.layout import (
     STREAM_SCHEMA,
     StoreSettings,
     StoreState,
+    has_delta_log,
     read_rule_sql,
     read_state,
 )
@@ -94,7 +95,7 @@ def writer_lock(store_path: str, timeout_s: float) -> Iterator[None]:
 
 
 def is_store(path: str) -> bool:
-    return os.path.isdir(os.path.join(path, "_delta_log")) and DeltaTable.is_deltatable(path)
+    return has_delta_log(path) and DeltaTable.is_deltatable(path)
 
 
 def existing_store_path(warehouse: str, store: str) -> str:

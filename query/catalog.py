@@ -68,7 +68,7 @@ def has_commits(path: str) -> bool:
     """Whether a table directory has any Delta commit or checkpoint file (else it is being
     created and is not a store yet, rather than a broken one)."""
     try:
-        names_ = os.listdir(os.path.join(path, "_delta_log"))
+        names_ = os.listdir(layout.delta_log(path))
     except OSError:
         return True  # the log exists but cannot be listed: that is an unreadable store
     return any(n.endswith(".json") or ".checkpoint" in n for n in names_)
@@ -158,7 +158,7 @@ class Catalog:
             except FileNotFoundError:
                 entries = []
             present = {e.name for e in entries
-                       if e.is_dir() and os.path.isdir(os.path.join(e.path, "_delta_log"))}
+                       if e.is_dir() and layout.has_delta_log(e.path)}
             for gone in [n for n in self._refused if n not in present]:
                 del self._refused[gone]
             for gone in [n for n in self._unavailable if n not in present]:
@@ -226,7 +226,7 @@ class Catalog:
                        load: Callable[[DeltaTable], None]) -> None:
         """Bring ``handle``'s Delta table up to date and ``load`` its snapshot; on any failure keep
         serving the last good snapshot, say why in ``handle.error`` and re-read the log next time."""
-        if not os.path.isdir(os.path.join(handle.path, "_delta_log")):
+        if not layout.has_delta_log(handle.path):
             handle.error = f"{kind} directory or its _delta_log is gone (serving last good snapshot)"
             return
         try:

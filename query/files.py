@@ -11,6 +11,8 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from versiq import layout
+
 _LOG_FILE = re.compile(r"(\d{20})\.(?:json|checkpoint\.parquet|checkpoint\.\d+\.\d+\.parquet)\Z")
 
 
@@ -36,7 +38,7 @@ def latest_version_on_disk(table_path: str) -> int:
     """The newest Delta version whose commit (or checkpoint) file exists; -1 when none."""
     best = -1
     try:
-        entries = os.listdir(os.path.join(table_path, "_delta_log"))
+        entries = os.listdir(layout.delta_log(table_path))
     except FileNotFoundError:
         return -1
     for name in entries:

@@ -103,6 +103,8 @@ REJECTED_DIR = "_rejected"
 CHANGELOG_DIR = "_changelog"
 EMITTED_DIR = "_emitted"
 PRIVATE_DIR = "_versiq"
+#: The Delta log directory of a table: a directory with one is a table (a store, stream or side table).
+DELTA_LOG_DIR = "_delta_log"
 LOCK_FILE = "lock"
 
 STORE_SCHEMA = pa.schema(
@@ -322,7 +324,7 @@ class StoreState:
 
 
 def log_file(table_path: str, version: int) -> str:
-    return os.path.join(table_path, "_delta_log", f"{version:020d}.json")
+    return os.path.join(delta_log(table_path), f"{version:020d}.json")
 
 
 def read_state(table_path: str, version: int) -> StoreState:
@@ -349,3 +351,13 @@ def horizon(stream_time: int | None, history_retention_ms: int) -> int | None:
     if stream_time is None:
         return None
     return stream_time - history_retention_ms
+
+
+def delta_log(table_path: str) -> str:
+    """The Delta log directory of the table at ``table_path``."""
+    return os.path.join(table_path, DELTA_LOG_DIR)
+
+
+def has_delta_log(path: str) -> bool:
+    """Whether ``path`` is a table directory (it has a Delta log), readable or not."""
+    return os.path.isdir(delta_log(path))
