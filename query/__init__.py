@@ -4,9 +4,11 @@ Library use (no FastAPI needed)::
 
     from versiq.query import Engine, VersionedKeyQuery, MultiVersionedKeyQuery
 
-See ``query.engine`` for the design (in-memory index of the current snapshot, DuckDB for older
-snapshots, refresh bound and memory), ``query.api`` for the typed queries, results and errors, and
-``query.streams`` for streams (append-only event logs read with DuckDB)::
+See ``query.engine`` for the public reads and how they are answered: ``query.catalog``
+(discovery, refresh bound, readiness), ``query.index`` (the current snapshot in memory, memory per
+worker), ``query.snapshots`` (older snapshots with DuckDB), ``query.reads`` (the read rules);
+``query.api`` for the typed queries, results and errors, and ``query.streams`` for streams
+(append-only event logs read with DuckDB)::
 
     engine.stream_records("clicks", StreamRecordsQuery(key="u-1", from_time=t0), limit=100)
 """

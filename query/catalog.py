@@ -39,7 +39,7 @@ from versiq.query.api import StoreNotFound, StoreUnavailable, StreamNotFound, St
 from versiq.query.index import LoadedStore, build_loaded
 from versiq.query.streams import StreamSnapshot
 
-log = logging.getLogger("versiq.query.engine")
+log = logging.getLogger("versiq.query.catalog")
 
 
 @dataclass
@@ -185,7 +185,7 @@ class Catalog:
         warehouse is the truth, so they are no longer listed or served (readiness follows)."""
         for table in (self.stores, self.streams):
             for name in [n for n in table if n not in present]:
-                del table[name]  # type: ignore[attr-defined]
+                del table[name]
                 log.info("%s is no longer in the warehouse: not served any more", name)
 
     def _discover(self, name: str, path: str) -> None:
