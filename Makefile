@@ -19,12 +19,13 @@ DEV_STAMP := $(VENV)/.installed-dev
 DEMO_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: help demo test lint bench java clean-demo
+.PHONY: help demo test lint bench java clean-demo conformance
 
 help:
 	@echo "make demo   generate sample data, ingest it into ./warehouse, serve it on 127.0.0.1:8080"
 	@echo "make test   run the whole test suite"
 	@echo "make lint   ruff + mypy;  make bench  run the benchmarks;  make clean-demo  remove demo data"
+	@echo "make conformance   10,000 random scenarios through versiq and Kafka Streams"
 
 $(PY):
 	@test -n "$(PYTHON)" || { echo "Python 3.11+ is required (python3.11 or python3 on PATH)" >&2; exit 1; }
@@ -44,10 +45,20 @@ $(DEV_STAMP): pyproject.toml | $(PY)
 java:
 	@bash scripts/ensure-java.sh
 
+# The Kafka Streams side of the differential tests (tests/conformance): a small Maven project whose
+# artifacts are cached under .cache/m2 (git-ignored); rebuilt only when its sources change.
+CONFORMANCE_JAR := conformance/kafka/target/versiq-conformance-1.jar
+CONFORMANCE_SRC := conformance/kafka/pom.xml $(shell find conformance/kafka/src -name '*.java' 2>/dev/null)
+
+$(CONFORMANCE_JAR): $(CONFORMANCE_SRC) | java
+	@bash scripts/ensure-maven.sh
+	mvn -q -B -Dmaven.repo.local=$(abspath .cache/m2) -f conformance/kafka/pom.xml package -DskipTests
+	@touch $@
+
 demo: $(BASE_STAMP) java
 	$(VENV)/bin/versiq demo $(DEMO_ARGS)
 
-test: $(DEV_STAMP) java
+test: $(DEV_STAMP) java $(CONFORMANCE_JAR)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -59,6 +70,11 @@ lint: $(DEV_STAMP)
 bench: $(DEV_STAMP) java
 	@test -f bench/run.py || { echo "bench/run.py does not exist yet" >&2; exit 1; }
 	$(PY) bench/run.py
+
+# 10,000 random scenarios (VERSIQ_CONFORMANCE_SCENARIOS) through versiq and Kafka Streams; prints a summary.
+conformance: $(DEV_STAMP) java $(CONFORMANCE_JAR)
+	VERSIQ_CONFORMANCE_SCENARIOS=$${VERSIQ_CONFORMANCE_SCENARIOS:-10000} HYPOTHESIS_PROFILE=explore \
+	  $(PY) -m pytest tests/conformance -q -s -p no:cacheprovider
 
 clean-demo:
 	rm -rf warehouse demo-data
