@@ -30,7 +30,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from tests.support.ingest import rejected_rows
@@ -63,6 +63,34 @@ def scenario(rng: random.Random) -> dict[str, Any]:
             queries.append({"kind": "range", "key": key, "from": rng.choice([lo, None]),
                             "to": rng.choice([hi, None]), "ascending": rng.random() < 0.5})
     return {"retention": rng.choice(RETENTIONS), "partitions": partitions, "records": records, "queries": queries}
+
+
+def kafka_loses_replaced_tombstone(sc: dict[str, Any]) -> set[str]:
+    """Keys on which Kafka Streams 4.3.1 answers differently from rule 1, found by this test.
+
+    When a tombstone replaces a key's latest *value* at the same timestamp T and a record older
+    than T is accepted later, Kafka's RocksDB versioned store forgets the tombstone at T: the
+    older version then reads as valid up to the next version after T (or as the latest), and the
+    older record's put even returns -1 ("latest"). versiq keeps the tombstone, as rule 1 says (one
+    version per key and timestamp, value -> null included). Scenarios with such a key are set
+    aside and counted, never compared (smallest case: value@47, tombstone@47, value@16)."""
+    stream_time: dict[int, int] = {}
+    latest: dict[str, tuple[int, str | None]] = {}
+    replaced_at: dict[str, int] = {}
+    affected: set[str] = set()
+    for key, value, ts in sc["records"]:
+        p = _partition_of(key, sc["partitions"])
+        if p in stream_time and ts < stream_time[p] - sc["retention"]:
+            continue  # late: changes nothing (rule 3)
+        stream_time[p] = max(stream_time.get(p, ts), ts)
+        current = latest.get(key)
+        if value is None and current is not None and current[0] == ts and current[1] is not None:
+            replaced_at[key] = ts
+        if key in replaced_at and ts < replaced_at[key]:
+            affected.add(key)
+        if current is None or ts >= current[0]:
+            latest[key] = (ts, value)
+    return affected
 
 
 def _partition_of(key: str, partitions: int) -> int:
@@ -155,10 +183,12 @@ def _kafka_range_under_rule_22(answer: list[dict[str, Any]], q: dict[str, Any], 
 
 def compare(spark: Any, root: str, scenarios: list[dict[str, Any]]) -> Counter[str]:
     """Run both sides; return the tallies and assert no unexplained difference."""
+    known = [sc for sc in scenarios if kafka_loses_replaced_tombstone(sc)]
+    scenarios = [sc for sc in scenarios if not kafka_loses_replaced_tombstone(sc)]
     _layout(scenarios)
     kafka = {r["id"]: r for r in run_store_scenarios([_kafka_input(sc) for sc in scenarios])}
     warehouse, reports = _ingest(spark, root, scenarios)
-    tally: Counter[str] = Counter(scenarios=len(scenarios))
+    tally: Counter[str] = Counter(scenarios=len(scenarios), known_kafka_differences=len(known))
     differences: list[str] = []
     # put outcomes: which records were late, and the latest / out-of-order totals per store
     expected_counts: dict[str, Counter[str]] = {}
@@ -200,13 +230,30 @@ def compare(spark: Any, root: str, scenarios: list[dict[str, Any]]) -> Counter[s
 
 
 @pytest.mark.rule(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 19, 22)
-@settings(max_examples=1, deadline=None)
+@settings(max_examples=1, deadline=None, phases=(Phase.explicit, Phase.generate))  # a seed cannot shrink
 @given(st.integers(0, 2**32 - 1))
 def test_versioned_stores_agree_with_kafka_streams(spark: Any, tmp_path_factory: Any, seed: int) -> None:
     """One batch of SCENARIOS scenarios from one seed (a fixed one in CI: derandomized), so the
     whole batch is one Spark run and one JVM start."""
     rng = random.Random(seed)
     scenarios = [scenario(rng) for _ in range(SCENARIOS)]
+    print(f"conformance: seed {seed}, {SCENARIOS} scenarios")
     tally = compare(spark, str(tmp_path_factory.mktemp("conformance")), scenarios)
     print(f"conformance vs Kafka Streams {KAFKA_VERSION}: {tally['scenarios']} scenarios, {tally['records']} "
-          f"records, {tally['queries']} queries compared, {tally['differences']} differences")
+          f"records, {tally['queries']} queries compared, {tally['differences']} differences "
+          f"({tally['known_kafka_differences']} scenarios where Kafka forgets a replaced tombstone set aside)")
+
+
+def test_the_known_kafka_difference_is_recognised() -> None:
+    """The three scenarios in which 10,000 random ones found Kafka forgetting a tombstone that
+    replaced a value at the same timestamp (s7547, s8622, s8895 of seed 1972842867), and a
+    near miss that Kafka answers like versiq."""
+    def sc(records: list[tuple[str, str | None, int]]) -> dict[str, Any]:
+        return {"records": records, "partitions": 1, "retention": 1000}
+
+    assert kafka_loses_replaced_tombstone(sc([("k0", '{"x":1.50}', 36), ("k0", None, 36), ("k0", "1", 43),
+                                              ("k0", '"b"', 3)])) == {"k0"}
+    assert kafka_loses_replaced_tombstone(sc([("k0", '"b"', 47), ("k0", None, 47), ("k0", None, 11),
+                                              ("k0", '"b"', 16)])) == {"k0"}
+    assert kafka_loses_replaced_tombstone(sc([("k0", '"b"', 47), ("k0", None, 47), ("k0", '"b"', 50)])) == set()
+    assert kafka_loses_replaced_tombstone(sc([("k0", None, 47), ("k0", None, 47), ("k0", '"b"', 16)])) == set()
