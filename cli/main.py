@@ -106,9 +106,11 @@ def build_parser() -> argparse.ArgumentParser:
     mnt = sub.add_parser(
         "maintain",
         help="compact, checkpoint and vacuum a store",
-        description="Compact each bucket of a store to one row per version, write a Delta "
+        description="Compact each bucket of a store to one row per version and drop history that "
+        "ended at or before the retention horizon (no query can return it), write a Delta "
         "checkpoint and vacuum files no snapshot still needs (keeping every snapshot younger "
-        "than the page-token lifetime).",
+        "than the page-token lifetime, 1 hour) and files no commit ever referenced once older "
+        "than that hour (left by a killed ingest or maintain). Holds the store's writer lock.",
     )
     mnt.add_argument("--warehouse", required=True, help="warehouse directory")
     mnt.add_argument("--store", required=True, help="store name")
