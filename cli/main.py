@@ -63,10 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
     ing.add_argument("--history-retention", default=None,
                      help="history retention = grace period: ms, 5m/12h/7d or ISO-8601 P7D "
                      "(default 1d; fixed when the store is created)")
-    ing.add_argument("--max-future", default="1h",
+    ing.add_argument("--max-future", default=None,
                      help="refuse records stamped later than the run's wall clock plus this, as "
                           "bad_timestamp, so a broken clock cannot pin stream time (default 1h; 'none' "
-                          "for no limit; checked at every run, not fixed; pipeline files: max_future)")
+                          "for no limit; checked at every run, not fixed; with --config, the default of "
+                          "stores that do not set max_future)")
     ing.add_argument("--partitions", type=int, default=None,
                      help="stream-time partitions (default 1; fixed when the store is created)")
     ing.add_argument("--buckets", type=int, default=None,

@@ -29,12 +29,19 @@ log = logging.getLogger("versiq.ingest")
 
 def _pipeline_from_args(args: argparse.Namespace) -> Any:
     from versiq.ingest.config import Pipeline, load_config
-    from versiq.ingest.pipeline import StoreSpec, parse_max_future
+    from versiq.ingest.pipeline import DEFAULT_MAX_FUTURE_MS, StoreSpec, parse_max_future
 
+    max_future: int | None = DEFAULT_MAX_FUTURE_MS
+    if args.max_future is not None:
+        try:
+            max_future = parse_max_future(args.max_future)
+        except DurationError as exc:
+            raise UsageError(f"--max-future: {exc} (or none)") from None
     if args.config:
         if args.store or args.source:
             raise UsageError("give either --config or --store/--source, not both")
-        return load_config(args.config, args.warehouse)
+        # --max-future is the default of the file's stores that do not set max_future
+        return load_config(args.config, args.warehouse, default_max_future_ms=max_future)
     if not args.store or not args.source:
         raise UsageError("--store and --source are required (or --config FILE)")
     retention = None
@@ -43,10 +50,6 @@ def _pipeline_from_args(args: argparse.Namespace) -> Any:
             retention = parse_duration_ms(args.history_retention)
         except DurationError as exc:
             raise UsageError(f"--history-retention: {exc}") from None
-    try:
-        max_future = parse_max_future(args.max_future)
-    except DurationError as exc:
-        raise UsageError(f"--max-future: {exc} (or none)") from None
     return Pipeline(stores=[StoreSpec(name=args.store, source=args.source, format=args.format, kind=args.kind,
                                       history_retention_ms=retention, partitions=args.partitions,
                                       buckets=args.buckets, max_future_ms=max_future)])

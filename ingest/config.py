@@ -55,7 +55,8 @@ class Pipeline:
         return [s.name for s in self.stores] + [s.name for s in self.streams]
 
 
-def load_config(path: str, warehouse: str | None = None) -> Pipeline:
+def load_config(path: str, warehouse: str | None = None, *,
+                default_max_future_ms: int | None = DEFAULT_MAX_FUTURE_MS) -> Pipeline:
     """Load and check a pipeline file. With ``warehouse``, the kind of an existing store that
     the file does not state is read from the store (it decides rules 15 and 18)."""
     try:
@@ -76,7 +77,7 @@ def load_config(path: str, warehouse: str | None = None) -> Pipeline:
     if not data.get("stores") and not data.get("streams"):
         raise UsageError(f"config {path}: expected a non-empty 'stores:' (or 'streams:') list")
     base = os.path.dirname(os.path.abspath(path))
-    stores = [_store(entry, i, base) for i, entry in enumerate(data.get("stores") or [])]
+    stores = [_store(entry, i, base, default_max_future_ms) for i, entry in enumerate(data.get("stores") or [])]
     streams = [_stream(entry, i, base) for i, entry in enumerate(data.get("streams") or [])]
     kinds: dict[str, str] = {}
     for index, spec in enumerate(stores):
@@ -163,7 +164,7 @@ def _stream(entry: Any, index: int, base: str) -> StreamSpec:
                       buckets=entry.get("buckets"))
 
 
-def _store(entry: Any, index: int, base: str) -> StoreSpec:
+def _store(entry: Any, index: int, base: str, default_max_future_ms: int | None) -> StoreSpec:
     where = f"stores[{index}]"
     source = _checked_entry(entry, where, _STORE_FIELDS)
     retention = entry.get("history_retention")
@@ -173,9 +174,11 @@ def _store(entry: Any, index: int, base: str) -> StoreSpec:
             retention_ms = parse_duration_ms(retention)
         except DurationError as exc:
             raise UsageError(f"{where} ({entry['name']}): history_retention: {exc}") from None
-    max_future_ms: int | None = DEFAULT_MAX_FUTURE_MS
-    if entry.get("max_future") is not None:
+    max_future_ms = default_max_future_ms
+    if "max_future" in entry:
         try:
+            if entry["max_future"] is None:  # YAML's null is not 'none': say which one is meant
+                raise DurationError("null is not a duration: give one such as 1h, or none for no limit")
             max_future_ms = parse_max_future(str(entry["max_future"]))
         except DurationError as exc:
             raise UsageError(f"{where} ({entry['name']}): max_future: {exc} (or none)") from None

@@ -1,7 +1,8 @@
 """Differential test of versioned stores against Kafka Streams itself (issue 13).
 
 Random changelogs (out of order, late past grace, same-timestamp replacements, tombstones, one or
-two partitions) and random queries go through versiq (the real Spark ingest, then the query
+two partitions; versioned stores, and timestamped ones (KIP-258) for latest reads) and random
+queries go through versiq (the real Spark ingest, then the query
 engine) and through real Kafka Streams versioned stores (``conformance/kafka``: RocksDB versioned
 stores in TopologyTestDriver, IQv2 ``MultiVersionedKeyQuery``). Every put outcome (which records
 were late; how many were latest and out of order) and every answer is compared.
@@ -50,19 +51,23 @@ VALUES = ['"a"', '"b"', "1", '{"x":1.50}', '""', None]
 def scenario(rng: random.Random) -> dict[str, Any]:
     """One random scenario: a changelog of up to 3 keys with out-of-order, late, same-timestamp
     and tombstone records, and latest, as-of and range queries on every key."""
+    kind = "timestamped" if rng.random() < 0.2 else "versioned"
     partitions = rng.randint(1, 2)
     keys = [f"k{j}" for j in range(rng.randint(1, 3))]
     records = [(rng.choice(keys), rng.choice(VALUES), rng.randint(0, 60)) for _ in range(rng.randint(1, 16))]
     queries: list[dict[str, Any]] = []
     for key in keys:
         queries.append({"kind": "latest", "key": key})
+        if kind == "timestamped":
+            continue  # a timestamped store answers latest reads only (rule 12)
         for _ in range(rng.randint(1, 4)):
             queries.append({"kind": "asof", "key": key, "t": rng.randint(0, 70)})
         for _ in range(rng.randint(1, 3)):
             lo, hi = sorted((rng.randint(0, 70), rng.randint(0, 70)))
             queries.append({"kind": "range", "key": key, "from": rng.choice([lo, None]),
                             "to": rng.choice([hi, None]), "ascending": rng.random() < 0.5})
-    return {"retention": rng.choice(RETENTIONS), "partitions": partitions, "records": records, "queries": queries}
+    return {"kind": kind, "retention": rng.choice(RETENTIONS), "partitions": partitions, "records": records,
+            "queries": queries}
 
 
 def kafka_loses_replaced_tombstone(sc: dict[str, Any]) -> set[str]:
@@ -74,6 +79,8 @@ def kafka_loses_replaced_tombstone(sc: dict[str, Any]) -> set[str]:
     older record's put even returns -1 ("latest"). versiq keeps the tombstone, as rule 1 says (one
     version per key and timestamp, value -> null included). Scenarios with such a key are set
     aside and counted, never compared (smallest case: value@47, tombstone@47, value@16)."""
+    if sc.get("kind", "versioned") != "versioned":
+        return set()
     stream_time: dict[int, int] = {}
     latest: dict[str, tuple[int, str | None]] = {}
     replaced_at: dict[str, int] = {}
@@ -99,12 +106,12 @@ def _partition_of(key: str, partitions: int) -> int:
 
 def _layout(scenarios: list[dict[str, Any]]) -> None:
     """Give every scenario its store (by retention), its first global partition and its keys' prefix."""
-    next_partition: Counter[int] = Counter()
+    next_partition: Counter[str] = Counter()
     for i, sc in enumerate(scenarios):
         sc["id"] = f"s{i}"
-        sc["store"] = f"h{sc['retention']}"
-        sc["base"] = next_partition[sc["retention"]]
-        next_partition[sc["retention"]] += sc["partitions"]
+        sc["store"] = "ts" if sc["kind"] == "timestamped" else f"h{sc['retention']}"
+        sc["base"] = next_partition[sc["store"]]
+        next_partition[sc["store"]] += sc["partitions"]
 
 
 def _kafka_input(sc: dict[str, Any]) -> dict[str, Any]:
@@ -112,7 +119,8 @@ def _kafka_input(sc: dict[str, Any]) -> dict[str, Any]:
     for key, value, ts in sc["records"]:
         parts[_partition_of(key, sc["partitions"])].append({"key": key, "value": value, "ts": ts})
     queries = [{**q, "partition": _partition_of(q["key"], sc["partitions"])} for q in sc["queries"]]
-    return {"id": sc["id"], "historyRetentionMs": sc["retention"], "partitions": parts, "queries": queries}
+    return {"id": sc["id"], "kind": sc["kind"], "historyRetentionMs": sc["retention"], "partitions": parts,
+            "queries": queries}
 
 
 def _ingest(spark: Any, root: str, scenarios: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
@@ -140,8 +148,11 @@ def _ingest(spark: Any, root: str, scenarios: list[dict[str, Any]]) -> tuple[str
         folder = os.path.join(root, "src", store)
         os.makedirs(folder, exist_ok=True)
         sources[store] = folder
-        specs.append(StoreSpec(store, folder, history_retention_ms=int(store[1:]), partitions=partitions[store],
-                               max_future_ms=None))
+        if store == "ts":
+            specs.append(StoreSpec(store, folder, kind="timestamped", partitions=partitions[store], max_future_ms=None))
+        else:
+            specs.append(StoreSpec(store, folder, history_retention_ms=int(store[1:]), partitions=partitions[store],
+                                   max_future_ms=None))
     for (store, p), texts in lines.items():
         with open(os.path.join(sources[store], f"p{p:05d}.jsonl"), "w", encoding="utf-8") as handle:
             handle.write("\n".join(texts) + "\n")
@@ -194,6 +205,9 @@ def compare(spark: Any, root: str, scenarios: list[dict[str, Any]]) -> Counter[s
     expected_counts: dict[str, Counter[str]] = {}
     late_kafka: set[tuple[str, int, int]] = set()
     for sc in scenarios:
+        if sc["kind"] == "timestamped":  # no put outcome in Kafka: every record is applied (rule 12)
+            tally["records"] += len(sc["records"])
+            continue
         counts = expected_counts.setdefault(sc["store"], Counter())
         for j, codes in enumerate(kafka[sc["id"]]["puts"]):
             for line, code in enumerate(codes, start=1):
@@ -229,7 +243,7 @@ def compare(spark: Any, root: str, scenarios: list[dict[str, Any]]) -> Counter[s
     return tally
 
 
-@pytest.mark.rule(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 19, 22)
+@pytest.mark.rule(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 19, 22)
 @settings(max_examples=1, deadline=None, phases=(Phase.explicit, Phase.generate))  # a seed cannot shrink
 @given(st.integers(0, 2**32 - 1))
 def test_versioned_stores_agree_with_kafka_streams(spark: Any, tmp_path_factory: Any, seed: int) -> None:

@@ -317,3 +317,9 @@ def test_max_future_in_a_pipeline_file(tmp_path):
     (tmp_path / "q.yaml").write_text("stores:\n  - {name: a, source: d, max_future: soon}\n")
     with pytest.raises(UsageError, match="max_future"):
         load_config(str(tmp_path / "q.yaml"))
+    (tmp_path / "n.yaml").write_text("stores:\n  - {name: a, source: d, max_future: null}\n")
+    with pytest.raises(UsageError, match="null is not a duration"):
+        load_config(str(tmp_path / "n.yaml"))
+    # --max-future is the default of the stores that do not set max_future
+    stores = load_config(str(tmp_path / "p.yaml"), default_max_future_ms=None).stores
+    assert [s.max_future_ms for s in stores] == [None, 7_200_000, None]

@@ -27,7 +27,10 @@ import org.apache.kafka.streams.query.PositionBound;
 import org.apache.kafka.streams.query.QueryConfig;
 import org.apache.kafka.streams.query.QueryResult;
 import org.apache.kafka.streams.query.VersionedKeyQuery;
+import org.apache.kafka.streams.state.KeyValueStore;
 import org.apache.kafka.streams.state.Stores;
+import org.apache.kafka.streams.state.TimestampedKeyValueStore;
+import org.apache.kafka.streams.state.ValueAndTimestamp;
 import org.apache.kafka.streams.state.VersionedKeyValueStore;
 import org.apache.kafka.streams.state.VersionedRecord;
 import org.apache.kafka.streams.state.VersionedRecordIterator;
@@ -35,7 +38,8 @@ import org.apache.kafka.streams.state.VersionedRecordIterator;
 /**
  * Runs versioned-store scenarios through real Kafka Streams and prints Kafka's answers.
  *
- * <p>Input (a file named by the first argument): {@code {"scenarios": [{"id", "historyRetentionMs",
+ * <p>Input (a file named by the first argument): {@code {"scenarios": [{"id", "kind" ("versioned",
+ * the default, or "timestamped": a KIP-258 timestamped store, latest reads only), "historyRetentionMs",
  * "partitions": [[{"key", "value" (string or null), "ts"}, ...], ...], "queries": [{"partition",
  * "kind": "latest"|"asof"|"range", "key", "t", "from", "to", "ascending"}, ...]}]}}. Each partition
  * is its own task: one {@link TopologyTestDriver} whose processor puts every record, in order, into
@@ -70,6 +74,31 @@ public final class StoreScenarios {
     }
   }
 
+  /** KIP-258: keeps the latest value of each key by processing order, with its timestamp. */
+  static final class TimestampedProcessor implements Processor<String, String, Void, Void> {
+    private final List<Long> codes;
+    private TimestampedKeyValueStore<String, String> store;
+
+    TimestampedProcessor(List<Long> codes) {
+      this.codes = codes;
+    }
+
+    @Override
+    public void init(ProcessorContext<Void, Void> context) {
+      store = context.getStateStore(STORE);
+    }
+
+    @Override
+    public void process(Record<String, String> record) {
+      if (record.value() == null) {
+        store.delete(record.key());
+      } else {
+        store.put(record.key(), ValueAndTimestamp.make(record.value(), record.timestamp()));
+      }
+      codes.add(-1L); // a timestamped store has no put outcome: every record is applied
+    }
+  }
+
   public static void main(String[] args) throws Exception {
     JsonNode input = JSON.readTree(new File(args[0]));
     ObjectNode output = JSON.createObjectNode();
@@ -86,6 +115,7 @@ public final class StoreScenarios {
 
   private static ObjectNode run(JsonNode scenario, File stateDir) {
     long retention = scenario.get("historyRetentionMs").asLong();
+    boolean timestamped = scenario.has("kind") && scenario.get("kind").asText().equals("timestamped");
     ObjectNode result = JSON.createObjectNode();
     result.put("id", scenario.get("id").asText());
     ArrayNode puts = result.putArray("puts");
@@ -97,13 +127,22 @@ public final class StoreScenarios {
         List<Long> codes = new ArrayList<>();
         Topology topology = new Topology();
         topology.addSource("in", new StringDeserializer(), new StringDeserializer(), "changelog");
-        topology.addProcessor("put", () -> new PutProcessor(codes), "in");
-        topology.addStateStore(
-            Stores.versionedKeyValueStoreBuilder(
-                    Stores.persistentVersionedKeyValueStore(STORE, Duration.ofMillis(retention)),
-                    Serdes.String(), Serdes.String())
-                .withLoggingDisabled(),
-            "put");
+        if (timestamped) {
+          topology.addProcessor("put", () -> new TimestampedProcessor(codes), "in");
+          topology.addStateStore(
+              Stores.timestampedKeyValueStoreBuilder(
+                      Stores.persistentTimestampedKeyValueStore(STORE), Serdes.String(), Serdes.String())
+                  .withLoggingDisabled(),
+              "put");
+        } else {
+          topology.addProcessor("put", () -> new PutProcessor(codes), "in");
+          topology.addStateStore(
+              Stores.versionedKeyValueStoreBuilder(
+                      Stores.persistentVersionedKeyValueStore(STORE, Duration.ofMillis(retention)),
+                      Serdes.String(), Serdes.String())
+                  .withLoggingDisabled(),
+              "put");
+        }
         Properties props = new Properties();
         props.put(StreamsConfig.APPLICATION_ID_CONFIG, "versiq-conformance");
         props.put(StreamsConfig.STATE_DIR_CONFIG, new File(stateDir, "p" + (p++)).getAbsolutePath());
@@ -121,7 +160,7 @@ public final class StoreScenarios {
       }
       for (JsonNode query : scenario.get("queries")) {
         TopologyTestDriver driver = drivers.get(query.get("partition").asInt());
-        answers.add(answer(driver, query));
+        answers.add(timestamped ? latestTimestamped(driver, query.get("key").asText()) : answer(driver, query));
       }
     } finally {
       for (TopologyTestDriver driver : drivers) {
@@ -177,6 +216,12 @@ public final class StoreScenarios {
       default:
         throw new IllegalArgumentException("unknown query kind " + kind);
     }
+  }
+
+  private static JsonNode latestTimestamped(TopologyTestDriver driver, String key) {
+    KeyValueStore<String, ValueAndTimestamp<String>> store = driver.getTimestampedKeyValueStore(STORE);
+    ValueAndTimestamp<String> found = store.get(key);
+    return found == null ? JSON.nullNode() : record(new VersionedRecord<>(found.value(), found.timestamp()));
   }
 
   private static JsonNode record(VersionedRecord<String> rec) {
