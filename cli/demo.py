@@ -75,7 +75,7 @@ def _sample(data: Path, keys: int) -> SampleSummary:
     return summary
 
 
-def _report_line(report_path: Path) -> str:
+def _report_line(report_path: Path, warehouse: Path) -> str:
     try:
         report = json.loads(report_path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -87,7 +87,7 @@ def _report_line(report_path: Path) -> str:
     return (
         f"ingested {entry.get('read')} records into store {STORE!r}: "
         f"{entry.get('accepted_latest')} latest, {entry.get('accepted_out_of_order')} out-of-order, "
-        f"rejected: {rejected} (list them with: versiq rejected --warehouse ... --store {STORE})"
+        f"rejected: {rejected} (list them with: versiq rejected --warehouse {warehouse} --store {STORE})"
     )
 
 
@@ -113,7 +113,7 @@ def demo_command(args: argparse.Namespace, main: Callable[[list[str]], int]) -> 
         if status != 0:
             print(f"versiq demo: the ingest failed (exit status {status})", file=sys.stderr)
             return status
-        print(_report_line(report), flush=True)
+        print(_report_line(report, warehouse), flush=True)
 
     base_url = _base_url(args.host, args.port)
     lines = ["", "Example queries" + (" (start the server with: versiq serve --warehouse "

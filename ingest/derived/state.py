@@ -2,7 +2,7 @@
 
 Only the keys the batch touches are held: they are loaded from the table's Delta snapshot
 (bulk ``prefetch`` where the batch knows its keys up front, one key at a time otherwise) and
-then updated record by record exactly as the store would be (docs/semantics.md, rules 1-5 and §4), so every
+then updated record by record exactly as the store would be (docs/semantics.md, rules 1-5 and 12), so every
 operator sees the table as it stands at that point of the merge order. For a derived table the
 final versions of the touched keys are diffed against what was loaded to produce the rows the
 derived store appends (``versiq.layout`` append layout).

@@ -111,7 +111,7 @@ def test_stream_time_persists_across_runs(spark, tmp_path):
 
 @pytest.mark.rule(2, 19)
 def test_partitions_are_separate_stream_time_domains(spark, tmp_path):
-    """§1: stream time per partition; bad_partition; a key stays in its partition."""
+    """Rules 2 and 19: stream time per partition; bad_partition; a key stays in its partition."""
     specs = [
         ("a", "1", 1000, 0),
         ("b", "2", 10, 1),     # partition 1 has its own (low) stream time: accepted
@@ -135,7 +135,7 @@ def test_partitions_are_separate_stream_time_domains(spark, tmp_path):
 
 @pytest.mark.rule(20)
 def test_offsets_define_processing_order_and_duplicates(spark, tmp_path):
-    """§1: ordered by offset when every record of the partition has one; a (partition, offset)
+    """Rule 20: ordered by offset when every record of the partition has one; a (partition, offset)
     already processed, or not above an earlier run's highest offset, is `duplicate_offset`."""
     run1 = lines([("k", '"b"', 20, 0, 2), ("k", '"a"', 10, 0, 1), ("k", '"c"', 10, 0, 3),
                   ("k", '"dup"', 99, 0, 2)])
@@ -159,7 +159,7 @@ def test_rerun_without_new_files_changes_nothing(spark, tmp_path):
 
 @pytest.mark.rule(21)
 def test_same_results_for_every_split(spark, tmp_path):
-    """§1: identical stores however the changelog is split into runs (record-at-a-time)."""
+    """Rule 21: identical stores however the changelog is split into runs (record-at-a-time)."""
     specs = [("k", "1", 50), ("k", "2", 40), ("j", "3", 45), ("k", "4", 20), ("k", None, 45),
              ("j", "5", 60), ("k", "6", 40), ("j", "7", 10), ("k", "8", 61)]
     all_lines = lines(specs)

@@ -6,7 +6,7 @@ it names (KIP-914, KIP-904, KIP-213) and docs/derived-tables.md. It does not loo
 scans so that each operator can be checked by eye against docs/derived-tables.md "Operators".
 
 Where this model departs from docs/derived-tables.md because a normative KIP example says
-otherwise (KIP + SEMANTICS win), the place is marked ``KIP OVERRIDE``.
+otherwise (KIP + docs/semantics.md win), the place is marked ``KIP OVERRIDE``.
 
 Source stores reuse ``tests.support.reference.ReferenceStore`` (grace, stream time per partition,
 versions, as-of reads), and so do the derived tables' own stores (one partition each).

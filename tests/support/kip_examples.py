@@ -200,7 +200,7 @@ _STREAM_JOIN_TABLES: list[dict[str, Any]] = [
 ]
 EXAMPLES.append(KipExample(
     name="kip914_stream_table_join_as_of",
-    source="KIP-914, Stream-Table Joins Perform Timestamped Lookups on Versioned Tables (+ SEMANTICS rule 8)",
+    source="KIP-914, Stream-Table Joins Perform Timestamped Lookups on Versioned Tables (+ docs/semantics.md rule 8)",
     inputs=[InputDef("T", "versioned", history_retention_ms=10), InputDef("S", "stream")],
     tables=_STREAM_JOIN_TABLES,
     runs=[

@@ -183,7 +183,7 @@ def test_mixed_versioned_and_timestamped_join_follows_rule_15(spark: Any, tmp_pa
 
 @pytest.mark.rule(30)
 def test_null_group_keys_are_dropped_and_an_emptied_group_keeps_zero(spark: Any, tmp_path: Any) -> None:
-    """§5 aggregation through the real pipeline: a record whose group key is null (member
+    """Rules 17 and 30, aggregation through the real pipeline: a record whose group key is null (member
     missing or null) belongs to no group, and a group whose last member leaves keeps its
     aggregate at zero (``{"count":0,"sum":0}``), never a tombstone."""
     inputs = [InputDef("A", "versioned")]
