@@ -111,7 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
         "ended at or before the retention horizon (no query can return it), write a Delta "
         "checkpoint and vacuum files no snapshot still needs (keeping every snapshot younger "
         "than the page-token lifetime, 1 hour) and files no commit ever referenced once older "
-        "than that hour (left by a killed ingest or maintain). Holds the store's writer lock.",
+        "than that hour (left by a killed ingest or maintain, or a failed write), in the store and "
+        "its _rejected, _changelog and _emitted tables (VERSIQ_VACUUM_RETENTION_HOURS sets the "
+        "hour). A file a writer may still commit is never removed: every writer holds the store's "
+        "writer lock from its first file to its last commit and maintain holds it too, and files "
+        "younger than the retention are kept whatever wrote them.",
     )
     mnt.add_argument("--warehouse", required=True, help="warehouse directory")
     mnt.add_argument("--store", required=True, help="store name")

@@ -14,6 +14,11 @@ and the replayed run skips what the stores already committed. A failed run raise
 the query before its commit; the loop restarts it after ``--trigger-interval`` and the batch is
 replayed (so failures are retried even when no new file lands). Between micro-batches the
 stores and derived tables that accumulated many files are compacted.
+
+The file source only *lists* the sources (the micro-batch's rows are never read), so it never
+opens a FIFO, and a dangling symlink or a symlink loop does not stop it; which files are
+sources, ignored or unreadable is decided by the run's own listing (``ingest.sources``), exactly
+as in a single run: an unreadable file fails the run, which is replayed until it can be read.
 """
 
 from __future__ import annotations

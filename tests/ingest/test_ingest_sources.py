@@ -3,8 +3,10 @@ opened (issue 10, items 4 and 5; ``ingest.sources``)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -98,3 +100,78 @@ def test_an_unreadable_directory_fails_the_listing() -> None:
     finally:
         os.chmod(os.path.join(root, "closed"), 0o755)
         shutil.rmtree(root)
+
+
+@pytest.mark.timeout(600)
+def test_the_cli_exits_1_naming_the_unreadable_file_and_the_rerun_reads_it(tmp_path) -> None:
+    """Items 4 and 5 through ``versiq ingest`` as a scheduler runs it: a dangling symlink is exit
+    1 with the path and the OS error on stderr and in the report, a FIFO beside it never blocks
+    the run (subprocess timeouts turn a hang into a failure), and the rerun reads the file."""
+    from tests.ingest.test_ingest_cli import versiq
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.jsonl").write_text(LINE.format(key="a", ts=1))
+    os.mkfifo(src / "pipe.jsonl")
+    target = tmp_path / "later.jsonl"
+    os.symlink(target, src / "b.jsonl")
+    wh, report = str(tmp_path / "wh"), tmp_path / "report.json"
+    args = ("ingest", "--warehouse", wh, "--store", "s", "--source", str(src), "--report", str(report))
+
+    failed = versiq(*args, timeout=240)
+    assert failed.returncode == 1, failed.stderr[-3000:]
+    assert f"{src / 'b.jsonl'}: No such file or directory" in failed.stderr
+    error = json.loads(report.read_text())["stores"]["s"]["error"]
+    assert str(src / "b.jsonl") in error and "No such file or directory" in error
+    assert _snapshot_count(os.path.join(wh, "s")) == 0
+
+    target.write_text(LINE.format(key="b", ts=2))
+    done = versiq(*args, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    entry = json.loads(report.read_text())["stores"]["s"]
+    assert entry["read"] == 2 and entry["files"] == 2
+    assert entry["ignored"] == [{"path": "pipe.jsonl", "type": "fifo"}]
+    assert set(store_versions(os.path.join(wh, "s"))) == {"a", "b"}
+
+
+@pytest.mark.timeout(600)
+def test_continuous_mode_retries_an_unreadable_file_and_never_opens_a_fifo(tmp_path) -> None:
+    """The same in ``--continuous`` (Spark's file source only lists the sources; the pipeline
+    run decides what is read): the micro-batch's run fails while the symlink dangles, commits
+    nothing and is replayed until the file is readable; the FIFO is reported ignored."""
+    from tests.ingest.test_ingest_cli import VERSIQ, _wait_for, env
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.jsonl").write_text(LINE.format(key="a", ts=1))
+    os.mkfifo(src / "pipe.jsonl")
+    target = tmp_path / "later.jsonl"
+    os.symlink(target, src / "b.jsonl")
+    wh, report = str(tmp_path / "wh"), tmp_path / "report.json"
+    store = os.path.join(wh, "s")
+    stderr = open(tmp_path / "stderr.log", "w")  # noqa: SIM115 - a file: failed runs retry and log each time
+    proc = subprocess.Popen(
+        [*VERSIQ, "ingest", "--warehouse", wh, "--store", "s", "--source", str(src), "--continuous",
+         "--trigger-interval", "1s", "--report", str(report)],
+        env=env(), stdout=subprocess.DEVNULL, stderr=stderr, stdin=subprocess.DEVNULL)
+    try:
+        _wait_for(report.exists, 240, "the first micro-batch")
+        error = json.loads(report.read_text())["stores"]["s"]["error"]
+        assert str(src / "b.jsonl") in error and "No such file or directory" in error
+        assert _snapshot_count(store) == 0  # a is not committed without b, b is not marked done
+        target.write_text(LINE.format(key="b", ts=2))
+        _wait_for(lambda: set(store_versions(store)) == {"a", "b"} if _snapshot_count(store) else False, 240,
+                  "the replayed micro-batch to read the file")
+        _wait_for(lambda: "error" not in json.loads(report.read_text())["stores"]["s"], 60, "the report")
+        entry = json.loads(report.read_text())["stores"]["s"]
+        assert entry["read"] == 2 and entry["ignored"] == [{"path": "pipe.jsonl", "type": "fifo"}]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+        finally:
+            stderr.close()
+    assert code == 0, (tmp_path / "stderr.log").read_text()[-3000:]
