@@ -8,6 +8,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from versiq.ingest.order import MAX_FILES, RUN_SCHEMA, with_order
 from versiq.ingest.records import format_of, parse_file
+from versiq.ingest.sources import read_error
 
 
 def parse_files(spark: SparkSession, files: dict[str, str], fmt: str | None, partitions: int | None,
@@ -25,6 +26,9 @@ def parse_files(spark: SparkSession, files: dict[str, str], fmt: str | None, par
     def parse(batches):  # type: ignore[no-untyped-def]
         for batch in batches:
             for full, rel, file_fmt, index in zip(*(batch.column(i).to_pylist() for i in range(4)), strict=True):
-                yield from with_order(parse_file(full, rel, file_fmt, max_timestamp), index, partitions)
+                try:
+                    yield from with_order(parse_file(full, rel, file_fmt, max_timestamp), index, partitions)
+                except OSError as exc:  # the parsers turn content errors into rejections: the OS refused
+                    raise read_error(full, exc) from None
 
     return frame.mapInArrow(parse, from_arrow_schema(RUN_SCHEMA))

@@ -26,7 +26,7 @@ from versiq.ingest.parse import parse_files
 from versiq.ingest.rejections import write_rejected
 from versiq.ingest.reports import RunReport, StoreReport
 from versiq.ingest.semantics import RunContext, classify, default_partition_of, file_of, rows_to_write
-from versiq.ingest.sources import SourceError, check_readable, list_sources, log_ignored
+from versiq.ingest.sources import SourceError, check_readable, list_sources, log_ignored, source_error_in
 from versiq.ingest.store import (
     StoreHandle,
     commit_rejected,
@@ -159,8 +159,13 @@ def ingest_each(specs: list[Any], ingest_one: Any, failed: Any, what: str) -> di
             log.error("%s %s failed: %s", what, spec.name, exc)
             reports[spec.name] = failed(f"{type(exc).__name__}: {exc}")
         except Exception as exc:  # noqa: BLE001 - one failed store never stops the others
-            log.exception("%s %s failed", what, spec.name)
-            reports[spec.name] = failed(f"{type(exc).__name__}: {exc}")
+            unread = source_error_in(exc)  # a parse task could not read a file
+            if unread is not None:
+                log.error("%s %s failed: %s", what, spec.name, unread)
+                reports[spec.name] = failed(f"{type(unread).__name__}: {unread}")
+            else:
+                log.exception("%s %s failed", what, spec.name)
+                reports[spec.name] = failed(f"{type(exc).__name__}: {exc}")
         reports[spec.name].seconds = time.monotonic() - started
     return reports
 

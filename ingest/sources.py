@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import stat
 from dataclasses import dataclass, field
 
@@ -95,6 +96,22 @@ def list_sources(source: str) -> SourceListing:
     listing.files = dict(sorted(listing.files.items()))
     listing.ignored.sort(key=lambda entry: entry["path"])
     return listing
+
+
+def read_error(path: str, exc: OSError) -> SourceError:
+    """The run's error for a read of ``path`` the OS refused (raised by parse tasks, whose
+    OSError alone does not say which file)."""
+    return SourceError(f"cannot read source file {path}: {exc.strerror or exc}")
+
+
+_IN_TASK = re.compile(r"SourceError: (.+)")
+
+
+def source_error_in(exc: BaseException) -> SourceError | None:
+    """The ``SourceError`` a Spark task raised, out of the driver-side exception that carries
+    the task's traceback as text (so the report gets one line, not a traceback)."""
+    found = _IN_TASK.findall(str(exc))
+    return SourceError(found[-1].strip()) if found else None
 
 
 def check_readable(files: dict[str, str]) -> None:

@@ -59,11 +59,21 @@ def parse_parquet(path: str, source: str, fast: bool = True) -> Iterator[pa.Reco
         yield from _parse_parquet_file(handle, source, fast)
 
 
+def _os_refused(exc: Exception) -> bool:
+    """The OS refused a read (an ``OSError`` with an errno: EIO, a vanished network file): the
+    environment's error, which fails the run so the file is not marked done (``ingest.sources``).
+    pyarrow reports corrupt Parquet content as ``OSError`` too, but without an errno: that is
+    the file's content, one ``malformed`` rejection."""
+    return isinstance(exc, OSError) and exc.errno is not None
+
+
 def _parse_parquet_file(handle: Any, source: str, fast: bool) -> Iterator[pa.RecordBatch]:
     out = Batcher(source)
     try:
         pfile = pq.ParquetFile(handle)
     except Exception as exc:  # noqa: BLE001 - content that is not Parquet is one malformed record
+        if _os_refused(exc):
+            raise
         out.reject(0, "malformed", f"not a readable Parquet file: {exc}", "")
         yield out.flush()
         return
@@ -77,6 +87,8 @@ def _parse_parquet_file(handle: Any, source: str, fast: bool) -> Iterator[pa.Rec
         except StopIteration:
             break
         except Exception as exc:  # noqa: BLE001 - unreadable rows end the file as one rejection
+            if _os_refused(exc):
+                raise
             out.reject(row_number, "malformed", f"cannot read Parquet rows from row {row_number} on: {exc}",
                        "")
             break

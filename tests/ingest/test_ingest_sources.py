@@ -175,3 +175,34 @@ def test_continuous_mode_retries_an_unreadable_file_and_never_opens_a_fifo(tmp_p
         finally:
             stderr.close()
     assert code == 0, (tmp_path / "stderr.log").read_text()[-3000:]
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "parquet"])
+def test_a_read_the_os_refuses_raises_and_corrupt_content_is_a_rejection(tmp_path, fmt) -> None:
+    """An OS read error (``/proc/self/mem`` at offset 0 is a regular file whose reads fail, a
+    real stand-in for EIO) fails the run in every format; a Parquet reader error once made it one
+    ``malformed`` record and the file was marked done. Corrupt Parquet content (pyarrow's
+    OSError without an errno) stays a rejection."""
+    from versiq.ingest.records import parse_file
+
+    with pytest.raises(OSError) as raised:
+        list(parse_file("/proc/self/mem", "mem", fmt))
+    assert raised.value.errno is not None
+    if fmt == "parquet":
+        corrupt = tmp_path / "corrupt.parquet"
+        corrupt.write_bytes(b"PAR1" + b"\0" * 100 + b"\x10\0\0\0PAR1")
+        [batch] = list(parse_file(str(corrupt), "corrupt.parquet", fmt))
+        [row] = batch.to_pylist()
+        assert row["reason"] == "malformed" and "not a readable Parquet file" in row["detail"]
+
+
+def test_a_parquet_file_the_os_cannot_read_fails_the_run(spark, tmp_path) -> None:
+    """The parse task's read error names the file, on one line, and nothing is committed."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.jsonl").write_text(LINE.format(key="a", ts=1))
+    os.symlink("/proc/self/mem", src / "m.parquet")  # opens fine, every read fails
+    wh = str(tmp_path / "wh")
+    entry = run_ingest(spark, wh, [StoreSpec("p", str(src))]).stores["p"]
+    assert entry.error == f"SourceError: cannot read source file {src / 'm.parquet'}: Invalid argument"
+    assert _snapshot_count(os.path.join(wh, "p")) == 0
