@@ -93,14 +93,22 @@ def _parse_parquet_file(handle: Any, source: str, fast: bool) -> Iterator[pa.Rec
                        "")
             break
         batch, unit = timestamp_ticks(batch) if is_ts else (batch, None)
-        if fast and _fast_parquet_ok(batch.schema, ts_type):
-            _fast_parquet_rows(out, row_number, batch, unit, ts_type)
-            row_number += batch.num_rows
-        else:
-            for row in batch.to_pylist():
-                raw = parquet_row_text(row, unit)
-                _parse_parquet_row(out, row_number, row, raw, ts_type)
-                row_number += 1
+        try:
+            # both paths convert the whole batch to Python before recording any row of it
+            if fast and _fast_parquet_ok(batch.schema, ts_type):
+                _fast_parquet_rows(out, row_number, batch, unit, ts_type)
+            else:
+                rows = batch.to_pylist()
+                for i, row in enumerate(rows):
+                    _parse_parquet_row(out, row_number + i, row, parquet_row_text(row, unit), ts_type)
+        except UnicodeDecodeError as exc:
+            # a string column holding bytes that are not UTF-8: each row of the batch is kept as
+            # a rejection (never a crash that would fail every run of the store)
+            for i in range(batch.num_rows):
+                out.reject(row_number + i, "malformed",
+                           f"Parquet rows {row_number}-{row_number + batch.num_rows - 1}: a string column "
+                           f"holds bytes that are not valid UTF-8 ({exc})", "")
+        row_number += batch.num_rows
         if len(out) >= BATCH_ROWS:
             yield out.flush()
     if len(out):

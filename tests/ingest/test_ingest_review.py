@@ -113,3 +113,19 @@ def test_history_retention_beyond_int64_is_a_usage_error(tmp_path):
     src.mkdir()
     with pytest.raises(UsageError):
         run_ingest(None, str(tmp_path / "wh"), [StoreSpec("r", str(src), history_retention_ms=2**64)])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast path", "general path"])
+def test_parquet_strings_that_are_not_utf8_are_rejected_not_a_crash(tmp_path, fast):
+    """A Parquet string column with bytes that are not UTF-8 once raised UnicodeDecodeError in the
+    parser and so failed every run of the store: each row of that batch is a malformed rejection."""
+    values = pa.array([b'"ok"', b'"\xff\xfe"'], pa.binary()).view(pa.string())
+    columns = {"key": pa.array(["a", "b"]), "value": values, "timestamp": pa.array([1, 2], pa.int64())}
+    if not fast:
+        columns["extra"] = pa.array([1.5, 2.5])  # a float column: the general path
+    path = tmp_path / "bad-utf8.parquet"
+    pq.write_table(pa.table(columns), path)
+    table = pa.Table.from_batches(list(parse_file(str(path), "bad-utf8.parquet", "parquet")), schema=PARSED_SCHEMA)
+    assert table.column("reason").to_pylist() == ["malformed", "malformed"]
+    assert table.column("pos").to_pylist() == [0, 1]
+    assert "not valid UTF-8" in table.column("detail")[0].as_py()
