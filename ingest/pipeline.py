@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
@@ -90,7 +90,9 @@ class StoreSpec:
     history_retention_ms: int | None = None
     partitions: int | None = None
     buckets: int | None = None
-    #: Keep a ``_changelog`` of accepted records (set when derived tables read this store).
+    #: Keep a ``_changelog`` of accepted records (set when derived tables read this store). A
+    #: store that kept one keeps it on every later run whatever this says
+    #: (``keeps_changelog``): a run missing from it would be lost to its derived tables.
     changelog: bool = False
     #: Records stamped later than the run's wall clock plus this are rejected ``bad_timestamp``
     #: (None: no limit). An input guard of each run, not a store setting (``future_bound``).
@@ -183,6 +185,8 @@ def ingest_store(spark: SparkSession, warehouse: str, spec: StoreSpec, lock_time
         report = StoreReport(ignored=log_ignored("store", spec.name, listing.ignored))
         check_readable(new)
         if not new and handle.table is not None:
+            if spec.changelog and handle.state.changelog_since is None:
+                _start_changelog(handle)
             report.snapshot = handle.version
             log.info("store %s: no new files (snapshot %s)", spec.name, handle.version)
             return report
@@ -229,7 +233,7 @@ def _run_once(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, new: di
             rejected_adds = write_rejected(parsed, classified, handle.path, run, new, spec.format,
                                             decided=rejected - parse_rejections, total=rejected)
             state.rejected_adds = rejected_adds
-            if spec.changelog:
+            if keeps_changelog(spec, handle.state):
                 if state.changelog_since is None:
                     state.changelog_since = run
                 state.changelog_adds = _write_changelog(classified, handle.path, run, ctx)
@@ -245,6 +249,28 @@ def _run_once(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, new: di
             classified.unpersist()
     finally:
         parsed.unpersist()
+
+
+def _start_changelog(handle: StoreHandle) -> None:
+    """Commit that the store keeps a ``_changelog`` from its next run on (state only, no data).
+
+    A table added over a store without one starts from what the store holds after its last run
+    (docs/derived-tables.md); from then on it reads the changelog of every later run, so the store
+    must keep one from the next run even when this run had nothing new to write it in."""
+    state = replace(handle.state, changelog_since=handle.state.run + 1, rejected_adds=[], changelog_adds=[],
+                    emitted_adds=[])
+    commit_store(handle, [], state)
+    log.info("store %s: keeps a changelog from run %d on (derived tables read it)", os.path.basename(handle.path),
+             state.changelog_since)
+
+
+def keeps_changelog(spec: StoreSpec, state: StoreState) -> bool:
+    """Whether this run of the store writes its ``_changelog``: when derived tables read it
+    (``spec.changelog``), and on every run after the first that wrote one, even one without
+    the pipeline file (``versiq ingest --store``, ``versiq demo``). The derive phase reads the
+    changelog of every run from ``changelog_since`` on; a run missing from it would silently
+    drop that run's records from every derived table."""
+    return spec.changelog or state.changelog_since is not None
 
 
 def _existing_ddl() -> str:

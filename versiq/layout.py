@@ -15,7 +15,8 @@ a store are versiq's own:
 - ``_delta_log/``: the store table's Delta log.
 - ``_rejected/``: a second Delta table with every rejected input record (``REJECTED_SCHEMA``).
 - ``_changelog/``: source stores that derived tables read: the accepted records of each run in
-  processing order (``CHANGELOG_SCHEMA``), kept from the store's first run (``changelogSince``).
+  processing order (``CHANGELOG_SCHEMA``), kept on every run from the first one a derived table
+  read the store in (``changelogSince``; earlier history is bootstrapped from the store itself).
 - ``_emitted/``: derived tables and stream outputs: every result the operator emitted, in order
   (``EMITTED_SCHEMA``; docs/derived-tables.md).
 - ``_versiq/``: the writer lock file (``lock``).
@@ -274,8 +275,10 @@ class StoreState:
     #: Add actions of this run's ``_changelog`` / ``_emitted`` commits (same protocol).
     changelog_adds: list[dict[str, Any]] = field(default_factory=list)
     emitted_adds: list[dict[str, Any]] = field(default_factory=list)
-    #: Source stores only: the first run whose accepted records went to ``_changelog`` (None:
-    #: no changelog is kept). Derived tables need it from run 1.
+    #: Source stores only: the first run whose accepted records go to ``_changelog`` (None:
+    #: no changelog is kept); every run from it on keeps one. It may be the next run (set by a
+    #: state-only commit when a table was added and the run had nothing new). Tables start from
+    #: the store's snapshot of run ``changelog_since - 1`` and then read the changelog.
     changelog_since: int | None = None
     #: Derived tables only: per upstream *source* store/stream, the last run consumed and the
     #: source's snapshot after that run (``{"orders": {"run": 3, "snapshot": 7}}``).

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import duckdb
 import pyarrow as pa
 from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
 
 from versiq.ingest.config import Pipeline
 from versiq.ingest.derived.expressions import key_string, parse_value
@@ -38,6 +39,7 @@ from versiq.ingest.derived.state import SnapshotReader, TableState
 from versiq.ingest.derived.topology import DerivedNode, Emission, SourceRecord, Topology
 from versiq.ingest.reports import TableReport
 from versiq.ingest.store import (
+    LockTimeout,
     StoreHandle,
     commit_pending_sides,
     commit_store,
@@ -69,6 +71,12 @@ log = logging.getLogger("versiq.ingest")
 
 class DeriveError(Exception):
     """A derived table cannot be computed from what its inputs kept (message says what to do)."""
+
+
+#: Failures the derive phase reports in one line (the report's ``error`` and one log line, no
+#: traceback): what the inputs kept, another writer's lock, the file system and Delta itself.
+#: Anything else is a defect and is logged with its traceback.
+EXPLAINED_FAILURES = (DeriveError, LockTimeout, OSError, DeltaError)
 
 
 @dataclass(frozen=True)
@@ -127,18 +135,14 @@ def derive(warehouse: str, pipeline: Pipeline, lock_timeout_s: float) -> dict[st
     order = [t.name for t in pipeline.tables]
     reports: dict[str, TableReport] = {}
     sources_of = {name: _sources_of(specs, name) for name in order}
-    try:
-        infos = {name: _source_info(warehouse, name) for name in set().union(*sources_of.values())}
-    except DeriveError as exc:
-        return {name: TableReport(kind=specs[name].kind, error=str(exc)) for name in order}
     with contextlib.ExitStack() as stack:
-        handles: dict[str, StoreHandle] = {}
-        for name in order:
-            path = os.path.join(warehouse, name)
-            stack.enter_context(writer_lock(path, lock_timeout_s))
-            handle = open_store(path, _table_settings(specs[name]), {"kind", "history_retention", "buckets"})
-            finish_pending_sides(handle)
-            handles[name] = handle
+        try:
+            infos = {name: _source_info(warehouse, name) for name in set().union(*sources_of.values())}
+            handles = _open_tables(stack, warehouse, specs, order, lock_timeout_s)
+        except EXPLAINED_FAILURES as exc:  # no table can run: each is reported with the reason
+            log.error("derived tables %s failed: %s", ", ".join(order), exc)
+            return {name: TableReport(kind=specs[name].kind, error=f"{type(exc).__name__}: {exc}")
+                    for name in order}
         consumed = {name: tuple(sorted((s, handles[name].state.sources.get(s, {"run": 0})["run"])
                                        for s in sources_of[name])) for name in order}
         target = {s: info.run for s, info in infos.items()}
@@ -154,7 +158,7 @@ def derive(warehouse: str, pipeline: Pipeline, lock_timeout_s: float) -> dict[st
             try:
                 _run_pass(pipeline, specs, handles, infos, sources_of, dict(start), writers, reports)
             except Exception as exc:  # noqa: BLE001 - reported per table; other passes go on
-                if isinstance(exc, DeriveError):  # explained in one line: no traceback
+                if isinstance(exc, EXPLAINED_FAILURES):  # explained in one line: no traceback
                     log.error("derived tables %s failed: %s", ", ".join(writers), exc)
                 else:
                     log.exception("derived tables %s failed", ", ".join(writers))
@@ -164,6 +168,20 @@ def derive(warehouse: str, pipeline: Pipeline, lock_timeout_s: float) -> dict[st
             for name in writers:
                 reports[name].seconds = time.monotonic() - started
     return {name: reports[name] for name in order}
+
+
+def _open_tables(stack: contextlib.ExitStack, warehouse: str, specs: dict[str, TableSpec], order: list[str],
+                 lock_timeout_s: float) -> dict[str, StoreHandle]:
+    """Lock and open every derived table of the pipeline (held until ``stack`` closes), first
+    completing a crashed run's side-table commits."""
+    handles: dict[str, StoreHandle] = {}
+    for name in order:
+        path = os.path.join(warehouse, name)
+        stack.enter_context(writer_lock(path, lock_timeout_s))
+        handle = open_store(path, _table_settings(specs[name]), {"kind", "history_retention", "buckets"})
+        finish_pending_sides(handle)
+        handles[name] = handle
+    return handles
 
 
 def _newest_snapshot(path: str, current: int | None, wanted: Callable[[StoreState], bool],
@@ -232,7 +250,12 @@ def _bootstrap_records(info: SourceInfo, run: int) -> list[SourceRecord]:
     could still return (validTo after its partition's horizon, or still valid; tombstones
     included, as they end the validity before them; a timestamped store's current values), in
     (timestamp, key) order, so every record is in order for its key."""
-    snapshot = _snapshot_of_run(info.path, info.snapshot, run)
+    try:
+        snapshot = _snapshot_of_run(info.path, info.snapshot, run)
+    except DeriveError:
+        raise DeriveError(f"store {info.name!r}: no readable snapshot of run {run} (its Delta log was cleaned up), "
+                          "the history a table added over it starts from; delete the store and ingest it again "
+                          "from its files") from None
     files = list(DeltaTable(info.path, version=snapshot).file_uris())
     if not files:
         return []
@@ -281,10 +304,13 @@ def _run_pass(pipeline: Pipeline, specs: dict[str, TableSpec], handles: dict[str
                     first = (info.changelog_since or info.run + 1) - 1
                     raise DeriveError(f"store {s!r} has no changelog of runs {after + 1}..{first}; delete the "
                                       "derived tables of this pipeline to rebuild them from the store")
+                if info.changelog_since is None:  # its ingest failed before committing to keep one
+                    raise DeriveError(f"store {s!r} keeps no changelog yet (its ingest did not complete in this "
+                                      "run); run the pipeline again")
                 # A store ingested before any table read it: bootstrap from what it holds
                 # (docs/derived-tables.md, "Tables added over an existing store"), then go on
                 # with its changelog from the first run that kept one.
-                upto = info.run if info.changelog_since is None else info.changelog_since - 1
+                upto = info.changelog_since - 1
                 records[s] = _bootstrap_records(info, upto) + _read_records(info.path, upto, info.run, False)
             else:
                 records[s] = _read_records(info.path, after, info.run, info.is_stream)

@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 
 from tests.support.e2e import key_path, serve_engine
+from tests.support.ingest import store_versions
 
 PIPELINE = """
 stores:
@@ -152,3 +153,55 @@ def test_continuous_mode_updates_derived_tables_when_a_file_lands(tmp_path: Path
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=60)
     assert code == 0, proc.stderr.read() if proc.stderr else ""
+
+
+def _versiq(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "versiq.cli", *args], capture_output=True, text=True, timeout=600,
+                          stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": os.getcwd()})
+
+
+def _latest(path: Path) -> dict[str, str | None]:
+    """Each key's latest value (None: a tombstone), read from the Delta table."""
+    return {key: versions[-1].value for key, versions in store_versions(str(path)).items()}
+
+
+def test_a_table_added_over_the_demo_store_through_the_cli(tmp_path: Path) -> None:
+    """Issue 10 item 12 as the README shows it: `versiq demo` (what `make demo` runs) ingests
+    `prices` without any table; a pipeline file then adds a filter table over it, and later runs
+    (one without the pipeline file, as `make demo` or `versiq ingest --store` do) keep it exact."""
+    data, wh = tmp_path / "demo-data", tmp_path / "warehouse"
+    result = _versiq("demo", "--no-serve", "--keys", "300", "--warehouse", str(wh), "--data", str(data))
+    assert result.returncode == 0, result.stderr
+    (tmp_path / "pipeline.yaml").write_text(f"""
+stores:
+  - {{name: prices, source: {data}}}
+tables:
+  - {{name: expensive, from: prices, filter: "value.price > 50"}}
+""")
+    config = ("ingest", "--warehouse", str(wh), "--config", str(tmp_path / "pipeline.yaml"))
+
+    def check_expensive() -> None:
+        prices = _latest(wh / "prices")
+        want = {key: value if value is not None and json.loads(value)["price"] > 50 else None
+                for key, value in prices.items()}
+        got = _latest(wh / "expensive")
+        assert {k: v for k, v in got.items() if v is not None} == {k: v for k, v in want.items() if v is not None}
+
+    result = _versiq(*config)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert "table expensive (versioned): emitted" in result.stderr
+    check_expensive()
+
+    late = max(v.timestamp for vs in store_versions(str(wh / "prices")).values() for v in vs) + 1000
+    (data / "later-1.jsonl").write_text(
+        json.dumps({"key": "sku-new", "value": {"price": 99.5}, "timestamp": late}) + "\n")
+    result = _versiq("ingest", "--warehouse", str(wh), "--store", "prices", "--source", str(data))
+    assert result.returncode == 0, result.stderr
+    (data / "later-2.jsonl").write_text(
+        json.dumps({"key": "sku-new", "value": {"price": 10}, "timestamp": late + 1}) + "\n"
+        + json.dumps({"key": "sku-new2", "value": {"price": 60}, "timestamp": late + 2}) + "\n")
+    result = _versiq(*config)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    check_expensive()
+    versions = store_versions(str(wh / "expensive"))
+    assert [(v.timestamp, v.value) for v in versions["sku-new"]] == [(late, '{"price":99.5}'), (late + 1, None)]

@@ -17,6 +17,8 @@ from tests.support.derived_reference import InputDef, Rec
 from tests.support.derived_reference import run_pipeline as model_pipeline
 from versiq.ingest import maintain
 from versiq.ingest.pipeline import run_ingest
+from versiq.ingest.run import run_pipeline
+from versiq.ingest.store import writer_lock
 
 INPUTS = [InputDef("A", "versioned", history_retention_ms=50), InputDef("B", "versioned")]
 TABLES: list[dict[str, Any]] = [
@@ -121,22 +123,40 @@ def test_inputs_compacted_and_vacuumed_between_runs(spark: Any, tmp_path: Any,
 
 def test_a_table_added_over_an_existing_store_starts_from_what_it_holds(spark: Any, tmp_path: Any) -> None:
     """Issue 10 item 12: a store ingested before any table read it (e.g. the one ``make demo``
-    creates) can feed tables added later. They start from the history it holds, replayed in
-    (timestamp, key) order (docs/derived-tables.md), then follow its changelog."""
+    creates) can feed tables added later: a filter over it, and an aggregate and a join over
+    that filter. They start from the history it holds, replayed in (timestamp, key) order
+    (docs/derived-tables.md, "Tables added over an existing store"), then follow its changelog,
+    which the store keeps from then on even in runs without the pipeline file (the CLI's
+    ``versiq ingest --store``): such a run's records must reach the tables in the next run."""
     real = RealPipeline(spark, str(tmp_path))
     retention = 50
     inputs = [InputDef("A", "versioned", history_retention_ms=retention)]
     first = [Rec("k1", _v(1), 10), Rec("k2", _v(5, "y"), 12), Rec("k1", _v(3), 30), Rec("k1", _v(4), 20),
              Rec("k3", _v(9), 40), Rec("k2", None, 45), Rec("k1", _v(6), 70)]
     later = [Rec("k1", _v(7, "y"), 80), Rec("k4", _v(2), 75), Rec("k3", None, 90)]
+    # without the pipeline file: an out-of-order record, a late one (90 - 50 > 30), a tombstone
+    plain = [Rec("k5", _v(8, "y"), 95), Rec("k1", _v(5), 85), Rec("k4", _v(1), 30), Rec("k2", _v(6), 100),
+             Rec("k1", None, 101)]
+    last = [Rec("k5", _v(3, "y"), 110), Rec("k2", _v(7, "y"), 99), Rec("k6", _v(4), 120)]
     tables = [{"name": "f", "from": "A", "filter": "value.n > 2"},
-              {"name": "g", "from": "A", "group_by": "value.g", "aggregate": {"count": True, "sum": "value.n"}}]
-    real.add("", inputs, tables, [{"A": first}, {"A": later}])
+              {"name": "g", "from": "A", "group_by": "value.g", "aggregate": {"count": True, "sum": "value.n"}},
+              {"name": "gf", "from": "f", "group_by": "value.g", "aggregate": {"count": True, "sum": "value.n"}},
+              {"name": "jf", "join": {"left": "f", "right": "A", "type": "left"},
+               "select": {"n": "value.right.n"}}]
+    real.add("", inputs, tables, [{"A": first}, {"A": later}, {"A": plain}, {"A": last}])
+
+    def store_only_run() -> None:
+        stores = [replace(s, changelog=False) for s in real.pipeline().stores]  # as `versiq ingest --store`
+        assert run_ingest(spark, real.warehouse, stores).stores["A"].error is None
+
     real.write_step(0)
-    plain = real.pipeline()
-    report = run_ingest(spark, real.warehouse, [replace(s, changelog=False) for s in plain.stores])  # no tables yet
-    assert report.stores["A"].error is None
+    store_only_run()  # no tables yet
     real.write_step(1)
+    report = real.run_once()
+    assert not report.failed, report.to_json()
+    real.write_step(2)
+    store_only_run()
+    real.write_step(3)
     report = real.run_once()
     assert not report.failed, report.to_json()
 
@@ -144,13 +164,12 @@ def test_a_table_added_over_an_existing_store_starts_from_what_it_holds(spark: A
     # horizon (stream time 70 - 50 = 20: k1@10 ended at 20 and is gone), by (timestamp, key).
     held = sorted([Rec("k2", _v(5, "y"), 12), Rec("k1", _v(4), 20), Rec("k1", _v(3), 30), Rec("k3", _v(9), 40),
                    Rec("k2", None, 45), Rec("k1", _v(6), 70)], key=lambda r: (r.timestamp, r.key))
-    model = model_pipeline(inputs, tables, [{"A": held}, {"A": later}])
-    for name in ("f", "g"):
+    model = model_pipeline(inputs, tables, [{"A": held}, {"A": later}, {"A": plain}, {"A": last}])
+    for name in ("f", "g", "gf", "jf"):
         got = real.observed("", name)
         assert got.versions == model[name].versions, name
         assert [e[:3] for e in got.emissions] == [(e.key, e.value, e.timestamp) for e in model[name].emissions], name
-    # the next runs follow the store's changelog, kept from the run that added the tables on
-    assert json.loads(json.dumps(report.stores["A"].to_json()))["run"] == 2
+    assert real.observed("", "f").versions["k5"]  # the store-only run's records did arrive
 
 
 @pytest.mark.rule(15)
@@ -235,3 +254,26 @@ def test_no_result_no_emission(spark: Any, tmp_path: Any) -> None:
         got = real.observed("", name)
         assert [e[:3] for e in got.emissions] == want, name
         assert [(e.key, e.value, e.timestamp) for e in model[name].emissions] == want, name
+
+
+def test_a_locked_derived_table_fails_in_one_line(spark: Any, tmp_path: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 10 item 12: errors of the derive phase are one clear line, never a traceback. A
+    derived table held by another writer fails the run's tables (report ``error``, exit 1 from
+    the CLI) instead of escaping as an exception; the next run brings them up to date."""
+    real = RealPipeline(spark, str(tmp_path))
+    runs = [{"A": RUNS[0]["A"]}, {"A": RUNS[1]["A"]}]
+    real.add("", INPUTS[:1], [{"name": "f", "from": "A", "filter": "value.n > 2"}], runs)
+    real.write_step(0)
+    pipeline = real.pipeline()
+    with writer_lock(os.path.join(real.warehouse, "f"), 60):
+        report = run_pipeline(spark, real.warehouse, pipeline, lock_timeout_s=0.3)
+    error = report.tables["f"].error
+    assert report.failed and error is not None and "locked by another writer" in error and "\n" not in error
+    assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
+    assert report.stores["A"].error is None  # the store's own run stands
+    real.write_step(1)
+    assert not real.run_once(pipeline).failed
+    model = model_pipeline(INPUTS[:1], [{"name": "f", "from": "A", "filter": "value.n > 2"}], runs)["f"]
+    got = real.observed("", "f")
+    assert got.versions == model.versions
+    assert [e[:3] for e in got.emissions] == [(e.key, e.value, e.timestamp) for e in model.emissions]
