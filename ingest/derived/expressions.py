@@ -10,11 +10,22 @@ so the two can never disagree about what an expression means. Grammar (precedenc
     comparison := additive [ ("=" | "==" | "!=" | "<>" | "<" | "<=" | ">" | ">=") additive
                            | "is" ["not"] "null" ]
     additive   := term (("+" | "-") term)*
-    term       := unary (("*" | "/") unary)*
+    term       := unary (("*" | "/" | "%") unary)*
     unary      := "-" unary | primary
     primary    := NUMBER | STRING | "true" | "false" | "null" | "key"
-                | "value" ("." NAME | "[" INTEGER "]" | "[" STRING "]")*
+                | ("value" | "agg") ("." NAME | "[" INTEGER "]" | "[" STRING "]")*
                 | FUNCTION "(" expr ("," expr)* ")" | "(" expr ")"
+
+``agg`` is the current aggregate; only a custom aggregate's ``add``/``subtract`` (and a
+``reduce``'s) may use it (``Expression.uses_agg``; the pipeline loader checks where).
+``+`` adds two numbers or concatenates two strings (anything else is null); ``%`` is the
+remainder of truncated division (its sign is the dividend's, as in Java, SQL and Spark).
+Functions: ``coalesce(a, ...)``, ``lower(s)``, ``upper(s)``, ``concat(a, ...)`` (strings,
+numbers and booleans as their JSON text; null if any argument is null, an object or an array),
+``substring(s, start[, length])`` (1-based, in code points, clamped to the string),
+``length(s)`` (code points), ``int(x)`` (a number or numeric string truncated toward zero),
+``floor(x)`` (the largest integer not above it) and ``decimal(x)`` (a number or numeric string
+as a number).
 
 Keywords and function names are case-insensitive; member names after ``.`` are not (they are
 JSON member names). Evaluation never raises: anything that fails (a missing member, a wrong
@@ -207,6 +218,11 @@ class _Path:
 
 
 @dataclass(frozen=True, slots=True)
+class _Agg:
+    steps: tuple[str | int, ...]  # a path into the current aggregate (``agg``)
+
+
+@dataclass(frozen=True, slots=True)
 class _Negate:
     operand: _Node
 
@@ -218,7 +234,7 @@ class _Not:
 
 @dataclass(frozen=True, slots=True)
 class _Arithmetic:
-    op: str  # + - * /
+    op: str  # + - * / %
     left: _Node
     right: _Node
 
@@ -254,7 +270,7 @@ class _Call:
     args: tuple[_Node, ...]
 
 
-_Node = _Literal | _Key | _Path | _Negate | _Not | _Arithmetic | _Compare | _And | _Or | _IsNull | _Call
+_Node = _Literal | _Key | _Path | _Agg | _Negate | _Not | _Arithmetic | _Compare | _And | _Or | _IsNull | _Call
 
 
 def _children(node: _Node) -> tuple[_Node, ...]:
@@ -292,7 +308,7 @@ class _Token:
     value: Any = None  # number: int/Decimal; string: the unescaped text
 
 
-_OPERATORS = ("==", "!=", "<>", "<=", ">=", "=", "<", ">", "+", "-", "*", "/", "(", ")", "[", "]", ",", ".")
+_OPERATORS = ("==", "!=", "<>", "<=", ">=", "=", "<", ">", "+", "-", "*", "/", "%", "(", ")", "[", "]", ",", ".")
 _ESCAPES = {"\\": "\\", "'": "'", '"': '"', "n": "\n", "t": "\t", "r": "\r"}
 _IDENT_START = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_")
 _IDENT_CHARS = _IDENT_START | frozenset("0123456789")
@@ -408,7 +424,10 @@ def _tokenize(text: str) -> list[_Token]:
 
 _COMPARISONS = {"=": "=", "==": "=", "!=": "!=", "<>": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
 #: name -> (minimum, maximum) argument count; None = no maximum.
-_FUNCTIONS: dict[str, tuple[int, int | None]] = {"coalesce": (1, None), "lower": (1, 1), "upper": (1, 1)}
+_FUNCTIONS: dict[str, tuple[int, int | None]] = {
+    "coalesce": (1, None), "lower": (1, 1), "upper": (1, 1), "concat": (1, None), "substring": (2, 3),
+    "length": (1, 1), "int": (1, 1), "floor": (1, 1), "decimal": (1, 1),
+}
 _CONSTANTS: dict[str, Any] = {"true": True, "false": False, "null": None}
 # Parser recursion per nesting level is ~9 Python frames: keep well inside the default limit.
 _MAX_NESTING = 50
@@ -523,7 +542,7 @@ class _Parser:
 
     def term_level(self) -> _Node:
         node = self.unary_level()
-        while self.at_op("*", "/"):
+        while self.at_op("*", "/", "%"):
             op = self.advance().text
             node = _Arithmetic(op, node, self.unary_level())
         return node
@@ -557,6 +576,8 @@ class _Parser:
             return _Literal(_CONSTANTS[word])
         if word == "value":
             return _Path(self.path_steps())
+        if word == "agg":
+            return _Agg(self.path_steps())
         if word == "key":
             if self.at_op(".", "["):
                 raise self.error(f"unexpected {_describe(self.token)}", self.token,
@@ -568,8 +589,8 @@ class _Parser:
             raise self.error(f"unexpected {token.text!r}", token)
         raise self.error(
             f"unknown name {token.text!r}", token,
-            "expected key, value, true, false, null, a number, a quoted string, coalesce(), lower() or upper() "
-            "(quote string literals)",
+            "expected key, value, agg, true, false, null, a number, a quoted string or a function: "
+            + ", ".join(f"{f}()" for f in _FUNCTIONS) + " (quote string literals)",
         )
 
     def path_steps(self) -> tuple[str | int, ...]:
@@ -667,6 +688,8 @@ def _arithmetic(op: str, left: Any, right: Any) -> Any:
 
 
 def _exact_arithmetic(op: str, left: Any, right: Any) -> Any:
+    if op == "+" and isinstance(left, str) and isinstance(right, str):
+        return left + right
     if not (_is_number(left) and _is_number(right)):
         return None
     try:
@@ -674,6 +697,13 @@ def _exact_arithmetic(op: str, left: Any, right: Any) -> Any:
             if right == 0:
                 return None
             return _DIVISION.divide(Decimal(left), Decimal(right))
+        if op == "%":
+            if right == 0:
+                return None
+            if isinstance(left, int) and isinstance(right, int):
+                quotient = abs(left) // abs(right)  # truncated division: the sign is the dividend's
+                return left - right * (quotient if (left < 0) == (right < 0) else -quotient)
+            return _EXACT.remainder(Decimal(left), Decimal(right))  # Decimal's % truncates too
         if isinstance(left, int) and isinstance(right, int):
             if op == "+":
                 return left + right
@@ -735,55 +765,114 @@ def _truth(x: Any) -> bool | None:
     return x if isinstance(x, bool) else None
 
 
-def _eval(node: _Node, key: Any, value: Any) -> Any:
+def _text_of(x: Any) -> str | None:
+    """concat()'s view of a value: strings as they are, numbers and booleans as JSON text."""
+    if isinstance(x, str):
+        return x
+    if isinstance(x, bool) or _is_number(x):
+        return render_json(x)
+    return None
+
+
+def _number_of(x: Any) -> int | Decimal | None:
+    """int()/floor()/decimal()'s view of a value: a number, or a string holding one (JSON number
+    syntax, surrounding blanks allowed); anything else is null."""
+    if _is_number(x):
+        return _normalise(x)  # type: ignore[no-any-return]
+    if not isinstance(x, str) or len(x) > _MAX_LITERAL_DIGITS:
+        return None
+    try:
+        parsed = parse_value(x.strip())
+    except ValueError:
+        return None
+    return _normalise(parsed) if _is_number(parsed) else None  # type: ignore[no-any-return]
+
+
+def _integer(x: Any, rounding: str) -> int | None:
+    n = _number_of(x)
+    if n is None or isinstance(n, int):
+        return n
+    return int(n.to_integral_value(rounding=rounding))
+
+
+def _substring(s: Any, start: Any, length: Any) -> str | None:
+    if not isinstance(s, str) or not isinstance(start, int) or isinstance(start, bool) or start < 1:
+        return None
+    if length is None:
+        return s[start - 1:]
+    if not isinstance(length, int) or isinstance(length, bool) or length < 0:
+        return None
+    return s[start - 1:start - 1 + length]
+
+
+def _call(function: str, values: list[Any]) -> Any:
+    if function == "concat":
+        parts = [_text_of(v) for v in values]
+        return None if any(p is None for p in parts) else "".join(parts)  # type: ignore[arg-type]
+    if function == "substring":
+        return _substring(values[0], values[1], values[2] if len(values) > 2 else None)
+    x = values[0]
+    if function == "length":
+        return len(x) if isinstance(x, str) else None
+    if function == "int":
+        return _integer(x, decimal.ROUND_DOWN)
+    if function == "floor":
+        return _integer(x, decimal.ROUND_FLOOR)
+    if function == "decimal":
+        return _number_of(x)
+    if not isinstance(x, str):
+        return None
+    return x.lower() if function == "lower" else x.upper()
+
+
+def _eval(node: _Node, key: Any, value: Any, agg: Any = None) -> Any:
     match node:
         case _Literal(literal):
             return literal
         case _Path(steps):
             return _walk(value, steps)
+        case _Agg(steps):
+            return _walk(agg, steps)
         case _Key():
             return _normalise(key)
         case _Compare(op, left, right):
-            return _compare(op, _eval(left, key, value), _eval(right, key, value))
+            return _compare(op, _eval(left, key, value, agg), _eval(right, key, value, agg))
         case _And(left, right):
-            a = _truth(_eval(left, key, value))
+            a = _truth(_eval(left, key, value, agg))
             if a is False:
                 return False
-            b = _truth(_eval(right, key, value))
+            b = _truth(_eval(right, key, value, agg))
             if b is False:
                 return False
             return True if a is True and b is True else None
         case _Or(left, right):
-            a = _truth(_eval(left, key, value))
+            a = _truth(_eval(left, key, value, agg))
             if a is True:
                 return True
-            b = _truth(_eval(right, key, value))
+            b = _truth(_eval(right, key, value, agg))
             if b is True:
                 return True
             return False if a is False and b is False else None
         case _Not(operand):
-            t = _truth(_eval(operand, key, value))
+            t = _truth(_eval(operand, key, value, agg))
             return None if t is None else not t
         case _IsNull(operand, negated):
-            return (_eval(operand, key, value) is None) != negated
+            return (_eval(operand, key, value, agg) is None) != negated
         case _Arithmetic(op, left, right):
-            return _arithmetic(op, _eval(left, key, value), _eval(right, key, value))
+            return _arithmetic(op, _eval(left, key, value, agg), _eval(right, key, value, agg))
         case _Negate(operand):
-            x = _eval(operand, key, value)
+            x = _eval(operand, key, value, agg)
             if not _is_number(x):
                 return None
             return x.copy_negate() if isinstance(x, Decimal) else -x  # copy_negate: no context rounding
         case _Call("coalesce", args):
             for arg in args:
-                result = _eval(arg, key, value)
+                result = _eval(arg, key, value, agg)
                 if result is not None:
                     return result
             return None
         case _Call(function, args):
-            s = _eval(args[0], key, value)
-            if not isinstance(s, str):
-                return None
-            return s.lower() if function == "lower" else s.upper()
+            return _call(function, [_eval(arg, key, value, agg) for arg in args])
     raise AssertionError(f"unknown node {node!r}")  # pragma: no cover - the parser builds only the above
 
 
@@ -806,11 +895,23 @@ class Expression:
     def __post_init__(self) -> None:
         object.__setattr__(self, "_root", _parse(self.text))
 
-    def evaluate(self, key: str, value: Any) -> Any:
+    def evaluate(self, key: str, value: Any, agg: Any = None) -> Any:
         """Evaluate over a record: ``key`` (its key string) and ``value`` (``parse_value`` of its
-        value, or None). Never raises: every failure is None (null).
+        value, or None), and ``agg`` (the current aggregate, for an aggregate's adder and
+        subtractor). Never raises: every failure is None (null).
         """
-        return _eval(self._root, key, value)
+        return _eval(self._root, key, value, agg)
+
+    @property
+    def uses_agg(self) -> bool:
+        """Whether the expression reads ``agg`` (allowed only in an aggregate's add/subtract)."""
+        stack: list[_Node] = [self._root]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, _Agg):
+                return True
+            stack.extend(_children(node))
+        return False
 
 
 def _parse(text: str) -> _Node:

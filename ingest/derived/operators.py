@@ -57,15 +57,6 @@ class Operator:
         """A join result's timestamp: the max of the given ones and the key's previous result."""
         return max(s for s in (*stamps, self._prev(key)) if s is not None)
 
-    def _with_results(self, emits: list[Emit]) -> list[Emit]:
-        """Rule 27, no result, no emission: a join emits a tombstone only for a key that has a
-        current result; when the old and the new result are both null nothing is emitted (as
-        Kafka's join processors do)."""
-        own = self.own
-        if own is None:
-            return emits
-        return [e for e in emits if e.value is not None or own.latest_value(e.key) is not None]
-
     def _join(self, key: str, left: str | None, right: str | None) -> str:
         """The joined value: ``{"left":L,"right":R}`` verbatim, or the ``select`` projection."""
         if self.spec.select is None:
@@ -77,7 +68,8 @@ class Operator:
 
 class Filter(Operator):
     """Rule 13: every change is forwarded; failing values become tombstones. A versioned input
-    forwards every tombstone; a non-versioned one drops a tombstone whose old result was null."""
+    forwards every tombstone; a non-versioned one drops a tombstone when the filter's own table
+    has no current value for the key (Kafka's KTableFilter reads its materialized result)."""
 
     def on_change(self, side: int, change: Change) -> list[Emit]:
         assert self.spec.filter is not None
@@ -88,10 +80,10 @@ class Filter(Operator):
 
         if passes(change.new):
             return [Emit(change.key, change.new, change.timestamp)]
-        table = self.inputs[0]
-        assert table is not None
-        if not table.versioned and not passes(change.old):
-            return []
+        table, own = self.inputs[0], self.own
+        assert table is not None and own is not None
+        if not table.versioned and own.latest_value(change.key) is None:
+            return []  # Kafka's KTableFilter: nothing to delete in the filter's own table
         return [Emit(change.key, None, change.timestamp)]
 
 
@@ -128,7 +120,13 @@ class StreamTableJoin(Operator):
 
 
 class TableTableJoin(Operator):
-    """Rule 15: primary-key join; an out-of-order change of a versioned side emits nothing."""
+    """Rule 15: primary-key join; an out-of-order change of a versioned side emits nothing.
+
+    What is emitted is exactly what Kafka's join processors forward (rule 27): the inner join
+    answers a change only when the other side has a value (a tombstone when this side's new
+    value is null); a left or outer join skips a change only when this side's old and new
+    values and the other side's value are all null; the right side of a left join answers only
+    when the left side has a value."""
 
     def on_change(self, side: int, change: Change) -> list[Emit]:
         this, other = self.inputs[side], self.inputs[1 - side]
@@ -142,26 +140,25 @@ class TableTableJoin(Operator):
         left, right = (x, y) if side == 0 else (y, x)
         kind = self.spec.join_type
         value: str | None
-        if kind == "inner":
+        if kind == "inner" or (kind == "left" and side == 1):
             if y is None:
                 return []
-            value = None if x is None else self._join(change.key, left, right)
-        elif kind == "left":
-            if side == 0:
+            value = None if x is None and kind == "inner" else self._join(change.key, left, right)
+        else:  # the left side of a left join, either side of an outer join
+            if y is None and x is None and change.old is None:
+                return []  # null -> null with nothing on the other side
+            if kind == "left":
                 value = None if x is None else self._join(change.key, x, y)
             else:
-                if y is None:
-                    return []
-                value = self._join(change.key, y, x)
-        else:
-            value = None if x is None and y is None else self._join(change.key, left, right)
-        return self._with_results([Emit(change.key, value, self._stamp(change.key, change.timestamp, y_ts))])
+                value = None if x is None and y is None else self._join(change.key, left, right)
+        return [Emit(change.key, value, self._stamp(change.key, change.timestamp, y_ts))]
 
 
 class ForeignKeyJoin(Operator):
     """Rule 16 (KIP-213): left updates join the right value of their foreign key; right updates
     re-join every left key currently pointing at them. Computed synchronously from current
-    values, so a result for a superseded left value is never emitted."""
+    values, so a result for a superseded left value is never emitted; what is emitted, and when
+    a tombstone is, follows Kafka's subscription instructions exactly (``_left_change``)."""
 
     def __init__(self, spec: TableSpec, inputs: list[TableState | None], own: TableState | None) -> None:
         super().__init__(spec, inputs, own)
@@ -210,26 +207,13 @@ class ForeignKeyJoin(Operator):
         if side == 0:
             if left.versioned and not change.in_order:
                 return []
+            old_fk, new_fk = self._fk(change.key, change.old), self._fk(change.key, change.new)
             if self._index is not None:
-                old_fk, new_fk = self._fk(change.key, change.old), self._fk(change.key, change.new)
                 if old_fk is not None:
                     self._index.get(old_fk, set()).discard(change.key)
                 if new_fk is not None:
                     self._index.setdefault(new_fk, set()).add(change.key)
-            a = change.new
-            if a is None:
-                return self._with_results([Emit(change.key, None, self._stamp(change.key, change.timestamp))])
-            fk = self._fk(change.key, a)
-            found = None if fk is None else right.latest_value(fk)
-            if found is None:
-                stamp = self._stamp(change.key, change.timestamp)
-                if self.spec.join_type == "left":
-                    return [Emit(change.key, self._join(change.key, a, None), stamp)]
-                # inner join, no match: retract the previous result, if any (KIP-213 LHS table,
-                # row 7: a new left key without a match emits nothing; rule 27)
-                return self._with_results([Emit(change.key, None, stamp)])
-            stamp = self._stamp(change.key, change.timestamp, found[1])
-            return [Emit(change.key, self._join(change.key, a, found[0]), stamp)]
+            return self._left_change(change, old_fk, new_fk)
         if right.versioned and not change.in_order:
             return []
         keys = self._subscribers(change.key)
@@ -240,13 +224,44 @@ class ForeignKeyJoin(Operator):
             current = left.latest_value(key)
             if current is None:
                 continue
-            a, a_ts = current
             if change.new is None and self.spec.join_type == "inner":
                 value = None
             else:
-                value = self._join(key, a, change.new)
-            out.append(Emit(key, value, self._stamp(key, change.timestamp, a_ts)))
-        return self._with_results(out)
+                value = self._join(key, current[0], change.new)
+            # Kafka stamps a result caused by a right-side change with that change's timestamp
+            out.append(Emit(key, value, self._stamp(key, change.timestamp)))
+        return out
+
+    def _left_change(self, change: Change, old_fk: str | None, new_fk: str | None) -> list[Emit]:
+        """A left change, as Kafka's subscription protocol answers it (KIP-213; rules 16, 27, 28).
+
+        Kafka cannot see whether a left row had a result, so its instructions depend only on the
+        old and new foreign keys: a result (or a tombstone) is emitted whenever the old row had
+        a foreign key, and a row that had none emits only when it finds a match (inner join). A
+        left join answers every change except deleting a row that does not exist. The result is
+        stamped with the largest of the change's timestamp and the right value's, when there is
+        one (and the key's previous result, rule 26)."""
+        right = self.inputs[1]
+        assert right is not None
+        key, new = change.key, change.new
+
+        def emit(foreign_key: str | None, joined: bool) -> list[Emit]:
+            found = None if foreign_key is None else right.latest_value(foreign_key)
+            stamp = self._stamp(key, change.timestamp, None if found is None else found[1])
+            if new is None or not joined or (found is None and self.spec.join_type == "inner"):
+                return [Emit(key, None, stamp)]
+            return [Emit(key, self._join(key, new, None if found is None else found[0]), stamp)]
+
+        if self.spec.join_type == "left":
+            if change.old is None and new is None:
+                return []  # deleting a row that does not exist
+            return emit(new_fk, True)
+        if new is None or new_fk is None:  # deleted, or no foreign key any more
+            return [] if old_fk is None else emit(old_fk, False)
+        if old_fk is not None and old_fk != new_fk:  # moved: the old result must go
+            return emit(new_fk, True)
+        found = right.latest_value(new_fk)
+        return [] if found is None else emit(new_fk, True)
 
 
 def _number(value: Any) -> int | Decimal | None:
@@ -275,6 +290,8 @@ class Aggregate(Operator):
 
         g_old, old = group(change.old)
         g_new, new = group(change.new)
+        if self.spec.aggregator is not None:
+            return self._custom(change.timestamp, g_old, old, g_new, new, change.new)
         updates: list[tuple[str, list[tuple[int, Any]]]] = []
         if g_old is not None and g_old == g_new:
             updates.append((g_old, [(-1, old), (1, new)]))
@@ -289,6 +306,37 @@ class Aggregate(Operator):
             for sign, parsed in steps:
                 self._apply(totals, sign, change.key, parsed)
             out.append(Emit(group_key, render_json(totals), self._stamp(group_key, change.timestamp)))
+        return out
+
+    def _custom(self, timestamp: int, g_old: str | None, old: Any, g_new: str | None, new: Any,
+                new_text: str | None) -> list[Emit]:
+        """Kafka's KTableAggregate / KTableReduce: per group, subtract the old value when the
+        group has an aggregate, then add the new one (to ``init``, or as the first value of a
+        reduce, when the group has none); one update when the group is the same (KIP-904). A
+        null aggregate deletes the group. A reduce's first value is kept verbatim, as Kafka
+        passes it through; computed aggregates are rendered (numbers normalised)."""
+        assert self.own is not None and self.spec.aggregator is not None
+        aggregator = self.spec.aggregator
+        if g_old is not None and g_old == g_new:
+            updates: list[tuple[str, Any, Any]] = [(g_old, old, new)]
+        else:
+            updates = [(g, o, n) for g, o, n in ((g_old, old, None), (g_new, None, new)) if g is not None]
+        out = []
+        for group_key, removed, added in updates:
+            found = self.own.latest_value(group_key)
+            agg = None if found is None else parse_value(found[0])
+            if removed is not None and agg is not None:
+                agg = aggregator.subtract.evaluate(group_key, removed, agg)
+            verbatim = None
+            if added is not None:
+                if agg is not None:
+                    agg = aggregator.add.evaluate(group_key, added, agg)
+                elif aggregator.init is not None:
+                    agg = aggregator.add.evaluate(group_key, added, aggregator.init.evaluate(group_key, None))
+                else:
+                    agg, verbatim = added, new_text
+            value = verbatim if verbatim is not None else None if agg is None else render_json(agg)
+            out.append(Emit(group_key, value, self._stamp(group_key, timestamp)))
         return out
 
     def _current(self, group_key: str) -> dict[str, Any]:

@@ -21,17 +21,36 @@ from versiq.names import check_store_name
 OPERATIONS = ("filter", "copy", "to_table", "aggregate", "join", "fk_join", "stream_join")
 JOIN_TYPES = {"join": ("inner", "left", "outer"), "fk_join": ("inner", "left"), "stream_join": ("inner", "left")}
 AGGREGATES = ("count", "sum")
+#: A custom aggregate's fields (Kafka's aggregate(initializer, adder, subtractor)) and a reduce's.
+AGGREGATOR_FIELDS = ("init", "add", "subtract")
+REDUCER_FIELDS = ("add", "subtract")
 
 _COMMON = {"name", "kind", "history_retention", "buckets", "global", "suppress"}
 _FIELDS = {
     "filter": {"from", "filter"},
     "copy": {"from"},
     "to_table": {"from", "filter"},
-    "aggregate": {"from", "group_by", "aggregate"},
+    "aggregate": {"from", "group_by", "aggregate", "reduce"},
     "join": {"join", "select"},
     "fk_join": {"fk_join", "select"},
     "stream_join": {"stream_join", "select"},
 }
+
+
+@dataclass(frozen=True)
+class Aggregator:
+    """A custom table aggregate (KIP-904 semantics, docs/derived-tables.md "Aggregates").
+
+    ``aggregate: {init, add, subtract}`` is Kafka's ``aggregate(initializer, adder, subtractor)``;
+    ``reduce: {add, subtract}`` is Kafka's ``reduce(adder, subtractor)`` (``init`` is None: a
+    group's first value is its aggregate). ``add``/``subtract`` read ``agg`` (the group's current
+    aggregate), ``value`` (the input value) and ``key`` (the group key, as Kafka's Aggregator is
+    given); a null result deletes the group, as a null aggregate does in Kafka.
+    """
+
+    add: Expression
+    subtract: Expression
+    init: Expression | None = None
 
 
 @dataclass(frozen=True)
@@ -50,6 +69,8 @@ class TableSpec:
     group_by: Expression | None = None
     #: (name, expression or None for count), in the fixed order count, sum.
     aggregates: tuple[tuple[str, Expression | None], ...] = ()
+    #: A custom aggregate or reduce (then ``aggregates`` is empty).
+    aggregator: Aggregator | None = None
     select: tuple[tuple[str, Expression], ...] | None = None
     #: Canonical JSON of the pipeline entry (without its name): committed with every snapshot,
     #: so a changed definition is detected instead of silently applied to new records only.
@@ -60,13 +81,18 @@ class TableSpec:
         return self.kind == STREAM_KIND
 
 
-def _expr(where: str, field: str, text: Any) -> Expression:
+def _expr(where: str, field: str, text: Any, agg: bool = False) -> Expression:
+    """Parse one expression of the entry; ``agg``: whether it may read the current aggregate."""
     if not isinstance(text, str) or not text.strip():
         raise UsageError(f"{where}: '{field}' must be an expression (a non-empty string)")
     try:
-        return parse_expression(text)
+        expression = parse_expression(text)
     except ExpressionError as exc:
         raise UsageError(f"{where}: '{field}': {exc}") from None
+    if expression.uses_agg and not agg:
+        raise UsageError(f"{where}: '{field}' reads 'agg', which only an aggregate's or a reduce's add and "
+                         "subtract have (the group's current aggregate)")
+    return expression
 
 
 def _name(where: str, entry: dict[str, Any], field: str, sub: dict[str, Any] | None = None) -> str:
@@ -152,7 +178,14 @@ def _table(entry: Any, index: int, kinds: dict[str, str]) -> TableSpec:
     elif op == "aggregate":
         fields["inputs"] = (input_of("from"),)
         fields["group_by"] = _expr(where, "group_by", entry["group_by"])
-        fields["aggregates"] = _aggregates(where, entry.get("aggregate"))
+        if ("aggregate" in entry) == ("reduce" in entry):
+            raise UsageError(f"{where}: a group_by table needs exactly one of 'aggregate' and 'reduce'")
+        if "reduce" in entry:
+            fields["aggregator"] = _aggregator(where, "reduce", entry["reduce"], REDUCER_FIELDS)
+        elif isinstance(entry["aggregate"], dict) and set(entry["aggregate"]) & set(AGGREGATOR_FIELDS):
+            fields["aggregator"] = _aggregator(where, "aggregate", entry["aggregate"], AGGREGATOR_FIELDS)
+        else:
+            fields["aggregates"] = _aggregates(where, entry.get("aggregate"))
     else:
         sub = entry[op]
         if not isinstance(sub, dict):
@@ -230,6 +263,16 @@ def _aggregates(where: str, spec: Any) -> tuple[tuple[str, Expression | None], .
     if not out:
         raise UsageError(f"{where}: 'aggregate' declares nothing")
     return tuple(out)
+
+
+def _aggregator(where: str, name: str, spec: Any, wanted: tuple[str, ...]) -> Aggregator:
+    if not isinstance(spec, dict) or set(spec) != set(wanted):
+        got = ", ".join(sorted(map(str, spec))) if isinstance(spec, dict) else type(spec).__name__
+        raise UsageError(f"{where}: '{name}' must be a mapping with exactly {', '.join(wanted)} (expressions); "
+                         f"got {got}")
+    return Aggregator(add=_expr(where, f"{name}.add", spec["add"], agg=True),
+                      subtract=_expr(where, f"{name}.subtract", spec["subtract"], agg=True),
+                      init=_expr(where, f"{name}.init", spec["init"]) if "init" in spec else None)
 
 
 def _select(where: str, spec: Any) -> tuple[tuple[str, Expression], ...]:

@@ -316,15 +316,10 @@ class Pipeline:
         if t.op == "aggregate":
             return self._aggregate(t, source, item)
         if t.op == "join":
-            return self._with_results(t, self._join(t, source, item))
+            return self._join(t, source, item)
         if t.op == "fk_join":
-            return self._with_results(t, self._fk_join(t, source, item))
+            return self._fk_join(t, source, item)  # Kafka's subscription protocol (rule 27)
         raise AssertionError(t.op)
-
-    def _with_results(self, t: Derived, out: list[tuple[str, str | None, int]]) -> list[tuple[str, str | None, int]]:
-        """Rule 27: a join's tombstone for a key with no current result is not emitted (old and
-        new result both null: Kafka's join processors forward nothing)."""
-        return [(k, v, ts) for k, v, ts in out if v is not None or self._out(t).latest_value(k) is not None]
 
     def _out(self, t: Derived) -> Table:
         assert t.table is not None
@@ -343,8 +338,10 @@ class Pipeline:
             return None
 
         new = result(c.new)
-        if new is None and self.kind[source] != "versioned" and result(c.old) is None:
-            return []  # Kafka's duplicate-tombstone optimisation, only for a non-versioned input (rule 13)
+        if new is None and self.kind[source] != "versioned" and self._out(t).latest_value(c.key) is None:
+            # Kafka's duplicate-tombstone optimisation, only for a non-versioned input (rule 13):
+            # KTableFilter compares with its own materialized result, not the input's old value
+            return []
         return [(c.key, new, c.ts)]
 
     def _to_table(self, t: Derived, e: Event) -> list[tuple[str, str | None, int]]:
@@ -381,12 +378,16 @@ class Pipeline:
             value = None if x is None else _join_value(t.spec, c.key, left, right)
         elif kind == "left":
             if x_is_left:
+                if x is None and c.old is None and y is None:
+                    return []  # KTableKTableLeftJoin: null -> null with no right value (rule 27)
                 value = None if x is None else _join_value(t.spec, c.key, left, right)
             else:
                 if y is None:  # y is A's latest value here
                     return []
                 value = _join_value(t.spec, c.key, left, right)
         elif kind == "outer":
+            if x is None and c.old is None and y is None:
+                return []  # KTableKTableOuterJoin: null -> null with no other value (rule 27)
             value = None if (x is None and y is None) else _join_value(t.spec, c.key, left, right)
         else:
             raise AssertionError(kind)
@@ -402,18 +403,30 @@ class Pipeline:
         if self.kind[source] == "versioned" and not c.in_order:
             return []  # rule 16: out-of-order records of a versioned input emit nothing
         if source == spec["left"]:
+            # Kafka's SubscriptionSendProcessor instructions, decided by the old and new foreign
+            # keys only (rule 27): it cannot know whether the old row had a result.
             k, a = c.key, c.new
-            if a is None:
-                return [(k, None, self._floor(t, k, c.ts))]
-            fk = _key_of(fk_expr, k, a)
-            b_found = None if fk is None else b_table.latest(fk)
-            if b_found is None:  # null foreign key, or no right value for it
+            old_fk = None if c.old is None else _key_of(fk_expr, k, c.old)
+            new_fk = None if a is None else _key_of(fk_expr, k, a)
+
+            def respond(fk: str | None, value: str | None, propagate_null: bool) -> list[tuple[str, str | None, int]]:
+                """The response for a subscription of ``value`` to ``fk`` (Kafka's instructions
+                PROPAGATE_NULL_IF_NO_FK_VAL_AVAILABLE / PROPAGATE_ONLY_IF_FK_VAL_AVAILABLE)."""
+                b_found = None if fk is None else b_table.latest(fk)
+                stamp = self._floor(t, k, c.ts, None if b_found is None else b_found[1])
+                if value is None:
+                    return [(k, None, stamp)]
+                if b_found is not None:
+                    return [(k, _join_value(t.spec, k, value, b_found[0]), stamp)]
                 if kind == "left":
-                    return [(k, _join_value(t.spec, k, a, None), self._floor(t, k, c.ts))]
-                # KIP-213 LHS event table, row "Publish to LHS (q,10)": a left key with no previous
-                # result and no match emits nothing (rule 27, applied to every join's output)
-                return [(k, None, self._floor(t, k, c.ts))]
-            return [(k, _join_value(t.spec, k, a, b_found[0]), self._floor(t, k, c.ts, b_found[1]))]
+                    return [(k, _join_value(t.spec, k, value, None), stamp)]
+                return [(k, None, stamp)] if propagate_null else []
+
+            if kind == "left":
+                return [] if c.old is None and a is None else respond(new_fk, a, True)
+            if a is None or new_fk is None:  # deleted, or lost its foreign key: DELETE_KEY_AND_PROPAGATE
+                return [] if old_fk is None else respond(old_fk, None, True)
+            return respond(new_fk, a, old_fk is not None and old_fk != new_fk)
         # a change of the right table (key f, value b): re-join every left record pointing at f
         f, b = c.key, c.new
         out: list[tuple[str, str | None, int]] = []
@@ -421,11 +434,11 @@ class Pipeline:
             a_found = a_table.latest(k)
             if a_found is None or _key_of(fk_expr, k, a_found[0]) != f:
                 continue
-            a, a_ts = a_found
+            a = a_found[0]  # Kafka stamps the result with the right change's timestamp
             if kind == "inner" and b is None:
-                out.append((k, None, self._floor(t, k, c.ts, a_ts)))
+                out.append((k, None, self._floor(t, k, c.ts)))
             else:
-                out.append((k, _join_value(t.spec, k, a, b), self._floor(t, k, c.ts, a_ts)))
+                out.append((k, _join_value(t.spec, k, a, b), self._floor(t, k, c.ts)))
         return out
 
     def _aggregate(self, t: Derived, source: str, c: Change) -> list[tuple[str, str | None, int]]:
@@ -447,6 +460,8 @@ class Pipeline:
     def _update_group(
         self, t: Derived, group: str, c: Change, subtract: str | None, add: str | None
     ) -> tuple[str, str | None, int]:
+        if "reduce" in t.spec or "init" in t.spec.get("aggregate", {}):
+            return self._update_custom(t, group, c, subtract, add)
         aggregate = t.spec["aggregate"]
         table = self._out(t)
         count: int = 0
@@ -477,6 +492,30 @@ class Pipeline:
             value["sum"] = total
         stamps = [s for s in (c.ts, table.prev_ts(group)) if s is not None]
         return (group, render_json(value), max(stamps))
+
+    def _update_custom(
+        self, t: Derived, group: str, c: Change, subtract: str | None, add: str | None
+    ) -> tuple[str, str | None, int]:
+        """Kafka's KTableAggregate.process / KTableReduce.process, step by step: the old aggregate
+        is the group's latest value in the output store (null when none or a tombstone)."""
+        spec = t.spec.get("reduce") or t.spec["aggregate"]
+        table = self._out(t)
+        current = table.latest(group)
+        old_agg = None if current is None or current[0] is None else parse_value(current[0])
+        if subtract is not None and old_agg is not None:
+            intermediate = parse_expression(spec["subtract"]).evaluate(group, parse_value(subtract), old_agg)
+        else:
+            intermediate = old_agg
+        if add is None:
+            new_agg = intermediate
+        elif intermediate is None and "init" not in spec:
+            stamps = [s for s in (c.ts, table.prev_ts(group)) if s is not None]
+            return (group, add, max(stamps))  # reduce: a group's first value is its aggregate, as it is
+        else:
+            start = intermediate if intermediate is not None else parse_expression(spec["init"]).evaluate(group, None)
+            new_agg = parse_expression(spec["add"]).evaluate(group, parse_value(add), start)
+        stamps = [s for s in (c.ts, table.prev_ts(group)) if s is not None]
+        return (group, None if new_agg is None else render_json(new_agg), max(stamps))
 
     # ------------------------------------------------------------------ results
     def results(self) -> dict[str, TableResult]:

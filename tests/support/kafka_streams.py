@@ -37,13 +37,22 @@ def build() -> Path:
 
 def run_store_scenarios(scenarios: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Kafka's answers for ``scenarios`` (the input format of StoreScenarios.java), in order."""
+    return _run("StoreScenarios", scenarios)
+
+
+def run_operator_scenarios(scenarios: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What Kafka emits for ``scenarios`` (the input format of OperatorScenarios.java), in order."""
+    return _run("OperatorScenarios", scenarios)
+
+
+def _run(main: str, scenarios: list[dict[str, Any]]) -> list[dict[str, Any]]:
     jar = build()
     java = shutil.which("java") or os.path.join(os.environ.get("JAVA_HOME", ""), "bin", "java")
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
         json.dump({"scenarios": scenarios}, handle)
     try:
         out = subprocess.run([java, "-cp", f"{jar}{os.pathsep}{jar.parent / 'lib' / '*'}",
-                              "dev.versiq.conformance.StoreScenarios", handle.name],
+                              f"dev.versiq.conformance.{main}", handle.name],
                              capture_output=True, text=True, check=True, timeout=1200)
     finally:
         os.unlink(handle.name)

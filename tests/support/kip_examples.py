@@ -184,8 +184,9 @@ EXAMPLES.append(KipExample(
 # (including "older than the versioned store's history retention") an inner join emits nothing and
 # a left join emits the record with a null table value. The data below is ours; the normative
 # details are docs/semantics.md rules 7-8, rule 14 and "Operator details": beyond retention the latest
-# version still joins when its timestamp <= the stream record's (Kafka's RocksDB store returns
-# null there; docs/semantics.md wins), and null-valued stream records are skipped.
+# version still joins when its timestamp <= the stream record's (as Kafka's RocksDB versioned
+# store's get(key, t) does: the latest version never expires), and null-valued stream records
+# are skipped.
 # Table T (retention 10): k: t1@1, t5@5, t30@30; m: m1@1 -> stream time 30, horizon 20.
 #   k s25@25: as of 25 (>= 20) -> t5 (the version valid at 25, not the latest t30)
 #   k s3@3:   3 < 20 and k's latest (t30@30) is newer than 3 -> expired: inner nothing, left null
@@ -285,8 +286,10 @@ EXAMPLES.append(KipExample(
         "inner": [
             ("k", j("1", s("foo")), 1),
             ("k", None, 2),
-            # the KIP's table shows a tombstone at 3 too; it is a null -> null change (the result
-            # was retracted at 2), for which Kafka's processors emit nothing (rule 27)
+            # a second tombstone, as the KIP's table shows and Kafka 4.3.1 emits: the foreign key
+            # moved (2 -> 3) to a key without a match, and Kafka's subscription protocol cannot
+            # know the result was already retracted (rule 27)
+            ("k", None, 3),
             ("k", j("3", s("bar")), 4),
             ("k", None, 5),
             ("k", j("1", s("foo")), 6),
@@ -305,7 +308,7 @@ EXAMPLES.append(KipExample(
     },
     versions={
         "inner": {
-            "k": [(1, 2, j("1", s("foo"))), (2, 4, None), (4, 5, j("3", s("bar"))), (5, 6, None),
+            "k": [(1, 2, j("1", s("foo"))), (2, 3, None), (3, 4, None), (4, 5, j("3", s("bar"))), (5, 6, None),
                   (6, None, j("1", s("foo")))],
             "q": [(8, None, j("10", s("baz")))],
         },

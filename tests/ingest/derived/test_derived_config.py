@@ -62,6 +62,19 @@ tables:
     ("- {name: x, from: clicks, group_by: key, aggregate: {count: true}}", "'from' must be a table"),
     ("- {name: x, join: {left: orders, right: customers, type: full}}", "'join.type' must be one of"),
     ("- {name: x, from: orders, group_by: key, aggregate: {max: value}}", "unknown aggregate(s): max"),
+    ("- {name: x, from: orders, group_by: key, aggregate: {count: true}, reduce: {add: agg, subtract: agg}}",
+     "exactly one of 'aggregate' and 'reduce'"),
+    ("- {name: x, from: orders, group_by: key}", "exactly one of 'aggregate' and 'reduce'"),
+    ("- {name: x, from: orders, group_by: key, aggregate: {init: '0', add: agg}}",
+     "'aggregate' must be a mapping with exactly init, add, subtract"),
+    ("- {name: x, from: orders, group_by: key, aggregate: {count: true, init: '0', add: agg, subtract: agg}}",
+     "got add, count, init, subtract"),
+    ("- {name: x, from: orders, group_by: key, reduce: {init: '0', add: agg, subtract: agg}}",
+     "'reduce' must be a mapping with exactly add, subtract"),
+    ("- {name: x, from: orders, group_by: key, aggregate: {init: agg, add: agg, subtract: agg}}",
+     "'aggregate.init' reads 'agg'"),
+    ("- {name: x, from: orders, filter: 'agg > 1'}", "'filter' reads 'agg'"),
+    ("- {name: x, from: orders, group_by: agg, aggregate: {count: true}}", "'group_by' reads 'agg'"),
     ("- {name: orders, from: customers}", "already used"),
     ("- {name: x, from: orders, join: {left: orders, right: customers}}", "exactly one operation"),
     ("- {name: x, from: orders, colour: red}", "unknown field(s) for a copy table: colour"),
@@ -72,6 +85,23 @@ def test_refused_at_load(tmp_path: Path, tables: str, message: str) -> None:
     with pytest.raises(UsageError) as info:
         _load(tmp_path, "tables:\n  " + tables + "\n")
     assert message in str(info.value)
+
+
+@pytest.mark.rule(17)
+def test_custom_aggregate_and_reduce_load(tmp_path: Path) -> None:
+    """Issue 13 item 5: Kafka's aggregate(initializer, adder, subtractor) and reduce(adder, subtractor)."""
+    pipeline = _load(tmp_path, """tables:
+  - {name: trail, from: orders, group_by: value.region,
+     aggregate: {init: "''", add: "concat(agg, value.id)", subtract: "substring(agg, 1, length(agg) - 1)"}}
+  - {name: total, from: orders, group_by: "int(value.amount) % 10",
+     reduce: {add: "agg + value", subtract: "agg - value"}}
+""")
+    tables = {t.name: t for t in pipeline.tables}  # type: ignore[attr-defined]
+    trail, total = tables["trail"], tables["total"]
+    assert trail.op == total.op == "aggregate" and not trail.aggregates and not total.aggregates
+    assert trail.aggregator is not None and trail.aggregator.init is not None
+    assert trail.aggregator.add.text == "concat(agg, value.id)"
+    assert total.aggregator is not None and total.aggregator.init is None  # reduce
 
 
 @pytest.mark.rule(18)

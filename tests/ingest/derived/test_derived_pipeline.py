@@ -233,11 +233,13 @@ def test_no_result_no_emission(spark: Any, tmp_path: Any) -> None:
     primary-key left/outer joins and in both foreign-key joins; a key that had a result is
     retracted with a tombstone."""
     inputs = [InputDef("L", "versioned"), InputDef("R", "versioned")]
-    tables = [{"name": "pl", "join": {"left": "L", "right": "R", "type": "left"}},
+    tables = [{"name": "pi", "join": {"left": "L", "right": "R", "type": "inner"}},
+              {"name": "pl", "join": {"left": "L", "right": "R", "type": "left"}},
               {"name": "po", "join": {"left": "L", "right": "R", "type": "outer"}},
               {"name": "fi", "fk_join": {"left": "L", "right": "R", "foreign_key": "value.f", "type": "inner"}},
               {"name": "fl", "fk_join": {"left": "L", "right": "R", "foreign_key": "value.f", "type": "left"}}]
-    runs = [{"L": [Rec("k1", '{"f":"x"}', 10), Rec("gone", None, 11)], "R": [Rec("r1", '"1"', 12)]},
+    runs = [{"L": [Rec("k1", '{"f":"x"}', 10), Rec("gone", None, 11), Rec("r1", None, 13)],
+             "R": [Rec("r1", '"1"', 12)]},
             {"L": [Rec("k1", None, 20)], "R": [Rec("r1", None, 21), Rec("r2", None, 22)]}]
     real = RealPipeline(spark, str(tmp_path))
     real.add("", inputs, tables, runs)
@@ -245,9 +247,11 @@ def test_no_result_no_emission(spark: Any, tmp_path: Any) -> None:
     model = model_pipeline(inputs, tables, runs)
     left_only = '{"left":{"f":"x"},"right":null}'
     expected = {
-        "pl": [("k1", left_only, 10), ("k1", None, 20)],
-        "po": [("k1", left_only, 10), ("r1", '{"left":null,"right":"1"}', 12), ("k1", None, 20), ("r1", None, 21)],
-        "fi": [],
+        "pi": [("r1", None, 13)],
+        "pl": [("k1", left_only, 10), ("r1", None, 13), ("k1", None, 20)],
+        "po": [("k1", left_only, 10), ("r1", '{"left":null,"right":"1"}', 12), ("r1", '{"left":null,"right":"1"}', 13),
+               ("k1", None, 20), ("r1", None, 21)],
+        "fi": [("k1", None, 20)],
         "fl": [("k1", left_only, 10), ("k1", None, 20)],
     }
     for name, want in expected.items():

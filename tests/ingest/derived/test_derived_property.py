@@ -44,6 +44,9 @@ TABLES: list[dict[str, Any]] = [
     {"name": "sc", "stream_join": {"stream": "S", "table": "C", "type": "inner"}},
     {"name": "sa_table", "from": "sa", "history_retention_ms": 5},
     {"name": "big_by_g", "from": "a_big", "group_by": "value.g", "aggregate": {"sum": "value.n"}},
+    {"name": "a_trail", "from": "A", "group_by": "value.g",
+     "aggregate": {"init": "'0'", "add": "concat(agg, '+', value.n)", "subtract": "concat(agg, '-', value.n)"}},
+    {"name": "c_last", "from": "C", "group_by": "value.g", "reduce": {"add": "value", "subtract": "agg"}},
 ]
 
 

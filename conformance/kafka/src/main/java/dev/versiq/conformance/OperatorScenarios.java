@@ -1,0 +1,385 @@
+package dev.versiq.conformance;
+
+import com.fasterxml.jackson.databind.DeserializationFeature;
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+import com.fasterxml.jackson.databind.node.ArrayNode;
+import com.fasterxml.jackson.databind.node.ObjectNode;
+import java.io.File;
+import java.math.BigDecimal;
+import java.math.BigInteger;
+import java.math.RoundingMode;
+import java.nio.file.Files;
+import java.time.Duration;
+import java.time.Instant;
+import java.util.ArrayList;
+import java.util.LinkedHashSet;
+import java.util.List;
+import java.util.Properties;
+import java.util.Set;
+import java.util.function.BiFunction;
+import java.util.function.Function;
+import org.apache.kafka.common.serialization.Serdes;
+import org.apache.kafka.common.serialization.StringDeserializer;
+import org.apache.kafka.common.serialization.StringSerializer;
+import org.apache.kafka.common.utils.Bytes;
+import org.apache.kafka.streams.KeyValue;
+import org.apache.kafka.streams.StreamsBuilder;
+import org.apache.kafka.streams.StreamsConfig;
+import org.apache.kafka.streams.TestInputTopic;
+import org.apache.kafka.streams.TestOutputTopic;
+import org.apache.kafka.streams.TopologyTestDriver;
+import org.apache.kafka.streams.kstream.Consumed;
+import org.apache.kafka.streams.kstream.Grouped;
+import org.apache.kafka.streams.kstream.Joined;
+import org.apache.kafka.streams.kstream.KGroupedTable;
+import org.apache.kafka.streams.kstream.KStream;
+import org.apache.kafka.streams.kstream.KTable;
+import org.apache.kafka.streams.kstream.Materialized;
+import org.apache.kafka.streams.kstream.Produced;
+import org.apache.kafka.streams.kstream.ValueJoiner;
+import org.apache.kafka.streams.state.KeyValueStore;
+import org.apache.kafka.streams.state.Stores;
+import org.apache.kafka.streams.state.ValueAndTimestamp;
+import org.apache.kafka.streams.state.VersionedKeyValueStore;
+import org.apache.kafka.streams.state.VersionedRecord;
+import org.apache.kafka.streams.test.TestRecord;
+
+/**
+ * Runs DSL-operator scenarios over versioned (and timestamped) tables through real Kafka Streams
+ * and prints what Kafka emits.
+ *
+ * <p>Input (a file named by the first argument): {@code {"scenarios": [{"id", "op" (filter, join,
+ * fk_join, aggregate, stream_join), "type" (inner/left/outer), "inputs": [{"kind" (versioned,
+ * timestamped, stream), "historyRetentionMs"}, ...], "filter", "foreignKey", "groupBy",
+ * "aggregator" (count, sum, concat, reduce), "outputRetentionMs", "records": [{"input", "key",
+ * "value" (JSON text or null), "ts"}, ...]}]}}. Records are piped in the order given, each one
+ * processed completely (repartition and subscription topics included) before the next: that is
+ * the order versiq's merge rule gives the same records.
+ *
+ * <p>Expressions are versiq's expression texts; each one the differential test uses is written
+ * here in Java with versiq's meaning (a failure is null) in {@link #extractor}.
+ *
+ * <p>Output (stdout): {@code {"results": [{"id", "emitted": [{"key", "value", "ts"}, ...],
+ * "latest": {key: {"value", "ts"} or null}}]}}: every record the result table (or stream) sent
+ * downstream, in order, and the result store's latest record per emitted key (tables only).
+ */
+public final class OperatorScenarios {
+  private static final ObjectMapper JSON =
+      new ObjectMapper().enable(DeserializationFeature.USE_BIG_DECIMAL_FOR_FLOATS);
+  private static final String OUT_STORE = "out";
+
+  public static void main(String[] args) throws Exception {
+    JsonNode input = JSON.readTree(new File(args[0]));
+    ObjectNode output = JSON.createObjectNode();
+    ArrayNode results = output.putArray("results");
+    File stateRoot = Files.createTempDirectory("versiq-operators-").toFile();
+    int n = 0;
+    for (JsonNode scenario : input.get("scenarios")) {
+      results.add(run(scenario, new File(stateRoot, "s" + (n++))));
+    }
+    JSON.writeValue(System.out, output);
+    System.out.flush();
+    System.exit(0); // RocksDB and driver threads must not keep the JVM alive
+  }
+
+  // ---------------------------------------------------------------------------------- values
+
+  /** versiq's parse_value: JSON text to a tree (decimals exact), null stays null. */
+  static JsonNode parse(String text) {
+    if (text == null) {
+      return null;
+    }
+    try {
+      return JSON.readTree(text);
+    } catch (Exception e) {
+      return null;
+    }
+  }
+
+  /** A member of an object value, or null (missing member, JSON null, not an object). */
+  static JsonNode member(JsonNode value, String name) {
+    if (value == null || !value.isObject()) {
+      return null;
+    }
+    JsonNode found = value.get(name);
+    return found == null || found.isNull() ? null : found;
+  }
+
+  static BigDecimal number(JsonNode node) {
+    return node != null && node.isNumber() ? node.decimalValue() : null;
+  }
+
+  /** versiq's render_number: an integer when integral, else a plain decimal, no trailing zeros. */
+  static String render(BigDecimal n) {
+    BigDecimal stripped = n.stripTrailingZeros();
+    if (stripped.signum() == 0) {
+      return "0";
+    }
+    return stripped.scale() < 0 ? stripped.setScale(0).toPlainString() : stripped.toPlainString();
+  }
+
+  /** versiq's key_string: a string as is, a number rendered, anything else its JSON text. */
+  static String keyString(JsonNode node) {
+    if (node == null || node.isNull()) {
+      return null;
+    }
+    if (node.isTextual()) {
+      return node.asText();
+    }
+    if (node.isNumber()) {
+      return render(node.decimalValue());
+    }
+    return node.toString();
+  }
+
+  /** versiq's int(): a number (or a string holding one) truncated toward zero. */
+  static BigInteger toInt(JsonNode node) {
+    BigDecimal n = number(node);
+    if (n == null && node != null && node.isTextual()) {
+      n = number(parse(node.asText().strip()));
+    }
+    return n == null ? null : n.setScale(0, RoundingMode.DOWN).toBigInteger();
+  }
+
+  /** The joined value versiq builds: {"left":L,"right":R} from the two texts, verbatim. */
+  static String joined(String left, String right) {
+    return "{\"left\":" + (left == null ? "null" : left) + ",\"right\":" + (right == null ? "null" : right) + "}";
+  }
+
+  /** The versiq expressions the differential test uses, written in Java (a failure is null). */
+  static BiFunction<String, String, String> extractor(String expression) {
+    switch (expression) {
+      case "value.f":
+        return (k, v) -> keyString(member(parse(v), "f"));
+      case "value.g":
+        return (k, v) -> keyString(member(parse(v), "g"));
+      case "concat(substring(key, 1, length(key) - 2), int(value) % 3)":
+        return (k, v) -> {
+          // key minus its last two code points (the harness's keys are ASCII), then int(value) % 3
+          BigInteger i = toInt(parse(v));
+          if (i == null || k.length() < 2) {
+            return null;
+          }
+          return k.substring(0, k.length() - 2) + i.remainder(BigInteger.valueOf(3));
+        };
+      default:
+        throw new IllegalArgumentException("no Java version of the expression " + expression);
+    }
+  }
+
+  static boolean passes(String expression, String value) {
+    if (!expression.equals("value.n > 3")) {
+      throw new IllegalArgumentException("no Java version of the predicate " + expression);
+    }
+    BigDecimal n = number(member(parse(value), "n"));
+    return n != null && n.compareTo(BigDecimal.valueOf(3)) > 0;
+  }
+
+  // ------------------------------------------------------------------------------ topologies
+
+  @SuppressWarnings("unchecked")
+  private static <V> Materialized<String, V, KeyValueStore<Bytes, byte[]>> store(
+      String name, String kind, long retentionMs) {
+    if (kind.equals("versioned")) {
+      return Materialized.<String, V>as(
+          Stores.persistentVersionedKeyValueStore(name, Duration.ofMillis(retentionMs)));
+    }
+    return Materialized.<String, V>as(Stores.persistentTimestampedKeyValueStore(name));
+  }
+
+  private static Materialized<String, String, KeyValueStore<Bytes, byte[]>> stringStore(
+      String name, String kind, long retentionMs) {
+    return OperatorScenarios.<String>store(name, kind, retentionMs)
+        .withKeySerde(Serdes.String())
+        .withValueSerde(Serdes.String());
+  }
+
+  private static ObjectNode run(JsonNode scenario, File stateDir) {
+    String op = scenario.get("op").asText();
+    String type = scenario.path("type").asText("inner");
+    long outRetention = scenario.get("outputRetentionMs").asLong();
+    String outKind = scenario.path("outputKind").asText("versioned");
+    JsonNode inputs = scenario.get("inputs");
+    StreamsBuilder builder = new StreamsBuilder();
+    List<KTable<String, String>> tables = new ArrayList<>();
+    KStream<String, String> stream = null;
+    for (int i = 0; i < inputs.size(); i++) {
+      JsonNode in = inputs.get(i);
+      String kind = in.get("kind").asText();
+      if (kind.equals("stream")) {
+        stream = builder.stream("in" + i, Consumed.with(Serdes.String(), Serdes.String()));
+        tables.add(null);
+      } else {
+        tables.add(builder.table("in" + i, Consumed.with(Serdes.String(), Serdes.String()),
+            stringStore("in" + i, kind, in.path("historyRetentionMs").asLong(0))));
+      }
+    }
+    ValueJoiner<String, String, String> joiner = OperatorScenarios::joined;
+    Materialized<String, String, KeyValueStore<Bytes, byte[]>> out = stringStore(OUT_STORE, outKind, outRetention);
+    KStream<String, String> emitted;
+    switch (op) {
+      case "filter": {
+        String predicate = scenario.get("filter").asText();
+        emitted = tables.get(0).filter((k, v) -> passes(predicate, v), out).toStream();
+        break;
+      }
+      case "join": {
+        KTable<String, String> left = tables.get(0);
+        KTable<String, String> right = tables.get(1);
+        KTable<String, String> result = type.equals("inner") ? left.join(right, joiner, out)
+            : type.equals("left") ? left.leftJoin(right, joiner, out) : left.outerJoin(right, joiner, out);
+        emitted = result.toStream();
+        break;
+      }
+      case "fk_join": {
+        BiFunction<String, String, String> extract = extractor(scenario.get("foreignKey").asText());
+        Function<String, String> fk = v -> extract.apply(null, v);
+        KTable<String, String> left = tables.get(0);
+        KTable<String, String> right = tables.get(1);
+        KTable<String, String> result = type.equals("inner") ? left.join(right, fk, joiner, out)
+            : left.leftJoin(right, fk, joiner, out);
+        emitted = result.toStream();
+        break;
+      }
+      case "aggregate": {
+        BiFunction<String, String, String> group = extractor(scenario.get("groupBy").asText());
+        KGroupedTable<String, String> grouped = tables.get(0).groupBy(
+            (k, v) -> KeyValue.pair(group.apply(k, v), v), Grouped.with(Serdes.String(), Serdes.String()));
+        emitted = aggregate(grouped, scenario.get("aggregator").asText(), outKind, outRetention);
+        break;
+      }
+      case "stream_join": {
+        KTable<String, String> table = tables.get(1);
+        Joined<String, String, String> joined = Joined.with(Serdes.String(), Serdes.String(), Serdes.String());
+        emitted = type.equals("inner") ? stream.join(table, joiner, joined) : stream.leftJoin(table, joiner, joined);
+        break;
+      }
+      default:
+        throw new IllegalArgumentException("unknown op " + op);
+    }
+    emitted.to("out", Produced.with(Serdes.String(), Serdes.String()));
+
+    Properties props = new Properties();
+    props.put(StreamsConfig.APPLICATION_ID_CONFIG, "versiq-operators");
+    props.put(StreamsConfig.STATE_DIR_CONFIG, stateDir.getAbsolutePath());
+    props.put(StreamsConfig.STATESTORE_CACHE_MAX_BYTES_CONFIG, 0); // every update is forwarded
+    ObjectNode result = JSON.createObjectNode();
+    result.put("id", scenario.get("id").asText());
+    try (TopologyTestDriver driver = new TopologyTestDriver(builder.build(), props)) {
+      List<TestInputTopic<String, String>> topics = new ArrayList<>();
+      for (int i = 0; i < inputs.size(); i++) {
+        topics.add(driver.createInputTopic("in" + i, new StringSerializer(), new StringSerializer()));
+      }
+      TestOutputTopic<String, String> topic =
+          driver.createOutputTopic("out", new StringDeserializer(), new StringDeserializer());
+      ArrayNode records = result.putArray("emitted");
+      Set<String> keys = new LinkedHashSet<>();
+      for (JsonNode rec : scenario.get("records")) {
+        JsonNode value = rec.get("value");
+        topics.get(rec.get("input").asInt()).pipeInput(rec.get("key").asText(),
+            value == null || value.isNull() ? null : value.asText(), Instant.ofEpochMilli(rec.get("ts").asLong()));
+        for (TestRecord<String, String> r : topic.readRecordsToList()) {
+          ObjectNode node = records.addObject();
+          node.put("key", r.key());
+          node.put("value", r.value());
+          node.put("ts", r.timestamp());
+          keys.add(r.key());
+        }
+      }
+      if (!op.equals("stream_join")) {
+        ObjectNode latest = result.putObject("latest");
+        for (String key : keys) {
+          latest.set(key, latestRecord(driver, key, outKind, op));
+        }
+      }
+    }
+    return result;
+  }
+
+  /** Kafka's count/sum/concat/reduce, each written as versiq's pipeline declares it. */
+  private static KStream<String, String> aggregate(
+      KGroupedTable<String, String> grouped, String aggregator, String outKind, long outRetention) {
+    switch (aggregator) {
+      case "count": // versiq: aggregate: {count: true} -> {"count":n}
+        return grouped.count(OperatorScenarios.<Long>store(OUT_STORE, outKind, outRetention)
+                .withKeySerde(Serdes.String()).withValueSerde(Serdes.Long()))
+            .toStream().mapValues(n -> n == null ? null : "{\"count\":" + n + "}");
+      case "sum": // versiq: aggregate: {sum: "value.n"} -> {"sum":x}; non-numbers add nothing
+        return grouped.aggregate(
+                () -> "0",
+                (k, v, agg) -> sumStep(agg, v, 1),
+                (k, v, agg) -> sumStep(agg, v, -1),
+                stringStore(OUT_STORE, outKind, outRetention))
+            .toStream().mapValues(s -> s == null ? null : "{\"sum\":" + s + "}");
+      case "concat": // versiq: aggregate: {init: '"0"', add: 'concat(agg, "+", value.n)', subtract: ...}
+        return grouped.aggregate(
+                () -> "0",
+                (k, v, agg) -> concatStep(agg, "+", v),
+                (k, v, agg) -> concatStep(agg, "-", v),
+                stringStore(OUT_STORE, outKind, outRetention))
+            .toStream().mapValues(s -> s == null ? null : JSON.getNodeFactory().textNode(s).toString());
+      case "reduce": // versiq: reduce: {add: "agg + value", subtract: "agg - value"} (number values)
+        return grouped.reduce(
+                (agg, v) -> arithmetic(agg, v, 1),
+                (agg, v) -> arithmetic(agg, v, -1),
+                stringStore(OUT_STORE, outKind, outRetention))
+            .toStream();
+      default:
+        throw new IllegalArgumentException("unknown aggregator " + aggregator);
+    }
+  }
+
+  static String sumStep(String agg, String value, int sign) {
+    BigDecimal n = number(member(parse(value), "n"));
+    if (n == null) {
+      return agg;
+    }
+    BigDecimal total = new BigDecimal(agg);
+    return render(sign > 0 ? total.add(n) : total.subtract(n));
+  }
+
+  static String concatStep(String agg, String separator, String value) {
+    BigDecimal n = number(member(parse(value), "n"));
+    return agg == null || n == null ? null : agg + separator + render(n);
+  }
+
+  static String arithmetic(String agg, String value, int sign) {
+    BigDecimal a = number(parse(agg));
+    BigDecimal b = number(parse(value));
+    if (a == null || b == null) {
+      return null;
+    }
+    return render(sign > 0 ? a.add(b) : a.subtract(b));
+  }
+
+  @SuppressWarnings("unchecked")
+  private static JsonNode latestRecord(TopologyTestDriver driver, String key, String outKind, String op) {
+    Object found;
+    long ts;
+    if (outKind.equals("versioned")) {
+      VersionedKeyValueStore<String, Object> store =
+          (VersionedKeyValueStore<String, Object>) driver.getAllStateStores().get(OUT_STORE);
+      VersionedRecord<Object> rec = store.get(key);
+      if (rec == null) {
+        return JSON.nullNode();
+      }
+      found = rec.value();
+      ts = rec.timestamp();
+    } else {
+      KeyValueStore<String, ValueAndTimestamp<Object>> store = driver.getTimestampedKeyValueStore(OUT_STORE);
+      ValueAndTimestamp<Object> rec = store.get(key);
+      if (rec == null) {
+        return JSON.nullNode();
+      }
+      found = rec.value();
+      ts = rec.timestamp();
+    }
+    ObjectNode node = JSON.createObjectNode();
+    node.put("value", found == null ? null : String.valueOf(found)); // count: the Long
+    node.put("ts", ts);
+    return node;
+  }
+
+  private OperatorScenarios() {}
+}

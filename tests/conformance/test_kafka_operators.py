@@ -1,0 +1,318 @@
+"""Differential test of the derived-table operators against Kafka Streams itself (issue 13).
+
+Random changelogs (out of order, late past the inputs' grace, same-timestamp replacements,
+tombstones, odd values), split at random into runs, go through versiq's real pipeline (Spark
+ingest of the inputs, the derived phase) and through the same operator in real Kafka Streams
+(``conformance/kafka``, OperatorScenarios.java: KTables over RocksDB versioned or timestamped
+stores, TopologyTestDriver): table filter; primary-key inner, left and outer joins; foreign-key
+inner and left joins; groupBy + count, sum, a custom aggregate (string building with
+``concat``) and reduce (``int``, ``%``, ``substring``, ``length`` in its group key); stream-table
+inner and left joins. Every emission (key, value, timestamp, in order) and the final result
+table are compared.
+
+The documented departures (docs/semantics.md, "Departures"), applied exactly and nothing looser:
+- Processing order across inputs within a run is versiq's merge (rule 23): Kafka is given the
+  records in exactly that order (runs in sequence; within a run the smallest head timestamp
+  first, ties to the input declared first, stores before streams).
+- Result timestamps are floored per key (rule 26): a join or aggregate result carries at least
+  the timestamp of the key's previous result. Kafka's emission timestamps are floored by the
+  key's previous emissions before comparing; where that floor changed a timestamp, Kafka's own
+  versioned result store keeps the older-timestamped result as history, so its latest record
+  is compared with the last emission instead.
+
+Layout: scenarios with the same operator settings share one versiq pipeline group (a name
+prefix); scenario j owns stream-time partition j of each input, keys and foreign/group keys
+prefixed ``s<j>/`` and timestamps shifted by ``j * SPAN`` (all of scenario j's records precede
+scenario j+1's in every input, so the merge restricted to one scenario is the merge of it alone).
+Kafka runs every scenario in its own TopologyTestDriver with unprefixed, unshifted records.
+
+``make test`` runs a fixed, derandomized set; ``make conformance`` runs
+``VERSIQ_CONFORMANCE_SCENARIOS`` (default 10,000) per operator and prints a summary.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import os
+import random
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
+
+from tests.support.derived import RealPipeline
+from tests.support.derived_reference import InputDef, Rec
+from tests.support.kafka_streams import KAFKA_VERSION, run_operator_scenarios
+
+OPS = ("filter", "join", "fk_join", "aggregate", "stream_join")
+#: Scenarios per operator: 40 in ``make test``; ``make conformance`` sets VERSIQ_CONFORMANCE_SCENARIOS.
+PER_OPERATOR = int(os.environ.get("VERSIQ_CONFORMANCE_SCENARIOS", "40"))
+#: Scenarios per versiq pipeline group and groups per Spark run (one batch).
+GROUP_SIZE = int(os.environ.get("VERSIQ_CONFORMANCE_GROUP", "20"))  # make conformance: 500
+GROUPS_PER_BATCH = int(os.environ.get("VERSIQ_CONFORMANCE_GROUPS", "10"))
+SPAN = 1000  # timestamp shift between scenarios of one group (a scenario's records are in [0, 40])
+OUTPUT_RETENTION_MS = 10**12  # results are never late for the result table itself
+RETENTIONS = (0, 4, 15, 1000)
+REDUCE_GROUP = "concat(substring(key, 1, length(key) - 2), int(value) % 3)"
+AGGREGATORS: dict[str, dict[str, Any]] = {
+    "count": {"group_by": "value.g", "aggregate": {"count": True}},
+    "sum": {"group_by": "value.g", "aggregate": {"sum": "value.n"}},
+    "concat": {"group_by": "value.g", "aggregate": {"init": '"0"', "add": 'concat(agg, "+", value.n)',
+                                                    "subtract": 'concat(agg, "-", value.n)'}},
+    "reduce": {"group_by": REDUCE_GROUP, "reduce": {"add": "agg + value", "subtract": "agg - value"}},
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    """The operator settings a group of scenarios shares (one versiq pipeline group)."""
+
+    op: str
+    join_type: str
+    kinds: tuple[str, ...]  # per input: versioned, timestamped or stream
+    retentions: tuple[int, ...]
+    aggregator: str = ""
+
+    def kafka(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"op": self.op, "type": self.join_type, "outputRetentionMs": OUTPUT_RETENTION_MS,
+                               "outputKind": "timestamped" if self.op == "aggregate" else "versioned",
+                               "inputs": [{"kind": k, "historyRetentionMs": r}
+                                          for k, r in zip(self.kinds, self.retentions, strict=True)]}
+        if self.op == "filter":
+            out["filter"] = "value.n > 3"
+        if self.op == "fk_join":
+            out["foreignKey"] = "value.f"
+        if self.op == "aggregate":
+            out["groupBy"] = AGGREGATORS[self.aggregator]["group_by"]
+            out["aggregator"] = self.aggregator
+        return out
+
+    def table(self) -> dict[str, Any]:
+        """The versiq ``tables:`` entry of the group's result table ``out``."""
+        retention = {"history_retention_ms": OUTPUT_RETENTION_MS}
+        if self.op == "filter":
+            return {"name": "out", "from": "i0", "filter": "value.n > 3", **retention}
+        if self.op == "join":
+            return {"name": "out", "join": {"left": "i0", "right": "i1", "type": self.join_type}, **retention}
+        if self.op == "fk_join":
+            return {"name": "out", "fk_join": {"left": "i0", "right": "i1", "foreign_key": "value.f",
+                                               "type": self.join_type}, **retention}
+        if self.op == "aggregate":
+            return {"name": "out", "from": "i0", **AGGREGATORS[self.aggregator], **retention}
+        return {"name": "out", "stream_join": {"stream": "i0", "table": "i1", "type": self.join_type}}
+
+
+def random_config(rng: random.Random, op: str) -> Config:
+    table_kind = lambda: rng.choice(("versioned", "versioned", "timestamped"))  # noqa: E731
+    retention = lambda: rng.choice(RETENTIONS)  # noqa: E731
+    if op == "filter":
+        return Config(op, "", (table_kind(),), (retention(),))
+    if op in ("join", "fk_join"):
+        join_type = rng.choice(("inner", "left", "outer") if op == "join" else ("inner", "left"))
+        return Config(op, join_type, (table_kind(), table_kind()), (retention(), retention()))
+    if op == "aggregate":
+        return Config(op, "", (table_kind(),), (retention(),), rng.choice(sorted(AGGREGATORS)))
+    return Config(op, rng.choice(("inner", "left")), ("stream", table_kind()), (0, retention()))
+
+
+def _object_value(rng: random.Random) -> str | None:
+    """A record value; ``@`` stands for the scenario's key prefix (versiq) or nothing (Kafka)."""
+    roll = rng.random()
+    if roll < 0.2:
+        return None
+    if roll < 0.25:
+        return rng.choice(['"s"', "7", "[1]"])  # not an object: every path is null
+    member: dict[str, str] = {}
+    f = rng.choice(["k1", "k2", "k3", None])
+    member["f"] = "null" if f is None else json.dumps("@" + f)
+    member["g"] = json.dumps("@" + rng.choice(["x", "y"]))
+    if rng.random() < 0.9:
+        member["n"] = rng.choice([str(rng.randint(-3, 12)), "1.5", "2.25", "0.10", "12.0"])
+    return "{" + ",".join(f'"{k}":{v}' for k, v in member.items()) + "}"
+
+
+def _number_value(rng: random.Random) -> str | None:
+    if rng.random() < 0.2:
+        return None
+    return rng.choice([str(rng.randint(-5, 9)), "1.5", "0.10", "2.25", "-3.5"])
+
+
+Runs = list[dict[int, list[tuple[str, str | None, int]]]]
+
+
+def random_runs(rng: random.Random, config: Config) -> Runs:
+    """Random records per input (keys k1..k3, timestamps 0..40) in random arrival order, cut into
+    up to three runs."""
+    value = _number_value if config.aggregator == "reduce" else _object_value
+    arrivals = [(i, (rng.choice(("k1", "k2", "k3")), value(rng), rng.randint(0, 40)))
+                for i in range(len(config.kinds)) for _ in range(rng.randint(0, 8))]
+    rng.shuffle(arrivals)
+    cuts = sorted({rng.randint(1, max(1, len(arrivals) - 1)) for _ in range(rng.randint(0, 2))})
+    runs: Runs = []
+    start = 0
+    for end in [*cuts, len(arrivals)]:
+        run: dict[int, list[tuple[str, str | None, int]]] = {}
+        for i, rec in arrivals[start:end]:
+            run.setdefault(i, []).append(rec)
+        if run:
+            runs.append(run)
+        start = end
+    return runs
+
+
+def merge_order(config: Config, runs: Runs) -> list[tuple[int, tuple[str, str | None, int]]]:
+    """Rule 23: runs in sequence; within a run the head with the smallest timestamp goes next,
+    ties to the input declared first (the pipeline declares stores before streams)."""
+    rank = sorted(range(len(config.kinds)), key=lambda i: (config.kinds[i] == "stream", i))
+    out = []
+    for run in runs:
+        heads = [(recs[0][2], rank.index(i), i, 0) for i, recs in run.items() if recs]
+        heapq.heapify(heads)
+        while heads:
+            _, r, i, pos = heapq.heappop(heads)
+            out.append((i, run[i][pos]))
+            if pos + 1 < len(run[i]):
+                heapq.heappush(heads, (run[i][pos + 1][2], r, i, pos + 1))
+    return out
+
+
+def _floor(emitted: list[dict[str, Any]]) -> tuple[list[tuple[str, str | None, int]], set[str]]:
+    """Kafka's emissions with timestamps floored per key (rule 26), and the keys the floor changed."""
+    newest: dict[str, int] = {}
+    floored, changed = [], set()
+    for e in emitted:
+        ts = max(e["ts"], newest.get(e["key"], e["ts"]))
+        if ts != e["ts"]:
+            changed.add(e["key"])
+        newest[e["key"]] = ts
+        floored.append((e["key"], e["value"], ts))
+    return floored, changed
+
+
+def _kafka_value(config: Config, value: str | None) -> str | None:
+    """Kafka's result-store value as versiq renders the aggregate (count is a Long in Kafka)."""
+    if value is None or config.op != "aggregate":
+        return value
+    if config.aggregator == "count":
+        return '{"count":' + value + "}"
+    if config.aggregator == "sum":
+        return '{"sum":' + value + "}"
+    if config.aggregator == "concat":
+        return json.dumps(value)
+    return value
+
+
+def compare_scenario(config: Config, kafka: dict[str, Any], emissions: list[tuple[str, str | None, int]],
+                     latest: dict[str, tuple[str | None, int]]) -> list[str]:
+    """The differences between Kafka's answer and versiq's (unprefixed, unshifted) for one scenario."""
+    problems = []
+    floors = config.op in ("join", "fk_join", "aggregate")
+    if floors:
+        theirs, changed = _floor(kafka["emitted"])
+    else:
+        theirs, changed = [(e["key"], e["value"], e["ts"]) for e in kafka["emitted"]], set()
+    if emissions != theirs:
+        problems.append(f"emissions: kafka {theirs} versiq {emissions}")
+    if config.op == "stream_join":
+        return problems
+    for key, stored in kafka["latest"].items():
+        kafka_latest = None if stored is None else (_kafka_value(config, stored["value"]), stored["ts"])
+        mine = latest.get(key)
+        if not floors:  # filter: versiq's versioned result is Kafka's versioned result store
+            if (mine if kafka_latest is not None else (mine and mine[0])) != kafka_latest:
+                problems.append(f"result table, key {key}: kafka {kafka_latest} versiq {mine}")
+            continue
+        last = next((value, ts) for k, value, ts in reversed(theirs) if k == key)
+        if key not in changed and kafka_latest != (last if last[0] is not None else None):
+            problems.append(f"kafka's result store, key {key}: {kafka_latest}, its last emission {last}")
+        if mine != last:  # versiq's result is the key's last (floored) emission
+            problems.append(f"result table, key {key}: kafka (last emission, floored) {last} versiq {mine}")
+    return problems
+
+
+def run_batch(spark: Any, root: str, groups: list[tuple[Config, list[Runs]]]) -> tuple[Counter[str], list[str]]:
+    """One versiq pipeline over every group (one Spark run per run index) and one JVM for Kafka."""
+    kafka_input = []
+    real = RealPipeline(spark, root)
+    for g, (config, scenarios) in enumerate(groups):
+        inputs = [InputDef(f"i{i}", kind, history_retention_ms=r or 0,
+                           partitions=1 if kind == "stream" else len(scenarios))
+                  for i, (kind, r) in enumerate(zip(config.kinds, config.retentions, strict=True))]
+        steps = max(len(runs) for runs in scenarios)
+        versiq_runs: list[dict[str, list[Rec]]] = [{} for _ in range(steps)]
+        for j, runs in enumerate(scenarios):
+            prefix = f"s{j}/"
+            for step, run in enumerate(runs):
+                for i, recs in run.items():
+                    versiq_runs[step].setdefault(f"i{i}", []).extend(
+                        Rec(prefix + key, None if value is None else value.replace("@", prefix), ts + j * SPAN,
+                            j if config.kinds[i] != "stream" else 0)
+                        for key, value, ts in recs)
+            kafka_input.append({"id": f"g{g}s{j}", **config.kafka(),
+                                "records": [{"input": i, "key": key, "value": None if v is None else v.replace("@", ""),
+                                             "ts": ts} for i, (key, v, ts) in merge_order(config, runs)]})
+        real.add(f"g{g}_", inputs, [config.table()], versiq_runs)
+    answers = {r["id"]: r for r in run_operator_scenarios(kafka_input)}
+    real.run_all()
+    tally: Counter[str] = Counter()
+    differences: list[str] = []
+    for g, (config, scenarios) in enumerate(groups):
+        observed = real.observed(f"g{g}_", "out")
+        for j, runs in enumerate(scenarios):
+            prefix = f"s{j}/"
+            emissions = [(k[len(prefix):], None if v is None else v.replace(prefix, ""), ts - j * SPAN)
+                         for k, v, ts, _ in observed.emissions if k.startswith(prefix)]
+            latest = {}
+            for key, versions in observed.versions.items():
+                if key.startswith(prefix):
+                    ts, _, value = max(versions, key=lambda v: v[0])
+                    latest[key[len(prefix):]] = (None if value is None else value.replace(prefix, ""), ts - j * SPAN)
+            kafka = answers[f"g{g}s{j}"]
+            tally[f"{config.op} scenarios"] += 1
+            tally["records"] += sum(len(recs) for run in runs for recs in run.values())
+            tally["emissions"] += len(kafka["emitted"])
+            for problem in compare_scenario(config, kafka, emissions, latest):
+                differences.append(f"{config} g{g}s{j}: {problem}\n    runs {runs}")
+    tally["differences"] = len(differences)
+    return tally, differences
+
+
+def batches(rng: random.Random, per_op: int) -> list[list[tuple[Config, list[Runs]]]]:
+    """Groups of GROUP_SIZE scenarios, ``per_op`` scenarios per operator, GROUPS_PER_BATCH per batch."""
+    groups = []
+    for op in OPS:
+        made = 0
+        while made < per_op:
+            size = min(GROUP_SIZE, per_op - made)
+            config = random_config(rng, op)
+            groups.append((config, [random_runs(rng, config) for _ in range(size)]))
+            made += size
+    rng.shuffle(groups)
+    return [groups[i:i + GROUPS_PER_BATCH] for i in range(0, len(groups), GROUPS_PER_BATCH)]
+
+
+@pytest.mark.rule(13, 14, 15, 16, 17, 23, 24, 25, 26, 27, 28, 29, 30)
+@settings(max_examples=1, deadline=None, phases=(Phase.explicit, Phase.generate))  # a seed cannot shrink
+@given(st.integers(0, 2**32 - 1))
+def test_operators_agree_with_kafka_streams(spark: Any, tmp_path_factory: Any, seed: int) -> None:
+    """PER_OPERATOR scenarios per operator from one seed (a fixed one in CI: derandomized)."""
+    rng = random.Random(seed)
+    total: Counter[str] = Counter()
+    differences: list[str] = []
+    for n, batch in enumerate(batches(rng, PER_OPERATOR)):
+        tally, found = run_batch(spark, str(tmp_path_factory.mktemp(f"operators{n}")), batch)
+        total += tally
+        differences += found
+        print(f"conformance (operators): seed {seed}, batch {n}: {dict(total)}", flush=True)
+    ops = ", ".join(f"{total[f'{op} scenarios']} {op}" for op in OPS)
+    print(f"operator conformance vs Kafka Streams {KAFKA_VERSION}: {ops} scenarios; {total['records']} records, "
+          f"{total['emissions']} emissions compared, {total['differences']} differences")
+    if differences and os.environ.get("VERSIQ_CONFORMANCE_REPORT"):
+        with open(os.environ["VERSIQ_CONFORMANCE_REPORT"], "w", encoding="utf-8") as handle:
+            handle.write("\n".join(differences) + "\n")
+    assert not differences, f"{len(differences)} difference(s) with Kafka Streams {KAFKA_VERSION}:\n" + \
+        "\n".join(differences[:12])
