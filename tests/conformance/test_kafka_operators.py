@@ -234,8 +234,22 @@ def compare_scenario(config: Config, kafka: dict[str, Any], emissions: list[tupl
     return problems
 
 
+def _local_answer(answer: dict[str, Any], prefix: str, shift: int) -> dict[str, Any]:
+    """One scenario's part of a group's Kafka answer, unprefixed and unshifted."""
+    def local(value: str | None) -> str | None:
+        return None if value is None else value.replace(prefix, "")
+    emitted = [{"key": e["key"][len(prefix):], "value": local(e["value"]), "ts": e["ts"] - shift}
+               for e in answer["emitted"] if e["key"].startswith(prefix)]
+    latest = {key[len(prefix):]: None if r is None else {"value": local(r["value"]), "ts": r["ts"] - shift}
+              for key, r in answer.get("latest", {}).items() if key.startswith(prefix)}
+    return {"emitted": emitted, "latest": latest}
+
+
 def run_batch(spark: Any, root: str, groups: list[tuple[Config, list[Runs]]]) -> tuple[Counter[str], list[str]]:
-    """One versiq pipeline over every group (one Spark run per run index) and one JVM for Kafka."""
+    """One versiq pipeline over every group (one Spark run per run index) and one JVM for Kafka,
+    with one TopologyTestDriver per group fed scenario after scenario (each scenario's runs in
+    sequence, records prefixed and shifted exactly as versiq's: stream time only grows from one
+    scenario to the next, so every scenario is judged as if alone)."""
     kafka_input = []
     real = RealPipeline(spark, root)
     for g, (config, scenarios) in enumerate(groups):
@@ -252,9 +266,10 @@ def run_batch(spark: Any, root: str, groups: list[tuple[Config, list[Runs]]]) ->
                         Rec(prefix + key, None if value is None else value.replace("@", prefix), ts + j * SPAN,
                             j if config.kinds[i] != "stream" else 0)
                         for key, value, ts in recs)
-            kafka_input.append({"id": f"g{g}s{j}", **config.kafka(),
-                                "records": [{"input": i, "key": key, "value": None if v is None else v.replace("@", ""),
-                                             "ts": ts} for i, (key, v, ts) in merge_order(config, runs)]})
+        kafka_input.append({"id": f"g{g}", **config.kafka(), "records": [
+            {"input": i, "key": f"s{j}/{key}", "value": None if v is None else v.replace("@", f"s{j}/"),
+             "ts": ts + j * SPAN}
+            for j, runs in enumerate(scenarios) for i, (key, v, ts) in merge_order(config, runs)]})
         real.add(f"g{g}_", inputs, [config.table()], versiq_runs)
     answers = {r["id"]: r for r in run_operator_scenarios(kafka_input)}
     real.run_all()
@@ -271,7 +286,7 @@ def run_batch(spark: Any, root: str, groups: list[tuple[Config, list[Runs]]]) ->
                 if key.startswith(prefix):
                     ts, _, value = max(versions, key=lambda v: v[0])
                     latest[key[len(prefix):]] = (None if value is None else value.replace(prefix, ""), ts - j * SPAN)
-            kafka = answers[f"g{g}s{j}"]
+            kafka = _local_answer(answers[f"g{g}"], prefix, j * SPAN)
             tally[f"{config.op} scenarios"] += 1
             tally["records"] += sum(len(recs) for run in runs for recs in run.values())
             tally["emissions"] += len(kafka["emitted"])
