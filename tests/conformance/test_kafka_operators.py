@@ -46,7 +46,7 @@ from hypothesis import strategies as st
 
 from tests.support.derived import RealPipeline
 from tests.support.derived_reference import InputDef, Rec
-from tests.support.kafka_streams import KAFKA_VERSION, run_operator_scenarios
+from tests.support.kafka_streams import KAFKA_VERSION, kafka_loses_replaced_tombstone, run_operator_scenarios
 
 OPS = ("filter", "join", "fk_join", "aggregate", "stream_join")
 #: Scenarios per operator: 40 in ``make test``; ``make conformance`` sets VERSIQ_CONFORMANCE_SCENARIOS.
@@ -234,6 +234,16 @@ def compare_scenario(config: Config, kafka: dict[str, Any], emissions: list[tupl
     return problems
 
 
+def kafka_forgets_a_tombstone(config: Config, runs: Runs) -> bool:
+    """Whether a versioned input of the scenario meets the Kafka 4.3.1 behaviour the store
+    conformance test found (a tombstone that replaced a value at the same timestamp is forgotten
+    once an older record arrives): such scenarios are set aside and counted, never compared."""
+    order = merge_order(config, runs)
+    return any(kafka_loses_replaced_tombstone({
+        "kind": kind, "partitions": 1, "retention": config.retentions[i],
+        "records": [rec for j, rec in order if j == i]}) for i, kind in enumerate(config.kinds))
+
+
 def _local_answer(answer: dict[str, Any], prefix: str, shift: int) -> dict[str, Any]:
     """One scenario's part of a group's Kafka answer, unprefixed and unshifted."""
     def local(value: str | None) -> str | None:
@@ -252,6 +262,14 @@ def run_batch(spark: Any, root: str, groups: list[tuple[Config, list[Runs]]]) ->
     scenario to the next, so every scenario is judged as if alone)."""
     kafka_input = []
     real = RealPipeline(spark, root)
+    tally: Counter[str] = Counter()
+    kept = []
+    for config, scenarios in groups:
+        compared = [runs for runs in scenarios if not kafka_forgets_a_tombstone(config, runs)]
+        tally["set aside (Kafka forgets a replaced tombstone)"] += len(scenarios) - len(compared)
+        if compared:
+            kept.append((config, compared))
+    groups = kept
     for g, (config, scenarios) in enumerate(groups):
         inputs = [InputDef(f"i{i}", kind, history_retention_ms=r or 0,
                            partitions=1 if kind == "stream" else len(scenarios))
@@ -273,7 +291,6 @@ def run_batch(spark: Any, root: str, groups: list[tuple[Config, list[Runs]]]) ->
         real.add(f"g{g}_", inputs, [config.table()], versiq_runs)
     answers = {r["id"]: r for r in run_operator_scenarios(kafka_input)}
     real.run_all()
-    tally: Counter[str] = Counter()
     differences: list[str] = []
     for g, (config, scenarios) in enumerate(groups):
         observed = real.observed(f"g{g}_", "out")
@@ -325,9 +342,25 @@ def test_operators_agree_with_kafka_streams(spark: Any, tmp_path_factory: Any, s
         print(f"conformance (operators): seed {seed}, batch {n}: {dict(total)}", flush=True)
     ops = ", ".join(f"{total[f'{op} scenarios']} {op}" for op in OPS)
     print(f"operator conformance vs Kafka Streams {KAFKA_VERSION}: {ops} scenarios; {total['records']} records, "
-          f"{total['emissions']} emissions compared, {total['differences']} differences")
+          f"{total['emissions']} emissions compared, {total['differences']} differences "
+          f"({total['set aside (Kafka forgets a replaced tombstone)']} scenarios where Kafka forgets a replaced "
+          "tombstone set aside)")
     if differences and os.environ.get("VERSIQ_CONFORMANCE_REPORT"):
         with open(os.environ["VERSIQ_CONFORMANCE_REPORT"], "w", encoding="utf-8") as handle:
             handle.write("\n".join(differences) + "\n")
     assert not differences, f"{len(differences)} difference(s) with Kafka Streams {KAFKA_VERSION}:\n" + \
         "\n".join(differences[:12])
+
+
+def test_the_known_kafka_difference_is_recognised() -> None:
+    """The one kind of difference 5,000 random scenarios found (seed 0, g4s312 of an outer join
+    of versioned tables): left k1 = value@15, tombstone@15, value@2. Kafka forgets the tombstone
+    and takes value@2 as the latest, so it joins it; versiq keeps the tombstone (rule 1), so
+    value@2 is out of order and joins nothing (rule 15)."""
+    config = Config("join", "outer", ("versioned", "versioned"), (1000, 1000))
+    affected: Runs = [{1: [("k1", '{"n":1}', 37)]},
+                      {0: [("k1", '{"n":2}', 15), ("k1", None, 15), ("k1", '{"n":3}', 2)]}]
+    assert kafka_forgets_a_tombstone(config, affected)
+    assert not kafka_forgets_a_tombstone(config, [{0: [("k1", '{"n":2}', 15), ("k1", None, 15), ("k1", "1", 20)]}])
+    timestamped = Config("join", "outer", ("timestamped", "timestamped"), (1000, 1000))
+    assert not kafka_forgets_a_tombstone(timestamped, affected)  # timestamped stores keep no versions

@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import zlib
 from collections import Counter
 from typing import Any
 
@@ -35,7 +34,7 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from tests.support.ingest import rejected_rows
-from tests.support.kafka_streams import KAFKA_VERSION, run_store_scenarios
+from tests.support.kafka_streams import KAFKA_VERSION, kafka_loses_replaced_tombstone, partition_of, run_store_scenarios
 from versiq.ingest.pipeline import StoreSpec, run_ingest
 from versiq.query.api import MultiVersionedKeyQuery, VersionedKeyQuery
 from versiq.query.engine import Engine
@@ -70,40 +69,6 @@ def scenario(rng: random.Random) -> dict[str, Any]:
             "queries": queries}
 
 
-def kafka_loses_replaced_tombstone(sc: dict[str, Any]) -> set[str]:
-    """Keys on which Kafka Streams 4.3.1 answers differently from rule 1, found by this test.
-
-    When a tombstone replaces a key's latest *value* at the same timestamp T and a record older
-    than T is accepted later, Kafka's RocksDB versioned store forgets the tombstone at T: the
-    older version then reads as valid up to the next version after T (or as the latest), and the
-    older record's put even returns -1 ("latest"). versiq keeps the tombstone, as rule 1 says (one
-    version per key and timestamp, value -> null included). Scenarios with such a key are set
-    aside and counted, never compared (smallest case: value@47, tombstone@47, value@16)."""
-    if sc.get("kind", "versioned") != "versioned":
-        return set()
-    stream_time: dict[int, int] = {}
-    latest: dict[str, tuple[int, str | None]] = {}
-    replaced_at: dict[str, int] = {}
-    affected: set[str] = set()
-    for key, value, ts in sc["records"]:
-        p = _partition_of(key, sc["partitions"])
-        if p in stream_time and ts < stream_time[p] - sc["retention"]:
-            continue  # late: changes nothing (rule 3)
-        stream_time[p] = max(stream_time.get(p, ts), ts)
-        current = latest.get(key)
-        if value is None and current is not None and current[0] == ts and current[1] is not None:
-            replaced_at[key] = ts
-        if key in replaced_at and ts < replaced_at[key]:
-            affected.add(key)
-        if current is None or ts >= current[0]:
-            latest[key] = (ts, value)
-    return affected
-
-
-def _partition_of(key: str, partitions: int) -> int:
-    return zlib.crc32(key.encode()) % partitions
-
-
 def _layout(scenarios: list[dict[str, Any]]) -> None:
     """Give every scenario its store (by retention), its first global partition and its keys' prefix."""
     next_partition: Counter[str] = Counter()
@@ -117,8 +82,8 @@ def _layout(scenarios: list[dict[str, Any]]) -> None:
 def _kafka_input(sc: dict[str, Any]) -> dict[str, Any]:
     parts: list[list[dict[str, Any]]] = [[] for _ in range(sc["partitions"])]
     for key, value, ts in sc["records"]:
-        parts[_partition_of(key, sc["partitions"])].append({"key": key, "value": value, "ts": ts})
-    queries = [{**q, "partition": _partition_of(q["key"], sc["partitions"])} for q in sc["queries"]]
+        parts[partition_of(key, sc["partitions"])].append({"key": key, "value": value, "ts": ts})
+    queries = [{**q, "partition": partition_of(q["key"], sc["partitions"])} for q in sc["queries"]]
     return {"id": sc["id"], "kind": sc["kind"], "historyRetentionMs": sc["retention"], "partitions": parts,
             "queries": queries}
 
@@ -129,7 +94,7 @@ def _ingest(spark: Any, root: str, scenarios: list[dict[str, Any]]) -> tuple[str
     lines: dict[tuple[str, int], list[str]] = {}
     for sc in scenarios:
         for key, value, ts in sc["records"]:
-            p = sc["base"] + _partition_of(key, sc["partitions"])
+            p = sc["base"] + partition_of(key, sc["partitions"])
             record = {"key": f"{sc['id']}/{key}", "timestamp": ts, "partition": p}
             if value is not None:
                 record["value"] = json.loads(value)
