@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="refuse records stamped later than the run's wall clock plus this, as "
                           "bad_timestamp, so a broken clock cannot pin stream time (default 1h; 'none' "
                           "for no limit; checked at every run, not fixed; with --config, the default of "
-                          "stores that do not set max_future)")
+                          "the stores and streams that do not set max_future)")
     ing.add_argument("--partitions", type=int, default=None,
                      help="stream-time partitions (default 1; fixed when the store is created)")
     ing.add_argument("--buckets", type=int, default=None,

@@ -29,7 +29,8 @@ log = logging.getLogger("versiq.ingest")
 
 def _pipeline_from_args(args: argparse.Namespace) -> Any:
     from versiq.ingest.config import Pipeline, load_config
-    from versiq.ingest.pipeline import DEFAULT_MAX_FUTURE_MS, StoreSpec, parse_max_future
+    from versiq.ingest.future import DEFAULT_MAX_FUTURE_MS, parse_max_future
+    from versiq.ingest.pipeline import StoreSpec
 
     max_future: int | None = DEFAULT_MAX_FUTURE_MS
     if args.max_future is not None:
@@ -40,7 +41,7 @@ def _pipeline_from_args(args: argparse.Namespace) -> Any:
     if args.config:
         if args.store or args.source:
             raise UsageError("give either --config or --store/--source, not both")
-        # --max-future is the default of the file's stores that do not set max_future
+        # --max-future is the default of the file's stores and streams that do not set max_future
         return load_config(args.config, args.warehouse, default_max_future_ms=max_future)
     if not args.store or not args.source:
         raise UsageError("--store and --source are required (or --config FILE)")

@@ -13,6 +13,7 @@ stores:
 streams:                         # append-only event logs (docs/derived-tables.md)
   - name: clicks
     source: data/clicks/
+    max_future: 1h               # as for stores: a stream record later than this is refused
 tables:                          # derived tables (docs/derived-tables.md)
   - name: big_prices
     from: prices
@@ -32,13 +33,14 @@ import yaml
 from versiq.durations import DurationError, parse_duration_ms
 from versiq.ingest.derived.spec import TableSpec, check_global_store, parse_tables
 from versiq.ingest.errors import UsageError
-from versiq.ingest.pipeline import DEFAULT_MAX_FUTURE_MS, StoreSpec, parse_max_future
+from versiq.ingest.future import DEFAULT_MAX_FUTURE_MS, parse_max_future
+from versiq.ingest.pipeline import StoreSpec
 from versiq.ingest.streams import StreamSpec
 from versiq.layout import STREAM_KIND, StoreSettings, has_delta_log
 
 _STORE_FIELDS = {"name", "source", "format", "kind", "history_retention", "partitions", "buckets", "global",
                  "max_future"}
-_STREAM_FIELDS = {"name", "source", "format", "buckets"}
+_STREAM_FIELDS = {"name", "source", "format", "buckets", "max_future"}
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,7 @@ def load_config(path: str, warehouse: str | None = None, *,
         raise UsageError(f"config {path}: expected a non-empty 'stores:' (or 'streams:') list")
     base = os.path.dirname(os.path.abspath(path))
     stores = [_store(entry, i, base, default_max_future_ms) for i, entry in enumerate(data.get("stores") or [])]
-    streams = [_stream(entry, i, base) for i, entry in enumerate(data.get("streams") or [])]
+    streams = [_stream(entry, i, base, default_max_future_ms) for i, entry in enumerate(data.get("streams") or [])]
     kinds: dict[str, str] = {}
     for index, spec in enumerate(stores):
         kind = spec.kind or _existing_kind(warehouse, spec.name) or "versioned"
@@ -156,12 +158,24 @@ def _absolute(source: str, base: str) -> str:
     return source if os.path.isabs(source) else os.path.join(base, source)
 
 
-def _stream(entry: Any, index: int, base: str) -> StreamSpec:
+def _max_future(entry: dict[str, Any], where: str, default: int | None) -> int | None:
+    """An entry's ``max_future`` (stores and streams alike), else the run's default."""
+    if "max_future" not in entry:
+        return default
+    try:
+        if entry["max_future"] is None:  # YAML's null is not 'none': say which one is meant
+            raise DurationError("null is not a duration: give one such as 1h, or none for no limit")
+        return parse_max_future(str(entry["max_future"]))
+    except DurationError as exc:
+        raise UsageError(f"{where} ({entry['name']}): max_future: {exc} (or none)") from None
+
+
+def _stream(entry: Any, index: int, base: str, default_max_future_ms: int | None) -> StreamSpec:
     where = f"streams[{index}]"
     source = _checked_entry(entry, where, _STREAM_FIELDS, " (a stream has no kind, history retention or partitions)")
     _check_integers(entry, where)
     return StreamSpec(name=entry["name"], source=_absolute(source, base), format=entry.get("format"),
-                      buckets=entry.get("buckets"))
+                      buckets=entry.get("buckets"), max_future_ms=_max_future(entry, where, default_max_future_ms))
 
 
 def _store(entry: Any, index: int, base: str, default_max_future_ms: int | None) -> StoreSpec:
@@ -174,14 +188,7 @@ def _store(entry: Any, index: int, base: str, default_max_future_ms: int | None)
             retention_ms = parse_duration_ms(retention)
         except DurationError as exc:
             raise UsageError(f"{where} ({entry['name']}): history_retention: {exc}") from None
-    max_future_ms = default_max_future_ms
-    if "max_future" in entry:
-        try:
-            if entry["max_future"] is None:  # YAML's null is not 'none': say which one is meant
-                raise DurationError("null is not a duration: give one such as 1h, or none for no limit")
-            max_future_ms = parse_max_future(str(entry["max_future"]))
-        except DurationError as exc:
-            raise UsageError(f"{where} ({entry['name']}): max_future: {exc} (or none)") from None
+    max_future_ms = _max_future(entry, where, default_max_future_ms)
     _check_integers(entry, where)
     source = _absolute(source, base)
     return StoreSpec(

@@ -19,9 +19,10 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from versiq.durations import DEFAULT_HISTORY_RETENTION_MS, parse_duration_ms
+from versiq.durations import DEFAULT_HISTORY_RETENTION_MS
 from versiq.ingest.bucketing import write_tasks
 from versiq.ingest.errors import UsageError
+from versiq.ingest.future import DEFAULT_MAX_FUTURE_MS, future_bound
 from versiq.ingest.parse import parse_files
 from versiq.ingest.rejections import write_rejected
 from versiq.ingest.reports import RunReport, StoreReport
@@ -55,28 +56,6 @@ log = logging.getLogger("versiq.ingest")
 #: Largest files x partitions of a run whose per-file stream-time maxima are collected to the
 #: driver (``_parse_stats``); above it stream time is computed by Spark windows instead.
 FILE_STATS_LIMIT = 100_000
-#: Default ``max_future``: a record more than 1 hour after the wall clock of its run is refused.
-DEFAULT_MAX_FUTURE_MS = 3_600_000
-
-
-def parse_max_future(text: str) -> int | None:
-    """``max_future`` as given on the command line or in a pipeline file: a duration, or
-    ``none`` for no limit. Raises DurationError."""
-    return None if text.strip().lower() == "none" else parse_duration_ms(text)
-
-
-def future_bound(max_future_ms: int | None, now_ms: int | None = None) -> int | None:
-    """The latest timestamp a run accepts: its wall clock (taken once, on the driver, when the
-    run starts) plus ``max_future_ms``; None when there is no limit.
-
-    Why per run and not a store setting: like a Kafka broker's
-    ``log.message.timestamp.after.max.ms`` (KIP-937) it guards the input against broken clocks
-    and poison records; it is not part of the store's semantics. A record refused today can be
-    ingested once its time has come (from a new file; a file is never read twice)."""
-    if max_future_ms is None:
-        return None
-    now = int(time.time() * 1000) if now_ms is None else now_ms
-    return min(now + max_future_ms, 2**63 - 1)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from pyspark.sql import functions as F
 
 from versiq.ingest.bucketing import by_bucket, write_tasks
 from versiq.ingest.errors import UsageError
+from versiq.ingest.future import DEFAULT_MAX_FUTURE_MS, future_bound
 from versiq.ingest.parse import parse_files
 from versiq.ingest.rejections import write_rejected
 from versiq.ingest.reports import StreamReport
@@ -35,12 +36,14 @@ log = logging.getLogger("versiq.ingest")
 
 @dataclass(frozen=True)
 class StreamSpec:
-    """One source stream: ``name``, ``source`` (file or directory), optional ``format``, ``buckets``."""
+    """One source stream: ``name``, ``source`` (file or directory), optional ``format``, ``buckets``,
+    and the run's ``max_future`` guard (``versiq.ingest.future``; None: no limit)."""
 
     name: str
     source: str
     format: str | None = None
     buckets: int | None = None
+    max_future_ms: int | None = DEFAULT_MAX_FUTURE_MS
 
     def settings(self) -> StoreSettings:
         return StoreSettings(kind=STREAM_KIND, history_retention_ms=0, partitions=1,
@@ -72,7 +75,8 @@ def ingest_stream(spark: SparkSession, warehouse: str, spec: StreamSpec, lock_ti
             return report
         run = handle.state.run + 1
         report.run, report.files = run, len(new)
-        parsed = parse_files(spark, new, spec.format, None).persist(StorageLevel.MEMORY_AND_DISK)
+        bound = future_bound(spec.max_future_ms)
+        parsed = parse_files(spark, new, spec.format, None, bound).persist(StorageLevel.MEMORY_AND_DISK)
         try:
             for row in parsed.groupBy("reason").count().collect():
                 report.read += row["count"]

@@ -292,7 +292,7 @@ def test_a_record_far_in_the_future_is_refused_and_never_pins_stream_time(spark,
 def test_the_future_bound_is_inclusive():
     import pyarrow as pa
 
-    from versiq.ingest.pipeline import future_bound, parse_max_future
+    from versiq.ingest.future import future_bound, parse_max_future
     from versiq.ingest.records import parse_bytes_for_tests, refuse_future
 
     table = parse_bytes_for_tests('{"key":"a","value":1,"timestamp":1000}\n{"key":"b","value":1,"timestamp":1001}\n'
@@ -323,3 +323,40 @@ def test_max_future_in_a_pipeline_file(tmp_path):
     # --max-future is the default of the stores that do not set max_future
     stores = load_config(str(tmp_path / "p.yaml"), default_max_future_ms=None).stores
     assert [s.max_future_ms for s in stores] == [None, 7_200_000, None]
+
+
+def test_a_stream_record_far_in_the_future_is_refused(spark, tmp_path):
+    """max_future guards streams too: a stream record at 2^63-1 joined into a table (or
+    materialised by toTable) would move that derived table's stream time to the end of time."""
+    from versiq.ingest.config import Pipeline
+    from versiq.ingest.run import run_pipeline
+    from versiq.ingest.streams import StreamSpec
+
+    source = tmp_path / "clicks"
+    source.mkdir()
+    (source / "a.jsonl").write_text("\n".join(lines([("a", "1", 100), ("b", "2", 2**63 - 1)])) + "\n")
+    warehouse = str(tmp_path / "wh")
+    report = run_pipeline(spark, warehouse, Pipeline(stores=[], streams=[StreamSpec("clicks", str(source))]))
+    entry = report.streams["clicks"]
+    assert entry.appended == 1 and entry.rejected["bad_timestamp"] == 1
+    [row] = rejected_rows(os.path.join(warehouse, "clicks"))
+    assert row["reason"] == "bad_timestamp" and "max_future" in row["detail"]
+    # max_future none: accepted, as asked
+    report = run_pipeline(spark, str(tmp_path / "wh2"),
+                          Pipeline(stores=[], streams=[StreamSpec("clicks", str(source), max_future_ms=None)]))
+    assert report.streams["clicks"].appended == 2
+
+
+def test_max_future_of_streams_in_a_pipeline_file(tmp_path):
+    from versiq.ingest.config import load_config
+
+    (tmp_path / "d").mkdir()
+    (tmp_path / "p.yaml").write_text("streams:\n  - {name: a, source: d, max_future: none}\n"
+                                     "  - {name: b, source: d, max_future: 2h}\n  - {name: c, source: d}\n")
+    streams = load_config(str(tmp_path / "p.yaml")).streams
+    assert [s.max_future_ms for s in streams] == [None, 7_200_000, 3_600_000]
+    streams = load_config(str(tmp_path / "p.yaml"), default_max_future_ms=None).streams
+    assert [s.max_future_ms for s in streams] == [None, 7_200_000, None]
+    (tmp_path / "n.yaml").write_text("streams:\n  - {name: a, source: d, max_future: null}\n")
+    with pytest.raises(UsageError, match="null is not a duration"):
+        load_config(str(tmp_path / "n.yaml"))
