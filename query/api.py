@@ -32,6 +32,44 @@ class MultiVersionedKeyQuery:
 
 
 @dataclass(frozen=True)
+class KeysQuery:
+    """Which keys of a store to list, in UTF-8 byte order (Python's ``str`` order), and as of
+    when to answer for each (issue 16, KIP-969's key range).
+
+    ``prefix`` keeps the keys that start with it; ``start`` (inclusive) and ``end`` (exclusive)
+    bound the range; ``as_of`` None answers with each key's latest record. ``include_deleted``
+    also lists keys whose answer is a tombstone (as deleted entries)."""
+
+    prefix: str | None = None
+    start: str | None = None
+    end: str | None = None
+    as_of: int | None = None
+    include_deleted: bool = False
+
+
+@dataclass(frozen=True)
+class KeyEntry:
+    """One key of a listing with the record that answers for it; ``deleted`` entries are the
+    tombstone that answers (``value`` None) with its validity."""
+
+    key: str
+    value: str | None
+    timestamp: int
+    valid_to: int | None
+    deleted: bool = False
+
+
+@dataclass(frozen=True)
+class KeysPage:
+    """One page of a key listing."""
+
+    entries: list[KeyEntry]
+    snapshot: int
+    #: The last key returned when more keys follow, else None.
+    resume_after: str | None
+
+
+@dataclass(frozen=True)
 class VersionedRecord:
     """A value with its validity ``[timestamp, valid_to)``; ``valid_to`` None = still valid."""
 

@@ -39,7 +39,10 @@ from versiq import layout
 from versiq.query import reads
 from versiq.query.api import (
     InvalidQuery,
+    KeyEntry,
     KeyResult,
+    KeysPage,
+    KeysQuery,
     MultiVersionedKeyQuery,
     SnapshotGone,
     StoreInfo,
@@ -181,21 +184,86 @@ class Engine:
         Timestamped stores answer latest only (UnsupportedQuery for ``as_of``).
         """
         view = self._view(store, snapshot)
-        rows = view.rows(self._con(), query.key)
+        self._check_as_of(view, query.as_of)
+        return self._answer(view, query.key, view.rows(self._con(), query.key), query.as_of)
+
+    def get_many(self, store: str, keys: list[str], as_of: int | None = None,
+                 snapshot: int | None = None) -> tuple[int, list[KeyResult]]:
+        """Many VersionedKeyQuery answers from one snapshot (the current one unless ``snapshot``
+        is given), in the order of ``keys``: each exactly what ``get`` answers for it."""
+        view = self._view(store, snapshot)
+        self._check_as_of(view, as_of)
+        con = self._con()
+        return view.snapshot, [self._answer(view, key, view.rows(con, key), as_of) for key in keys]
+
+    @staticmethod
+    def _check_as_of(view: StoreView, as_of: int | None) -> None:
+        if view.settings.kind == "timestamped" and as_of is not None:
+            raise UnsupportedQuery(
+                f"store {view.name!r} is timestamped (KIP-258): it keeps one value per key, "
+                "so only latest reads apply (no asOf)"
+            )
+
+    @staticmethod
+    def _answer(view: StoreView, key: str, rows: reads.KeyRows | None, as_of: int | None) -> KeyResult:
+        """The read rules for one key of ``view``: latest (rules 6, 12) or as of (7-8)."""
         if view.settings.kind == "timestamped":
-            if query.as_of is not None:
-                raise UnsupportedQuery(
-                    f"store {store!r} is timestamped (KIP-258): it keeps one value per key, "
-                    "so only latest reads apply (no asOf)"
-                )
             outcome, record = reads.latest(rows)
             return KeyResult(outcome, record, view.snapshot, None)
-        h = _horizon(view, query.key, rows)
-        if query.as_of is None:
+        h = _horizon(view, key, rows)
+        if as_of is None:
             outcome, record = reads.latest(rows)
         else:
-            outcome, record = reads.as_of(rows, int(query.as_of), h)
+            outcome, record = reads.as_of(rows, int(as_of), h)
         return KeyResult(outcome, record, view.snapshot, h)
+
+    def keys(self, store: str, query: KeysQuery, *, snapshot: int | None = None,
+             resume_after: str | None = None, limit: int = 100) -> KeysPage:
+        """One page of a key listing: the keys of ``query``'s range in UTF-8 byte order, each
+        with the record ``get`` would answer (latest, or as of ``query.as_of``); keys without
+        one are left out, except that ``include_deleted`` lists a key whose answer is a
+        tombstone as a deleted entry. ``resume_after`` is the last key of the previous page;
+        the page's ``resume_after`` is None exactly when no listed key follows."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise InvalidQuery(f"invalid page size {limit!r}")
+        if query.start is not None and query.end is not None and query.start > query.end:
+            raise InvalidQuery(f"start ({query.start!r}) is after end ({query.end!r})")
+        view = self._view(store, snapshot)
+        self._check_as_of(view, query.as_of)
+        lo = max((b for b in (query.start, query.prefix) if b is not None), default=None)
+        ends = [b for b in (query.end, None if query.prefix is None else reads.prefix_end(query.prefix))
+                if b is not None]
+        hi = min(ends, default=None)
+        con = self._con()
+        entries: list[KeyEntry] = []
+        after = resume_after
+        while len(entries) <= limit:
+            batch = view.key_rows(con, lo, hi, after, max(64, limit + 1 - len(entries)))
+            for key, rows in batch:
+                entry = self._entry(view, key, rows, query)
+                if entry is not None:
+                    entries.append(entry)
+                    if len(entries) > limit:
+                        break
+            if len(batch) == 0 or len(entries) > limit:
+                break
+            after = batch[-1][0]
+        more = len(entries) > limit
+        entries = entries[:limit]
+        return KeysPage(entries, view.snapshot, entries[-1].key if more else None)
+
+    def _entry(self, view: StoreView, key: str, rows: reads.KeyRows, query: KeysQuery) -> KeyEntry | None:
+        result = self._answer(view, key, rows, query.as_of)
+        if result.outcome == "ok" and result.record is not None:
+            record = result.record
+            return KeyEntry(key, record.value, record.timestamp, record.valid_to)
+        if not query.include_deleted:
+            return None
+        horizon = None if view.settings.kind == "timestamped" else result.horizon
+        tombstone = reads.tombstone_answer(rows, query.as_of, horizon)
+        if tombstone is None:
+            return None
+        return KeyEntry(key, None, tombstone[0], tombstone[1], deleted=True)
 
     def versions(
         self,

@@ -24,6 +24,8 @@ snapshot read from files (``query.snapshots``).
 
 from __future__ import annotations
 
+import bisect
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -159,8 +161,17 @@ class StoreView:
     def rows(self, con: duckdb.DuckDBPyConnection, key: str) -> reads.KeyRows | None:  # pragma: no cover
         raise NotImplementedError
 
+    def key_rows(self, con: duckdb.DuckDBPyConnection, lo: str | None, hi: str | None, after: str | None,
+                 limit: int) -> list[tuple[str, reads.KeyRows]]:  # pragma: no cover
+        """Up to ``limit`` keys in ``[lo, hi)`` and above ``after``, ascending (UTF-8 byte order),
+        each with its resolved rows (None bounds: unbounded)."""
+        raise NotImplementedError
+
     def counts(self) -> dict[str, int]:
         return {"files": self.file_count, "rows": self.physical_rows}
+
+
+_KEY_ORDER_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -169,10 +180,33 @@ class LoadedStore(StoreView):
 
     buckets: dict[int, BucketIndex] = field(default_factory=dict)
     loaded_at: float = 0.0
+    #: Every key of the snapshot in order, built by the first key listing (then shared by every
+    #: listing of this snapshot): one sort of the buckets' already sorted key lists.
+    _key_order: list[str] = field(default_factory=list, compare=False, repr=False)
 
     def rows(self, con: duckdb.DuckDBPyConnection, key: str) -> reads.KeyRows | None:
         b = self.buckets.get(layout.bucket_of(key, self.settings.buckets))
         return None if b is None else b.rows(key)
+
+    def _ordered_keys(self) -> list[str]:
+        with _KEY_ORDER_LOCK:
+            if not self._key_order and any(b.keys for b in self.buckets.values()):
+                self._key_order.extend(sorted(k for b in self.buckets.values() for k in b.keys))
+            return self._key_order
+
+    def key_rows(self, con: duckdb.DuckDBPyConnection, lo: str | None, hi: str | None, after: str | None,
+                 limit: int) -> list[tuple[str, reads.KeyRows]]:
+        keys = self._ordered_keys()
+        i = 0 if lo is None else bisect.bisect_left(keys, lo)
+        if after is not None:
+            i = max(i, bisect.bisect_right(keys, after))
+        out: list[tuple[str, reads.KeyRows]] = []
+        while i < len(keys) and len(out) < limit and (hi is None or keys[i] < hi):
+            rows = self.rows(con, keys[i])
+            if rows is not None:
+                out.append((keys[i], rows))
+            i += 1
+        return out
 
     def counts(self) -> dict[str, int]:
         return {

@@ -81,6 +81,36 @@ def as_of(rows: KeyRows | None, t: int, h: int | None) -> tuple[Outcome, Version
     return "ok", rows.record(i)
 
 
+def tombstone_answer(rows: KeyRows | None, t: int | None, h: int | None) -> tuple[int, int | None] | None:
+    """When ``latest`` (``t`` None) or ``as_of`` answers not-found because of a tombstone: that
+    tombstone's ``(timestamp, validTo)``; None otherwise (no version at ``t``, or expired)."""
+    if rows is None or len(rows) == 0:
+        return None
+    n = len(rows)
+    if t is None or (h is not None and t < h):
+        if rows.is_tombstone(n - 1) and (t is None or rows.timestamp(n - 1) <= t):
+            return rows.timestamp(n - 1), None
+        return None
+    vf = rows.valid_from[rows.start : rows.end]
+    i = int(np.searchsorted(vf, t, side="right")) - 1
+    if i < 0 or not rows.is_tombstone(i):
+        return None
+    return rows.timestamp(i), rows.record(i).valid_to
+
+
+def prefix_end(prefix: str) -> str | None:
+    """The smallest string above every string that starts with ``prefix`` (None: no bound), in
+    code-point order, which is UTF-8 byte order."""
+    chars = list(prefix)
+    while chars and chars[-1] == chr(0x10FFFF):
+        chars.pop()
+    if not chars:
+        return None
+    following = ord(chars[-1]) + 1
+    chars[-1] = chr(0xE000 if 0xD800 <= following <= 0xDFFF else following)
+    return "".join(chars)
+
+
 def range_indices(
     rows: KeyRows | None,
     lo: int | None,

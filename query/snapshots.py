@@ -58,6 +58,43 @@ class FilesSnapshot(StoreView):
         vf, vt, tomb, values, part = rows_from_table(tbl)
         return reads.KeyRows(vf, vt, tomb, values, 0, tbl.num_rows, int(part[0]))
 
+    def key_rows(self, con: duckdb.DuckDBPyConnection, lo: str | None, hi: str | None, after: str | None,
+                 limit: int) -> list[tuple[str, reads.KeyRows]]:
+        """One DuckDB query over every file of the snapshot: the first ``limit`` keys of the
+        range (``ORDER BY key``: byte order), then their resolved rows."""
+        files = [f.path for fs in self.files.values() for f in fs
+                 if hi is None or f.min_key is None or f.min_key < hi]
+        if not files:
+            return []
+        bounds, params = [], {"files": files, "limit": limit}
+        for name, op, value in (("lo", ">=", lo), ("hi", "<", hi), ("after", ">", after)):
+            if value is not None:
+                bounds.append(f"key {op} ${name}")
+                params[name] = value
+        where = " AND ".join(bounds) or "true"
+        source = "read_parquet($files, hive_partitioning = false)"
+        sql = (
+            "SELECT key, valid_from, valid_to, value, tombstone, \"partition\" "
+            f"FROM {source} WHERE key IN (SELECT DISTINCT key FROM {source} WHERE {where} "
+            "ORDER BY key LIMIT $limit) "
+            f"{layout.read_rule_sql(self.settings.kind)} ORDER BY key, valid_from"
+        )
+        try:
+            tbl = arrow(con, sql, params)
+        except duckdb.IOException as exc:
+            raise SnapshotGone(f"snapshot {self.snapshot} of store {self.name!r} is gone: {exc}") from exc
+        if tbl.num_rows == 0:
+            return []
+        vf, vt, tomb, values, part = rows_from_table(tbl)
+        keys = tbl.column("key").to_pylist()
+        out = []
+        start = 0
+        for i in range(1, len(keys) + 1):
+            if i == len(keys) or keys[i] != keys[start]:
+                out.append((keys[start], reads.KeyRows(vf, vt, tomb, values, start, i, int(part[start]))))
+                start = i
+        return out
+
 
 
 class SnapshotCache:
