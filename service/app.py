@@ -29,12 +29,13 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from versiq.service.auth import authorized
+from versiq.service.bodies import read_json_body
 from versiq.service.errors import internal_error, method_not_allowed, problem_response, send_problem
 from versiq.service.errors import send as send_response
 from versiq.service.handlers import Service
 from versiq.service.problems import Problem, bad_request
 from versiq.service.render import JSON, dumps
-from versiq.service.routes import match_v1, split_path
+from versiq.service.routes import POST_ROUTES, match_v1, split_path
 from versiq.service.settings import Settings
 
 if TYPE_CHECKING:
@@ -84,7 +85,7 @@ class VersiqMiddleware:
         template = "unmatched"
         try:
             if raw_path == b"/v1" or raw_path.startswith(b"/v1/"):
-                template = await self._v1(scope, raw_path, send_wrapper)
+                template = await self._v1(scope, receive, raw_path, send_wrapper)
             else:
                 path = scope.get("path", "")
                 if path in _OPS_ROUTES:
@@ -99,7 +100,7 @@ class VersiqMiddleware:
             self.service.metrics.observe(method, template, status_box[0],
                                          time.perf_counter() - start)
 
-    async def _v1(self, scope: Scope, raw_path: bytes, send: Send) -> str:
+    async def _v1(self, scope: Scope, receive: Receive, raw_path: bytes, send: Send) -> str:
         template = "unmatched"
         try:
             problem = authorized(self.service.settings.api_tokens, scope)
@@ -109,9 +110,16 @@ class VersiqMiddleware:
             if route is None:
                 raise Problem("route-not-found", f"no resource at {raw_path.decode('latin-1')!r}")
             template = route.template
-            if scope["method"] != "GET":
-                raise method_not_allowed(scope["method"])
-            body = await self.service.handle_v1(route, scope.get("query_string", b""))
+            query_string = scope.get("query_string", b"")
+            if route.template in POST_ROUTES:
+                if scope["method"] != "POST":
+                    raise method_not_allowed(scope["method"], "POST")
+                request = await read_json_body(scope, receive)
+                body = await self.service.handle_post(route, query_string, request)
+            else:
+                if scope["method"] != "GET":
+                    raise method_not_allowed(scope["method"])
+                body = await self.service.handle_v1(route, query_string)
             await send_response(send, 200, body, JSON)
         except Problem as problem:
             await send_problem(send, problem)
@@ -204,7 +212,7 @@ def create_app(engine_or_settings: Engine | Settings, *, settings: Settings | No
     app.add_middleware(VersiqMiddleware, service=service)
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins),
-                           allow_methods=["GET"], allow_headers=["Authorization"])
+                           allow_methods=["GET", "POST"], allow_headers=["Authorization", "Content-Type"])
     return app
 
 

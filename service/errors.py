@@ -52,7 +52,9 @@ def query_problem(exc: QueryError, what: str, store: str, snapshot: int | None, 
     raise exc  # a QueryError without a problem type is a bug: the caller answers 500
 
 
-def method_not_allowed(method: str) -> Problem:
+def method_not_allowed(method: str, allowed: str = "GET") -> Problem:
+    if allowed == "POST":
+        return Problem("method-not-allowed", f"{method} is not allowed here; use POST", headers={"allow": "POST"})
     return Problem("method-not-allowed", f"{method} is not allowed here; use GET (or HEAD)", headers={"allow": ALLOW})
 
 

@@ -12,22 +12,34 @@ from typing import TYPE_CHECKING, Any
 from starlette.concurrency import run_in_threadpool
 
 from versiq.names import is_valid_store_name
-from versiq.query.api import MultiVersionedKeyQuery, QueryError, VersionedKeyQuery
+from versiq.query.api import KeyResult, KeysQuery, MultiVersionedKeyQuery, QueryError, VersionedKeyQuery
 from versiq.query.streams import StreamPosition, StreamRecordsQuery
 from versiq.service.errors import query_problem
 from versiq.service.metrics import Metrics
-from versiq.service.params import order_param, page_size_param, parse_query, snapshot_param, timestamp_param
+from versiq.service.params import (
+    MAX_INT64,
+    bool_param,
+    order_param,
+    page_size_param,
+    parse_query,
+    snapshot_param,
+    timestamp_param,
+)
 from versiq.service.problems import Problem, bad_request
 from versiq.service.render import (
+    batch_json,
     dumps,
     key_json,
+    keys_json,
     store_info_json,
     stream_info_json,
     stream_records_json,
     versions_json,
 )
 from versiq.service.routes import (
+    ROUTE_BATCH_GET,
     ROUTE_KEY,
+    ROUTE_KEYS,
     ROUTE_STORE,
     ROUTE_STORES,
     ROUTE_STREAM,
@@ -37,12 +49,15 @@ from versiq.service.routes import (
     Route,
 )
 from versiq.service.settings import Settings
-from versiq.service.tokens import STREAM_RECORDS, PageQuery, PageTokens
+from versiq.service.tokens import KEYS, STREAM_RECORDS, PageQuery, PageTokens
+from versiq.timestamps import TimestampError, parse_timestamp
 
 if TYPE_CHECKING:
     from versiq.query.engine import Engine
 
 _NAME_RULE = "1-100 letters, digits, '_', '-' or '.', starting with a letter or digit"
+#: Keys one ``keys:batchGet`` request may ask for.
+MAX_BATCH_KEYS = 1000
 
 
 def _range_params(params: dict[str, str]) -> tuple[int | None, int | None, str, int]:
@@ -63,6 +78,56 @@ def _checked_name(name: str | None, what: str) -> str:
     return name
 
 
+def key_problem(store: str, key: str, as_of: int | None, result: KeyResult) -> Problem:
+    """Why ``key`` has no value: the 404 of ``GET .../keys/{key}``, and the per-key problem of a
+    ``keys:batchGet`` answer."""
+    when = "now (latest)" if as_of is None else f"as of {as_of}"
+    extra: dict[str, Any] = {"key": key, "snapshot": result.snapshot, "horizon": result.horizon}
+    if result.outcome == "expired":
+        return Problem(
+            "expired",
+            f"asOf {as_of} is older than the history-retention horizon {result.horizon} "
+            f"(stream time - historyRetentionMs of the key's partition) of store {store!r} at "
+            f"snapshot {result.snapshot}; the latest version of key {key!r} is newer than "
+            "that, so no answer can be given",
+            **extra,
+        )
+    return Problem("not-found", f"key {key!r} has no value {when} in store {store!r} at "
+                   f"snapshot {result.snapshot}", **extra)
+
+
+def _batch_request(request: Any) -> tuple[list[str], int | None, int | None]:
+    """The keys, asOf and snapshot of a ``keys:batchGet`` body (400 with the field otherwise)."""
+    if not isinstance(request, dict):
+        raise bad_request("the request body must be a JSON object such as {\"keys\": [\"k1\", \"k2\"]}")
+    unknown = sorted(set(request) - {"keys", "asOf", "snapshot"})
+    if unknown:
+        raise bad_request(f"unknown field(s) in the request body: {', '.join(unknown)} (names are "
+                          "case-sensitive; accepted: keys, asOf, snapshot)", field=unknown[0])
+    keys = request.get("keys")
+    if not isinstance(keys, list) or not keys:
+        raise bad_request("'keys' must be a non-empty array of keys (strings)", field="keys")
+    if len(keys) > MAX_BATCH_KEYS:
+        raise bad_request(f"'keys' has {len(keys)} keys; at most {MAX_BATCH_KEYS} per request", field="keys")
+    for i, key in enumerate(keys):
+        if not isinstance(key, str) or not key:
+            raise bad_request(f"'keys[{i}]' must be a non-empty string", field="keys")
+    as_of = request.get("asOf")
+    if isinstance(as_of, str):
+        try:
+            as_of = parse_timestamp(as_of)
+        except TimestampError as exc:
+            raise bad_request(f"'asOf': {exc}", field="asOf") from None
+    elif as_of is not None and (isinstance(as_of, bool) or not isinstance(as_of, int) or not 0 <= as_of <= MAX_INT64):
+        raise bad_request("'asOf' must be epoch milliseconds (a non-negative integer) or an RFC 3339 instant",
+                          field="asOf")
+    snapshot = request.get("snapshot")
+    if snapshot is not None and (isinstance(snapshot, bool) or not isinstance(snapshot, int)
+                                 or not 0 <= snapshot <= MAX_INT64):
+        raise bad_request("'snapshot' must be a Delta version (a non-negative integer)", field="snapshot")
+    return keys, as_of, snapshot
+
+
 class Service:
     """Per-app state: the engine, page tokens and metrics, and the ``/v1`` handlers."""
 
@@ -74,6 +139,7 @@ class Service:
         self._routes: dict[str, Callable[[Route, bytes], Awaitable[bytes]]] = {
             ROUTE_STORES: self._stores,
             ROUTE_STORE: self._store,
+            ROUTE_KEYS: self._keys,
             ROUTE_KEY: self._get,
             ROUTE_VERSIONS: self._versions,
             ROUTE_STREAMS: self._streams,
@@ -94,6 +160,11 @@ class Service:
     async def handle_v1(self, route: Route, query_string: bytes) -> bytes:
         """The body of the 200 answer to ``route``; raises ``Problem`` otherwise."""
         return await self._routes[route.template](route, query_string)
+
+    async def handle_post(self, route: Route, query_string: bytes, request: Any) -> bytes:
+        """The body of the 200 answer to a POST ``route`` with JSON body ``request``."""
+        assert route.template == ROUTE_BATCH_GET
+        return await self._batch_get(route, query_string, request)
 
     async def _call(self, name: str, at: int | None, fn: Callable[..., Any], *args: Any,
                     what: str = "store", **kwargs: Any) -> Any:
@@ -149,19 +220,7 @@ class Service:
                                   VersionedKeyQuery(key, as_of), snapshot=snapshot)
         if result.outcome == "ok" and result.record is not None:
             return key_json(key, result)
-        when = "now (latest)" if as_of is None else f"as of {as_of}"
-        extra = {"key": key, "snapshot": result.snapshot, "horizon": result.horizon}
-        if result.outcome == "expired":
-            raise Problem(
-                "expired",
-                f"asOf {as_of} is older than the history-retention horizon {result.horizon} "
-                f"(stream time - historyRetentionMs of the key's partition) of store {store!r} at "
-                f"snapshot {result.snapshot}; the latest version of key {key!r} is newer than "
-                "that, so no answer can be given",
-                **extra,
-            )
-        raise Problem("not-found", f"key {key!r} has no value {when} in store {store!r} at "
-                      f"snapshot {result.snapshot}", **extra)
+        raise key_problem(store, key, as_of, result)
 
     async def _versions(self, route: Route, query_string: bytes) -> bytes:
         store = _checked_name(route.store, "store")
@@ -184,6 +243,45 @@ class Service:
         if page.resume_after is not None:
             next_token = self.tokens.issue(query, page.snapshot, page.resume_after)
         return versions_json(key, page, next_token)
+
+    async def _keys(self, route: Route, query_string: bytes) -> bytes:
+        store = _checked_name(route.store, "store")
+        params = parse_query(query_string, ("prefix", "start", "end", "asOf", "includeDeleted", "pageSize",
+                                            "pageToken", "snapshot"))
+        prefix, start, end = params.get("prefix"), params.get("start"), params.get("end")
+        if start is not None and end is not None and start > end:
+            raise bad_request(f"'start' ({start!r}) is after 'end' ({end!r})", parameter="start")
+        as_of = timestamp_param(params, "asOf")
+        include_deleted = bool_param(params, "includeDeleted")
+        page_size = page_size_param(params)
+        bound = PageQuery(store, dumps([prefix, start, end, include_deleted]).decode("utf-8"), as_of, None,
+                          "asc", KEYS)
+        snapshot, position = self._resume(params, bound)
+        resume_after: str | None = None
+        if position is not None:
+            if len(position.position) != 1 or not isinstance(position.position[0], str):
+                raise bad_request("query parameter 'pageToken' is not a valid page token", parameter="pageToken")
+            resume_after = position.position[0]
+        engine = self.require_engine()
+        page = await self._call(
+            store, snapshot, engine.keys, store, KeysQuery(prefix, start, end, as_of, include_deleted),
+            snapshot=snapshot, resume_after=resume_after, limit=page_size,
+        )
+        next_token = None
+        if page.resume_after is not None:
+            next_token = self.tokens.issue(bound, page.snapshot, (page.resume_after,))
+        return keys_json(store, page, next_token)
+
+    async def _batch_get(self, route: Route, query_string: bytes, request: Any) -> bytes:
+        store = _checked_name(route.store, "store")
+        parse_query(query_string, ())
+        keys, as_of, snapshot = _batch_request(request)
+        engine = self.require_engine()
+        answered, results = await self._call(store, snapshot, engine.get_many, store, keys, as_of, snapshot)
+        problems = {i: key_problem(store, key, as_of, r).payload()
+                    for i, (key, r) in enumerate(zip(keys, results, strict=True))
+                    if r.outcome != "ok" or r.record is None}
+        return batch_json(store, answered, keys, as_of, results, problems)
 
     # ------------------------------------------------------------------ streams
     async def _streams(self, route: Route, query_string: bytes) -> bytes:

@@ -115,3 +115,13 @@ def order_param(params: dict[str, str]) -> str:
 
 
 __all__ = ["Problem", "parse_query", "percent_decode"]
+
+
+def bool_param(params: dict[str, str], name: str) -> bool:
+    """``true`` or ``false`` (default false); anything else is a 400 naming the parameter."""
+    text = params.get(name)
+    if text is None or text == "false":
+        return False
+    if text == "true":
+        return True
+    raise bad_request(f"query parameter {name!r}: {text!r} is not true or false", parameter=name)

@@ -25,6 +25,8 @@ PROBLEM_TYPES: dict[str, tuple[int, str]] = {
     "method-not-allowed": (405, "Method not allowed"),
     "request-timeout": (408, "Request timeout"),
     "gone": (410, "Gone"),
+    "content-too-large": (413, "Content too large"),
+    "unsupported-media-type": (415, "Unsupported media type"),
     "uri-too-long": (414, "URI too long"),
     "header-fields-too-large": (431, "Request header fields too large"),
     "internal-error": (500, "Internal server error"),
@@ -46,7 +48,8 @@ class Problem(Exception):
         self.headers = headers or {}
         self.extensions = extensions
 
-    def body(self) -> bytes:
+    def payload(self) -> dict[str, Any]:
+        """The problem object (also embedded per key in a ``keys:batchGet`` answer)."""
         payload: dict[str, Any] = {
             "type": PROBLEM_BASE + self.name,
             "title": self.title,
@@ -54,7 +57,10 @@ class Problem(Exception):
             "detail": self.detail,
         }
         payload.update(self.extensions)
-        return json.dumps(payload, ensure_ascii=False).encode("utf-8")
+        return payload
+
+    def body(self) -> bytes:
+        return json.dumps(self.payload(), ensure_ascii=False).encode("utf-8")
 
 
 def bad_request(detail: str, **extensions: Any) -> Problem:

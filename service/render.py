@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from versiq.query.api import KeyResult, StoreInfo, VersionsPage
+from versiq.query.api import KeyEntry, KeyResult, KeysPage, StoreInfo, VersionsPage
 from versiq.query.streams import StreamInfo, StreamRecordsPage
 
 JSON = "application/json"
@@ -104,3 +104,40 @@ def stream_records_json(stream: str, key: str | None, page: StreamRecordsPage, n
         b'{"stream":', dumps(stream), b',"key":', dumps(key), b',"records":[', records,
         b'],"nextPageToken":', dumps(next_token), b',"snapshot":', int_or_null(page.snapshot), b"}",
     ))
+
+
+def _entry_json(e: KeyEntry) -> bytes:
+    if e.deleted:
+        return b"".join((b'{"key":', dumps(e.key), b',"timestamp":', int_or_null(e.timestamp),
+                         b',"validTo":', int_or_null(e.valid_to), b',"deleted":true}'))
+    assert e.value is not None
+    return b"".join((b'{"key":', dumps(e.key), b',"value":', e.value.encode("utf-8"),
+                     b',"timestamp":', int_or_null(e.timestamp), b',"validTo":', int_or_null(e.valid_to), b"}"))
+
+
+def keys_json(store: str, page: KeysPage, next_token: str | None) -> bytes:
+    """A page of ``GET /v1/stores/{store}/keys``: records in the shape of ``/versions`` with
+    their key; a deleted entry has ``deleted: true`` and no ``value``."""
+    return b"".join((
+        b'{"store":', dumps(store), b',"records":[', b",".join(_entry_json(e) for e in page.entries),
+        b'],"nextPageToken":', dumps(next_token), b',"snapshot":', int_or_null(page.snapshot), b"}",
+    ))
+
+
+def batch_json(store: str, snapshot: int, keys: list[str], as_of: int | None, results: list[KeyResult],
+               problems: dict[int, dict[str, Any]]) -> bytes:
+    """The answer of ``POST /v1/stores/{store}/keys:batchGet``: one result per requested key, in
+    request order, each a record or the problem the single-key read would give."""
+    parts = []
+    as_of_json = b"" if as_of is None else b',"asOf":' + int_or_null(as_of)
+    for i, (key, result) in enumerate(zip(keys, results, strict=True)):
+        head = b'{"key":' + dumps(key) + as_of_json
+        if i in problems:
+            parts.append(head + b',"problem":' + dumps(problems[i]) + b"}")
+            continue
+        rec = result.record
+        assert rec is not None
+        parts.append(b"".join((head, b',"record":{"value":', rec.value.encode("utf-8"), b',"timestamp":',
+                               int_or_null(rec.timestamp), b',"validTo":', int_or_null(rec.valid_to), b"}}")))
+    return b"".join((b'{"store":', dumps(store), b',"snapshot":', int_or_null(snapshot), b',"results":[',
+                     b",".join(parts), b"]}"))

@@ -33,11 +33,16 @@ class Route:
 
 ROUTE_STORES = "/v1/stores"
 ROUTE_STORE = "/v1/stores/{store}"
+ROUTE_KEYS = "/v1/stores/{store}/keys"
+ROUTE_BATCH_GET = "/v1/stores/{store}/keys:batchGet"
 ROUTE_KEY = "/v1/stores/{store}/keys/{key}"
 ROUTE_VERSIONS = "/v1/stores/{store}/keys/{key}/versions"
 ROUTE_STREAMS = "/v1/streams"
 ROUTE_STREAM = "/v1/streams/{stream}"
 ROUTE_STREAM_RECORDS = "/v1/streams/{stream}/records"
+
+#: Routes answering POST (a JSON body); every other route answers GET (and HEAD).
+POST_ROUTES = frozenset({ROUTE_BATCH_GET})
 
 
 def _match_streams(segments: list[bytes]) -> Route | None:
@@ -62,6 +67,11 @@ def match_v1(segments: list[bytes]) -> Route | None:
     store = percent_decode(segments[2], plus_is_space=False, what="the store name")
     if n == 3:
         return Route(ROUTE_STORE, store)
+    if n == 4:
+        action = percent_decode(segments[3], plus_is_space=False, what="the path")
+        if action == "keys":
+            return Route(ROUTE_KEYS, store)
+        return Route(ROUTE_BATCH_GET, store) if action == "keys:batchGet" else None
     if segments[3] != b"keys" or n not in (5, 6):
         return None
     if n == 6 and segments[5] != b"versions":

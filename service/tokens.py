@@ -30,7 +30,10 @@ _VERSION = 1
 _VERSION_LISTING = 2
 VERSIONS = "versions"
 STREAM_RECORDS = "stream-records"
-_NAME_LABEL = {VERSIONS: "store", STREAM_RECORDS: "stream"}
+#: A store's key listing: ``key`` binds the listing's parameters (JSON text of prefix, start, end,
+#: includeDeleted), ``from_time`` its asOf; the position is the last key returned.
+KEYS = "keys"
+_NAME_LABEL = {VERSIONS: "store", STREAM_RECORDS: "stream", KEYS: "store"}
 
 
 @dataclass(frozen=True)
@@ -51,14 +54,16 @@ class PagePosition:
     query: PageQuery
     snapshot: int
     #: The position of the last record returned: ``(timestamp,)`` for versions,
-    #: ``(run, sequence)`` for stream records.
-    position: tuple[int, ...]
+    #: ``(run, sequence)`` for stream records, ``(key,)`` for key listings.
+    position: tuple[int | str, ...]
     issued_at: float
 
     @property
     def resume_after(self) -> int:
         """The timestamp of the last version returned (versions listings)."""
-        return self.position[0]
+        value = self.position[0]
+        assert isinstance(value, int)
+        return value
 
 
 def _is_int(value: object) -> bool:
@@ -85,7 +90,7 @@ class PageTokens:
     def _mac(self, payload: bytes) -> bytes:
         return hmac.new(self._secret, payload, hashlib.sha256).digest()[:16]
 
-    def issue(self, query: PageQuery, snapshot: int, resume_after: int | tuple[int, ...],
+    def issue(self, query: PageQuery, snapshot: int, resume_after: int | tuple[int | str, ...],
               now: float | None = None) -> str:
         issued = int((time.time() if now is None else now) * 1000)
         position = (resume_after,) if isinstance(resume_after, int) else tuple(resume_after)
@@ -102,7 +107,7 @@ class PageTokens:
         return _b64(payload) + "." + _b64(self._mac(payload))
 
     @staticmethod
-    def _decode(data: object) -> tuple[PageQuery, int, tuple[int, ...], int] | None:
+    def _decode(data: object) -> tuple[PageQuery, int, tuple[int | str, ...], int] | None:
         """The bound query, snapshot, position and issue time (ms) of a payload; None if malformed."""
         if not isinstance(data, list) or not data:
             return None
@@ -117,7 +122,9 @@ class PageTokens:
             return None
         if not (isinstance(name, str) and (key is None or isinstance(key, str)) and _opt_int(from_time)
                 and _opt_int(to_time) and isinstance(order, str) and _is_int(snapshot)
-                and _is_int(issued_ms) and position and all(_is_int(p) for p in position)):
+                and _is_int(issued_ms) and position
+                and (all(isinstance(p, str) for p in position) if listing == KEYS
+                     else all(_is_int(p) for p in position))):
             return None
         return (PageQuery(name, key, from_time, to_time, order, listing), snapshot, tuple(position),
                 issued_ms)
@@ -147,6 +154,12 @@ class PageTokens:
             raise invalid
         bound, snapshot, position, issued_ms = decoded
         if bound != query:
+            if bound.listing == query.listing == KEYS:
+                raise bad_request(
+                    "query parameter 'pageToken' belongs to another key listing: repeat the same "
+                    "store, prefix, start, end, asOf and includeDeleted (only pageSize may change)",
+                    parameter="pageToken",
+                )
             if bound.listing != query.listing:
                 raise bad_request(
                     "query parameter 'pageToken' belongs to another kind of listing (a "

@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import httpx
 import pytest
@@ -239,7 +240,8 @@ def test_unknown_routes_and_methods(s_client: httpx.Client) -> None:
         "/v1",
         "/v1/",
         "/v1/store",
-        "/v1/stores/prices/keys",
+        "/v1/stores/prices/keyz",
+        "/v1/stores/prices/keys:batchPut",
         "/v1/stores/prices/x/y",
         "/v1/stores/prices/keys/k/versions/x",
         "/v1/stores/prices/keys/k/history",
@@ -596,3 +598,108 @@ def test_not_ready_without_warehouse(tmp_path: Any) -> None:
             assert body["ready"] is False
         assert c.get("/v1/stores").json() == {"stores": [], "unavailable": []}
         problem(c.get(key_path("x", "k")), 404, "store-not-found")
+
+
+# ---------------------------------------------------------------------------- beyond one key (#16)
+def _all_keys(client: httpx.Client, store: str, **params: Any) -> tuple[list[dict[str, Any]], set[int]]:
+    records: list[dict[str, Any]] = []
+    snapshots: set[int] = set()
+    query: dict[str, Any] = dict(params)
+    while True:
+        r = client.get(f"/v1/stores/{store}/keys", params=query)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["store"] == store
+        records += body["records"]
+        snapshots.add(body["snapshot"])
+        if body["nextPageToken"] is None:
+            return records, snapshots
+        query = {**params, "pageToken": body["nextPageToken"]}
+
+
+def test_key_listing(s_client: httpx.Client, s_warehouse: Warehouse) -> None:
+    """Issue 16 item 1: every key in UTF-8 byte order with the record the single-key read
+    answers; tombstones only with includeDeleted; prefix and range; paging pins the snapshot."""
+    records, snapshots = _all_keys(s_client, "prices", pageSize=3)
+    assert len(snapshots) == 1
+    keys = [r["key"] for r in records]
+    assert keys == sorted(keys, key=lambda k: k.encode("utf-8")) and "deleted" not in keys
+    for r in records:
+        single = get_raw(s_client, key_path("prices", r["key"])).json()  # raw: keys such as "." and ".."
+        assert {k: single[k] for k in ("key", "value", "timestamp", "validTo")} == r
+    with_deleted, _ = _all_keys(s_client, "prices", includeDeleted="true", pageSize=1000)
+    [gone] = [r for r in with_deleted if r["key"] == "deleted"]
+    assert gone == {"key": "deleted", "timestamp": T0 + 9 * HOUR + 200, "validTo": None, "deleted": True}
+    assert [r for r in with_deleted if r["key"] != "deleted"] == records
+    p_keys, _ = _all_keys(s_client, "prices", prefix="p-")
+    assert [r["key"] for r in p_keys] == ["p-1"]
+    ranged, _ = _all_keys(s_client, "prices", start="e", end="h")
+    assert [r["key"] for r in ranged] == [k for k in keys if "e" <= k < "h"] and ranged
+    as_of, _ = _all_keys(s_client, "prices", asOf=T0 + 9 * HOUR + 150, prefix="deleted")
+    assert as_of == [{"key": "deleted", "value": "alive", "timestamp": T0 + 9 * HOUR + 100,
+                      "validTo": T0 + 9 * HOUR + 200}]
+    sessions, _ = _all_keys(s_client, "sessions")
+    assert [r["key"] for r in sessions] == ["s-1"]
+
+
+def test_key_listing_errors(s_client: httpx.Client) -> None:
+    problem(s_client.get("/v1/stores/prices/keys", params={"start": "b", "end": "a"}), 400, "bad-request")
+    problem(s_client.get("/v1/stores/prices/keys", params={"includeDeleted": "yes"}), 400, "bad-request")
+    problem(s_client.get("/v1/stores/prices/keys", params={"pageSize": "0"}), 400, "bad-request")
+    problem(s_client.get("/v1/stores/sessions/keys", params={"asOf": "5"}), 400, "unsupported-query")
+    problem(s_client.get("/v1/stores/nope/keys"), 404, "store-not-found")
+    first = s_client.get("/v1/stores/prices/keys", params={"pageSize": 1}).json()
+    other = s_client.get("/v1/stores/prices/keys", params={"pageSize": 1, "prefix": "p",
+                                                           "pageToken": first["nextPageToken"]})
+    assert "another key listing" in problem(other, 400, "bad-request")["detail"]
+    versions_token = s_client.get(key_path("prices", "hist") + "/versions", params={"pageSize": 1}).json()
+    wrong = s_client.get("/v1/stores/prices/keys", params={"pageToken": versions_token["nextPageToken"]})
+    problem(wrong, 400, "bad-request")
+
+
+def test_batch_get(s_client: httpx.Client) -> None:
+    """Issue 16 item 2: one result per key in request order, each what the single-key read of
+    the same snapshot answers (record, or its problem), from one snapshot."""
+    keys = ["p-1", "missing", "deleted", "expiring", "p-1", "hist"]
+    for as_of in (None, T0 + 500, T0 - 10 * HOUR):
+        body: dict[str, Any] = {"keys": keys}
+        if as_of is not None:
+            body["asOf"] = as_of
+        r = s_client.post("/v1/stores/prices/keys:batchGet", json=body)
+        assert r.status_code == 200, r.text
+        answer = r.json()
+        assert answer["store"] == "prices" and [x["key"] for x in answer["results"]] == keys
+        for key, result in zip(keys, answer["results"], strict=True):
+            params = {"snapshot": answer["snapshot"]} | ({} if as_of is None else {"asOf": as_of})
+            single = get_raw(s_client, key_path("prices", key) + "?" + urlencode(params))
+            assert result.get("asOf") == as_of
+            if single.status_code == 200:
+                want = single.json()
+                assert result["record"] == {k: want[k] for k in ("value", "timestamp", "validTo")}
+            else:
+                assert result["problem"] == single.json(), key
+    rfc = s_client.post("/v1/stores/prices/keys:batchGet", json={"keys": ["p-1"], "asOf": "2100-01-01T00:00:00Z"})
+    assert rfc.status_code == 200 and "record" in rfc.json()["results"][0]
+
+
+def test_batch_get_errors(s_client: httpx.Client) -> None:
+    url = "/v1/stores/prices/keys:batchGet"
+    assert "at most 1000" in problem(s_client.post(url, json={"keys": ["k"] * 1001}), 400, "bad-request")["detail"]
+    for body in ({}, {"keys": []}, {"keys": [""]}, {"keys": [1]}, {"keys": ["a"], "asOf": -1},
+                 {"keys": ["a"], "asOf": "yesterday"}, {"keys": ["a"], "snapshot": "1"}, {"keys": ["a"], "k": 1},
+                 ["a"]):
+        problem(s_client.post(url, json=body), 400, "bad-request")
+    problem(s_client.post(url, content=b"{not json", headers={"content-type": "application/json"}),
+            400, "bad-request")
+    problem(s_client.post(url, content=b"keys=a", headers={"content-type": "text/plain"}), 415,
+            "unsupported-media-type")
+    too_big = s_client.post(url, content=b" " * (33 * 1024 * 1024), headers={"content-type": "application/json"})
+    problem(too_big, 413, "content-too-large")
+    r = s_client.get(url)
+    problem(r, 405, "method-not-allowed")
+    assert r.headers["allow"] == "POST"
+    problem(s_client.post("/v1/stores/sessions/keys:batchGet", json={"keys": ["s-1"], "asOf": 5}), 400,
+            "unsupported-query")
+    problem(s_client.post("/v1/stores/prices/keys:batchGet", json={"keys": ["p-1"], "snapshot": 999}), 404,
+            "snapshot-not-found")
+    problem(s_client.post("/v1/stores/nope/keys:batchGet", json={"keys": ["a"]}), 404, "store-not-found")

@@ -18,11 +18,14 @@ from tests.support.service import build_warehouse, free_port, key_path
 from versiq.service.params import parse_query, percent_decode
 from versiq.service.problems import Problem
 from versiq.service.routes import (
+    ROUTE_BATCH_GET,
     ROUTE_KEY,
+    ROUTE_KEYS,
     ROUTE_STREAM,
     ROUTE_STREAM_RECORDS,
     ROUTE_STREAMS,
     ROUTE_VERSIONS,
+    Route,
     match_v1,
     split_path,
 )
@@ -49,7 +52,11 @@ def test_routing_on_raw_path() -> None:
     assert route is not None and route.template == ROUTE_KEY and route.key == "foo/versions"
     route = match_v1(split_path(b"/v1/stores/s/keys/foo/versions"))
     assert route is not None and route.template == ROUTE_VERSIONS and route.key == "foo"
-    for path in (b"/v2/stores", b"/v1/stores/s/keys", b"/v1/stores/s/x/k", b"/v1/stores/s/keys/k/v"):
+    assert match_v1(split_path(b"/v1/stores/s/keys")) == Route(ROUTE_KEYS, "s")
+    assert match_v1(split_path(b"/v1/stores/s/keys:batchGet")) == Route(ROUTE_BATCH_GET, "s")
+    assert match_v1(split_path(b"/v1/stores/s/keys%3AbatchGet")) == Route(ROUTE_BATCH_GET, "s")
+    for path in (b"/v2/stores", b"/v1/stores/s/keyz", b"/v1/stores/s/keys:get", b"/v1/stores/s/x/k",
+                 b"/v1/stores/s/keys/k/v"):
         assert match_v1(split_path(path)) is None
 
 
