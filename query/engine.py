@@ -15,7 +15,12 @@ Usable as a library (no FastAPI)::
     engine.start()                      # first load + background refresh thread
     engine.get("prices", VersionedKeyQuery("k1", as_of=1_700_000_000_000))
     engine.versions("prices", MultiVersionedKeyQuery("k1"), limit=100)
+    engine.keys("prices", KeysQuery(prefix="sku-"), limit=100)     # which keys exist
+    engine.get_many("prices", ["k1", "k2"], as_of=1_700_000_000_000)  # many keys, one snapshot
     engine.close()
+
+Key listings and batches answer each key through the same ``_answer`` as ``get``, so a listed
+record is always what the single-key read of that snapshot answers.
 
 Provenance: ``StoreInfo.inputs`` / ``.sources`` (and ``StreamInfo``'s) are ``StoreState.inputs`` /
 ``.sources`` of the answering snapshot: the snapshots of the inputs a derived table was computed

@@ -219,10 +219,13 @@ def compare_scenario(config: Config, kafka: dict[str, Any], emissions: list[tupl
         problems.append(f"emissions: kafka {theirs} versiq {emissions}")
     if config.op == "stream_join":
         return problems
+    forgotten = kafka_loses_replaced_tombstone({"records": theirs, "partitions": 1, "retention": OUTPUT_RETENTION_MS})
     for key, stored in kafka["latest"].items():
         kafka_latest = None if stored is None else (_kafka_value(config, stored["value"]), stored["ts"])
         mine = latest.get(key)
         if not floors:  # filter: versiq's versioned result is Kafka's versioned result store
+            if key in forgotten:
+                continue  # Kafka's result store forgot a replaced tombstone (the store test's finding)
             if (mine if kafka_latest is not None else (mine and mine[0])) != kafka_latest:
                 problems.append(f"result table, key {key}: kafka {kafka_latest} versiq {mine}")
             continue
@@ -364,3 +367,17 @@ def test_the_known_kafka_difference_is_recognised() -> None:
     assert not kafka_forgets_a_tombstone(config, [{0: [("k1", '{"n":2}', 15), ("k1", None, 15), ("k1", "1", 20)]}])
     timestamped = Config("join", "outer", ("timestamped", "timestamped"), (1000, 1000))
     assert not kafka_forgets_a_tombstone(timestamped, affected)  # timestamped stores keep no versions
+
+
+def test_kafka_forgetting_a_tombstone_in_its_result_store_is_recognised() -> None:
+    """Found at 10,000 scenarios (seed 0, batch 3, g9s155): a filter over a timestamped table
+    emits value@16, tombstone@16 (same timestamp) and value@7; Kafka's versioned result store
+    then forgets the tombstone and answers value@7 as the latest, where versiq's table keeps the
+    tombstone at 16 (rule 1). Only that key's final record is set aside; emissions are compared."""
+    config = Config("filter", "", ("timestamped",), (1000,))
+    kafka = {"emitted": [{"key": "k3", "value": '{"n":12}', "ts": 16}, {"key": "k3", "value": None, "ts": 16},
+                         {"key": "k3", "value": '{"n":12}', "ts": 7}],
+             "latest": {"k3": {"value": '{"n":12}', "ts": 7}}}
+    emissions = [(e["key"], e["value"], e["ts"]) for e in kafka["emitted"]]
+    assert compare_scenario(config, kafka, emissions, {"k3": (None, 16)}) == []
+    assert compare_scenario(config, kafka, emissions[:1], {"k3": (None, 16)})  # emissions still compared
