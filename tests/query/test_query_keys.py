@@ -104,7 +104,7 @@ def _check(eng: Engine, ref: ReferenceStore, snapshot: int | None, queries: list
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(kind=st.sampled_from(["versioned", "versioned", "timestamped"]), h=st.sampled_from([0, 3, 10, 1000]),
        partitions=st.integers(1, 2), buckets=st.integers(1, 4), runs=runs_st, data=st.data())
-@pytest.mark.rule(6, 7, 8, 12, 22)
+@pytest.mark.rule(6, 7, 8, 12, 22, 31)
 def test_key_listing_and_batches_match_the_model(kind: str, h: int, partitions: int, buckets: int,
                                                  runs: list[Any], data: Any) -> None:
     with tempfile.TemporaryDirectory() as wh:
@@ -133,7 +133,7 @@ def test_key_listing_and_batches_match_the_model(kind: str, h: int, partitions: 
             eng.close()
 
 
-@pytest.mark.rule(7)
+@pytest.mark.rule(7, 31)
 def test_deleted_entries_show_the_tombstone_that_answers(tmp_path: Any) -> None:
     """A key deleted at 5 and set again at 10: as of 7 it is a deleted entry valid [5, 10), and
     left out without includeDeleted; as of 12 (and latest) it has its value."""
@@ -150,6 +150,9 @@ def test_deleted_entries_show_the_tombstone_that_answers(tmp_path: Any) -> None:
         assert listing() == [KeyEntry("a", "1", 10, None)]
         assert listing(include_deleted=True) == [KeyEntry("a", "1", 10, None), KeyEntry("b", None, 3, None, True)]
         assert listing(as_of=2, prefix="a") == [KeyEntry("a", '"x"', 1, 5)]
+        _, results = eng.get_many("s", ["b", "a", "zz"], as_of=2)  # rule 31's example
+        assert [r.outcome for r in results] == ["not-found", "ok", "not-found"]
+        assert results[1].record is not None and (results[1].record.timestamp, results[1].record.valid_to) == (1, 5)
 
 
 def test_prefix_end() -> None:
