@@ -135,6 +135,26 @@ def build_parser() -> argparse.ArgumentParser:
                      help="jsonl (default, for scripts) or a human-readable table")
     _add_logging(rej)
 
+    keys = sub.add_parser(
+        "keys",
+        help="list the keys of a store with their records (no server needed)",
+        description="Print the keys of a store in UTF-8 byte order, one JSON object per line, each "
+        "with the record a read of the same snapshot answers (latest, or as of --as-of): the "
+        "records of GET /v1/stores/{store}/keys, every page, from one snapshot. Keys without a "
+        "value are left out; --include-deleted lists a key deleted by a tombstone as "
+        '{"key", "timestamp", "validTo", "deleted": true}. Exit 2 for an unknown store or a bad option.',
+    )
+    keys.add_argument("--warehouse", required=True, help="warehouse directory")
+    keys.add_argument("--store", required=True, help="store name")
+    keys.add_argument("--prefix", default=None, help="only keys that start with this")
+    keys.add_argument("--start", default=None, help="lowest key (inclusive)")
+    keys.add_argument("--end", default=None, help="keys below this one (exclusive)")
+    keys.add_argument("--as-of", default=None,
+                      help="answer as of this time: epoch ms or RFC 3339 (default: latest)")
+    keys.add_argument("--include-deleted", action="store_true", help="also list keys deleted by a tombstone")
+    keys.add_argument("--snapshot", type=int, default=None, help="answer from this Delta version of the store")
+    _add_logging(keys)
+
     demo = sub.add_parser(
         "demo",
         help="generate sample data, ingest it and serve it",
@@ -185,6 +205,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from versiq.ingest.commands import rejected_command
 
         return rejected_command(args)
+    if args.command == "keys":
+        from versiq.service.offline import keys_command
+
+        return keys_command(args)
     if args.command == "demo":
         from versiq.cli.demo import demo_command
 

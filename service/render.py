@@ -106,7 +106,8 @@ def stream_records_json(stream: str, key: str | None, page: StreamRecordsPage, n
     ))
 
 
-def _entry_json(e: KeyEntry) -> bytes:
+def entry_json(e: KeyEntry) -> bytes:
+    """One record of a key listing (also one line of ``versiq keys``)."""
     if e.deleted:
         return b"".join((b'{"key":', dumps(e.key), b',"timestamp":', int_or_null(e.timestamp),
                          b',"validTo":', int_or_null(e.valid_to), b',"deleted":true}'))
@@ -119,7 +120,7 @@ def keys_json(store: str, page: KeysPage, next_token: str | None) -> bytes:
     """A page of ``GET /v1/stores/{store}/keys``: records in the shape of ``/versions`` with
     their key; a deleted entry has ``deleted: true`` and no ``value``."""
     return b"".join((
-        b'{"store":', dumps(store), b',"records":[', b",".join(_entry_json(e) for e in page.entries),
+        b'{"store":', dumps(store), b',"records":[', b",".join(entry_json(e) for e in page.entries),
         b'],"nextPageToken":', dumps(next_token), b',"snapshot":', int_or_null(page.snapshot), b"}",
     ))
 

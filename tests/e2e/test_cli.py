@@ -32,6 +32,8 @@ CONTRACT_FLAGS = {
     "rejected": ["--warehouse", "--store", "--reason", "--format", "--log-format"],
     "demo": ["--warehouse", "--data", "--keys", "--host", "--port", "--no-serve", "--log-format"],
     "generate": ["--out", "--keys", "--versions", "--files", "--format", "--seed", "--log-format"],
+    "keys": ["--warehouse", "--store", "--prefix", "--start", "--end", "--as-of", "--include-deleted",
+             "--snapshot", "--log-format"],
 }
 
 
@@ -352,3 +354,31 @@ def test_demo_curls_answer_correctly(tmp_path: Path) -> None:
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait(timeout=15)
+
+
+def test_keys_lists_what_the_http_listing_answers(tmp_path: Path) -> None:
+    """Issue 16 item 8 (keys): ``versiq keys`` prints the records of GET /v1/stores/{store}/keys,
+    one per line, every page, from one snapshot; bad options and unknown stores are exit 2."""
+    import json
+
+    from tests.support.storebuilder import StoreBuilder
+
+    b = StoreBuilder(str(tmp_path), "s", history_retention_ms=1000)
+    b.apply([("a", '"x"', 1), ("a", None, 5), ("a", "1", 10), ("b", None, 3)]
+            + [(f"k{i:04d}", str(i), 20 + i) for i in range(1500)])
+    out = versiq("keys", "--warehouse", str(tmp_path), "--store", "s")
+    assert out.returncode == 0, out.stderr
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    assert lines[0] == {"key": "a", "value": 1, "timestamp": 10, "validTo": None}
+    assert [r["key"] for r in lines] == ["a"] + [f"k{i:04d}" for i in range(1500)]  # past one page
+    out = versiq("keys", "--warehouse", str(tmp_path), "--store", "s", "--as-of", "7", "--include-deleted",
+                 "--end", "k")
+    # horizon 1519 - 1000 = 519: as of 7, "a" (newest version at 10) is expired and left out;
+    # "b"'s newest version, its tombstone at 3, still answers
+    assert [json.loads(line) for line in out.stdout.splitlines()] == [
+        {"key": "b", "timestamp": 3, "validTo": None, "deleted": True}]
+    out = versiq("keys", "--warehouse", str(tmp_path), "--store", "s", "--prefix", "k000", "--start", "k0005")
+    assert [json.loads(line)["key"] for line in out.stdout.splitlines()] == [f"k{i:04d}" for i in range(5, 10)]
+    assert versiq("keys", "--warehouse", str(tmp_path), "--store", "nope").returncode == 2
+    bad = versiq("keys", "--warehouse", str(tmp_path), "--store", "s", "--as-of", "soon")
+    assert bad.returncode == 2 and "--as-of" in bad.stderr
