@@ -87,6 +87,8 @@ class KeyResult:
     snapshot: int
     #: ``streamTime - H`` of the key's partition at that snapshot (None: no record seen yet).
     horizon: int | None
+    #: For a not-found answer caused by a tombstone: the tombstone's timestamp.
+    deleted_at: int | None = None
 
 
 @dataclass(frozen=True)

@@ -214,13 +214,18 @@ class Engine:
         """The read rules for one key of ``view``: latest (rules 6, 12) or as of (7-8)."""
         if view.settings.kind == "timestamped":
             outcome, record = reads.latest(rows)
-            return KeyResult(outcome, record, view.snapshot, None)
-        h = _horizon(view, key, rows)
-        if as_of is None:
-            outcome, record = reads.latest(rows)
+            h = None
         else:
-            outcome, record = reads.as_of(rows, int(as_of), h)
-        return KeyResult(outcome, record, view.snapshot, h)
+            h = _horizon(view, key, rows)
+            if as_of is None:
+                outcome, record = reads.latest(rows)
+            else:
+                outcome, record = reads.as_of(rows, int(as_of), h)
+        deleted_at = None
+        if outcome == "not-found":
+            tombstone = reads.tombstone_answer(rows, None if as_of is None else int(as_of), h)
+            deleted_at = None if tombstone is None else tombstone[0]
+        return KeyResult(outcome, record, view.snapshot, h, deleted_at)
 
     def keys(self, store: str, query: KeysQuery, *, snapshot: int | None = None,
              resume_after: str | None = None, limit: int = 100) -> KeysPage:
@@ -264,10 +269,10 @@ class Engine:
             return KeyEntry(key, record.value, record.timestamp, record.valid_to)
         if not query.include_deleted:
             return None
-        horizon = None if view.settings.kind == "timestamped" else result.horizon
-        tombstone = reads.tombstone_answer(rows, query.as_of, horizon)
-        if tombstone is None:
+        if result.deleted_at is None:
             return None
+        tombstone = reads.tombstone_answer(rows, query.as_of, result.horizon)
+        assert tombstone is not None
         return KeyEntry(key, None, tombstone[0], tombstone[1], deleted=True)
 
     def versions(

@@ -92,6 +92,10 @@ def key_problem(store: str, key: str, as_of: int | None, result: KeyResult) -> P
             "that, so no answer can be given",
             **extra,
         )
+    if result.deleted_at is not None:
+        return Problem("not-found", f"key {key!r} has no value {when} in store {store!r} at snapshot "
+                       f"{result.snapshot}: it was deleted at {result.deleted_at} (a tombstone)",
+                       **extra, deletedAt=result.deleted_at)
     return Problem("not-found", f"key {key!r} has no value {when} in store {store!r} at "
                    f"snapshot {result.snapshot}", **extra)
 

@@ -703,3 +703,13 @@ def test_batch_get_errors(s_client: httpx.Client) -> None:
     problem(s_client.post("/v1/stores/prices/keys:batchGet", json={"keys": ["p-1"], "snapshot": 999}), 404,
             "snapshot-not-found")
     problem(s_client.post("/v1/stores/nope/keys:batchGet", json={"keys": ["a"]}), 404, "store-not-found")
+
+
+def test_a_not_found_caused_by_a_tombstone_says_when(s_client: httpx.Client) -> None:
+    """Issue 16 item 4 (part): the 404 of a deleted key names the tombstone's time."""
+    body = problem(s_client.get(key_path("prices", "deleted")), 404, "not-found")
+    assert body["deletedAt"] == T0 + 9 * HOUR + 200 and f"deleted at {T0 + 9 * HOUR + 200}" in body["detail"]
+    body = problem(s_client.get(key_path("prices", "missing")), 404, "not-found")
+    assert "deletedAt" not in body and "deleted" not in body["detail"]
+    alive = s_client.get(key_path("prices", "deleted"), params={"asOf": T0 + 9 * HOUR + 150})
+    assert alive.status_code == 200 and alive.json()["value"] == "alive"
