@@ -212,6 +212,13 @@ class Engine:
     @staticmethod
     def _answer(view: StoreView, key: str, rows: reads.KeyRows | None, as_of: int | None) -> KeyResult:
         """The read rules for one key of ``view``: latest (rules 6, 12) or as of (7-8)."""
+        return Engine._answer_and_tombstone(view, key, rows, as_of)[0]
+
+    @staticmethod
+    def _answer_and_tombstone(view: StoreView, key: str, rows: reads.KeyRows | None,
+                              as_of: int | None) -> tuple[KeyResult, tuple[int, int | None] | None]:
+        """``_answer``, and for a not-found caused by a tombstone that tombstone's
+        ``(timestamp, validTo)`` (a key listing shows it as a deleted entry)."""
         if view.settings.kind == "timestamped":
             outcome, record = reads.latest(rows)
             h = None
@@ -221,11 +228,11 @@ class Engine:
                 outcome, record = reads.latest(rows)
             else:
                 outcome, record = reads.as_of(rows, int(as_of), h)
-        deleted_at = None
+        tombstone = None
         if outcome == "not-found":
             tombstone = reads.tombstone_answer(rows, None if as_of is None else int(as_of), h)
-            deleted_at = None if tombstone is None else tombstone[0]
-        return KeyResult(outcome, record, view.snapshot, h, deleted_at)
+        deleted_at = None if tombstone is None else tombstone[0]
+        return KeyResult(outcome, record, view.snapshot, h, deleted_at), tombstone
 
     def keys(self, store: str, query: KeysQuery, *, snapshot: int | None = None,
              resume_after: str | None = None, limit: int = 100) -> KeysPage:
@@ -263,16 +270,12 @@ class Engine:
         return KeysPage(entries, view.snapshot, entries[-1].key if more else None)
 
     def _entry(self, view: StoreView, key: str, rows: reads.KeyRows, query: KeysQuery) -> KeyEntry | None:
-        result = self._answer(view, key, rows, query.as_of)
+        result, tombstone = self._answer_and_tombstone(view, key, rows, query.as_of)
         if result.outcome == "ok" and result.record is not None:
             record = result.record
             return KeyEntry(key, record.value, record.timestamp, record.valid_to)
-        if not query.include_deleted:
+        if not query.include_deleted or tombstone is None:
             return None
-        if result.deleted_at is None:
-            return None
-        tombstone = reads.tombstone_answer(rows, query.as_of, result.horizon)
-        assert tombstone is not None
         return KeyEntry(key, None, tombstone[0], tombstone[1], deleted=True)
 
     def versions(

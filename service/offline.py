@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from versiq.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
-from versiq.query.api import KeysQuery, QueryError, StoreNotFound
+from versiq.query.api import InvalidQuery, KeysQuery, QueryError, StoreNotFound, UnsupportedQuery
 from versiq.query.engine import Engine
 from versiq.service.render import entry_json
 from versiq.timestamps import TimestampError, parse_timestamp
@@ -22,9 +22,6 @@ def keys_command(args: argparse.Namespace) -> int:
         as_of = None if args.as_of is None else parse_timestamp(args.as_of)
     except TimestampError as exc:
         print(f"versiq keys: --as-of: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    if args.start is not None and args.end is not None and args.start > args.end:
-        print(f"versiq keys: --start {args.start!r} is after --end {args.end!r}", file=sys.stderr)
         return EXIT_USAGE
     query = KeysQuery(args.prefix, args.start, args.end, as_of, args.include_deleted)
     engine = Engine(args.warehouse, refresh_interval_s=3600)
@@ -44,6 +41,9 @@ def keys_command(args: argparse.Namespace) -> int:
         out.flush()
     except StoreNotFound:
         print(f"versiq keys: no store named {args.store!r} in {args.warehouse!r}", file=sys.stderr)
+        return EXIT_USAGE
+    except (InvalidQuery, UnsupportedQuery) as exc:  # --start after --end, --as-of on a timestamped store
+        print(f"versiq keys: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except QueryError as exc:
         print(f"versiq keys: {type(exc).__name__}: {exc}", file=sys.stderr)

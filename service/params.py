@@ -114,9 +114,6 @@ def order_param(params: dict[str, str]) -> str:
     return text
 
 
-__all__ = ["Problem", "parse_query", "percent_decode"]
-
-
 def bool_param(params: dict[str, str], name: str) -> bool:
     """``true`` or ``false`` (default false); anything else is a 400 naming the parameter."""
     text = params.get(name)
@@ -125,3 +122,7 @@ def bool_param(params: dict[str, str], name: str) -> bool:
     if text == "true":
         return True
     raise bad_request(f"query parameter {name!r}: {text!r} is not true or false", parameter=name)
+
+
+__all__ = ["Problem", "parse_query", "percent_decode"]
+
