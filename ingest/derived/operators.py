@@ -245,8 +245,12 @@ class ForeignKeyJoin(Operator):
         assert right is not None
         key, new = change.key, change.new
 
-        def emit(foreign_key: str | None, joined: bool) -> list[Emit]:
+        def emit(foreign_key: str | None, joined: bool, propagate_null: bool = True) -> list[Emit]:
+            """Kafka's response to one instruction: ``propagate_null`` False is its
+            PROPAGATE_ONLY_IF_FK_VAL_AVAILABLE (an inner join without a match emits nothing)."""
             found = None if foreign_key is None else right.latest_value(foreign_key)
+            if found is None and joined and not propagate_null and self.spec.join_type == "inner":
+                return []
             stamp = self._stamp(key, change.timestamp, None if found is None else found[1])
             if new is None or not joined or (found is None and self.spec.join_type == "inner"):
                 return [Emit(key, None, stamp)]
@@ -258,10 +262,8 @@ class ForeignKeyJoin(Operator):
             return emit(new_fk, True)
         if new is None or new_fk is None:  # deleted, or no foreign key any more
             return [] if old_fk is None else emit(old_fk, False)
-        if old_fk is not None and old_fk != new_fk:  # moved: the old result must go
-            return emit(new_fk, True)
-        found = right.latest_value(new_fk)
-        return [] if found is None else emit(new_fk, True)
+        # a moved foreign key must retract the old result; a new or unchanged one answers only a match
+        return emit(new_fk, True, propagate_null=old_fk is not None and old_fk != new_fk)
 
 
 def _number(value: Any) -> int | Decimal | None:
