@@ -9,7 +9,6 @@ import java.io.File;
 import java.math.BigDecimal;
 import java.math.BigInteger;
 import java.math.RoundingMode;
-import java.nio.file.Files;
 import java.time.Duration;
 import java.time.Instant;
 import java.util.ArrayList;
@@ -70,17 +69,7 @@ public final class OperatorScenarios {
   private static final String OUT_STORE = "out";
 
   public static void main(String[] args) throws Exception {
-    JsonNode input = JSON.readTree(new File(args[0]));
-    ObjectNode output = JSON.createObjectNode();
-    ArrayNode results = output.putArray("results");
-    File stateRoot = Files.createTempDirectory("versiq-operators-").toFile();
-    int n = 0;
-    for (JsonNode scenario : input.get("scenarios")) {
-      results.add(run(scenario, new File(stateRoot, "s" + (n++))));
-    }
-    JSON.writeValue(System.out, output);
-    System.out.flush();
-    System.exit(0); // RocksDB and driver threads must not keep the JVM alive
+    Harness.runAll(args, JSON, "versiq-operators-", OperatorScenarios::run);
   }
 
   // ---------------------------------------------------------------------------------- values

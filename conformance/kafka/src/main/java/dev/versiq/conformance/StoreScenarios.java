@@ -5,7 +5,6 @@ import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.ArrayNode;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.io.File;
-import java.nio.file.Files;
 import java.time.Duration;
 import java.time.Instant;
 import java.util.ArrayList;
@@ -100,17 +99,7 @@ public final class StoreScenarios {
   }
 
   public static void main(String[] args) throws Exception {
-    JsonNode input = JSON.readTree(new File(args[0]));
-    ObjectNode output = JSON.createObjectNode();
-    ArrayNode results = output.putArray("results");
-    File stateRoot = Files.createTempDirectory("versiq-conformance-").toFile();
-    int n = 0;
-    for (JsonNode scenario : input.get("scenarios")) {
-      results.add(run(scenario, new File(stateRoot, "s" + (n++))));
-    }
-    JSON.writeValue(System.out, output);
-    System.out.flush();
-    System.exit(0); // RocksDB and driver threads must not keep the JVM alive
+    Harness.runAll(args, JSON, "versiq-conformance-", StoreScenarios::run);
   }
 
   private static ObjectNode run(JsonNode scenario, File stateDir) {
