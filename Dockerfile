@@ -2,6 +2,11 @@
 #   docker run -p 8080:8080 -v warehouse:/warehouse IMAGE                 # serve (default CMD)
 #   docker run -v warehouse:/warehouse -v $PWD/data:/data:ro IMAGE \
 #       ingest --warehouse /warehouse --store prices --source /data       # ingest (PySpark, local[*])
+# Delta's Spark connector jars (jars/pom.xml), fetched at build time with Maven.
+FROM maven:3.9-eclipse-temurin-17 AS jars
+COPY jars/pom.xml /build/pom.xml
+RUN mvn -q -B -f /build/pom.xml dependency:copy-dependencies -DoutputDirectory=/jars -DexcludeTransitive=true
+
 FROM python:3.11-slim-bookworm
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -26,12 +31,15 @@ COPY service ./service
 COPY cli ./cli
 RUN pip install --no-cache-dir . && rm -rf /src/build
 
+COPY --from=jars /jars /opt/versiq/jars
+
 RUN mkdir -p /warehouse /data && chown versiq:versiq /warehouse /data
 USER versiq
 WORKDIR /home/versiq
 
 # `versiq serve` reads VERSIQ_*; Spark's Python workers use this image's python3.
 ENV PYSPARK_PYTHON=python3 \
+    VERSIQ_SPARK_JARS=/opt/versiq/jars \
     VERSIQ_WAREHOUSE=/warehouse \
     VERSIQ_HOST=0.0.0.0 \
     VERSIQ_PORT=8080

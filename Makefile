@@ -55,10 +55,21 @@ $(CONFORMANCE_JAR): $(CONFORMANCE_SRC) | java
 	mvn -q -B -Dmaven.repo.local=$(abspath .cache/m2) -f conformance/kafka/pom.xml package -DskipTests
 	@touch $@
 
-demo: $(BASE_STAMP) java
+# Delta's Spark connector (jars/pom.xml: delta-spark + delta-storage for the pinned PySpark),
+# fetched with Maven into .cache/jars (git-ignored), where versiq/ingest/spark.py finds them.
+SPARK_JARS := .cache/jars/.fetched
+
+$(SPARK_JARS): jars/pom.xml | java
+	@bash scripts/ensure-maven.sh
+	rm -rf .cache/jars
+	mvn -q -B -Dmaven.repo.local=$(abspath .cache/m2) -f jars/pom.xml dependency:copy-dependencies \
+	  -DoutputDirectory=$(abspath .cache/jars) -DexcludeTransitive=true
+	@touch $@
+
+demo: $(BASE_STAMP) java $(SPARK_JARS)
 	$(VENV)/bin/versiq demo $(DEMO_ARGS)
 
-test: $(DEV_STAMP) java $(CONFORMANCE_JAR)
+test: $(DEV_STAMP) java $(SPARK_JARS) $(CONFORMANCE_JAR)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -67,13 +78,13 @@ lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-bench: $(DEV_STAMP) java
+bench: $(DEV_STAMP) java $(SPARK_JARS)
 	@test -f bench/run.py || { echo "bench/run.py does not exist yet" >&2; exit 1; }
 	$(PY) bench/run.py
 
 # 10,000 random scenarios (VERSIQ_CONFORMANCE_SCENARIOS) for stores and for each operator, through
 # versiq and Kafka Streams; prints a summary (about 30 minutes on 2 cores).
-conformance: $(DEV_STAMP) java $(CONFORMANCE_JAR)
+conformance: $(DEV_STAMP) java $(SPARK_JARS) $(CONFORMANCE_JAR)
 	VERSIQ_CONFORMANCE_SCENARIOS=$${VERSIQ_CONFORMANCE_SCENARIOS:-10000} VERSIQ_CONFORMANCE_GROUP=500 \
 	  HYPOTHESIS_PROFILE=explore \
 	  $(PY) -m pytest tests/conformance -q -s -p no:cacheprovider

@@ -48,9 +48,8 @@ PHASE_NAMES = {
     "_parse_stats": "parse + cache (first action)",
     "existing_versions": "read existing versions (delta-rs/DuckDB)",
     "_next_state": "classify: outcome counts + stream time (window functions)",
-    "collect_adds": "write store + _rejected files (both collect_adds calls)",
-    "commit_store": "Delta commit of the store",
-    "commit_rejected": "Delta commit of _rejected",
+    "write_rejected": "write + commit _rejected (delta-spark, before the store commit)",
+    "commit_store": "decide + write + commit the store's rows (delta-spark)",
 }
 
 

@@ -106,16 +106,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     mnt = sub.add_parser(
         "maintain",
-        help="compact, checkpoint and vacuum a store",
+        help="compact and vacuum a store",
         description="Compact each bucket of a store to one row per version and drop history that "
-        "ended at or before the retention horizon (no query can return it), write a Delta "
-        "checkpoint and vacuum files no snapshot still needs (keeping every snapshot younger "
+        "ended at or before the retention horizon (no query can return it: expired versions are "
+        "deleted from the current snapshot for good), and vacuum files no snapshot still needs "
+        "(keeping every snapshot younger "
         "than the page-token lifetime, 1 hour) and files no commit ever referenced once older "
         "than that hour (left by a killed ingest or maintain, or a failed write), in the store and "
         "its _rejected, _changelog and _emitted tables (VERSIQ_VACUUM_RETENTION_HOURS sets the "
         "hour). A file a writer may still commit is never removed: every writer holds the store's "
         "writer lock from its first file to its last commit and maintain holds it too, and files "
-        "younger than the retention are kept whatever wrote them.",
+        "younger than the retention are kept whatever wrote them. Writes go through Delta's Spark "
+        "connector, which also writes a checkpoint every 50 commits; a store with nothing to "
+        "compact or vacuum starts no Spark.",
     )
     mnt.add_argument("--warehouse", required=True, help="warehouse directory")
     mnt.add_argument("--store", required=True, help="store name")

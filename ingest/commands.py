@@ -146,7 +146,7 @@ def ingest_command(args: argparse.Namespace, parser: argparse.ArgumentParser | N
                 write_report(args.report, data)
         for name in [s.name for s in pipeline.stores] + [t.name for t in pipeline.tables if not t.is_stream]:
             try:
-                compact_if_due(args.warehouse, name, lock_timeout)
+                compact_if_due(args.warehouse, name, lock_timeout, lambda: spark)
             except Exception:  # noqa: BLE001 - maintenance failure must not stop ingest
                 log.exception("maintenance of %s failed", name)
 

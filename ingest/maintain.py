@@ -1,90 +1,134 @@
-"""``versiq maintain``: compaction, checkpoint and vacuum of one store.
+"""``versiq maintain``: compaction and vacuum of one store, written through delta-spark.
 
 - **Compaction** rewrites each bucket that has more than one file (or superseded rows) as one
   file with exactly the rows the read rule selects (``versiq.layout``), sorted by
   (key, valid_from), and drops history that no query can return any more: versions whose
   ``valid_to`` is at or before the horizon of their partition (docs/semantics.md, Retention edges:
   such history is never returned, and no later record can touch it, since any record at or
-  before it is late). The commit carries the unchanged store state, so readers and later runs
-  see the same store. The commit is a plain Delta remove+add: old snapshots stay readable until
-  vacuum.
-- **Checkpoint** writes a Delta checkpoint so readers load the log quickly.
+  before it is late). The rewrite is one Delta commit replacing the rewritten buckets
+  (``replaceWhere`` on ``bucket``) and carrying the unchanged store state, so readers and
+  later runs see the same store; old snapshots stay readable until vacuum.
+- **Checkpoints** are Delta's: the connector writes one every 50 commits
+  (``layout.TABLE_PROPERTIES``), so readers load the log quickly without a separate step.
 - **Vacuum** deletes files removed longer ago than ``VACUUM_RETENTION_HOURS`` (1 hour = the
   default page-token lifetime of the service, so a token's pinned snapshot stays readable for
   its whole life; set ``VERSIQ_VACUUM_RETENTION_HOURS`` to keep old snapshots longer), and
   files no commit ever referenced (left by a killed ingest or maintain, or a failed write) once
-  they are older than the same retention: delta-rs's *full* vacuum, in the store table and in
-  each side table (``_rejected``, ``_changelog``, ``_emitted``). This never touches a file a
-  writer may still commit: maintain holds the store's writer lock, so no ingest of the store
-  is between writing its files and committing them; a run's side-table files that a crash left
-  uncommitted are committed first (``finish_pending_sides``), exactly as the next ingest would;
-  and the retention spares anything written in the last hour whatever its origin.
+  they are older than the same retention: Delta's VACUUM, in the store table and in each side
+  table (``_rejected``, ``_changelog``, ``_emitted``), with the table's
+  ``delta.deletedFileRetentionDuration`` set to the same retention (Delta spares unreferenced
+  files younger than that setting). This never touches a file a writer may
+  still commit: maintain holds the store's writer lock, so no ingest of the store is between
+  writing its files and committing them, and the retention spares anything written in the last
+  hour whatever its origin.
+
+What to do is decided before any SparkSession starts (delta-rs lists the files, DuckDB resolves
+the buckets to rewrite, delta-rs's dry-run vacuum lists what a vacuum would delete): a store
+with nothing to compact or vacuum costs no JVM.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import time
+from collections.abc import Callable
 from typing import Any
 
 import duckdb
+import pyarrow as pa
 from deltalake import DeltaTable
-from deltalake.transaction import AddAction, CommitProperties, RemoveAction
+from pyspark.sql import SparkSession
 
-from versiq.ingest.store import (
-    SIDE_TABLES,
-    existing_store_path,
-    finish_pending_sides,
-    is_store,
-    open_store,
-    writer_lock,
-)
-from versiq.ingest.writer import file_stats
+from versiq.ingest.delta import commit_metadata, local_frame
+from versiq.ingest.store import SIDE_TABLES, existing_store_path, is_store, open_store, writer_lock
 from versiq.layout import (
-    STATE_KEY,
-    STORE_FILE_SCHEMA,
     STORE_PARTITION_COLUMNS,
     STORE_SCHEMA,
+    STORE_SORT,
     STREAM_KIND,
     StoreSettings,
+    StoreState,
     read_rule_sql,
     read_state,
 )
 
 log = logging.getLogger("versiq.maintain")
 
-VACUUM_RETENTION_HOURS = int(os.environ.get("VERSIQ_VACUUM_RETENTION_HOURS", "1"))
+VACUUM_RETENTION_HOURS = float(os.environ.get("VERSIQ_VACUUM_RETENTION_HOURS", "1"))
 COMPACT_FILES_PER_BUCKET = 4
 
+#: Where maintain gets a SparkSession when it has work: the running job's, or a new one.
+SparkFactory = Callable[[], SparkSession]
 
-def maintain_store(warehouse: str, store: str, lock_timeout_s: float = 60.0) -> dict[str, Any]:
+
+def _new_spark() -> SparkSession:
+    from versiq.ingest.spark import get_spark
+
+    return get_spark(app_name="versiq-maintain")
+
+
+def maintain_store(warehouse: str, store: str, lock_timeout_s: float = 60.0,
+                   spark: SparkFactory = _new_spark) -> dict[str, Any]:
     path = existing_store_path(warehouse, store)
     with writer_lock(path, lock_timeout_s):
         table = DeltaTable(path)
         handle = open_store(path, StoreSettings.from_description(table.metadata().description), set())
-        if finish_pending_sides(handle):  # their files are referenced before any full vacuum
-            log.info("store %s: completed the side-table commits of run %d", store, handle.state.run)
-        result = compact(path)
-        table = DeltaTable(path)
-        table.create_checkpoint()
-        # vacuum may commit too: carry the state so the newest commit always has it
-        state = read_state(path, table.version())
-        removed = table.vacuum(retention_hours=VACUUM_RETENTION_HOURS, dry_run=False,
-                               enforce_retention_duration=False, full=True,
-                               commit_properties=CommitProperties(custom_metadata={STATE_KEY: state.to_json()}))
-        side_removed = 0
-        for side in SIDE_TABLES:
-            side_path = os.path.join(path, side)
-            if is_store(side_path):
-                side_removed += len(DeltaTable(side_path).vacuum(
-                    retention_hours=VACUUM_RETENTION_HOURS, dry_run=False, enforce_retention_duration=False,
-                    full=True))
-        result.update(checkpoint=table.version(), vacuumed_files=len(removed), vacuumed_side_files=side_removed)
+        plan = plan_compaction(path)
+        tables = [path] + [os.path.join(path, side) for side in SIDE_TABLES if is_store(os.path.join(path, side))]
+        to_vacuum = {t: len(_vacuum_candidates(t)) for t in tables}
+        result: dict[str, Any] = {"store": store, "buckets_rewritten": len(plan.buckets),
+                                  "rows_before": plan.rows_before, "rows_after": plan.rows_after}
+        if plan.stream:
+            result.update(rows_before=None, rows_after=None, stream=True)
+        if plan.buckets or any(to_vacuum.values()):
+            session = spark()
+            with commit_metadata(session, handle.state):
+                if plan.buckets:
+                    _rewrite(session, path, plan)
+                for target, count in to_vacuum.items():
+                    if count:
+                        to_vacuum[target] = _vacuum(session, target)
+        result.update(snapshot=DeltaTable(path).version(), vacuumed_files=to_vacuum[path],
+                      vacuumed_side_files=sum(n for t, n in to_vacuum.items() if t != path))
+        log.info("store %s: compacted %d bucket(s) (%s rows -> %s), vacuumed %d file(s)", store, len(plan.buckets),
+                 plan.rows_before, plan.rows_after, sum(to_vacuum.values()))
         return result
 
 
-def compact_if_due(warehouse: str, store: str, lock_timeout_s: float) -> dict[str, Any] | None:
+def _vacuum_candidates(path: str) -> list[str]:
+    """The files a vacuum of the table at ``path`` would delete now (delta-rs, dry run)."""
+    return list(DeltaTable(path).vacuum(retention_hours=int(VACUUM_RETENTION_HOURS), dry_run=True,
+                                        enforce_retention_duration=False, full=True))
+
+
+def _vacuum(spark: SparkSession, path: str) -> int:
+    """Delta's VACUUM of one table with versiq's retention; returns the files it deleted.
+
+    Delta keeps files no commit references (a killed writer's) for the table's
+    ``delta.deletedFileRetentionDuration`` (7 days by default) whatever retention VACUUM is
+    given, so the table's setting is made versiq's retention first (a metadata-only commit,
+    only when it differs)."""
+    seconds = int(VACUUM_RETENTION_HOURS * 3600)
+    wanted = f"interval {seconds} seconds"
+    name = f"delta.`{path}`"
+    if DeltaTable(path).metadata().configuration.get("delta.deletedFileRetentionDuration") != wanted:
+        spark.sql(f"ALTER TABLE {name} SET TBLPROPERTIES ('delta.deletedFileRetentionDuration' = '{wanted}')")
+    before = _data_files(path)
+    spark.sql(f"VACUUM {name} RETAIN {VACUUM_RETENTION_HOURS} HOURS")
+    return len(before - _data_files(path))
+
+
+def _data_files(path: str) -> set[str]:
+    """The files under a table's directory outside ``_``/``.`` folders (what VACUUM may delete)."""
+    found: set[str] = set()
+    for folder, dirs, files in os.walk(path):
+        dirs[:] = [d for d in dirs if not d.startswith(("_", "."))]
+        found.update(os.path.join(folder, f) for f in files if not f.startswith(("_", ".")))
+    return found
+
+
+def compact_if_due(warehouse: str, store: str, lock_timeout_s: float, spark: SparkFactory = _new_spark
+                   ) -> dict[str, Any] | None:
     """Compact when the store has accumulated several files per bucket (continuous mode)."""
     path = os.path.join(warehouse, store)
     if not is_store(path):
@@ -93,22 +137,30 @@ def compact_if_due(warehouse: str, store: str, lock_timeout_s: float) -> dict[st
     settings = StoreSettings.from_description(table.metadata().description)
     if len(table.file_uris()) <= COMPACT_FILES_PER_BUCKET * settings.buckets:
         return None
-    return maintain_store(warehouse, store, lock_timeout_s)
+    return maintain_store(warehouse, store, lock_timeout_s, spark)
 
 
-def compact(path: str) -> dict[str, Any]:
-    """Rewrite every bucket with superseded rows or several files; one commit for all."""
+class CompactionPlan:
+    """The buckets to rewrite and their new rows (with ``bucket``), resolved by DuckDB."""
+
+    def __init__(self, state: StoreState, stream: bool = False) -> None:
+        self.state = state
+        self.stream = stream
+        self.buckets: list[int] = []
+        self.rows: list[pa.Table] = []
+        self.rows_before = 0
+        self.rows_after = 0
+
+
+def plan_compaction(path: str) -> CompactionPlan:
+    """Every bucket with superseded or expired rows or several files, and its rows after."""
     table = DeltaTable(path)
     settings = StoreSettings.from_description(table.metadata().description)
-    version = table.version()
-    state = read_state(path, version)
-    if settings.kind == STREAM_KIND:  # append-only: every record stays; checkpoint + vacuum only
-        return {"store": os.path.basename(path), "buckets_rewritten": 0, "rows_before": None,
-                "rows_after": None, "snapshot": version, "stream": True}
-    adds_table = DeltaTable(path).get_add_actions(flatten=True)
-    import pyarrow as pa
-
-    actions = pa.table(adds_table).to_pylist()
+    state = read_state(path, table.version())
+    if settings.kind == STREAM_KIND:  # append-only: every record stays; vacuum only
+        return CompactionPlan(state, stream=True)
+    plan = CompactionPlan(state)
+    actions = pa.table(table.get_add_actions(flatten=True)).to_pylist()
     by_bucket: dict[int, list[dict[str, Any]]] = {}
     for action in actions:
         by_bucket.setdefault(int(action["partition.bucket"]), []).append(action)
@@ -117,47 +169,33 @@ def compact(path: str) -> dict[str, Any]:
         cases = " ".join(f"WHEN {p} THEN {t - settings.history_retention_ms}"
                          for p, t in sorted(state.stream_time.items()))
         horizon_sql = f"CASE \"partition\" {cases} END"
-    new_actions: list[AddAction | RemoveAction] = []
-    rewritten = rows_before = rows_after = 0
+    columns = ", ".join(f'"{f.name}"' for f in STORE_SCHEMA if f.name != "bucket")
     con = duckdb.connect()
     try:
         for bucket, files in sorted(by_bucket.items()):
             full = [os.path.join(path, f["path"]) for f in files]
             count = sum(int(f["num_records"]) for f in files)
-            sql = (
-                "SELECT key, valid_from, valid_to, value, tombstone, \"partition\", run "
-                "FROM read_parquet($files) " + read_rule_sql(settings.kind)
-            )
+            sql = (f"SELECT {columns} FROM read_parquet($files, hive_partitioning = false) "
+                   + read_rule_sql(settings.kind))
             if settings.kind == "versioned":
                 sql = (f"SELECT * FROM ({sql}) WHERE valid_to IS NULL OR {horizon_sql} IS NULL "
                        f"OR valid_to > {horizon_sql}")
-            resolved = con.sql(sql + " ORDER BY key, valid_from", params={"files": full}).to_arrow_table()
+            resolved = con.sql(f"SELECT {bucket}::INTEGER AS bucket, * FROM ({sql}) ORDER BY key, valid_from",
+                               params={"files": full}).to_arrow_table()
             if len(files) == 1 and resolved.num_rows == count:
                 continue
-            rewritten += 1
-            rows_before += count
-            rows_after += resolved.num_rows
-            now = int(time.time() * 1000)
-            for f in files:
-                new_actions.append(RemoveAction(f["path"], False, now, int(f["size_bytes"]),
-                                                {"bucket": str(bucket)}))
-            if resolved.num_rows:
-                import pyarrow.parquet as pq
-
-                data = resolved.cast(STORE_FILE_SCHEMA)
-                rel = f"bucket={bucket}/compact-{version:08d}-{os.urandom(8).hex()}.parquet"
-                target = os.path.join(path, rel)
-                pq.write_table(data, target + ".tmp", row_group_size=4096, compression="zstd")
-                os.replace(target + ".tmp", target)
-                new_actions.append(AddAction(rel, os.path.getsize(target), {"bucket": str(bucket)}, now,
-                                             False, file_stats(data)))
+            plan.buckets.append(bucket)
+            plan.rows.append(resolved)
+            plan.rows_before += count
+            plan.rows_after += resolved.num_rows
     finally:
         con.close()
-    if new_actions:
-        table.create_write_transaction(
-            new_actions, mode="append", schema=STORE_SCHEMA, partition_by=STORE_PARTITION_COLUMNS,
-            commit_properties=CommitProperties(custom_metadata={STATE_KEY: state.to_json()}),
-        )
-    log.info("compacted %d bucket(s): %d rows -> %d", rewritten, rows_before, rows_after)
-    return {"store": os.path.basename(path), "buckets_rewritten": rewritten, "rows_before": rows_before,
-            "rows_after": rows_after, "snapshot": DeltaTable(path).version()}
+    return plan
+
+
+def _rewrite(spark: SparkSession, path: str, plan: CompactionPlan) -> None:
+    """One commit replacing the planned buckets with their resolved rows."""
+    rows = pa.concat_tables([t.cast(STORE_SCHEMA) for t in plan.rows]) if plan.rows else STORE_SCHEMA.empty_table()
+    buckets = ", ".join(str(b) for b in plan.buckets)
+    local_frame(spark, rows).sortWithinPartitions(*STORE_PARTITION_COLUMNS, *STORE_SORT).write.format("delta") \
+        .mode("overwrite").option("replaceWhere", f"bucket IN ({buckets})").save(path)

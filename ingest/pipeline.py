@@ -2,8 +2,8 @@
 
 ``run_ingest(spark, warehouse, specs)`` is the in-process entry point (same semantics as the
 CLI); it returns a ``RunReport`` whose JSON form is the ``--report`` file (docs/contract.md).
-Each store's run is one atomic, idempotent Delta commit of data + state, followed by the
-``_rejected`` commit under the same transaction id.
+Each store's run writes its side tables (``_rejected``, ``_changelog``) and then makes one
+atomic, idempotent Delta commit of data + state (``versiq.ingest.delta``).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pyspark.sql import functions as F
 
 from versiq.durations import DEFAULT_HISTORY_RETENTION_MS
 from versiq.ingest.bucketing import write_tasks
+from versiq.ingest.delta import local_frame
 from versiq.ingest.errors import UsageError
 from versiq.ingest.future import DEFAULT_MAX_FUTURE_MS, future_bound
 from versiq.ingest.parse import parse_files
@@ -28,23 +29,11 @@ from versiq.ingest.rejections import write_rejected
 from versiq.ingest.reports import RunReport, StoreReport
 from versiq.ingest.semantics import RunContext, classify, default_partition_of, file_of, rows_to_write
 from versiq.ingest.sources import SourceError, check_readable, list_sources, log_ignored, source_error_in
-from versiq.ingest.store import (
-    StoreHandle,
-    commit_rejected,
-    commit_side,
-    commit_store,
-    existing_versions,
-    finish_pending_sides,
-    open_store,
-    writer_lock,
-)
-from versiq.ingest.writer import FILE_INFO_DDL, collect_adds, make_plain_writer, make_store_writer
+from versiq.ingest.store import StoreHandle, commit_side, commit_store, existing_versions, open_store, writer_lock
 from versiq.layout import (
     CHANGELOG_DIR,
-    CHANGELOG_SCHEMA,
     DEFAULT_BUCKETS,
     KINDS,
-    STORE_FILE_SCHEMA,
     STORE_SCHEMA,
     StoreSettings,
     StoreState,
@@ -156,8 +145,6 @@ def ingest_store(spark: SparkSession, warehouse: str, spec: StoreSpec, lock_time
     settings, explicit = spec.settings()
     with writer_lock(path, lock_timeout_s):
         handle = open_store(path, settings, explicit)
-        if finish_pending_sides(handle):
-            log.info("store %s: completed the side-table commits of run %d", spec.name, handle.state.run)
         listing = list_sources(spec.source)
         done = set(handle.state.done_files)
         new = {rel: full for rel, full in listing.files.items() if rel not in done}
@@ -165,7 +152,7 @@ def ingest_store(spark: SparkSession, warehouse: str, spec: StoreSpec, lock_time
         check_readable(new)
         if not new and handle.table is not None:
             if spec.changelog and handle.state.changelog_since is None:
-                _start_changelog(handle)
+                _start_changelog(spark, handle)
             report.snapshot = handle.version
             log.info("store %s: no new files (snapshot %s)", spec.name, handle.version)
             return report
@@ -205,24 +192,16 @@ def _run_once(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, new: di
             state = _next_state(classified, handle.state, run, new, report)
             log.info("store %s: %d accepted, %d rejected; writing", spec.name,
                      report.accepted_latest + report.accepted_out_of_order, sum(report.rejected.values()))
-            rows = rows_to_write(classified, existing, ctx, existing_empty=empty)
-            store_adds = collect_adds(
-                rows.mapInArrow(make_store_writer(handle.path, run, STORE_FILE_SCHEMA), FILE_INFO_DDL))
+            # side tables first, the store commit (data + state) last: docs in versiq.ingest.delta
             rejected = sum(report.rejected.values())
-            rejected_adds = write_rejected(parsed, classified, handle.path, run, new, spec.format,
-                                            decided=rejected - parse_rejections, total=rejected)
-            state.rejected_adds = rejected_adds
+            write_rejected(parsed, classified, handle.path, state, new, spec.format,
+                           decided=rejected - parse_rejections, total=rejected)
             if keeps_changelog(spec, handle.state):
                 if state.changelog_since is None:
                     state.changelog_since = run
-                state.changelog_adds = _write_changelog(classified, handle.path, run, ctx)
-            log.info("store %s: committing %d data file(s), %d rejected file(s)", spec.name, len(store_adds),
-                     len(rejected_adds))
-            version = commit_store(handle, store_adds, state)
-            if rejected_adds:
-                commit_rejected(handle.path, run, rejected_adds)
-            if state.changelog_adds:
-                commit_side(handle.path, CHANGELOG_DIR, run, state.changelog_adds)
+                _write_changelog(classified, handle.path, state, ctx)
+            log.info("store %s: committing run %d", spec.name, run)
+            version = commit_store(handle, rows_to_write(classified, existing, ctx, existing_empty=empty), state)
             report.snapshot = version
         finally:
             classified.unpersist()
@@ -230,15 +209,14 @@ def _run_once(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, new: di
         parsed.unpersist()
 
 
-def _start_changelog(handle: StoreHandle) -> None:
+def _start_changelog(spark: SparkSession, handle: StoreHandle) -> None:
     """Commit that the store keeps a ``_changelog`` from its next run on (state only, no data).
 
     A table added over a store without one starts from what the store holds after its last run
     (docs/derived-tables.md); from then on it reads the changelog of every later run, so the store
     must keep one from the next run even when this run had nothing new to write it in."""
-    state = replace(handle.state, changelog_since=handle.state.run + 1, rejected_adds=[], changelog_adds=[],
-                    emitted_adds=[])
-    commit_store(handle, [], state)
+    state = replace(handle.state, changelog_since=handle.state.run + 1)
+    commit_store(handle, local_frame(spark, STORE_SCHEMA.empty_table()), state, new_run=False)
     log.info("store %s: keeps a changelog from run %d on (derived tables read it)", os.path.basename(handle.path),
              state.changelog_since)
 
@@ -320,7 +298,7 @@ def _next_state(classified: DataFrame, state: StoreState, run: int,
                       done_files=sorted(set(state.done_files) | set(new)), changelog_since=state.changelog_since)
 
 
-def _write_changelog(classified: DataFrame, store_path: str, run: int, ctx: RunContext) -> list[dict[str, Any]]:
+def _write_changelog(classified: DataFrame, store_path: str, state: StoreState, ctx: RunContext) -> None:
     """The run's accepted records in processing order (``seq`` 1, 2, ...) into ``_changelog``.
 
     Across partitions the order is (path, line/row); inside a partition ordered by offset, the
@@ -334,12 +312,10 @@ def _write_changelog(classified: DataFrame, store_path: str, run: int, ctx: RunC
         slots = acc.select("p", "seq").withColumn("k", F.row_number().over(Window.partitionBy("p").orderBy("seq")))
         acc = records.join(slots, ["p", "k"])
     out = acc.select(
-        F.lit(run).cast("bigint").alias("run"),
+        F.lit(state.run).cast("bigint").alias("run"),
         F.row_number().over(Window.orderBy("seq")).cast("bigint").alias("seq"),
         "key", "value", F.col("ts").alias("timestamp"), F.col("p").cast("int").alias("partition"),
     )
-    root = os.path.join(store_path, CHANGELOG_DIR)
-    return collect_adds(out.repartition(1).sortWithinPartitions("seq").mapInArrow(
-        make_plain_writer(root, run, CHANGELOG_SCHEMA), FILE_INFO_DDL))
+    commit_side(store_path, CHANGELOG_DIR, state, out.repartition(1).sortWithinPartitions("seq"))
 
 

@@ -10,7 +10,7 @@ from deltalake import DeltaTable
 
 from versiq.ingest.errors import UsageError
 from versiq.ingest.store import existing_store_path, is_store, rejected_path
-from versiq.layout import REJECT_REASONS
+from versiq.layout import REJECT_REASONS, read_state
 
 
 def iter_rejected(warehouse: str, store: str, reason: str | None = None) -> Iterator[dict[str, Any]]:
@@ -22,6 +22,9 @@ def iter_rejected(warehouse: str, store: str, reason: str | None = None) -> Iter
     if not is_store(path):
         return
     table = DeltaTable(path).to_pyarrow_table()
+    # rows of a run the store has not committed are an unfinished attempt (versiq.layout)
+    committed = read_state(store_path, DeltaTable(store_path).version()).run
+    table = table.filter(pc.less_equal(table.column("run"), committed))
     if reason is not None:
         table = table.filter(pc.equal(table.column("reason"), reason))
     table = table.sort_by([("run", "ascending"), ("source", "ascending"), ("line", "ascending"),

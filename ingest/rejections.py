@@ -14,29 +14,32 @@ import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from versiq.ingest.delta import local_frame
 from versiq.ingest.order import MAX_POS, file_seq_base, split_seq
 from versiq.ingest.records import BATCH_ROWS, format_of, raw_texts
 from versiq.ingest.semantics import file_of
-from versiq.ingest.store import rejected_path
-from versiq.ingest.writer import FILE_INFO_DDL, collect_adds, make_plain_writer, write_local
-from versiq.layout import REJECTED_SCHEMA
+from versiq.ingest.store import commit_side
+from versiq.layout import REJECTED_DIR, REJECTED_SCHEMA, StoreState
 
 #: Up to this many rejections in a run, ``_rejected`` is written on the driver (``write_rejected``).
 DRIVER_REJECTIONS = 20_000
 
 
-def write_rejected(parsed: DataFrame, classified: DataFrame | None, store_path: str, run: int,
-                    new: dict[str, str], fmt: str | None, decided: int = 0,
-                    total: int | None = None) -> list[dict[str, Any]]:
+def write_rejected(parsed: DataFrame, classified: DataFrame | None, store_path: str, state: StoreState,
+                   new: dict[str, str], fmt: str | None, decided: int = 0, total: int | None = None) -> None:
     """The run's rejected records: the parser's (with their text), and, when ``classified`` is
     given and ``decided`` > 0, those rejected by the decisions, whose text is read again from
     their files (``ingest.order``: the run does not carry the text of parsed records).
 
     With ``total`` (all rejections of the run) up to ``DRIVER_REJECTIONS`` the rows are
-    collected and the file written on the driver: the same file, without about five Spark
-    jobs (an incremental batch's usual case); else Spark assembles and writes it."""
+    collected and assembled on the driver: the same rows, without about five Spark jobs (an
+    incremental batch's usual case); else Spark assembles them. Written before the run's store
+    commit (``commit_side``), replacing what an unfinished attempt of the run left."""
+    run = state.run
     if total == 0:
-        return []
+        commit_side(store_path, REJECTED_DIR, state, local_frame(parsed.sparkSession, REJECTED_SCHEMA.empty_table()),
+                    empty=True)
+        return
     files = [(full, format_of(rel, fmt)) for rel, full in new.items()]
     sources = list(new)
     rejected = parsed.filter(F.col("reason").isNotNull()).select("seq", "part", "offset", "reason", "detail", "raw")
@@ -44,7 +47,6 @@ def write_rejected(parsed: DataFrame, classified: DataFrame | None, store_path: 
     if classified is not None and decided:
         later = classified.filter(F.col("outcome") != "accepted").select(
             "seq", "part", "offset", F.col("outcome").alias("reason"), "detail")
-    root = rejected_path(store_path)
     ingested_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     if total is not None and total <= DRIVER_REJECTIONS:
         parts = [rejected.toArrow()]
@@ -69,7 +71,8 @@ def write_rejected(parsed: DataFrame, classified: DataFrame | None, store_path: 
             "detail": table.column("detail"),
             "ingested_at": pa.array([ingested_at] * len(seq), pa.string()),
         })
-        return write_local(make_plain_writer(root, run, REJECTED_SCHEMA), out)
+        commit_side(store_path, REJECTED_DIR, state, local_frame(parsed.sparkSession, out), empty=out.num_rows == 0)
+        return
     spark = parsed.sparkSession
     names = spark.createDataFrame([(index, rel, files[index][1] == "parquet") for index, rel in enumerate(sources)],
                                   "file int, source string, is_row boolean")
@@ -91,10 +94,7 @@ def write_rejected(parsed: DataFrame, classified: DataFrame | None, store_path: 
         "detail",
         F.lit(ingested_at).alias("ingested_at"),
     )
-    return collect_adds(
-        frame.repartition(1).sortWithinPartitions("seq")
-        .mapInArrow(make_plain_writer(root, run, REJECTED_SCHEMA), FILE_INFO_DDL)
-    )
+    commit_side(store_path, REJECTED_DIR, state, frame.repartition(1).sortWithinPartitions("seq"), empty=False)
 
 
 _TEXT_SCHEMA = pa.schema([pa.field("seq", pa.int64()), pa.field("raw", pa.string())])

@@ -23,5 +23,5 @@ def run_pipeline(spark: Any, warehouse: str, pipeline: Pipeline, *, lock_timeout
                                       lambda stream: ingest_stream(spark, warehouse, stream, lock_timeout_s),
                                       lambda error: StreamReport(error=error), "stream"))
     if pipeline.tables:
-        report.tables.update(derive(warehouse, pipeline, lock_timeout_s))
+        report.tables.update(derive(spark, warehouse, pipeline, lock_timeout_s))
     return report

@@ -1,37 +1,29 @@
 """Writer-side access to one store: lock, settings, state, existing versions, Delta commits.
 
-All Delta writes go through delta-rs (``deltalake``): Spark executors write the Parquet files
-and this module commits them in one transaction whose commitInfo carries the store state and
-whose Delta ``txn`` (app ``versiq.ingest``, version = run) makes the run idempotent.
+Every Delta write goes through Delta's Spark connector (``versiq.ingest.delta``): a run's
+side-table rows first, then its table commit, which carries the store state and whose Delta
+``txn`` (app ``versiq.ingest``, version = run) makes the run idempotent. Reading (the snapshot a
+run starts from, its existing versions) is delta-rs and DuckDB, as in the service.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import duckdb
 import pyarrow as pa
-import pyarrow.parquet as pq
-from deltalake import DeltaTable, Schema
-from deltalake.transaction import (
-    AddAction,
-    CommitProperties,
-    RemoveAction,
-    Transaction,
-    create_table_with_add_actions,
-)
+from deltalake import DeltaTable
+from pyspark.sql import DataFrame
 
+from versiq.ingest.delta import commit_table, replace_run
 from versiq.ingest.errors import UsageError
 from versiq.layout import (
-    APP_ID,
     CHANGELOG_DIR,
     CHANGELOG_SCHEMA,
     EMITTED_DIR,
@@ -40,13 +32,11 @@ from versiq.layout import (
     PRIVATE_DIR,
     REJECTED_DIR,
     REJECTED_SCHEMA,
-    STATE_KEY,
-    STORE_FILE_SCHEMA,
-    STORE_PARTITION_COLUMNS,
     STORE_SCHEMA,
-    STREAM_FILE_SCHEMA,
+    STORE_SORT,
     STREAM_KIND,
     STREAM_SCHEMA,
+    STREAM_SORT,
     StoreSettings,
     StoreState,
     has_delta_log,
@@ -175,90 +165,30 @@ def existing_versions(handle: StoreHandle, keys: pa.Table) -> pa.Table:
     return result.cast(schema)
 
 
-def _commit_properties(state: StoreState, run: int) -> CommitProperties:
-    return CommitProperties(
-        custom_metadata={STATE_KEY: state.to_json()},
-        app_transactions=[Transaction(APP_ID, run)],
-    )
-
-
 def table_schema(kind: str) -> pa.Schema:
     """The Delta schema of a store (versioned/timestamped) or stream table."""
     return STREAM_SCHEMA if kind == STREAM_KIND else STORE_SCHEMA
 
 
-def file_schema(kind: str) -> pa.Schema:
-    """The schema of the Parquet files of a store or stream table (without partition columns)."""
-    return STREAM_FILE_SCHEMA if kind == STREAM_KIND else STORE_FILE_SCHEMA
+def table_sort(kind: str) -> tuple[str, ...]:
+    """The order of rows inside every data file of a store or stream (``versiq.layout``)."""
+    return STREAM_SORT if kind == STREAM_KIND else STORE_SORT
 
 
-#: The side tables of a store: directory -> schema. Each is committed after the store's own
-#: commit with the same transaction id; the store state keeps their add actions until then.
+#: The side tables of a store: directory -> schema.
 SIDE_TABLES = {REJECTED_DIR: REJECTED_SCHEMA, CHANGELOG_DIR: CHANGELOG_SCHEMA, EMITTED_DIR: EMITTED_SCHEMA}
 
 
-def validate_adds(adds: list[dict[str, Any]], root: str, partitioned: bool,
-                  expected: pa.Schema | None = None) -> None:
-    """Checks delta-rs does not make: unique paths, files present with the table's schema,
-    full stats, partition membership."""
-    if expected is None:
-        expected = STORE_FILE_SCHEMA if partitioned else REJECTED_SCHEMA
-    seen: set[str] = set()
-    for add in adds:
-        path = add["path"]
-        if path in seen:
-            raise RuntimeError(f"duplicate file path in commit: {path}")
-        seen.add(path)
-        if not os.path.isfile(os.path.join(root, path)):
-            raise RuntimeError(f"file to commit is missing: {path}")
-        stats = json.loads(add["stats"])
-        if stats.get("numRecords", 0) <= 0 or not {"minValues", "maxValues", "nullCount"} <= set(stats):
-            raise RuntimeError(f"file to commit has no records or incomplete stats: {path}")
-        schema = pq.read_schema(os.path.join(root, path))
-        if not schema.remove_metadata().equals(expected):
-            raise RuntimeError(f"file {path} has schema {schema} instead of the table's {expected}")
-        if partitioned:
-            bucket = add["partition_values"]["bucket"]
-            if not path.startswith(f"bucket={bucket}/") or add.get("bucket_min") != add.get("bucket_max") \
-                    or str(add.get("bucket_min")) != bucket:
-                raise RuntimeError(f"file {path} does not belong to partition bucket={bucket}")
+def commit_store(handle: StoreHandle, rows: DataFrame, state: StoreState, new_run: bool = True) -> int:
+    """Commit the run's rows and state in one Delta transaction; returns the new version.
 
-
-def _actions(adds: list[dict[str, Any]]) -> list[AddAction | RemoveAction]:
-    return list[AddAction | RemoveAction](_to_actions(adds))
-
-
-def _to_actions(adds: list[dict[str, Any]]) -> list[AddAction]:
-    return [
-        AddAction(a["path"], int(a["size"]), a["partition_values"], int(a["modification_time"]), True,
-                  a["stats"])
-        for a in adds
-    ]
-
-
-def commit_store(handle: StoreHandle, adds: list[dict[str, Any]], state: StoreState) -> int:
-    """Commit the run's data files and state in one Delta transaction; returns the new version."""
+    ``rows`` are the table's columns, partitioned as the files are to be cut (whole buckets per
+    task). A run already committed (a rerun after a crash past the commit) is not appended
+    twice: Delta skips the transaction. ``new_run=False``: a commit of state only, between runs."""
     kind = handle.settings.kind
-    validate_adds(adds, handle.path, partitioned=True, expected=file_schema(kind))
-    props = _commit_properties(state, state.run)
-    if handle.table is None:
-        create_table_with_add_actions(
-            handle.path,
-            Schema.from_arrow(table_schema(kind)),
-            _to_actions(adds),
-            mode="error",
-            partition_by=STORE_PARTITION_COLUMNS,
-            name=os.path.basename(handle.path),
-            description=handle.settings.to_description(),
-            commit_properties=props,
-        )
-        handle.table = DeltaTable(handle.path)
-    else:
-        handle.table.create_write_transaction(
-            _actions(adds), mode="append", schema=table_schema(kind), partition_by=STORE_PARTITION_COLUMNS,
-            commit_properties=props,
-        )
-        handle.table.update_incremental()
+    commit_table(rows, handle.path, table_schema(kind), run=state.run, state=state,
+                 description=handle.settings.to_description(), sort=table_sort(kind), new_run=new_run)
+    handle.table = DeltaTable(handle.path)
     handle.state = state
     return handle.table.version()
 
@@ -267,52 +197,8 @@ def rejected_path(store_path: str) -> str:
     return os.path.join(store_path, REJECTED_DIR)
 
 
-def commit_side(store_path: str, side: str, run: int, adds: list[dict[str, Any]]) -> None:
-    """Commit a run's files of a side table (``_rejected``, ``_changelog``, ``_emitted``) with
-    the run's txn id; skipped when that run is already there (a rerun finishing a crashed run)."""
-    path = os.path.join(store_path, side)
-    schema = SIDE_TABLES[side]
-    validate_adds(adds, path, partitioned=False, expected=schema)
-    props = CommitProperties(app_transactions=[Transaction(APP_ID, run)])
-    if not is_store(path):
-        create_table_with_add_actions(
-            path, Schema.from_arrow(schema), _to_actions(adds), mode="error",
-            name=os.path.basename(store_path) + "." + side, commit_properties=props,
-        )
-        return
-    table = DeltaTable(path)
-    if (table.transaction_version(APP_ID) or 0) >= run:
-        return
-    table.create_write_transaction(_actions(adds), mode="append", schema=schema, commit_properties=props)
-
-
-def commit_rejected(store_path: str, run: int, adds: list[dict[str, Any]]) -> None:
-    commit_side(store_path, REJECTED_DIR, run, adds)
-
-
-def _pending_sides(state: StoreState) -> list[tuple[str, list[dict[str, Any]]]]:
-    """The side tables a run's state still holds add actions for, in commit order."""
-    sides = ((REJECTED_DIR, state.rejected_adds), (CHANGELOG_DIR, state.changelog_adds),
-             (EMITTED_DIR, state.emitted_adds))
-    return [(side, adds) for side, adds in sides if adds]
-
-
-def commit_pending_sides(store_path: str, state: StoreState) -> None:
-    """Commit the side tables of the run ``state`` describes (after its store commit)."""
-    for side, adds in _pending_sides(state):
-        commit_side(store_path, side, state.run, adds)
-
-
-def finish_pending_sides(handle: StoreHandle) -> bool:
-    """Complete a run whose store commit landed but whose side-table commits did not."""
-    state = handle.state
-    if state.run == 0:
-        return False
-    finished = False
-    for side, adds in _pending_sides(state):
-        path = os.path.join(handle.path, side)
-        if is_store(path) and (DeltaTable(path).transaction_version(APP_ID) or 0) >= state.run:
-            continue
-        commit_side(handle.path, side, state.run, adds)
-        finished = True
-    return finished
+def commit_side(store_path: str, side: str, state: StoreState, rows: DataFrame, empty: bool | None = None) -> None:
+    """Write a run's rows of a side table (``_rejected``, ``_changelog``, ``_emitted``) before the
+    run's table commit, replacing any rows an unfinished attempt of the run left there.
+    ``rows``: one partition, in the order the run processed them."""
+    replace_run(rows, os.path.join(store_path, side), SIDE_TABLES[side], run=state.run, state=state, empty=empty)

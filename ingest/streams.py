@@ -26,9 +26,8 @@ from versiq.ingest.rejections import write_rejected
 from versiq.ingest.reports import StreamReport
 from versiq.ingest.semantics import bucket_of
 from versiq.ingest.sources import check_readable, list_sources, log_ignored
-from versiq.ingest.store import commit_rejected, commit_store, finish_pending_sides, open_store, writer_lock
-from versiq.ingest.writer import FILE_INFO_DDL, STREAM_SORT, collect_adds, make_store_writer
-from versiq.layout import DEFAULT_BUCKETS, STREAM_FILE_SCHEMA, STREAM_KIND, StoreSettings, StoreState
+from versiq.ingest.store import commit_store, open_store, writer_lock
+from versiq.layout import DEFAULT_BUCKETS, STREAM_KIND, StoreSettings, StoreState
 from versiq.names import check_store_name
 
 log = logging.getLogger("versiq.ingest")
@@ -64,7 +63,6 @@ def ingest_stream(spark: SparkSession, warehouse: str, spec: StreamSpec, lock_ti
     settings = spec.settings()
     with writer_lock(path, lock_timeout_s):
         handle = open_store(path, settings, {"kind", "buckets"} if spec.buckets else {"kind"})
-        finish_pending_sides(handle)
         done = set(handle.state.done_files)
         listing = list_sources(spec.source)
         new = {rel: full for rel, full in listing.files.items() if rel not in done}
@@ -90,14 +88,10 @@ def ingest_stream(spark: SparkSession, warehouse: str, spec: StreamSpec, lock_ti
                 "key", "value", F.col("ts").alias("timestamp"), F.lit(run).cast("bigint").alias("run"),
                 F.row_number().over(Window.orderBy("seq")).cast("bigint").alias("seq"),
             )
-            adds = collect_adds(by_bucket(rows, write_tasks(handle.settings.buckets, report.read)).mapInArrow(
-                make_store_writer(handle.path, run, STREAM_FILE_SCHEMA, STREAM_SORT), FILE_INFO_DDL))
             state = StoreState(run=run, done_files=sorted(done | set(new)))
-            state.rejected_adds = write_rejected(parsed, None, handle.path, run, new, spec.format,
-                                                  total=sum(report.rejected.values()))
-            report.snapshot = commit_store(handle, adds, state)
-            if state.rejected_adds:
-                commit_rejected(handle.path, run, state.rejected_adds)
+            write_rejected(parsed, None, handle.path, state, new, spec.format, total=sum(report.rejected.values()))
+            report.snapshot = commit_store(handle, by_bucket(rows, write_tasks(handle.settings.buckets, report.read)),
+                                           state)
         finally:
             parsed.unpersist()
         log.info("stream %s: run %d appended %d record(s)", spec.name, run, report.appended)

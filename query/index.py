@@ -58,12 +58,7 @@ class DataFile:
     num_records: int
 
     def may_contain(self, key: str) -> bool:
-        if self.min_key is not None and key < self.min_key:
-            return False
-        # String statistics may be truncated prefixes of the true maximum: stay safe.
-        if self.max_key is not None and key > self.max_key and not key.startswith(self.max_key):
-            return False
-        return True
+        return layout.may_hold_key(key, self.min_key, self.max_key)
 
 
 def files_by_bucket(dt: DeltaTable, table_path: str) -> dict[int, list[DataFile]]:

@@ -104,10 +104,7 @@ class StreamFile:
     def may_match(self, query: StreamRecordsQuery, after: StreamPosition | None) -> bool:
         key = query.key
         if key is not None:
-            if self.min_key is not None and key < self.min_key:
-                return False
-            # String statistics may be truncated prefixes of the true maximum: stay safe.
-            if self.max_key is not None and key > self.max_key and not key.startswith(self.max_key):
+            if not layout.may_hold_key(key, self.min_key, self.max_key):
                 return False
         if query.from_time is not None and self.max_timestamp is not None and self.max_timestamp < query.from_time:
             return False

@@ -25,8 +25,10 @@ A child whose settings say ``"kind": "stream"`` is a **stream**, not a store: an
 Delta table (``STREAM_SCHEMA``, partitioned by ``bucket``, files sorted by (key, timestamp,
 run, seq)); ``(run, seq)`` is unique and is the stream order (seq = 1, 2, ... per run). Source
 streams and stream-table join outputs are streams; the service serves them under
-``/v1/streams``. Side tables are committed after the table's own commit with the same Delta
-transaction id; the table's state keeps their add actions until then, so a rerun completes them.
+``/v1/streams``. A run's side-table rows are committed *before* the table's own commit, each
+side table's commit replacing its rows of that run and later ones (``replaceWhere run >= R``):
+rows of a run later than the table's committed run (``StoreState.run``) are an unfinished
+attempt that the rerun replaces, and every reader ignores them.
 
 Store table
 ===========
@@ -55,26 +57,33 @@ neighbours whose ``valid_to`` moved). The read rule resolves them:
 
 ``versiq maintain`` compacts a bucket back to one row per version (or per key), which the read
 rule makes unobservable. Inside every data file rows are sorted by (key, valid_from, run) and
-row groups are small, so one key's versions sit in one row group. Every add action carries
-``numRecords``, ``minValues``, ``maxValues`` and ``nullCount``.
+row groups are small (1 MiB), so one key's versions sit in one or two row groups. Every add
+action carries ``numRecords`` and, for the columns of ``DELTA_STATS_COLUMNS`` only,
+``minValues``, ``maxValues`` and ``nullCount``. String statistics are Delta's: at most a
+32-character prefix, a truncated maximum followed by one tie-breaking character, so a reader
+prunes a file for a key only with ``may_hold_key``.
+
+Every table is written by Delta's Spark connector (delta-spark) with ``TABLE_PROPERTIES``:
+protocol (1, 2), no table features, no deletion vectors, so delta-rs and DuckDB read every
+snapshot by listing its Parquet files. Delta writes a checkpoint every 50 commits (a
+checkpoint costs a Spark job; replaying 50 small commit files costs a reader little).
 
 Settings (immutable, set when the store is created)
 ===================================================
 The Delta metadata ``description`` holds ``StoreSettings`` as JSON
 (``{"versiq.format": 1, "kind": ..., "historyRetentionMs": ..., "partitions": ...,
-"buckets": ...}``). Delta table properties are not used because delta-rs refuses custom keys.
+"buckets": ...}``), set when the table is created (its first commit).
 
 State (per commit)
 ==================
 Every commit versiq makes to the store table carries ``StoreState`` as JSON in the commitInfo
-member ``versiq.state``: last run number, per-partition stream time and highest offset, the
-source files already done, the add actions of the run's side-table commits (``_rejected``,
-``_changelog``, ``_emitted``), and for derived tables the source runs/snapshots
-(``sources``) and direct input snapshots (``inputs``) the snapshot was computed from. The state of
-snapshot V is the one in the newest commit <= V that has it (``read_state``). Data and state
-are thus one atomic Delta commit. Each ingest commit also records the Delta transaction
-``(app_id="versiq.ingest", version=run)``; the ``_rejected`` table gets the same transaction
-after the store commit, so a rerun can finish a run whose rejected commit is missing.
+member ``userMetadata`` (Delta's own field for it): last run number, per-partition stream time
+and highest offset, the source files already done, and for derived tables the source
+runs/snapshots (``sources``) and direct input snapshots (``inputs``) the snapshot was computed
+from. The state of snapshot V is the one in the newest commit <= V that has it
+(``read_state``). Data and state are thus one atomic Delta commit. Each run's commit also
+records the Delta transaction ``(appId="versiq.ingest", version=run)``, so Delta skips a run
+that is already committed.
 """
 
 from __future__ import annotations
@@ -83,13 +92,15 @@ import json
 import os
 import zlib
 from dataclasses import dataclass, field
-from typing import Any
 
 import pyarrow as pa
 
 FORMAT_VERSION = 1
 FORMAT_KEY = "versiq.format"
-STATE_KEY = "versiq.state"
+#: The commitInfo member holding the state: Delta's ``userMetadata``. Commits made by versiq
+#: before it wrote through delta-spark (delta-rs) kept it in ``versiq.state``; both are read.
+STATE_KEY = "userMetadata"
+LEGACY_STATE_KEY = "versiq.state"
 APP_ID = "versiq.ingest"
 DEFAULT_BUCKETS = 16
 #: The longest key a store holds, in UTF-8 bytes. A key is a URL path segment when it is read
@@ -121,8 +132,21 @@ STORE_SCHEMA = pa.schema(
     ]
 )
 STORE_PARTITION_COLUMNS = ["bucket"]
+#: The columns whose statistics Delta collects: those readers prune files with (keys, times,
+#: runs); never the values, whose long JSON would only bloat the log.
+DELTA_STATS_COLUMNS = ("key", "valid_from", "timestamp", "run", "seq", "reason", "sequence")
+#: Table properties of every table versiq creates: nothing a reader listing Parquet files
+#: could misread (no deletion vectors), and checkpoints delta-rs reads.
+TABLE_PROPERTIES = {
+    "delta.enableDeletionVectors": "false",
+    "delta.checkpointInterval": "50",
+}
+#: How many characters of a string Delta keeps in its statistics.
+STATS_STRING_PREFIX = 32
 #: Columns physically present in the store's Parquet files (partition columns are not).
 STORE_FILE_SCHEMA = pa.schema([f for f in STORE_SCHEMA if f.name not in STORE_PARTITION_COLUMNS])
+#: The order of a store's rows inside each data file.
+STORE_SORT = ("key", "valid_from", "run")
 
 #: A stream table (a source stream or a stream-table join's output): one row per record, in
 #: stream order (run, seq). Partitioned by ``bucket`` like a store so a key's records are cheap.
@@ -137,6 +161,8 @@ STREAM_SCHEMA = pa.schema(
     ]
 )
 STREAM_FILE_SCHEMA = pa.schema([f for f in STREAM_SCHEMA if f.name not in STORE_PARTITION_COLUMNS])
+#: The order of a stream's rows inside each data file.
+STREAM_SORT = ("key", "timestamp", "run", "seq")
 
 #: ``<store>/_changelog``: the accepted records of each run of a source store that derived
 #: tables read, in the store's processing order (``seq``), so derived tables can be computed
@@ -270,11 +296,6 @@ class StoreState:
     stream_time: dict[int, int] = field(default_factory=dict)
     max_offset: dict[int, int] = field(default_factory=dict)
     done_files: list[str] = field(default_factory=list)
-    #: Add actions (as dicts) of this run's ``_rejected`` commit, kept until it is committed.
-    rejected_adds: list[dict[str, Any]] = field(default_factory=list)
-    #: Add actions of this run's ``_changelog`` / ``_emitted`` commits (same protocol).
-    changelog_adds: list[dict[str, Any]] = field(default_factory=list)
-    emitted_adds: list[dict[str, Any]] = field(default_factory=list)
     #: Source stores only: the first run whose accepted records go to ``_changelog`` (None:
     #: no changelog is kept); every run from it on keeps one. It may be the next run (set by a
     #: state-only commit when a table was added and the run had nothing new). Tables start from
@@ -296,9 +317,6 @@ class StoreState:
                 "streamTime": {str(p): t for p, t in sorted(self.stream_time.items())},
                 "maxOffset": {str(p): o for p, o in sorted(self.max_offset.items())},
                 "doneFiles": sorted(self.done_files),
-                "rejectedAdds": self.rejected_adds,
-                "changelogAdds": self.changelog_adds,
-                "emittedAdds": self.emitted_adds,
                 "changelogSince": self.changelog_since,
                 "sources": self.sources,
                 "inputs": self.inputs,
@@ -315,9 +333,6 @@ class StoreState:
             stream_time={int(p): int(t) for p, t in data.get("streamTime", {}).items()},
             max_offset={int(p): int(o) for p, o in data.get("maxOffset", {}).items()},
             done_files=list(data.get("doneFiles", [])),
-            rejected_adds=list(data.get("rejectedAdds", [])),
-            changelog_adds=list(data.get("changelogAdds", [])),
-            emitted_adds=list(data.get("emittedAdds", [])),
             changelog_since=None if data.get("changelogSince") is None else int(data["changelogSince"]),
             sources={name: {"run": int(v["run"]), "snapshot": int(v["snapshot"])}
                      for name, v in data.get("sources", {}).items()},
@@ -343,10 +358,27 @@ def read_state(table_path: str, version: int) -> StoreState:
                 if not line.startswith('{"commitInfo"'):
                     continue
                 info = json.loads(line)["commitInfo"]
-                text = info.get(STATE_KEY)
+                text = info.get(STATE_KEY, info.get(LEGACY_STATE_KEY))
                 if text is not None:
                     return StoreState.from_json(text)
     return StoreState()
+
+
+def may_hold_key(key: str, min_key: str | None, max_key: str | None) -> bool:
+    """Whether a file whose Delta statistics say [min_key, max_key] may hold ``key``.
+
+    Delta keeps a prefix of long strings: the minimum is a prefix of the true one (a lower
+    bound as it is); a truncated maximum is a prefix followed by a tie-breaking character that
+    need not sort after every continuation. Comparing ``key`` cut to the maximum's length minus
+    one with the maximum minus its last character is a true bound in both cases."""
+    if min_key is not None and key < min_key:
+        return False
+    if max_key is None:
+        return True
+    if len(max_key.encode("utf-16-le")) // 2 <= STATS_STRING_PREFIX:  # never truncated: exact
+        return key <= max_key
+    cut = len(max_key) - 1
+    return key[:cut] <= max_key[:cut]
 
 
 def horizon(stream_time: int | None, history_retention_ms: int) -> int | None:

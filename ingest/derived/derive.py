@@ -30,8 +30,10 @@ import duckdb
 import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
+from pyspark.sql import SparkSession
 
 from versiq.ingest.config import Pipeline
+from versiq.ingest.delta import local_frame
 from versiq.ingest.derived.expressions import key_string, parse_value
 from versiq.ingest.derived.operators import ForeignKeyJoin
 from versiq.ingest.derived.spec import TableSpec
@@ -41,22 +43,18 @@ from versiq.ingest.reports import TableReport
 from versiq.ingest.store import (
     LockTimeout,
     StoreHandle,
-    commit_pending_sides,
+    commit_side,
     commit_store,
-    finish_pending_sides,
     is_store,
     open_store,
     writer_lock,
 )
-from versiq.ingest.writer import STREAM_SORT, make_plain_writer, make_store_writer, write_local
 from versiq.layout import (
     CHANGELOG_DIR,
     EMITTED_DIR,
     EMITTED_SCHEMA,
     REJECTED_DIR,
     REJECTED_SCHEMA,
-    STORE_FILE_SCHEMA,
-    STREAM_FILE_SCHEMA,
     STREAM_KIND,
     STREAM_SCHEMA,
     StoreSettings,
@@ -129,7 +127,7 @@ def _sources_of(tables: dict[str, TableSpec], name: str) -> set[str]:
     return out
 
 
-def derive(warehouse: str, pipeline: Pipeline, lock_timeout_s: float) -> dict[str, TableReport]:
+def derive(spark: SparkSession, warehouse: str, pipeline: Pipeline, lock_timeout_s: float) -> dict[str, TableReport]:
     warehouse = os.path.abspath(warehouse)
     specs = {t.name: t for t in pipeline.tables}
     order = [t.name for t in pipeline.tables]
@@ -156,7 +154,7 @@ def derive(warehouse: str, pipeline: Pipeline, lock_timeout_s: float) -> dict[st
         for start, writers in passes.items():
             started = time.monotonic()
             try:
-                _run_pass(pipeline, specs, handles, infos, sources_of, dict(start), writers, reports)
+                _run_pass(spark, pipeline, specs, handles, infos, sources_of, dict(start), writers, reports)
             except Exception as exc:  # noqa: BLE001 - reported per table; other passes go on
                 if isinstance(exc, EXPLAINED_FAILURES):  # explained in one line: no traceback
                     log.error("derived tables %s failed: %s", ", ".join(writers), exc)
@@ -172,14 +170,12 @@ def derive(warehouse: str, pipeline: Pipeline, lock_timeout_s: float) -> dict[st
 
 def _open_tables(stack: contextlib.ExitStack, warehouse: str, specs: dict[str, TableSpec], order: list[str],
                  lock_timeout_s: float) -> dict[str, StoreHandle]:
-    """Lock and open every derived table of the pipeline (held until ``stack`` closes), first
-    completing a crashed run's side-table commits."""
+    """Lock and open every derived table of the pipeline (held until ``stack`` closes)."""
     handles: dict[str, StoreHandle] = {}
     for name in order:
         path = os.path.join(warehouse, name)
         stack.enter_context(writer_lock(path, lock_timeout_s))
         handle = open_store(path, _table_settings(specs[name]), {"kind", "history_retention", "buckets"})
-        finish_pending_sides(handle)
         handles[name] = handle
     return handles
 
@@ -280,7 +276,7 @@ def _bootstrap_records(info: SourceInfo, run: int) -> list[SourceRecord]:
     return [SourceRecord(k, v, int(t), int(p)) for k, v, t, p in rows]
 
 
-def _run_pass(pipeline: Pipeline, specs: dict[str, TableSpec], handles: dict[str, StoreHandle],
+def _run_pass(spark: SparkSession, pipeline: Pipeline, specs: dict[str, TableSpec], handles: dict[str, StoreHandle],
               infos: dict[str, SourceInfo], sources_of: dict[str, set[str]], start: dict[str, int],
               writers: list[str], reports: dict[str, TableReport]) -> None:
     """Compute one pass and commit its writers in file order, adding each one's report to
@@ -342,7 +338,8 @@ def _run_pass(pipeline: Pipeline, specs: dict[str, TableSpec], handles: dict[str
                  sum(len(r) for r in records.values()))
         for spec in pass_tables:
             if spec.name in writers:
-                reports[spec.name] = _commit(spec, handles, infos, topology.nodes[spec.name], sources_of[spec.name])
+                reports[spec.name] = _commit(spark, spec, handles, infos, topology.nodes[spec.name],
+                                             sources_of[spec.name])
     finally:
         for reader in readers:
             reader.close()
@@ -416,8 +413,8 @@ def _or_minus_one(version: int | None) -> int:
     return -1 if version is None else version
 
 
-def _commit(spec: TableSpec, handles: dict[str, StoreHandle], infos: dict[str, SourceInfo], node: DerivedNode,
-            sources: set[str]) -> TableReport:
+def _commit(spark: SparkSession, spec: TableSpec, handles: dict[str, StoreHandle], infos: dict[str, SourceInfo],
+            node: DerivedNode, sources: set[str]) -> TableReport:
     handle = handles[spec.name]
     run = handle.state.run + 1
     buckets = handle.settings.buckets
@@ -429,10 +426,8 @@ def _commit(spec: TableSpec, handles: dict[str, StoreHandle], infos: dict[str, S
             "timestamp": [e.timestamp for e in emitted], "run": [run] * len(emitted),
             "seq": [e.sequence for e in emitted],
         }, schema=STREAM_SCHEMA)
-        adds = write_local(make_store_writer(handle.path, run, STREAM_FILE_SCHEMA, STREAM_SORT), rows)
     else:
         rows = node.own.changed_rows(run, buckets)
-        adds = write_local(make_store_writer(handle.path, run, STORE_FILE_SCHEMA), rows)
     inputs: dict[str, int] = {}
     for name in spec.inputs:
         snapshot = infos[name].snapshot if name in infos else handles[name].version
@@ -445,12 +440,12 @@ def _commit(spec: TableSpec, handles: dict[str, StoreHandle], infos: dict[str, S
         inputs=inputs,
         definition=spec.definition,
     )
-    state.emitted_adds = write_local(make_plain_writer(os.path.join(handle.path, EMITTED_DIR), run, EMITTED_SCHEMA),
-                                     _emission_table(run, node.emissions))
-    state.rejected_adds = write_local(make_plain_writer(os.path.join(handle.path, REJECTED_DIR), run,
-                                                        REJECTED_SCHEMA), _late_table(run, node))
-    version = commit_store(handle, adds, state)
-    commit_pending_sides(handle.path, state)
+    # side tables first, the table's commit (data + state) last: docs in versiq.ingest.delta
+    emitted = _emission_table(run, node.emissions)
+    commit_side(handle.path, EMITTED_DIR, state, local_frame(spark, emitted), empty=emitted.num_rows == 0)
+    late = _late_table(run, node)
+    commit_side(handle.path, REJECTED_DIR, state, local_frame(spark, late), empty=late.num_rows == 0)
+    version = commit_store(handle, local_frame(spark, rows), state)
     c = node.counts
     report = TableReport(kind=spec.kind, emitted=c.emitted, accepted_latest=c.accepted_latest,
                          accepted_out_of_order=c.accepted_out_of_order,

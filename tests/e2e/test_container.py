@@ -365,3 +365,14 @@ def test_image_logs_are_json_lines(image_server: Server) -> None:
         except json.JSONDecodeError:
             pytest.fail(f"--log-format json printed a line that is not JSON: {line!r}")
         assert isinstance(record, dict) and "level" in record and "msg" in record, line
+
+
+def test_dockerfile_ships_deltas_spark_connector(dockerfile: Dockerfile) -> None:
+    """The image's ingest writes through delta-spark: the jars of jars/pom.xml are fetched in a
+    build stage and found through VERSIQ_SPARK_JARS (versiq.ingest.spark)."""
+    from versiq.ingest.spark import JARS_DIR_ENV
+
+    text = (ROOT / "Dockerfile").read_text(encoding="utf-8")
+    assert "COPY jars/pom.xml" in text and "dependency:copy-dependencies" in text
+    target = dockerfile.env[JARS_DIR_ENV]
+    assert any(copy[0] == "--from=jars" and copy[-1] == target for copy in dockerfile.copies)

@@ -20,7 +20,6 @@ import pytest
 
 from tests.support.ingest import rejected_rows, store_versions, stream_times, write_jsonl
 from versiq.ingest.pipeline import StoreSpec, run_ingest
-from versiq.ingest.store import commit_rejected
 
 VERSIQ = [sys.executable, "-m", "versiq.cli"]
 REASONS = {"late", "malformed", "missing_field", "bad_key", "bad_timestamp", "bad_value", "bad_partition",
@@ -120,28 +119,56 @@ def test_cli_report_lock_and_partial_failure(tmp_path):
     assert maintained.returncode == 0, maintained.stderr
 
 
-def test_crash_between_store_and_rejected_commit_is_completed_by_rerun(spark, tmp_path, monkeypatch):
-    """The `_rejected` commit follows the store commit under the same txn id; a run that died
-    between them is completed by the next run, and nothing is written twice."""
+def test_crash_between_rejected_and_store_commit_is_replaced_by_the_rerun(spark, tmp_path, monkeypatch):
+    """A run's `_rejected` rows are committed before its store commit (versiq.ingest.delta); a
+    run that died between them left rows of a run the store never committed: readers ignore
+    them, and the rerun (run 1 again, over whatever is new by then) replaces them, so nothing is
+    kept twice and nothing of the rerun is lost."""
     src = tmp_path / "src"
     write_jsonl(str(src), "a.jsonl", ['{"key":"a","value":1,"timestamp":5}', "garbage"])
     wh = str(tmp_path / "wh")
     import versiq.ingest.pipeline as pipeline
+    from versiq.ingest.rejected import iter_rejected
+
+    real_commit = pipeline.commit_store
 
     def boom(*args, **kwargs):
-        raise RuntimeError("simulated crash after the store commit")
+        raise RuntimeError("simulated crash before the store commit")
 
-    monkeypatch.setattr(pipeline, "commit_rejected", boom)
+    monkeypatch.setattr(pipeline, "commit_store", boom)
     report = run_ingest(spark, wh, [StoreSpec("c", str(src))])
     assert "simulated crash" in report.stores["c"].error
     path = os.path.join(wh, "c")
-    assert rejected_rows(path) == []
-    monkeypatch.setattr(pipeline, "commit_rejected", commit_rejected)
+    assert [r["raw"] for r in rejected_rows(path)] == ["garbage"]  # on disk: the unfinished attempt
+    assert not os.path.isdir(os.path.join(path, "_delta_log"))  # no store yet
+    write_jsonl(str(src), "b.jsonl", ["more garbage"])  # arrives before the rerun
+    monkeypatch.setattr(pipeline, "commit_store", real_commit)
     report = run_ingest(spark, wh, [StoreSpec("c", str(src))])
-    assert report.stores["c"].error is None and report.stores["c"].run is None  # nothing new to read
-    assert [r["raw"] for r in rejected_rows(path)] == ["garbage"]
+    assert report.stores["c"].error is None and report.stores["c"].run == 1
+    assert sorted(r["raw"] for r in rejected_rows(path)) == ["garbage", "more garbage"]
+    assert sorted(r["raw"] for r in iter_rejected(wh, "c")) == ["garbage", "more garbage"]
     run_ingest(spark, wh, [StoreSpec("c", str(src))])
-    assert [r["raw"] for r in rejected_rows(path)] == ["garbage"]
+    assert sorted(r["raw"] for r in rejected_rows(path)) == ["garbage", "more garbage"]
+
+
+def test_rejected_rows_of_an_uncommitted_run_are_not_listed(spark, tmp_path, monkeypatch):
+    """`versiq rejected` lists the rejections of committed runs only."""
+    src = tmp_path / "src"
+    write_jsonl(str(src), "a.jsonl", ['{"key":"a","value":1,"timestamp":5}', "garbage"])
+    wh = str(tmp_path / "wh")
+    import versiq.ingest.pipeline as pipeline
+    from versiq.ingest.rejected import iter_rejected
+
+    assert run_ingest(spark, wh, [StoreSpec("c", str(src))]).stores["c"].error is None
+    write_jsonl(str(src), "b.jsonl", ["second garbage"])
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("simulated crash before the store commit")
+
+    monkeypatch.setattr(pipeline, "commit_store", boom)
+    assert run_ingest(spark, wh, [StoreSpec("c", str(src))]).stores["c"].error
+    assert sorted(r["raw"] for r in rejected_rows(os.path.join(wh, "c"))) == ["garbage", "second garbage"]
+    assert [r["raw"] for r in iter_rejected(wh, "c")] == ["garbage"]
 
 
 def test_kill_9_then_rerun_equals_an_uninterrupted_run(spark, tmp_path):
@@ -193,7 +220,9 @@ def test_continuous_mode_picks_up_a_file_that_lands_while_it_runs(tmp_path):
         _wait_for(lambda: report_file.exists(), 120, "the first micro-batch")
         write_jsonl(str(src), "sub/b.jsonl", ['{"key":"b","value":2,"timestamp":6}'])
         _wait_for(lambda: "b" in store_versions(path), 120, "the new file to be ingested")
-        assert json.loads(report_file.read_text())["stores"]["live"]["run"] == 2
+        # the report of a micro-batch is written just after its commit
+        _wait_for(lambda: json.loads(report_file.read_text())["stores"]["live"]["run"] == 2, 30,
+                  "the second micro-batch's report")
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -253,3 +282,26 @@ def test_ingest_on_a_spark_standalone_cluster(spark, tmp_path):
             except subprocess.TimeoutExpired:
                 proc.kill()
         logs.close()
+
+
+def test_a_state_only_commit_between_runs_is_not_skipped_as_a_committed_run(spark, tmp_path):
+    """A table added over a store whose run has nothing new commits only state (the store keeps
+    a changelog from its next run). That commit carries no Delta transaction: Delta would skip
+    it as run N, which the store already committed, and the next run's records would miss the
+    changelog."""
+    from deltalake import DeltaTable
+
+    from versiq.layout import read_state
+
+    src = tmp_path / "src"
+    write_jsonl(str(src), "a.jsonl", ['{"key":"a","value":1,"timestamp":5}'])
+    wh = str(tmp_path / "wh")
+    assert run_ingest(spark, wh, [StoreSpec("c", str(src))]).stores["c"].error is None
+    path = os.path.join(wh, "c")
+    before = DeltaTable(path).version()
+    assert run_ingest(spark, wh, [StoreSpec("c", str(src), changelog=True)]).stores["c"].run is None
+    assert DeltaTable(path).version() == before + 1
+    assert read_state(path, before + 1).changelog_since == 2
+    write_jsonl(str(src), "b.jsonl", ['{"key":"b","value":2,"timestamp":6}'])
+    assert run_ingest(spark, wh, [StoreSpec("c", str(src))]).stores["c"].run == 2
+    assert DeltaTable(os.path.join(path, "_changelog")).to_pyarrow_table().column("key").to_pylist() == ["b"]

@@ -11,10 +11,8 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
-from deltalake.transaction import AddAction, CommitProperties, RemoveAction
 
 import versiq.ingest.maintain as maintain
 from tests.support.derived import RealPipeline
@@ -22,8 +20,7 @@ from tests.support.derived_reference import InputDef, Rec
 from tests.support.ingest import store_versions, write_jsonl
 from versiq.ingest.pipeline import StoreSpec, run_ingest
 from versiq.ingest.store import SIDE_TABLES, LockTimeout, is_store, writer_lock
-from versiq.ingest.writer import file_stats
-from versiq.layout import STATE_KEY, STORE_PARTITION_COLUMNS, STORE_SCHEMA, STREAM_KIND, StoreSettings, read_state
+from versiq.layout import STREAM_KIND, StoreSettings
 
 THREE_HOURS_AGO = time.time() - 3 * 3600  # older than the default 1-hour retention
 
@@ -92,7 +89,8 @@ def test_a_file_a_writer_is_about_to_commit_is_never_vacuumed(spark, tmp_path, m
     """The window between a writer writing a data file and committing it can be long (a big run;
     a compaction), and the file is unreferenced all along. With a retention of 0, only the store's
     writer lock protects it: maintain waits for the lock (here: gives up after its lock timeout)
-    instead of removing the file, and once the writer committed, the file is referenced."""
+    instead of removing the file; once the lock is free, an uncommitted file is an orphan like
+    any other."""
     monkeypatch.setattr(maintain, "VACUUM_RETENTION_HOURS", 0)
     src = tmp_path / "src"
     write_jsonl(str(src), "a.jsonl", ['{"key":"a","value":1,"timestamp":1}', '{"key":"b","value":2,"timestamp":2}'])
@@ -110,18 +108,10 @@ def test_a_file_a_writer_is_about_to_commit_is_never_vacuumed(spark, tmp_path, m
         with pytest.raises(LockTimeout):
             maintain.maintain_store(wh, "w", lock_timeout_s=0.5)
         assert os.path.exists(pending)
-        table = DeltaTable(path)
-        now = int(time.time() * 1000)
-        state = read_state(path, table.version())
-        stats = file_stats(pq.ParquetFile(pending).read())
-        table.create_write_transaction(
-            [RemoveAction(written["path"], False, now, int(written["size_bytes"]), {"bucket": "0"}),
-             AddAction(rel, os.path.getsize(pending), {"bucket": "0"}, now, False, stats)],
-            mode="append", schema=STORE_SCHEMA, partition_by=STORE_PARTITION_COLUMNS,
-            commit_properties=CommitProperties(custom_metadata={STATE_KEY: state.to_json()}))
 
+    # the writer gave up without committing it: now an orphan, older than the retention
     result = maintain.maintain_store(wh, "w")
-    assert os.path.exists(pending)
-    assert not os.path.exists(os.path.join(path, written["path"]))  # removed, retention 0: vacuumed
+    assert not os.path.exists(pending)
+    assert os.path.exists(os.path.join(path, written["path"]))
     assert result["vacuumed_files"] == 1
     assert store_versions(path) == before

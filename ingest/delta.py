@@ -1,0 +1,147 @@
+"""Every Delta commit the ingest job makes goes through Delta's own Spark connector (delta-spark).
+
+Two kinds of write, each one Delta commit:
+
+- ``commit_table``: a run of a store, stream or derived table. The rows are appended with the
+  Delta transaction ``(txnAppId="versiq.ingest", txnVersion=run)``, so a rerun of a run that
+  already committed is skipped by Delta itself, and with the table's ``StoreState`` as the
+  commit's ``userMetadata``: data and state are one atomic commit. The first run creates the
+  table (CREATE TABLE AS SELECT: its first commit holds the data, the settings ``description``
+  and ``TABLE_PROPERTIES``).
+- ``replace_run``: a run's rows of a side table (``_rejected``, ``_changelog``, ``_emitted``),
+  written *before* the run's table commit as "replace every row of run >= R" (Delta's
+  ``replaceWhere``). A crash between the two leaves side rows of a run the table never
+  committed; readers ignore rows of runs after the table's committed run (``layout``), and the
+  rerun, which is run R again, replaces them. No file is ever committed by hand.
+
+Rows are laid out by Spark: the caller hands a DataFrame partitioned as it wants the files cut
+(whole buckets per task); ``commit_table`` sorts each task's rows by the partition column and
+the table's sort columns, which is also the order Delta's writer needs to write one file per
+bucket per task. Delta collects the statistics (only of the columns readers prune with,
+``stats_columns``), enforces the table's schema on every append and writes checkpoints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+import pyarrow as pa
+from deltalake import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema, from_arrow_type
+
+from versiq.layout import (
+    APP_ID,
+    DELTA_STATS_COLUMNS,
+    STORE_PARTITION_COLUMNS,
+    TABLE_PROPERTIES,
+    StoreState,
+    has_delta_log,
+)
+
+#: Session setting Delta copies into the ``userMetadata`` of every commit made while it is set.
+USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
+
+
+@contextlib.contextmanager
+def commit_metadata(spark: SparkSession, state: StoreState) -> Iterator[None]:
+    """Every Delta commit made inside the block carries ``state`` (maintenance commits too, so
+    the newest commit of a table always has the state, ``layout.read_state``).
+
+    Adaptive query execution is off inside the block: with it, Delta's write of a run (the
+    run's decisions, already partitioned by bucket, then the write) re-plans around every
+    stage and costs about 0.5 s more per commit, a third of a small run's commit (measured:
+    ``bench/write_paths.py``); the partitioning is versiq's own (``bucketing``), so AQE has
+    nothing to improve there."""
+    adaptive = spark.conf.get("spark.sql.adaptive.enabled")
+    spark.conf.set(USER_METADATA_CONF, state.to_json())
+    spark.conf.set("spark.sql.adaptive.enabled", "false")
+    try:
+        yield
+    finally:
+        spark.conf.unset(USER_METADATA_CONF)
+        spark.conf.set("spark.sql.adaptive.enabled", adaptive or "true")
+
+
+def _properties(schema: pa.Schema) -> dict[str, str]:
+    columns = [name for name in DELTA_STATS_COLUMNS if name in schema.names]
+    return {**TABLE_PROPERTIES, "delta.dataSkippingStatsColumns": ",".join(columns)}
+
+
+def _conform(frame: DataFrame, schema: pa.Schema) -> DataFrame:
+    """``frame`` with exactly the table's columns, in order, cast to its types."""
+    return frame.select(*(F.col(f"`{f.name}`").cast(from_arrow_type(f.type)).alias(f.name) for f in schema))
+
+
+def commit_table(frame: DataFrame, path: str, schema: pa.Schema, *, run: int, state: StoreState,
+                 description: str, sort: tuple[str, ...], new_run: bool = True) -> None:
+    """Append a run's rows to the table at ``path`` (creating it) with its state. Idempotent
+    per run (Delta's txn), so a rerun after a crash never appends a run twice.
+    ``new_run=False``: a state-only commit between runs (no txn: Delta would skip it as the
+    run already committed)."""
+    spark = frame.sparkSession
+    rows = _conform(frame, schema).sortWithinPartitions(*STORE_PARTITION_COLUMNS, *sort)
+    with commit_metadata(spark, state):
+        if not has_delta_log(path):
+            writer = rows.writeTo(f"delta.`{path}`").using("delta").tableProperty("comment", description)
+            for name, value in _properties(schema).items():
+                writer = writer.tableProperty(name, value)
+            writer = writer.partitionedBy(*(F.col(name) for name in STORE_PARTITION_COLUMNS))
+            # "or replace" only because the directory is not empty (its side tables are
+            # written first); there is no table to replace: the caller holds the writer lock
+            # and no Delta log exists.
+            writer.option("txnAppId", APP_ID).option("txnVersion", str(run)).createOrReplace()
+        elif new_run:
+            rows.write.format("delta").mode("append").option("txnAppId", APP_ID) \
+                .option("txnVersion", str(run)).save(path)
+        else:
+            rows.write.format("delta").mode("append").save(path)
+
+
+def local_frame(spark: SparkSession, table: pa.Table) -> DataFrame:
+    """A driver-side Arrow table as one Spark partition (derived tables are computed on the
+    driver): one task writes it, one file per bucket."""
+    if table.num_rows == 0:
+        return spark.createDataFrame([], from_arrow_schema(table.schema))
+    return spark.createDataFrame(table).coalesce(1)
+
+
+def _has_run(path: str, run: int) -> bool:
+    """Whether the side table at ``path`` holds rows of run ``run`` or later (from its files'
+    statistics: an earlier attempt of this run that crashed before the table's commit)."""
+    if not has_delta_log(path):
+        return False
+    adds = pa.table(DeltaTable(path).get_add_actions(flatten=True))
+    if adds.num_rows == 0 or "max.run" not in adds.column_names:
+        return adds.num_rows > 0
+    return any(v is None or v >= run for v in adds.column("max.run").to_pylist())
+
+
+def replace_run(frame: DataFrame, path: str, schema: pa.Schema, *, run: int, state: StoreState,
+                empty: bool | None = None) -> None:
+    """Make the side table at ``path`` hold exactly ``frame`` as its rows of runs >= ``run``
+    (one commit; none when there is nothing to add or remove). ``frame`` is one partition in
+    the order its file keeps (the caller's processing order). ``empty``: whether ``frame`` has
+    no rows, when the caller knows (else Spark is asked)."""
+    rows = _conform(frame, schema)
+    if empty is None:
+        empty = rows.isEmpty()
+    earlier_attempt = _has_run(path, run)
+    if empty and not earlier_attempt:
+        return
+    with commit_metadata(frame.sparkSession, state):
+        if earlier_attempt:
+            writer = rows.write.format("delta").mode("overwrite").option("replaceWhere", f"run >= {run}")
+        else:  # the usual case: nothing to replace, a plain append (no scan of the table)
+            writer = rows.write.format("delta").mode("append")
+        if not has_delta_log(path):
+            for name, value in _properties(schema).items():
+                writer = writer.option(name, value)
+        writer.save(path)
+
+
+def side_path(table_path: str, side: str) -> str:
+    return os.path.join(table_path, side)
