@@ -42,6 +42,9 @@ from versiq.layout import (
     has_delta_log,
 )
 
+#: The Delta transaction id of commits of state only (between runs), versioned by the table
+#: version they create.
+STATE_APP_ID = "versiq.state"
 #: Session setting Delta copies into the ``userMetadata`` of every commit made while it is set.
 USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
 
@@ -80,8 +83,9 @@ def commit_table(frame: DataFrame, path: str, schema: pa.Schema, *, run: int, st
                  description: str, sort: tuple[str, ...], new_run: bool = True) -> None:
     """Append a run's rows to the table at ``path`` (creating it) with its state. Idempotent
     per run (Delta's txn), so a rerun after a crash never appends a run twice.
-    ``new_run=False``: a state-only commit between runs (no txn: Delta would skip it as the
-    run already committed)."""
+    ``new_run=False``: a state-only commit between runs, under the transaction id
+    ``STATE_APP_ID`` (``versiq.ingest`` would make Delta skip it as the run already committed;
+    no transaction at all would make Delta skip it as an empty append)."""
     spark = frame.sparkSession
     rows = _conform(frame, schema).sortWithinPartitions(*STORE_PARTITION_COLUMNS, *sort)
     with commit_metadata(spark, state):
@@ -97,8 +101,9 @@ def commit_table(frame: DataFrame, path: str, schema: pa.Schema, *, run: int, st
         elif new_run:
             rows.write.format("delta").mode("append").option("txnAppId", APP_ID) \
                 .option("txnVersion", str(run)).save(path)
-        else:
-            rows.write.format("delta").mode("append").save(path)
+        else:  # Delta skips an empty append without a transaction: give it one of its own
+            rows.write.format("delta").mode("append").option("txnAppId", STATE_APP_ID) \
+                .option("txnVersion", str(DeltaTable(path).version() + 1)).save(path)
 
 
 def local_frame(spark: SparkSession, table: pa.Table) -> DataFrame:

@@ -83,7 +83,8 @@ runs/snapshots (``sources``) and direct input snapshots (``inputs``) the snapsho
 from. The state of snapshot V is the one in the newest commit <= V that has it
 (``read_state``). Data and state are thus one atomic Delta commit. Each run's commit also
 records the Delta transaction ``(appId="versiq.ingest", version=run)``, so Delta skips a run
-that is already committed.
+that is already committed; a commit of state only, between runs, records
+``(appId="versiq.state", version=the table version it creates)``.
 """
 
 from __future__ import annotations
