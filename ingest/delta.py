@@ -18,13 +18,12 @@ Rows are laid out by Spark: the caller hands a DataFrame partitioned as it wants
 (whole buckets per task); ``commit_table`` sorts each task's rows by the partition column and
 the table's sort columns, which is also the order Delta's writer needs to write one file per
 bucket per task. Delta collects the statistics (only of the columns readers prune with,
-``stats_columns``), enforces the table's schema on every append and writes checkpoints.
+``layout.DELTA_STATS_COLUMNS``), enforces the table's schema on every append and writes checkpoints.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -146,7 +145,3 @@ def replace_run(frame: DataFrame, path: str, schema: pa.Schema, *, run: int, sta
             for name, value in _properties(schema).items():
                 writer = writer.option(name, value)
         writer.save(path)
-
-
-def side_path(table_path: str, side: str) -> str:
-    return os.path.join(table_path, side)

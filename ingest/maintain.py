@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import duckdb
@@ -40,16 +41,14 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from versiq.ingest.delta import commit_metadata, local_frame
-from versiq.ingest.store import SIDE_TABLES, existing_store_path, is_store, open_store, writer_lock
+from versiq.ingest.store import SIDE_TABLES, StoreHandle, existing_store_path, is_store, open_store, writer_lock
 from versiq.layout import (
     STORE_PARTITION_COLUMNS,
     STORE_SCHEMA,
     STORE_SORT,
     STREAM_KIND,
     StoreSettings,
-    StoreState,
     read_rule_sql,
-    read_state,
 )
 
 log = logging.getLogger("versiq.maintain")
@@ -73,7 +72,7 @@ def maintain_store(warehouse: str, store: str, lock_timeout_s: float = 60.0,
     with writer_lock(path, lock_timeout_s):
         table = DeltaTable(path)
         handle = open_store(path, StoreSettings.from_description(table.metadata().description), set())
-        plan = plan_compaction(path)
+        plan = plan_compaction(handle)
         tables = [path] + [os.path.join(path, side) for side in SIDE_TABLES if is_store(os.path.join(path, side))]
         to_vacuum = {t: len(_vacuum_candidates(t)) for t in tables}
         result: dict[str, Any] = {"store": store, "buckets_rewritten": len(plan.buckets),
@@ -140,27 +139,26 @@ def compact_if_due(warehouse: str, store: str, lock_timeout_s: float, spark: Spa
     return maintain_store(warehouse, store, lock_timeout_s, spark)
 
 
+@dataclass
 class CompactionPlan:
     """The buckets to rewrite and their new rows (with ``bucket``), resolved by DuckDB."""
 
-    def __init__(self, state: StoreState, stream: bool = False) -> None:
-        self.state = state
-        self.stream = stream
-        self.buckets: list[int] = []
-        self.rows: list[pa.Table] = []
-        self.rows_before = 0
-        self.rows_after = 0
+    stream: bool = False
+    buckets: list[int] = field(default_factory=list)
+    rows: list[pa.Table] = field(default_factory=list)
+    rows_before: int = 0
+    rows_after: int = 0
 
 
-def plan_compaction(path: str) -> CompactionPlan:
-    """Every bucket with superseded or expired rows or several files, and its rows after."""
-    table = DeltaTable(path)
-    settings = StoreSettings.from_description(table.metadata().description)
-    state = read_state(path, table.version())
+def plan_compaction(handle: StoreHandle) -> CompactionPlan:
+    """Every bucket with superseded or expired rows or several files, and its rows after, in
+    the snapshot ``handle`` opened."""
+    path, settings, state = handle.path, handle.settings, handle.state
     if settings.kind == STREAM_KIND:  # append-only: every record stays; vacuum only
-        return CompactionPlan(state, stream=True)
-    plan = CompactionPlan(state)
-    actions = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+        return CompactionPlan(stream=True)
+    assert handle.table is not None  # an existing store (existing_store_path)
+    plan = CompactionPlan()
+    actions = pa.table(handle.table.get_add_actions(flatten=True)).to_pylist()
     by_bucket: dict[int, list[dict[str, Any]]] = {}
     for action in actions:
         by_bucket.setdefault(int(action["partition.bucket"]), []).append(action)
@@ -195,7 +193,7 @@ def plan_compaction(path: str) -> CompactionPlan:
 
 def _rewrite(spark: SparkSession, path: str, plan: CompactionPlan) -> None:
     """One commit replacing the planned buckets with their resolved rows."""
-    rows = pa.concat_tables([t.cast(STORE_SCHEMA) for t in plan.rows]) if plan.rows else STORE_SCHEMA.empty_table()
+    rows = pa.concat_tables([t.cast(STORE_SCHEMA) for t in plan.rows])
     buckets = ", ".join(str(b) for b in plan.buckets)
     local_frame(spark, rows).sortWithinPartitions(*STORE_PARTITION_COLUMNS, *STORE_SORT).write.format("delta") \
         .mode("overwrite").option("replaceWhere", f"bucket IN ({buckets})").save(path)

@@ -30,7 +30,7 @@ from pyspark.sql import SparkSession
 import versiq
 
 DEFAULT_MASTER = "local[*]"
-#: Where ``make`` puts the Java libraries of ``jars/pom.xml`` (relative to the source checkout).
+#: The environment variable naming a folder of Delta's jars (else ``.cache/jars`` of the checkout).
 JARS_DIR_ENV = "VERSIQ_SPARK_JARS"
 
 

@@ -144,8 +144,6 @@ TABLE_PROPERTIES = {
 }
 #: How many characters of a string Delta keeps in its statistics.
 STATS_STRING_PREFIX = 32
-#: Columns physically present in the store's Parquet files (partition columns are not).
-STORE_FILE_SCHEMA = pa.schema([f for f in STORE_SCHEMA if f.name not in STORE_PARTITION_COLUMNS])
 #: The order of a store's rows inside each data file.
 STORE_SORT = ("key", "valid_from", "run")
 
@@ -161,7 +159,6 @@ STREAM_SCHEMA = pa.schema(
         pa.field("seq", pa.int64()),
     ]
 )
-STREAM_FILE_SCHEMA = pa.schema([f for f in STREAM_SCHEMA if f.name not in STORE_PARTITION_COLUMNS])
 #: The order of a stream's rows inside each data file.
 STREAM_SORT = ("key", "timestamp", "run", "seq")
 
