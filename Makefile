@@ -66,10 +66,22 @@ $(SPARK_JARS): jars/pom.xml | java
 	  -DoutputDirectory=$(abspath .cache/jars) -DexcludeTransitive=true
 	@touch $@
 
+# A real Apache Kafka broker for the tests (tests/kafka-broker/pom.xml: kafka_2.13 with its
+# transitive dependencies and a log4j2 binding), fetched with Maven into .cache/kafka-broker
+# (git-ignored); tests/support/kafka_broker.py runs it as a single-node KRaft broker.
+KAFKA_BROKER := .cache/kafka-broker/.fetched
+
+$(KAFKA_BROKER): tests/kafka-broker/pom.xml | java
+	@bash scripts/ensure-maven.sh
+	rm -rf .cache/kafka-broker
+	mvn -q -B -Dmaven.repo.local=$(abspath .cache/m2) -f tests/kafka-broker/pom.xml dependency:copy-dependencies \
+	  -DoutputDirectory=$(abspath .cache/kafka-broker)
+	@touch $@
+
 demo: $(BASE_STAMP) java $(SPARK_JARS)
 	$(VENV)/bin/versiq demo $(DEMO_ARGS)
 
-test: $(DEV_STAMP) java $(SPARK_JARS) $(CONFORMANCE_JAR)
+test: $(DEV_STAMP) java $(SPARK_JARS) $(CONFORMANCE_JAR) $(KAFKA_BROKER)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -78,7 +90,7 @@ lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-bench: $(DEV_STAMP) java $(SPARK_JARS)
+bench: $(DEV_STAMP) java $(SPARK_JARS) $(KAFKA_BROKER)
 	@test -f bench/run.py || { echo "bench/run.py does not exist yet" >&2; exit 1; }
 	$(PY) bench/run.py
 

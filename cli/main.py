@@ -42,17 +42,35 @@ def build_parser() -> argparse.ArgumentParser:
 
     ing = sub.add_parser(
         "ingest",
-        help="ingest changelog files into versioned stores (PySpark job)",
-        description="Ingest changelog files into versioned (or timestamped) stores kept as "
+        help="ingest changelog files or Kafka topics into versioned stores (PySpark job)",
+        description="Ingest changelog files or Kafka topics into versioned (or timestamped) stores kept as "
         "Delta tables under the warehouse. Batch mode ingests every file not yet ingested "
-        "and exits; --continuous keeps watching the sources. Either name one store with "
-        "--store/--source or give a YAML pipeline file with --config: stores, streams and derived "
+        "(or a topic's records up to the end offsets seen when the run starts) and exits; --continuous "
+        "keeps watching the sources. Either name one store with --store and --source (files) or "
+        "--kafka-bootstrap/--topic, or give a YAML pipeline file with --config: stores, streams and derived "
         "tables (filter, joins, foreign-key joins, aggregations, stream-table joins; see "
         "docs/derived-tables.md), computed in the same run.",
     )
     ing.add_argument("--warehouse", required=True, help="warehouse directory (one subdirectory per store)")
     ing.add_argument("--store", help="store name: letters, digits, _ - . (with --source)")
     ing.add_argument("--source", help="changelog file or directory (read recursively)")
+    ing.add_argument("--kafka-bootstrap", metavar="HOST:PORT",
+                     help="Kafka bootstrap servers: read the store from --topic instead of files (client "
+                          "settings such as SASL/SSL come from VERSIQ_KAFKA_<NAME> variables, e.g. "
+                          "VERSIQ_KAFKA_SECURITY_PROTOCOL)")
+    ing.add_argument("--topic", help="Kafka topic of the store (with --kafka-bootstrap)")
+    ing.add_argument("--starting-offsets", choices=("earliest", "latest"), default=None,
+                     help="Kafka: where a new store starts reading its topic (default earliest); later runs "
+                          "go on from the offsets the store committed")
+    ing.add_argument("--value-format", choices=("json", "string", "debezium"), default=None,
+                     help="Kafka: how record values are read: JSON text (default), a string, or Debezium "
+                          "change events (JSON converter)")
+    ing.add_argument("--timestamp-field", metavar="PATH",
+                     help="Kafka: take the timestamp from this field of the JSON value (dotted path; RFC 3339 "
+                          "or epoch ms) instead of the Kafka record timestamp")
+    ing.add_argument("--allow-offset-gaps", action="store_true",
+                     help="Kafka: when records the store had not read were deleted by the topic's retention, "
+                          "record the gap and read on instead of failing")
     ing.add_argument("--config",
                      help="YAML pipeline file with 'stores:' and optionally 'streams:' and 'tables:' (instead of "
                           "--store/--source)")

@@ -30,7 +30,9 @@ log = logging.getLogger("versiq.ingest")
 def _pipeline_from_args(args: argparse.Namespace) -> Any:
     from versiq.ingest.config import Pipeline, load_config
     from versiq.ingest.future import DEFAULT_MAX_FUTURE_MS, parse_max_future
+    from versiq.ingest.kafka import KafkaSource
     from versiq.ingest.pipeline import StoreSpec
+    from versiq.ingest.records.kafka_rows import KafkaFormat
 
     max_future: int | None = DEFAULT_MAX_FUTURE_MS
     if args.max_future is not None:
@@ -38,22 +40,39 @@ def _pipeline_from_args(args: argparse.Namespace) -> Any:
             max_future = parse_max_future(args.max_future)
         except DurationError as exc:
             raise UsageError(f"--max-future: {exc} (or none)") from None
+    kafka_flags = [flag for flag, value in (("--kafka-bootstrap", args.kafka_bootstrap), ("--topic", args.topic),
+                                            ("--starting-offsets", args.starting_offsets),
+                                            ("--value-format", args.value_format),
+                                            ("--timestamp-field", args.timestamp_field),
+                                            ("--allow-offset-gaps", args.allow_offset_gaps)) if value]
     if args.config:
-        if args.store or args.source:
-            raise UsageError("give either --config or --store/--source, not both")
+        if args.store or args.source or kafka_flags:
+            raise UsageError("give either --config or --store with --source (or --kafka-bootstrap/--topic), "
+                             f"not both{' (' + ', '.join(kafka_flags) + ')' if kafka_flags else ''}")
         # --max-future is the default of the file's stores and streams that do not set max_future
         return load_config(args.config, args.warehouse, default_max_future_ms=max_future)
-    if not args.store or not args.source:
-        raise UsageError("--store and --source are required (or --config FILE)")
+    kafka = None
+    if kafka_flags:
+        if args.source:
+            raise UsageError("give either --source (files) or --kafka-bootstrap/--topic, not both")
+        if not args.kafka_bootstrap or not args.topic:
+            raise UsageError("a Kafka source needs both --kafka-bootstrap and --topic")
+        kafka = KafkaSource(bootstrap=args.kafka_bootstrap, topic=args.topic,
+                            starting_offsets=args.starting_offsets or "earliest",
+                            allow_offset_gaps=args.allow_offset_gaps,
+                            format=KafkaFormat(value_format=args.value_format or "json",
+                                               timestamp_field=args.timestamp_field))
+    if not args.store or not (args.source or kafka):
+        raise UsageError("--store and --source (or --kafka-bootstrap and --topic) are required (or --config FILE)")
     retention = None
     if args.history_retention is not None:
         try:
             retention = parse_duration_ms(args.history_retention)
         except DurationError as exc:
             raise UsageError(f"--history-retention: {exc}") from None
-    return Pipeline(stores=[StoreSpec(name=args.store, source=args.source, format=args.format, kind=args.kind,
-                                      history_retention_ms=retention, partitions=args.partitions,
-                                      buckets=args.buckets, max_future_ms=max_future)])
+    return Pipeline(stores=[StoreSpec(name=args.store, source=kafka.name if kafka else args.source, format=args.format,
+                                      kind=args.kind, history_retention_ms=retention, partitions=args.partitions,
+                                      buckets=args.buckets, max_future_ms=max_future, kafka=kafka)])
 
 
 def _seconds(text: str, flag: str) -> float:
@@ -181,7 +200,8 @@ def rejected_command(args: argparse.Namespace) -> int:
         rows = iter_rejected(args.warehouse, args.store, args.reason)
         if args.format == "table":
             for row in rows:
-                where = f"line {row['line']}" if "line" in row else f"row {row['row']}"
+                where = (f"line {row['line']}" if "line" in row else f"row {row['row']}" if "row" in row
+                         else f"partition {row.get('partition')} offset {row.get('offset')}")
                 print(f"run {row['run']:>4}  {row['reason']:<18} {row['source']}:{where}  {row['detail']}")
                 print(f"      {row['raw']}")
         else:

@@ -10,6 +10,13 @@ stores:
     max_future: 1h               # refuse records later than the run's clock + this (none: no limit)
     partitions: 4
     buckets: 16                  # optional physical layout
+  - name: orders                 # a Kafka topic instead of files (docs/contract.md, Kafka sources)
+    source:
+      kafka:
+        bootstrap: "broker:9092"
+        topic: orders
+        value_format: debezium     # json (default) | string | debezium
+        options: {security.protocol: SASL_SSL}   # Kafka client settings (or VERSIQ_KAFKA_* variables)
 streams:                         # append-only event logs (docs/derived-tables.md)
   - name: clicks
     source: data/clicks/
@@ -34,13 +41,17 @@ from versiq.durations import DurationError, parse_duration_ms
 from versiq.ingest.derived.spec import TableSpec, check_global_store, parse_tables
 from versiq.ingest.errors import UsageError
 from versiq.ingest.future import DEFAULT_MAX_FUTURE_MS, parse_max_future
+from versiq.ingest.kafka import KafkaSource
 from versiq.ingest.pipeline import StoreSpec
+from versiq.ingest.records.kafka_rows import KafkaFormat
 from versiq.ingest.streams import StreamSpec
 from versiq.layout import STREAM_KIND, StoreSettings, has_delta_log
 
 _STORE_FIELDS = {"name", "source", "format", "kind", "history_retention", "partitions", "buckets", "global",
                  "max_future"}
 _STREAM_FIELDS = {"name", "source", "format", "buckets", "max_future"}
+_KAFKA_FIELDS = {"bootstrap", "topic", "options", "starting_offsets", "allow_offset_gaps", "value_format",
+                 "timestamp_field", "debezium_timestamp", "key_field"}
 
 
 @dataclass(frozen=True)
@@ -134,18 +145,53 @@ def _existing_kind(warehouse: str | None, name: str) -> str | None:
         return None
 
 
-def _checked_entry(entry: Any, where: str, fields: set[str], hint: str = "") -> str:
-    """The checks every ``stores:``/``streams:`` entry shares; returns its absolute source (a
-    relative one is relative to the pipeline file's folder, ``base``)."""
+def _checked_entry(entry: Any, where: str, fields: set[str], hint: str = "") -> str | KafkaSource:
+    """The checks every ``stores:``/``streams:`` entry shares; returns its source: a path (a
+    relative one is relative to the pipeline file's folder, ``base``) or a Kafka topic."""
     if not isinstance(entry, dict):
         raise UsageError(f"{where}: expected a mapping")
     unknown = set(entry) - fields
     if unknown:
         raise UsageError(f"{where}: unknown field(s): {', '.join(sorted(unknown))}{hint}")
-    for required in ("name", "source"):
-        if not isinstance(entry.get(required), str) or not entry[required]:
-            raise UsageError(f"{where}: '{required}' is required (a string)")
+    if not isinstance(entry.get("name"), str) or not entry["name"]:
+        raise UsageError(f"{where}: 'name' is required (a string)")
+    if isinstance(entry.get("source"), dict):
+        return _kafka_source(entry["source"], f"{where} ({entry['name']})")
+    if not isinstance(entry.get("source"), str) or not entry["source"]:
+        raise UsageError(f"{where}: 'source' is required (a file or directory, or {{kafka: {{...}}}})")
     return str(entry["source"])
+
+
+def _kafka_source(source: dict[str, Any], where: str) -> KafkaSource:
+    """``source: {kafka: {bootstrap, topic, options, starting_offsets, allow_offset_gaps,
+    value_format, timestamp_field, debezium_timestamp, key_field}}``."""
+    if set(source) != {"kafka"} or not isinstance(source["kafka"], dict):
+        raise UsageError(f"{where}: 'source' must be a path or {{kafka: {{bootstrap: ..., topic: ...}}}}")
+    kafka = source["kafka"]
+    unknown = set(kafka) - _KAFKA_FIELDS
+    if unknown:
+        raise UsageError(f"{where}: source.kafka: unknown field(s): {', '.join(sorted(unknown))}")
+    for required in ("bootstrap", "topic"):
+        if not isinstance(kafka.get(required), str) or not kafka[required]:
+            raise UsageError(f"{where}: source.kafka: '{required}' is required (a string)")
+    options = kafka.get("options") or {}
+    if not isinstance(options, dict):
+        raise UsageError(f"{where}: source.kafka: 'options' must be a mapping of Kafka client settings")
+    if not isinstance(kafka.get("allow_offset_gaps", False), bool):
+        raise UsageError(f"{where}: source.kafka: 'allow_offset_gaps' must be true or false")
+    text = {name: kafka[name] for name in ("value_format", "timestamp_field", "debezium_timestamp", "key_field",
+                                          "starting_offsets") if name in kafka}
+    for name, value in text.items():
+        if not isinstance(value, str):
+            raise UsageError(f"{where}: source.kafka: '{name}' must be a string")
+    fmt = KafkaFormat(value_format=text.get("value_format", "json"), timestamp_field=text.get("timestamp_field"),
+                      debezium_timestamp=text.get("debezium_timestamp", "ts_ms"), key_field=text.get("key_field"))
+    result = KafkaSource(bootstrap=kafka["bootstrap"], topic=kafka["topic"],
+                         options={str(k): str(v) for k, v in options.items()},
+                         starting_offsets=text.get("starting_offsets", "earliest"),
+                         allow_offset_gaps=kafka.get("allow_offset_gaps", False), format=fmt)
+    result.validate(where)
+    return result
 
 
 def _check_integers(entry: dict[str, Any], where: str) -> None:
@@ -156,6 +202,13 @@ def _check_integers(entry: dict[str, Any], where: str) -> None:
 
 def _absolute(source: str, base: str) -> str:
     return source if os.path.isabs(source) else os.path.join(base, source)
+
+
+def _source_fields(source: str | KafkaSource, base: str) -> dict[str, Any]:
+    """The ``source`` (and ``kafka``) arguments of a store's or stream's spec."""
+    if isinstance(source, KafkaSource):
+        return {"source": source.name, "kafka": source}
+    return {"source": _absolute(source, base)}
 
 
 def _max_future(entry: dict[str, Any], where: str, default: int | None) -> int | None:
@@ -174,7 +227,7 @@ def _stream(entry: Any, index: int, base: str, default_max_future_ms: int | None
     where = f"streams[{index}]"
     source = _checked_entry(entry, where, _STREAM_FIELDS, " (a stream has no kind, history retention or partitions)")
     _check_integers(entry, where)
-    return StreamSpec(name=entry["name"], source=_absolute(source, base), format=entry.get("format"),
+    return StreamSpec(name=entry["name"], **_source_fields(source, base), format=entry.get("format"),
                       buckets=entry.get("buckets"), max_future_ms=_max_future(entry, where, default_max_future_ms))
 
 
@@ -190,11 +243,10 @@ def _store(entry: Any, index: int, base: str, default_max_future_ms: int | None)
             raise UsageError(f"{where} ({entry['name']}): history_retention: {exc}") from None
     max_future_ms = _max_future(entry, where, default_max_future_ms)
     _check_integers(entry, where)
-    source = _absolute(source, base)
     return StoreSpec(
         max_future_ms=max_future_ms,
         name=entry["name"],
-        source=source,
+        **_source_fields(source, base),
         format=entry.get("format"),
         kind=entry.get("kind"),
         history_retention_ms=retention_ms,

@@ -1,14 +1,15 @@
-"""``versiq ingest --continuous``: Spark Structured Streaming's file source triggers the runs.
+"""``versiq ingest --continuous``: Spark Structured Streaming's file and Kafka sources trigger the runs.
 
 One streaming query watches every source of the pipeline (the ``binaryFile`` file source,
-recursive, only the ``path`` column so file contents are not read by the stream) with a
-``processingTime`` trigger of ``--trigger-interval``. Each micro-batch the file source reports
+recursive, only the ``path`` column so file contents are not read by the stream; for a Kafka
+topic Spark's Kafka source, whose micro-batch rows are never read either: ``ingest.kafka``)
+with a ``processingTime`` trigger of ``--trigger-interval``. Each micro-batch the file source reports
 (new files landed) runs one pipeline run (``run_pipeline``): every store and stream ingests the
 files it has not done yet, then the derived tables catch up, each commit atomic and idempotent.
 
-Two checkpoints exist and cannot disagree in a harmful way: the file source's own checkpoint
+Two checkpoints exist and cannot disagree in a harmful way: the streaming query's own checkpoint
 (``<warehouse>/_versiq/continuous/<id>/``) only decides *when* to run, while the set of files
-done committed with each store's data decides *what* is ingested. The file source writes a
+done (or the topic offsets) committed with each store's data decides *what* is ingested. The file source writes a
 batch's commit only after ``foreachBatch`` returned, so a crash at any point replays the batch,
 and the replayed run skips what the stores already committed. A failed run raises, which stops
 the query before its commit; the loop restarts it after ``--trigger-interval`` and the batch is
@@ -58,10 +59,15 @@ def _source_frame(spark: Any, source: str) -> Any:
     return reader.load(source).select("path")
 
 
+def _identity(spec: Any) -> str:
+    return spec.kafka.identity() if getattr(spec, "kafka", None) is not None else os.path.abspath(spec.source)
+
+
 def checkpoint_dir(warehouse: str, sources: list[str]) -> str:
-    """The file source's checkpoint: one per set of watched sources, inside the warehouse's
-    private ``_versiq`` directory (never listed as a store)."""
-    digest = hashlib.sha256("\n".join(sorted(os.path.abspath(s) for s in sources)).encode()).hexdigest()[:16]
+    """The streaming query's checkpoint: one per set of watched sources (paths, or
+    ``kafka://bootstrap/topic``), inside the warehouse's private ``_versiq`` directory (never
+    listed as a store)."""
+    digest = hashlib.sha256("\n".join(sorted(sources)).encode()).hexdigest()[:16]
     return os.path.join(os.path.abspath(warehouse), "_versiq", "continuous", digest)
 
 
@@ -72,9 +78,13 @@ def run_continuous(spark: Any, warehouse: str, pipeline: Any, interval_s: float,
     ``one_run()`` runs the pipeline once and returns its ``RunReport``; ``after_run(report)``
     prints/writes it and does maintenance.
     """
-    sources = [spec.source for spec in [*pipeline.stores, *pipeline.streams]]
-    frame = reduce(lambda a, b: a.union(b), [_source_frame(spark, s) for s in sources])
-    checkpoint = checkpoint_dir(warehouse, sources)
+    from versiq.ingest.kafka import trigger_frame
+
+    specs = [*pipeline.stores, *pipeline.streams]
+    frames = [trigger_frame(spark, spec.kafka) if getattr(spec, "kafka", None) is not None
+              else _source_frame(spark, spec.source) for spec in specs]
+    frame = reduce(lambda a, b: a.union(b), frames)
+    checkpoint = checkpoint_dir(warehouse, [_identity(spec) for spec in specs])
     os.makedirs(checkpoint, exist_ok=True)
     busy = threading.Lock()
     state: dict[str, Any] = {"stop": False, "status": EXIT_OK, "fatal": None}

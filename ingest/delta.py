@@ -105,6 +105,14 @@ def commit_table(frame: DataFrame, path: str, schema: pa.Schema, *, run: int, st
                 .option("txnVersion", str(DeltaTable(path).version() + 1)).save(path)
 
 
+def set_description(spark: SparkSession, path: str, description: str, state: StoreState) -> None:
+    """Change the table's settings (its Delta ``description``) in a commit of its own, which
+    carries the unchanged ``state`` like every commit (``commit_metadata``)."""
+    literal = description.replace("\\", "\\\\").replace("'", "\\'")
+    with commit_metadata(spark, state):
+        spark.sql(f"COMMENT ON TABLE delta.`{path}` IS '{literal}'")
+
+
 def local_frame(spark: SparkSession, table: pa.Table) -> DataFrame:
     """A driver-side Arrow table as one Spark partition (derived tables are computed on the
     driver): one task writes it, one file per bucket."""

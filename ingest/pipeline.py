@@ -24,12 +24,30 @@ from versiq.ingest.bucketing import write_tasks
 from versiq.ingest.delta import local_frame
 from versiq.ingest.errors import UsageError
 from versiq.ingest.future import DEFAULT_MAX_FUTURE_MS, future_bound
+from versiq.ingest.kafka import (
+    KafkaSource,
+    describe_read,
+    plan_read,
+    read_records,
+    read_report,
+    reading_failed,
+    topic_offsets,
+)
 from versiq.ingest.parse import parse_files
-from versiq.ingest.rejections import write_rejected
+from versiq.ingest.records.kafka_rows import SKIPPED
+from versiq.ingest.rejections import write_rejected, write_source_rejected
 from versiq.ingest.reports import RunReport, StoreReport
 from versiq.ingest.semantics import RunContext, classify, default_partition_of, file_of, rows_to_write
 from versiq.ingest.sources import SourceError, check_readable, list_sources, log_ignored, source_error_in
-from versiq.ingest.store import StoreHandle, commit_side, commit_store, existing_versions, open_store, writer_lock
+from versiq.ingest.store import (
+    StoreHandle,
+    commit_side,
+    commit_store,
+    existing_versions,
+    grow_partitions,
+    open_store,
+    writer_lock,
+)
 from versiq.layout import (
     CHANGELOG_DIR,
     DEFAULT_BUCKETS,
@@ -65,6 +83,8 @@ class StoreSpec:
     #: Records stamped later than the run's wall clock plus this are rejected ``bad_timestamp``
     #: (None: no limit). An input guard of each run, not a store setting (``future_bound``).
     max_future_ms: int | None = DEFAULT_MAX_FUTURE_MS
+    #: A Kafka topic instead of files (``source`` is then its name, ``kafka:<topic>``).
+    kafka: KafkaSource | None = None
 
     def settings(self) -> tuple[StoreSettings, set[str]]:
         explicit = {name for name, value in (("kind", self.kind),
@@ -94,6 +114,14 @@ class StoreSpec:
             raise UsageError(f"store {self.name!r}: buckets must be in [1, 4096]")
         if self.max_future_ms is not None and not 0 <= self.max_future_ms <= 2**63 - 1:
             raise UsageError(f"store {self.name!r}: max_future must be in [0, 2^63-1] ms or none")
+        if self.kafka is not None:
+            self.kafka.validate(f"store {self.name!r}")
+            if self.partitions is not None:
+                raise UsageError(f"store {self.name!r}: the partitions of a store fed by Kafka are the topic's "
+                                 "(do not give partitions)")
+            if self.format is not None:
+                raise UsageError(f"store {self.name!r}: a Kafka source has value_format, not format")
+            return
         if not os.path.exists(self.source):
             raise UsageError(f"store {self.name!r}: source {self.source!r} does not exist")
 
@@ -145,36 +173,89 @@ def ingest_store(spark: SparkSession, warehouse: str, spec: StoreSpec, lock_time
     settings, explicit = spec.settings()
     with writer_lock(path, lock_timeout_s):
         handle = open_store(path, settings, explicit)
+        if spec.kafka is not None:
+            return _ingest_topic(spark, handle, spec, spec.kafka)
+        if handle.state.kafka is not None:
+            raise UsageError(f"store {spec.name!r} reads Kafka topic {handle.state.kafka.topic}; it cannot switch to "
+                             "a file source (create a new store instead)")
         listing = list_sources(spec.source)
         done = set(handle.state.done_files)
         new = {rel: full for rel, full in listing.files.items() if rel not in done}
         report = StoreReport(ignored=log_ignored("store", spec.name, listing.ignored))
         check_readable(new)
         if not new and handle.table is not None:
-            if spec.changelog and handle.state.changelog_since is None:
-                _start_changelog(spark, handle)
-            report.snapshot = handle.version
-            log.info("store %s: no new files (snapshot %s)", spec.name, handle.version)
-            return report
+            return _nothing_new(spark, handle, spec, report, "no new files")
         run = handle.state.run + 1
         report.run = run
         report.files = len(new)
         log.info("store %s: run %d over %d new file(s)", spec.name, run, len(new))
-        _run_once(spark, handle, spec, new, run, report)
+        parsed = parse_files(spark, new, spec.format, handle.settings.partitions, future_bound(spec.max_future_ms))
+        per_file = len(new) * handle.settings.partitions <= FILE_STATS_LIMIT
+
+        def rejections(parsed: DataFrame, classified: DataFrame, state: StoreState, decided: int, total: int) -> None:
+            write_rejected(parsed, classified, handle.path, state, new, spec.format, decided=decided, total=total)
+
+        _run_once(spark, handle, spec, run, report, parsed, per_file, rejections,
+                  lambda state: replace(state, done_files=sorted(done | set(new))))
         return report
 
 
-def _run_once(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, new: dict[str, str], run: int,
-              report: StoreReport) -> None:
-    settings = handle.settings
-    parsed = parse_files(spark, new, spec.format, settings.partitions, future_bound(spec.max_future_ms)).persist(
-        StorageLevel.MEMORY_AND_DISK)
+def _nothing_new(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, report: StoreReport,
+                 why: str) -> StoreReport:
+    if spec.changelog and handle.state.changelog_since is None:
+        _start_changelog(spark, handle)
+    report.snapshot = handle.version
+    log.info("store %s: %s (snapshot %s)", spec.name, why, handle.version)
+    return report
+
+
+def _ingest_topic(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, source: KafkaSource) -> StoreReport:
+    """A store's run over the records of its Kafka topic it has not read (``ingest.kafka``)."""
+    position = handle.state.kafka
+    if handle.table is not None and position is None and handle.state.run > 0:
+        raise UsageError(f"store {spec.name!r} was built from files; it cannot switch to Kafka topic {source.topic} "
+                         "(create a new store instead)")
+    if position is not None and position.topic != source.topic:
+        raise UsageError(f"store {spec.name!r} reads Kafka topic {position.topic}, not {source.topic} "
+                         "(create a new store instead)")
+    read = plan_read(source, position, topic_offsets(spark, source))
+    handle = grow_partitions(spark, handle, read.partitions)
+    report = StoreReport(kafka=read_report(source, read))
+    if read.empty and not read.gaps and handle.table is not None:
+        return _nothing_new(spark, handle, spec, report, f"no new records in {source.name}")
+    run = handle.state.run + 1
+    report.run = run
+    log.info("store %s: run %d over %s", spec.name, run, describe_read(source, read))
+    parsed = read_records(spark, source, read, future_bound(spec.max_future_ms))
+
+    def rejections(parsed: DataFrame, classified: DataFrame, state: StoreState, decided: int, total: int) -> None:
+        write_source_rejected(parsed, classified, handle.path, state, source.name, decided=decided, total=total)
+
     try:
-        good = parsed.filter(F.col("reason").isNull()).select("seq", "fst", "key", "value", "ts", "part", "offset")
-        # per-file maxima for stream time without a shuffle, unless that is too many rows to collect
-        per_file = len(new) * settings.partitions <= FILE_STATS_LIMIT
+        _run_once(spark, handle, spec, run, report, parsed, False, rejections,
+                  lambda state: replace(state, kafka=read.position(position, source.topic, run)))
+    except Exception as exc:
+        failure = reading_failed(source, exc)
+        if failure is None:
+            raise
+        raise failure from None
+    return report
+
+
+def _run_once(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, run: int, report: StoreReport,
+              parsed: DataFrame, per_file: bool, rejections: Any, advance: Any) -> None:
+    """Decide and commit one run over ``parsed`` (``order.RUN_SCHEMA`` rows of the new input):
+    ``per_file`` collects per-file stream-time maxima (file sources of few files),
+    ``rejections(parsed, classified, state, decided, total)`` writes ``_rejected``, and
+    ``advance(state)`` adds what the run read to the store's state (files done, offsets)."""
+    settings = handle.settings
+    parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
         flags, file_max = _parse_stats(parsed, report, settings.partitions if per_file else None)
-        log.info("store %s: parsed %d record(s) from %d file(s)", spec.name, report.read, len(new))
+        if report.skipped:  # counted, neither records nor rejections (records.kafka_rows.SKIPPED)
+            parsed = parsed.filter(F.col("reason").isNull() | (F.col("reason") != SKIPPED))
+        good = parsed.filter(F.col("reason").isNull()).select("seq", "fst", "key", "value", "ts", "part", "offset")
+        log.info("store %s: parsed %d record(s)", spec.name, report.read)
         keys = pa.table({"key": pa.array([], pa.string())})
         if handle.table is not None and handle.data_files():
             keys = good.select("key").distinct().toArrow()
@@ -189,13 +270,12 @@ def _run_once(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, new: di
             StorageLevel.MEMORY_AND_DISK)
         try:
             parse_rejections = sum(report.rejected.values())
-            state = _next_state(classified, handle.state, run, new, report)
+            state = advance(_next_state(classified, handle.state, run, report))
             log.info("store %s: %d accepted, %d rejected; writing", spec.name,
                      report.accepted_latest + report.accepted_out_of_order, sum(report.rejected.values()))
             # side tables first, the store commit (data + state) last: docs in versiq.ingest.delta
             rejected = sum(report.rejected.values())
-            write_rejected(parsed, classified, handle.path, state, new, spec.format,
-                           decided=rejected - parse_rejections, total=rejected)
+            rejections(parsed, classified, state, rejected - parse_rejections, rejected)
             if keeps_changelog(spec, handle.state):
                 if state.changelog_since is None:
                     state.changelog_since = run
@@ -256,7 +336,9 @@ def _parse_stats(parsed: DataFrame, report: StoreReport,
     ).collect()
     for row in rows:
         report.read += row["n"]
-        if row["reason"] is not None:
+        if row["reason"] == SKIPPED:
+            report.skipped[row["reason"]] = report.skipped.get(row["reason"], 0) + row["n"]
+        elif row["reason"] is not None:
             report.rejected[row["reason"]] = report.rejected.get(row["reason"], 0) + row["n"]
         else:
             flags["part"] += row["part"]
@@ -266,9 +348,9 @@ def _parse_stats(parsed: DataFrame, report: StoreReport,
     return flags, file_max
 
 
-def _next_state(classified: DataFrame, state: StoreState, run: int,
-                new: dict[str, str], report: StoreReport) -> StoreState:
-    """Outcome counts for the report and the store state after this run."""
+def _next_state(classified: DataFrame, state: StoreState, run: int, report: StoreReport) -> StoreState:
+    """Outcome counts for the report and the store state after this run (without what the run
+    read: the caller's ``advance``)."""
     rows = classified.groupBy("outcome", "p").agg(
         F.count(F.lit(1)).alias("n"),
         F.sum(F.col("latest").cast("int")).alias("latest"),
@@ -294,8 +376,7 @@ def _next_state(classified: DataFrame, state: StoreState, run: int,
             stream_time[p] = max(stream_time.get(p, row["st"]), row["st"])
         if row["off"] is not None:
             max_offset[p] = max(max_offset.get(p, row["off"]), row["off"])
-    return StoreState(run=run, stream_time=stream_time, max_offset=max_offset,
-                      done_files=sorted(set(state.done_files) | set(new)), changelog_since=state.changelog_since)
+    return replace(state, run=run, stream_time=stream_time, max_offset=max_offset)
 
 
 def _write_changelog(classified: DataFrame, store_path: str, state: StoreState, ctx: RunContext) -> None:

@@ -97,6 +97,28 @@ def write_rejected(parsed: DataFrame, classified: DataFrame | None, store_path: 
     commit_side(store_path, REJECTED_DIR, state, frame.repartition(1).sortWithinPartitions("seq"), empty=False)
 
 
+def write_source_rejected(parsed: DataFrame, classified: DataFrame | None, store_path: str, state: StoreState,
+                          source: str, decided: int = 0, total: int | None = None) -> None:
+    """The run's rejected records for a source whose parsed records all carry their text
+    (``raw``; Kafka: a record cannot be read again from a file), named ``source`` with their
+    partition and offset (no line or row). Written like ``write_rejected``."""
+    if total == 0:
+        commit_side(store_path, REJECTED_DIR, state, local_frame(parsed.sparkSession, REJECTED_SCHEMA.empty_table()),
+                    empty=True)
+        return
+    rejected = parsed.filter(F.col("reason").isNotNull()).select("seq", "part", "offset", "reason", "detail", "raw")
+    if classified is not None and decided:
+        later = classified.filter(F.col("outcome") != "accepted").select(
+            "seq", "part", "offset", F.col("outcome").alias("reason"), "detail")
+        rejected = rejected.unionByName(later.join(parsed.select("seq", "raw"), "seq"))
+    ingested_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    frame = rejected.select(
+        "seq", F.lit(state.run).cast("bigint").alias("run"), F.lit(source).alias("source"),
+        F.lit(None).cast("bigint").alias("line"), F.lit(None).cast("bigint").alias("row"),
+        F.col("part").alias("partition"), "offset", "reason", "raw", "detail", F.lit(ingested_at).alias("ingested_at"))
+    commit_side(store_path, REJECTED_DIR, state, frame.repartition(1).sortWithinPartitions("seq"), empty=False)
+
+
 _TEXT_SCHEMA = pa.schema([pa.field("seq", pa.int64()), pa.field("raw", pa.string())])
 
 

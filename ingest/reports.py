@@ -20,7 +20,7 @@ def report_json(report: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in fields(report):
         value = getattr(report, item.name)
-        if item.name == "error" and value is None:
+        if item.name in ("error", "kafka") and value is None:
             continue
         if item.name == "seconds":
             value = round(value, 3)
@@ -66,6 +66,11 @@ class StoreReport(PutOutcomes):
     files: int = 0
     #: Source entries that are not regular files, never opened (``ingest.sources``).
     ignored: list[dict[str, str]] = field(default_factory=list)
+    #: Records read that are neither records nor rejections, by kind (Debezium's delete
+    #: markers, ``records.kafka_rows.SKIPPED``).
+    skipped: dict[str, int] = field(default_factory=dict)
+    #: Kafka sources: the topic, the offsets read per partition and the gaps allowed (``ingest.kafka``).
+    kafka: dict[str, Any] | None = None
 
 
 @dataclass
@@ -76,6 +81,8 @@ class StreamReport(Report):
     appended: int = 0
     files: int = 0
     ignored: list[dict[str, str]] = field(default_factory=list)
+    skipped: dict[str, int] = field(default_factory=dict)
+    kafka: dict[str, Any] | None = None
 
 
 @dataclass

@@ -2,7 +2,8 @@
 Spark connector (delta-spark) loaded: every Delta table the job writes goes through it
 (``versiq.ingest.delta``).
 
-Delta's jars. The project's setup (``make``) fetches them with Maven from ``jars/pom.xml`` into
+Delta's jars (and Spark's Kafka source, ``ingest.kafka``). The project's setup (``make``) fetches
+them with Maven from ``jars/pom.xml`` into
 ``.cache/jars`` (git-ignored); ``VERSIQ_SPARK_JARS`` names another folder (the container image
 sets one). The jars of that folder are handed to Spark (``spark.jars``, shipped to executors by
 Spark itself). Without such a folder (versiq installed from a wheel) Spark resolves the same
@@ -38,11 +39,13 @@ def master_url(master: str | None = None) -> str:
     return master or os.environ.get("SPARK_MASTER") or DEFAULT_MASTER
 
 
-def delta_coordinates() -> list[str]:
-    """The Maven coordinates of Delta's connector for the installed PySpark and delta-spark."""
+def spark_coordinates() -> list[str]:
+    """The Maven coordinates of Delta's connector for the installed PySpark and delta-spark, and
+    of Spark's Kafka source (its own dependencies come with it through Spark's resolution)."""
     spark_minor = ".".join(pyspark.__version__.split(".")[:2])
     delta = importlib.metadata.version("delta-spark")
-    return [f"io.delta:delta-spark_{spark_minor}_2.13:{delta}", f"io.delta:delta-storage:{delta}"]
+    return [f"io.delta:delta-spark_{spark_minor}_2.13:{delta}", f"io.delta:delta-storage:{delta}",
+            f"org.apache.spark:spark-sql-kafka-0-10_2.13:{pyspark.__version__}"]
 
 
 def jars_dir() -> str | None:
@@ -60,7 +63,7 @@ def _with_delta(builder: SparkSession.Builder) -> SparkSession.Builder:
     if folder is not None:
         builder = builder.config("spark.jars", ",".join(sorted(glob.glob(os.path.join(folder, "*.jar")))))
     else:
-        builder = builder.config("spark.jars.packages", ",".join(delta_coordinates()))
+        builder = builder.config("spark.jars.packages", ",".join(spark_coordinates()))
     return (
         builder.config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
         .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")

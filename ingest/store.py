@@ -10,18 +10,19 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import socket
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import duckdb
 import pyarrow as pa
 from deltalake import DeltaTable
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 
-from versiq.ingest.delta import commit_table, replace_run
+from versiq.ingest.delta import commit_table, replace_run, set_description
 from versiq.ingest.errors import UsageError
 from versiq.layout import (
     CHANGELOG_DIR,
@@ -44,6 +45,8 @@ from versiq.layout import (
     read_state,
 )
 from versiq.names import check_store_name
+
+log = logging.getLogger("versiq.ingest")
 
 
 class LockTimeout(Exception):
@@ -191,6 +194,29 @@ def commit_store(handle: StoreHandle, rows: DataFrame, state: StoreState, new_ru
     handle.table = DeltaTable(handle.path)
     handle.state = state
     return handle.table.version()
+
+
+def grow_partitions(spark: SparkSession, handle: StoreHandle, partitions: int) -> StoreHandle:
+    """The store with ``partitions`` stream-time partitions, the count of the Kafka topic it
+    reads (``ingest.kafka``): a new store is created with it; an existing one whose topic gained
+    partitions has its settings changed first, in a commit of their own (a crash after it leaves
+    a store that already has them: the rerun finds nothing to change). Fewer partitions than the
+    store has mean the topic was recreated: a ``SourceError``."""
+    from versiq.ingest.sources import SourceError
+
+    if handle.table is None:
+        return replace(handle, settings=replace(handle.settings, partitions=partitions))
+    have = handle.settings.partitions
+    if partitions < have:
+        raise SourceError(f"the topic has {partitions} partition(s) but store {os.path.basename(handle.path)!r} has "
+                          f"{have}: was the topic deleted and created again? Ingest it into a new store")
+    if partitions == have:
+        return handle
+    settings = replace(handle.settings, partitions=partitions)
+    set_description(spark, handle.path, settings.to_description(), handle.state)
+    log.warning("store %s: the topic has %d partitions now (was %d); the new ones start with their own stream time",
+                os.path.basename(handle.path), partitions, have)
+    return StoreHandle(handle.path, settings, DeltaTable(handle.path), handle.state)
 
 
 def rejected_path(store_path: str) -> str:

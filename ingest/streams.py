@@ -13,20 +13,23 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from pyspark import StorageLevel
-from pyspark.sql import SparkSession, Window
+from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from versiq.ingest.bucketing import by_bucket, write_tasks
 from versiq.ingest.errors import UsageError
 from versiq.ingest.future import DEFAULT_MAX_FUTURE_MS, future_bound
+from versiq.ingest.kafka import KafkaSource, plan_read, read_records, read_report, topic_offsets
 from versiq.ingest.parse import parse_files
-from versiq.ingest.rejections import write_rejected
+from versiq.ingest.records.kafka_rows import SKIPPED
+from versiq.ingest.rejections import write_rejected, write_source_rejected
 from versiq.ingest.reports import StreamReport
 from versiq.ingest.semantics import bucket_of
 from versiq.ingest.sources import check_readable, list_sources, log_ignored
-from versiq.ingest.store import commit_store, open_store, writer_lock
+from versiq.ingest.store import StoreHandle, commit_store, open_store, writer_lock
 from versiq.layout import DEFAULT_BUCKETS, STREAM_KIND, StoreSettings, StoreState
 from versiq.names import check_store_name
 
@@ -43,6 +46,9 @@ class StreamSpec:
     format: str | None = None
     buckets: int | None = None
     max_future_ms: int | None = DEFAULT_MAX_FUTURE_MS
+    #: A Kafka topic instead of files (``source`` is then its name); stream order is partition
+    #: by partition, each in offset order.
+    kafka: KafkaSource | None = None
 
     def settings(self) -> StoreSettings:
         return StoreSettings(kind=STREAM_KIND, history_retention_ms=0, partitions=1,
@@ -54,6 +60,11 @@ class StreamSpec:
             raise UsageError(f"stream {self.name!r}: format must be jsonl, csv or parquet")
         if self.buckets is not None and not 1 <= self.buckets <= 4096:
             raise UsageError(f"stream {self.name!r}: buckets must be in [1, 4096]")
+        if self.kafka is not None:
+            self.kafka.validate(f"stream {self.name!r}")
+            if self.format is not None:
+                raise UsageError(f"stream {self.name!r}: a Kafka source has value_format, not format")
+            return
         if not os.path.exists(self.source):
             raise UsageError(f"stream {self.name!r}: source {self.source!r} does not exist")
 
@@ -63,6 +74,24 @@ def ingest_stream(spark: SparkSession, warehouse: str, spec: StreamSpec, lock_ti
     settings = spec.settings()
     with writer_lock(path, lock_timeout_s):
         handle = open_store(path, settings, {"kind", "buckets"} if spec.buckets else {"kind"})
+        bound = future_bound(spec.max_future_ms)
+        if spec.kafka is not None:
+            source = spec.kafka
+            position = handle.state.kafka
+            if handle.table is not None and (position is None or position.topic != source.topic):
+                raise UsageError(f"stream {spec.name!r} was not built from Kafka topic {source.topic} "
+                                 "(create a new stream instead)")
+            read = plan_read(source, position, topic_offsets(spark, source))
+            report = StreamReport(kafka=read_report(source, read))
+            if read.empty and not read.gaps and handle.table is not None:
+                report.snapshot = handle.version
+                return report
+            run = handle.state.run + 1
+            _append_run(handle, spec, run, report, read_records(spark, source, read, bound),
+                        StoreState(run=run, kafka=read.position(position, source.topic, run)),
+                        lambda parsed, state, total: write_source_rejected(parsed, None, handle.path, state,
+                                                                           source.name, total=total))
+            return report
         done = set(handle.state.done_files)
         listing = list_sources(spec.source)
         new = {rel: full for rel, full in listing.files.items() if rel not in done}
@@ -72,27 +101,39 @@ def ingest_stream(spark: SparkSession, warehouse: str, spec: StreamSpec, lock_ti
             report.snapshot = handle.version
             return report
         run = handle.state.run + 1
-        report.run, report.files = run, len(new)
-        bound = future_bound(spec.max_future_ms)
-        parsed = parse_files(spark, new, spec.format, None, bound).persist(StorageLevel.MEMORY_AND_DISK)
-        try:
-            for row in parsed.groupBy("reason").count().collect():
-                report.read += row["count"]
-                if row["reason"] is None:
-                    report.appended = row["count"]
-                else:
-                    report.rejected[row["reason"]] = report.rejected.get(row["reason"], 0) + row["count"]
-            good = parsed.filter(F.col("reason").isNull())
-            rows = good.select(
-                bucket_of(F.col("key"), handle.settings.buckets).alias("bucket"),
-                "key", "value", F.col("ts").alias("timestamp"), F.lit(run).cast("bigint").alias("run"),
-                F.row_number().over(Window.orderBy("seq")).cast("bigint").alias("seq"),
-            )
-            state = StoreState(run=run, done_files=sorted(done | set(new)))
-            write_rejected(parsed, None, handle.path, state, new, spec.format, total=sum(report.rejected.values()))
-            report.snapshot = commit_store(handle, by_bucket(rows, write_tasks(handle.settings.buckets, report.read)),
-                                           state)
-        finally:
-            parsed.unpersist()
-        log.info("stream %s: run %d appended %d record(s)", spec.name, run, report.appended)
+        report.files = len(new)
+        _append_run(handle, spec, run, report, parse_files(spark, new, spec.format, None, bound),
+                    StoreState(run=run, done_files=sorted(done | set(new))),
+                    lambda parsed, state, total: write_rejected(parsed, None, handle.path, state, new, spec.format,
+                                                                total=total))
         return report
+
+
+def _append_run(handle: StoreHandle, spec: StreamSpec, run: int, report: StreamReport, parsed: DataFrame,
+                state: StoreState, rejections: Any) -> None:
+    """Append one run's well-formed records (``parsed``: ``order.RUN_SCHEMA``) in stream order;
+    ``rejections(parsed, state, total)`` writes the rest to ``_rejected`` first."""
+    report.run = run
+    parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        for row in parsed.groupBy("reason").count().collect():
+            report.read += row["count"]
+            if row["reason"] is None:
+                report.appended = row["count"]
+            elif row["reason"] == SKIPPED:
+                report.skipped[SKIPPED] = row["count"]
+            else:
+                report.rejected[row["reason"]] = report.rejected.get(row["reason"], 0) + row["count"]
+        kept = parsed.filter(F.col("reason").isNull() | (F.col("reason") != SKIPPED)) if report.skipped else parsed
+        good = kept.filter(F.col("reason").isNull())
+        rows = good.select(
+            bucket_of(F.col("key"), handle.settings.buckets).alias("bucket"),
+            "key", "value", F.col("ts").alias("timestamp"), F.lit(run).cast("bigint").alias("run"),
+            F.row_number().over(Window.orderBy("seq")).cast("bigint").alias("seq"),
+        )
+        rejections(kept, state, sum(report.rejected.values()))
+        report.snapshot = commit_store(handle, by_bucket(rows, write_tasks(handle.settings.buckets, report.read)),
+                                       state)
+    finally:
+        parsed.unpersist()
+    log.info("stream %s: run %d appended %d record(s)", spec.name, run, report.appended)

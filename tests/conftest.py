@@ -32,3 +32,20 @@ def spark():
     session = get_spark("local[2]")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_broker():
+    """One real single-node KRaft Kafka broker (tests/support/kafka_broker.py) for the session,
+    started the first time a test asks for it (~2 s), stopped at the end. A test that stops or kills
+    it must start it again (``restart()``, ``start()``; ``ensure_running()`` after one that failed)."""
+    from tests.support.kafka_broker import FETCH_HINT, KafkaBroker, jars_present
+
+    if not jars_present():
+        pytest.fail(f"the Kafka broker's jars are missing: {FETCH_HINT}", pytrace=False)
+    broker = KafkaBroker()
+    try:
+        broker.start()
+        yield broker
+    finally:
+        broker.close()

@@ -287,6 +287,32 @@ class StoreSettings:
 
 
 @dataclass
+class KafkaPosition:
+    """Where a store or stream fed by a Kafka topic is in it (``StoreState.kafka``), committed in
+    the same Delta commit as the run's data: the consumer position never lives in a consumer
+    group, so data and position cannot disagree (versiq.ingest.kafka)."""
+
+    topic: str
+    #: Per Kafka partition, the offset of the next record to read (Kafka's "committed offset").
+    next_offsets: dict[int, int] = field(default_factory=dict)
+    #: Offset ranges deleted by the topic's retention before they were read, accepted with
+    #: ``--allow-offset-gaps``: ``{"partition": p, "from": a, "to": b, "run": r}`` ([a, b) lost).
+    gaps: list[dict[str, int]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"topic": self.topic, "nextOffsets": {str(p): o for p, o in sorted(self.next_offsets.items())},
+                "gaps": self.gaps}
+
+    @staticmethod
+    def from_dict(data: dict[str, object]) -> KafkaPosition:
+        offsets = data.get("nextOffsets") or {}
+        gaps = data.get("gaps") or []
+        assert isinstance(offsets, dict) and isinstance(gaps, list)
+        return KafkaPosition(topic=str(data["topic"]), next_offsets={int(p): int(o) for p, o in offsets.items()},
+                             gaps=[{k: int(v) for k, v in gap.items()} for gap in gaps])
+
+
+@dataclass
 class StoreState:
     """What a store remembers between runs; committed with the data of every run."""
 
@@ -306,6 +332,8 @@ class StoreState:
     inputs: dict[str, int] = field(default_factory=dict)
     #: Derived tables only: the table's definition (canonical JSON of its pipeline entry).
     definition: str | None = None
+    #: Stores and streams fed by a Kafka topic: the position in it (None for file sources).
+    kafka: KafkaPosition | None = None
 
     def to_json(self) -> str:
         return json.dumps(
@@ -319,6 +347,7 @@ class StoreState:
                 "sources": self.sources,
                 "inputs": self.inputs,
                 "definition": self.definition,
+                **({"kafka": self.kafka.to_dict()} if self.kafka is not None else {}),
             },
             separators=(",", ":"),
         )
@@ -336,6 +365,7 @@ class StoreState:
                      for name, v in data.get("sources", {}).items()},
             inputs={name: int(v) for name, v in data.get("inputs", {}).items()},
             definition=data.get("definition"),
+            kafka=KafkaPosition.from_dict(data["kafka"]) if data.get("kafka") else None,
         )
 
 

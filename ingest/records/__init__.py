@@ -28,11 +28,13 @@ from versiq.ingest.records.files import (
 )
 from versiq.ingest.records.jsonl import parse_jsonl
 from versiq.ingest.records.jsonvalue import compact, strict_loads
+from versiq.ingest.records.kafka_rows import KafkaFormat, parse_kafka
 from versiq.ingest.records.parquet_rows import parse_parquet
 from versiq.ingest.records.schema import BATCH_ROWS, FORMAT_BY_EXTENSION, MAX_RECORD_BYTES, PARSED_SCHEMA
 
 __all__ = [
-    "BATCH_ROWS", "FORMAT_BY_EXTENSION", "MAX_RECORD_BYTES", "PARSED_SCHEMA", "PARSERS", "Reject", "compact",
-    "format_of", "key_from_json", "parse_bytes_for_tests", "parse_csv", "parse_file", "parse_jsonl",
-    "parse_parquet", "raw_texts", "refuse_future", "strict_loads", "timestamp_from_json", "value_from_json_text",
+    "BATCH_ROWS", "FORMAT_BY_EXTENSION", "MAX_RECORD_BYTES", "PARSED_SCHEMA", "PARSERS", "KafkaFormat", "Reject",
+    "compact", "format_of", "key_from_json", "parse_bytes_for_tests", "parse_csv", "parse_file", "parse_jsonl",
+    "parse_kafka", "parse_parquet", "raw_texts", "refuse_future", "strict_loads", "timestamp_from_json",
+    "value_from_json_text",
 ]

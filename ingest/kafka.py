@@ -1,0 +1,352 @@
+"""Kafka topics as sources of stores and streams (issue #14): what a run reads from a topic, read
+with Spark's own Kafka source (spark-sql-kafka-0-10).
+
+**Where a run starts and ends.** A store fed by a topic keeps its position in the topic, the next
+offset of every partition (``layout.KafkaPosition``), in its own ``StoreState``: committed in the
+same Delta commit as the run's data, never in a consumer group. A run reads, per partition, from
+that offset (a new store or partition: the earliest retained offset, or the end with
+``--starting-offsets latest``) to the end offset the broker reports when the run starts; the
+next run starts there. A crash before the commit leaves the position where it was, so the rerun
+reads the same records again (and possibly more: a run over a longer range is the same as two
+runs, rule 21); a crash after it reads on from the end. No record is read twice into a store or
+skipped.
+
+**Offsets lost to retention.** When the earliest offset still in a partition is above the
+offset the store needs, records were deleted before versiq read them. The run fails naming the
+partition and the lost range, unless the source allows offset gaps: then the gap is recorded in
+the run's report and in the store's state, and the run reads on from the earliest offset.
+
+**The topic's partitions.** A Kafka partition is the store's stream-time partition (rule 19);
+a new store gets as many partitions as the topic has. When partitions are added to the topic,
+the store's partition count grows with it (a settings change committed before the run's data):
+each new partition has its own stream time, starting below every timestamp. A key keeps the
+partition it was first seen in, so a record of a known key that arrives in another partition
+(Kafka's default partitioner moves keys when partitions are added) is rejected
+``partition_conflict`` and kept; producers that keep a key's partition lose nothing. A topic
+with fewer partitions than the store, or a partition that ends before the store's position,
+means the topic was deleted and created again: the run fails.
+
+**Client options.** ``options`` (the pipeline file) and ``VERSIQ_KAFKA_<NAME>`` environment
+variables (``VERSIQ_KAFKA_SASL_JAAS_CONFIG`` is ``sasl.jaas.config``; the environment wins) are
+Kafka (Java) client settings given to both Spark's source and the metadata consumer of this
+module, so one configuration (security protocol, SASL, SSL) serves both. Their values are
+never logged, reported or shown. Settings versiq manages itself (group, offsets, deserializers)
+are refused.
+
+The broker's metadata (partitions, offsets) is asked with the Java Kafka client Spark's source
+uses (same jar, same settings), through the session's JVM.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
+
+from versiq.ingest.errors import UsageError
+from versiq.ingest.order import MAX_POS, POS_BITS, RUN_SCHEMA
+from versiq.ingest.records.kafka_rows import KafkaFormat, parse_kafka
+from versiq.ingest.records.schema import PARSED_SCHEMA
+from versiq.ingest.sources import SourceError
+from versiq.layout import KafkaPosition
+
+log = logging.getLogger("versiq.ingest")
+
+#: Environment variables ``VERSIQ_KAFKA_<NAME>`` are client option ``<name>`` (``_`` -> ``.``).
+ENV_PREFIX = "VERSIQ_KAFKA_"
+#: Client settings versiq decides (the position is the store's; values are bytes).
+MANAGED_OPTIONS = frozenset({"bootstrap.servers", "group.id", "enable.auto.commit", "auto.offset.reset",
+                             "key.deserializer", "value.deserializer", "auto.commit.interval.ms"})
+STARTING_OFFSETS = ("earliest", "latest")
+#: How long a metadata request to the broker may take before the run fails (also the Kafka
+#: clients' ``default.api.timeout.ms`` of Spark's source unless the options set it).
+METADATA_TIMEOUT_S = 15
+#: How long a Spark task waits for records from the broker before the run fails (Spark's
+#: default is ``spark.network.timeout``, 120 s), and how often Spark's driver asks for offsets
+#: (default 3, each up to the API timeout): with Spark's defaults a broker that went away kept
+#: a run waiting about 3 minutes before it failed; with these, about 30 s.
+POLL_TIMEOUT_MS = 30_000
+FETCH_OFFSET_RETRIES = 2
+#: The Kafka clients' timeouts unless the options set them (an admin client refuses an API
+#: timeout below its request timeout).
+CLIENT_TIMEOUTS = {"default.api.timeout.ms": str(METADATA_TIMEOUT_S * 1000), "request.timeout.ms": "10000"}
+
+
+class KafkaSourceError(SourceError):
+    """The broker cannot be reached, the topic is missing or changed, or offsets the store needs
+    were deleted: the run fails and commits nothing (a rerun retries)."""
+
+
+@dataclass(frozen=True)
+class KafkaSource:
+    """Where a store or stream reads from: a topic of a Kafka cluster, and how its records map
+    to versiq records (``records.kafka_rows.KafkaFormat``)."""
+
+    bootstrap: str
+    topic: str
+    #: Kafka client settings (SASL, SSL, ...): never logged (``repr`` leaves them out).
+    options: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
+    starting_offsets: str = "earliest"
+    allow_offset_gaps: bool = False
+    format: KafkaFormat = field(default_factory=KafkaFormat)
+
+    @property
+    def name(self) -> str:
+        """How reports, logs and ``_rejected`` name the source (no settings in it)."""
+        return f"kafka:{self.topic}"
+
+    def identity(self) -> str:
+        return f"kafka://{self.bootstrap}/{self.topic}"
+
+    def validate(self, what: str) -> None:
+        if not self.bootstrap or not self.topic:
+            raise UsageError(f"{what}: a Kafka source needs bootstrap servers and a topic")
+        if self.starting_offsets not in STARTING_OFFSETS:
+            raise UsageError(f"{what}: starting offsets must be earliest or latest, not {self.starting_offsets!r}")
+        managed = sorted(set(self.options) & MANAGED_OPTIONS)
+        if managed:
+            raise UsageError(f"{what}: Kafka option(s) {', '.join(managed)} are set by versiq (the store keeps "
+                             "its own offsets); remove them")
+        try:
+            self.format.validate()
+        except ValueError as exc:
+            raise UsageError(f"{what}: {exc}") from None
+
+    def client_options(self) -> dict[str, str]:
+        """The Kafka client settings: ``options``, then ``VERSIQ_KAFKA_*`` variables over them."""
+        out = {str(k): str(v) for k, v in self.options.items()}
+        for name, value in os.environ.items():
+            if name.startswith(ENV_PREFIX) and len(name) > len(ENV_PREFIX):
+                out[name[len(ENV_PREFIX):].lower().replace("_", ".")] = value
+        managed = sorted(set(out) & MANAGED_OPTIONS)
+        if managed:
+            raise UsageError(f"Kafka option(s) {', '.join(managed)} (from {ENV_PREFIX}* variables) are set by versiq")
+        out["bootstrap.servers"] = self.bootstrap
+        return out
+
+
+@dataclass(frozen=True)
+class TopicOffsets:
+    """What the broker reports for a topic when a run starts."""
+
+    partitions: int
+    #: Per partition, the earliest offset still stored and the end offset (next to be written).
+    earliest: dict[int, int]
+    end: dict[int, int]
+
+
+@dataclass
+class KafkaRead:
+    """One run's read of a topic: ``ranges[p] = (start, end)`` reads offsets [start, end)."""
+
+    partitions: int
+    ranges: dict[int, tuple[int, int]]
+    #: Ranges lost to retention, allowed by the source: ``{"partition", "from", "to"}``.
+    gaps: list[dict[str, int]] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return all(start >= end for start, end in self.ranges.values())
+
+    def position(self, before: KafkaPosition | None, topic: str, run: int) -> KafkaPosition:
+        """The store's position after this run."""
+        offsets = dict(before.next_offsets) if before is not None else {}
+        offsets.update({p: end for p, (_start, end) in self.ranges.items()})
+        gaps = list(before.gaps) if before is not None else []
+        gaps += [{**gap, "run": run} for gap in self.gaps]
+        return KafkaPosition(topic=topic, next_offsets=offsets, gaps=gaps)
+
+
+def plan_read(source: KafkaSource, position: KafkaPosition | None, offsets: TopicOffsets) -> KafkaRead:
+    """Which offsets a run reads (module docstring): from ``position`` (None: a new store) to
+    the end offsets the broker reported. Raises ``KafkaSourceError`` for a recreated topic and
+    for offsets lost to retention (unless the source allows gaps)."""
+    known = position.next_offsets if position is not None else {}
+    if known and max(known) >= offsets.partitions:
+        raise KafkaSourceError(
+            f"topic {source.topic} has {offsets.partitions} partition(s) but the store has read partition "
+            f"{max(known)}: was the topic deleted and created again? Ingest it into a new store")
+    ranges: dict[int, tuple[int, int]] = {}
+    gaps: list[dict[str, int]] = []
+    lost: list[str] = []
+    for p in range(offsets.partitions):
+        earliest, end = offsets.earliest[p], offsets.end[p]
+        if p in known:
+            start = known[p]
+        elif position is None and source.starting_offsets == "latest":
+            start = end
+        else:  # a new store from the earliest offset, or a partition added to the topic later
+            start = earliest
+        if start > end:
+            raise KafkaSourceError(
+                f"topic {source.topic} partition {p} ends at offset {end} but the store has read up to offset "
+                f"{start}: was the topic deleted and created again? Ingest it into a new store")
+        if start < earliest:
+            gaps.append({"partition": p, "from": start, "to": earliest})
+            lost.append(f"partition {p} offsets [{start}, {earliest})")
+            start = earliest
+        ranges[p] = (start, end)
+    if lost and not source.allow_offset_gaps:
+        raise KafkaSourceError(
+            f"topic {source.topic}: records the store had not read yet were deleted by the topic's retention: "
+            f"{'; '.join(lost)}. Rerun with --allow-offset-gaps (pipeline: allow_offset_gaps: true) to record "
+            "the gap and read on")
+    return KafkaRead(partitions=offsets.partitions, ranges=ranges, gaps=gaps)
+
+
+def read_report(source: KafkaSource, read: KafkaRead) -> dict[str, Any]:
+    """The run report's ``kafka`` member: what the run read (docs/contract.md)."""
+    return {"topic": source.topic, "partitions": read.partitions,
+            "offsets": {str(p): [start, end] for p, (start, end) in sorted(read.ranges.items())},
+            "gaps": read.gaps}
+
+
+def describe_read(source: KafkaSource, read: KafkaRead) -> str:
+    records = sum(max(0, end - start) for start, end in read.ranges.values())
+    return f"{source.name} offsets {read.ranges} (at most {records} record(s))"
+
+
+# ---------------------------------------------------------------- the broker, through the JVM
+def _java_error(exc: BaseException) -> str:
+    """The Java exception's class and message, one line (no py4j traceback)."""
+    java = getattr(exc, "java_exception", None)
+    if java is not None:
+        return f"{java.getClass().getName()}: {java.getMessage()}"
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+_KAFKA_ERROR = re.compile(r"(org\.apache\.kafka\.[\w.]*(?:Exception|Error)[^\n]*)")
+
+
+def reading_failed(source: KafkaSource, exc: BaseException) -> KafkaSourceError | None:
+    """The run's error when Spark's read of the topic failed because of Kafka (the broker went
+    away, records vanished): one line naming the source and Kafka's own error, not the Java
+    stack trace. None for any other failure."""
+    found = _KAFKA_ERROR.findall(str(exc))
+    if not found:
+        return None
+    return KafkaSourceError(f"reading {source.name} from {source.bootstrap} failed: {found[-1].strip()}")
+
+
+def topic_offsets(spark: SparkSession, source: KafkaSource) -> TopicOffsets:
+    """Partition count, earliest and end offsets of the topic, asked with the Java Kafka
+    client (the one Spark's source uses, with the same settings). Raises ``KafkaSourceError``
+    when the broker does not answer or the topic does not exist."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    props = jvm.java.util.Properties()
+    deserializer = "org.apache.kafka.common.serialization.ByteArrayDeserializer"
+    for name, value in [*CLIENT_TIMEOUTS.items(), *source.client_options().items()]:
+        props.setProperty(name, value)
+    for name, value in (("key.deserializer", deserializer), ("value.deserializer", deserializer),
+                        ("enable.auto.commit", "false"), ("client.id", "versiq-metadata")):
+        props.setProperty(name, value)
+    timeout = jvm.java.time.Duration.ofSeconds(METADATA_TIMEOUT_S)
+    try:
+        consumer = jvm.org.apache.kafka.clients.consumer.KafkaConsumer(props)
+    except Exception as exc:  # noqa: BLE001 - a bad setting: the client's own message
+        raise KafkaSourceError(f"cannot create a Kafka client for {source.bootstrap}: {_java_error(exc)}") from None
+    try:
+        try:
+            infos = consumer.listTopics(timeout)
+        except Exception as exc:  # noqa: BLE001 - broker down, DNS, auth: one line
+            raise KafkaSourceError(
+                f"cannot reach Kafka at {source.bootstrap} (topic {source.topic}): {_java_error(exc)}") from None
+        if not infos.containsKey(source.topic):
+            raise KafkaSourceError(f"topic {source.topic} does not exist on {source.bootstrap}")
+        parts = sorted(int(info.partition()) for info in infos.get(source.topic))
+        if parts != list(range(len(parts))):
+            raise KafkaSourceError(f"topic {source.topic}: unexpected partition numbers {parts}")
+        wanted = jvm.java.util.ArrayList()
+        for p in parts:
+            wanted.add(jvm.org.apache.kafka.common.TopicPartition(source.topic, p))
+        try:
+            earliest = consumer.beginningOffsets(wanted, timeout)
+            end = consumer.endOffsets(wanted, timeout)
+        except Exception as exc:  # noqa: BLE001
+            raise KafkaSourceError(
+                f"cannot read the offsets of topic {source.topic} at {source.bootstrap}: {_java_error(exc)}") from None
+
+        def offsets(found: Any) -> dict[int, int]:
+            return {int(tp.partition()): int(found.get(tp)) for tp in found.keySet()}
+
+        return TopicOffsets(partitions=len(parts), earliest=offsets(earliest), end=offsets(end))
+    finally:
+        consumer.close()
+
+
+# ---------------------------------------------------------------- reading the records
+def _reader_options(source: KafkaSource) -> dict[str, str]:
+    options = {f"kafka.{name}": value for name, value in CLIENT_TIMEOUTS.items()}
+    options.update({f"kafka.{name}": value for name, value in source.client_options().items()})
+    return options
+
+
+def read_records(spark: SparkSession, source: KafkaSource, read: KafkaRead, max_timestamp: int | None) -> DataFrame:
+    """The run's records as ``order.RUN_SCHEMA`` rows (each parsed by ``records.kafka_rows``),
+    read by Spark's Kafka source from exactly ``read.ranges``.
+
+    ``seq`` is ``(partition << 40) | (offset - start)``: the partition plays the part a file
+    plays for file sources, and every record carries its offset, so a partition's processing
+    order is offset order (rule 20). ``raw`` is kept for every record (a record rejected later
+    cannot be read again from a file)."""
+    ranges = {p: r for p, r in read.ranges.items() if r[0] < r[1]}
+    if not ranges:
+        return spark.createDataFrame([], from_arrow_schema(RUN_SCHEMA))
+    for p, (start, end) in ranges.items():
+        if end - start > MAX_POS:
+            raise KafkaSourceError(f"topic {source.topic} partition {p}: {end - start} records in one run; at most "
+                                   f"{MAX_POS}")
+    topic = source.topic
+    reader = (spark.read.format("kafka")
+              .option("assign", json.dumps({topic: sorted(ranges)}))
+              .option("startingOffsets", json.dumps({topic: {str(p): s for p, (s, _e) in ranges.items()}}))
+              .option("endingOffsets", json.dumps({topic: {str(p): e for p, (_s, e) in ranges.items()}}))
+              # records the run planned to read were deleted meanwhile: fail, the rerun decides
+              .option("failOnDataLoss", "true")
+              .option("kafkaConsumer.pollTimeoutMs", str(POLL_TIMEOUT_MS))
+              .option("fetchOffset.numRetries", str(FETCH_OFFSET_RETRIES)))
+    for name, value in _reader_options(source).items():
+        reader = reader.option(name, value)
+    frame = reader.load().select(
+        "key", "value", F.col("partition").cast("int").alias("partition"), "offset",
+        F.unix_millis(F.col("timestamp")).alias("timestamp"))
+    starts = {p: s for p, (s, _e) in ranges.items()}
+    fmt, name = source.format, source.name
+
+    def parse(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            if batch.num_rows:
+                yield _with_kafka_order(parse_kafka(batch, fmt, name, max_timestamp), starts)
+
+    return frame.mapInArrow(parse, from_arrow_schema(RUN_SCHEMA))
+
+
+def _with_kafka_order(batch: pa.RecordBatch, starts: dict[int, int]) -> pa.RecordBatch:
+    """A ``PARSED_SCHEMA`` batch of Kafka records as ``RUN_SCHEMA`` (``read_records``)."""
+    part = batch.column(PARSED_SCHEMA.get_field_index("part"))
+    offset = batch.column(PARSED_SCHEMA.get_field_index("offset"))
+    base = pa.array([starts[p] for p in part.to_pylist()], pa.int64())
+    seq = pc.add(pc.shift_left(part.cast(pa.int64()), pa.scalar(POS_BITS, pa.int64())), pc.subtract(offset, base))
+    columns = [batch.column(PARSED_SCHEMA.get_field_index(name)) for name in RUN_SCHEMA.names[1:-1]]
+    return pa.RecordBatch.from_arrays([seq, *columns, pa.nulls(batch.num_rows, pa.int64())], schema=RUN_SCHEMA)
+
+
+def trigger_frame(spark: SparkSession, source: KafkaSource) -> DataFrame:
+    """A streaming frame that has a micro-batch whenever records land in the topic (continuous
+    mode, ``ingest.continuous``): only *when* to run; what a run reads is the store's position."""
+    reader = (spark.readStream.format("kafka").option("subscribe", source.topic)
+              .option("startingOffsets", "earliest").option("failOnDataLoss", "false"))
+    for name, value in _reader_options(source).items():
+        reader = reader.option(name, value)
+    return reader.load().select(F.col("topic").alias("path"))

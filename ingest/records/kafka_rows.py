@@ -1,0 +1,472 @@
+"""Kafka records as parsed rows: one Arrow batch of Kafka records (``KAFKA_INPUT_SCHEMA``: the
+key and value bytes, partition, offset and record timestamp) becomes one batch of
+``PARSED_SCHEMA`` rows, one row per record in the same order; nothing is dropped here.
+
+The mapping (how a Kafka record becomes a versiq record):
+
+- **Position.** ``pos`` and ``offset`` are the record's offset and ``part`` its partition, so
+  the ordering rules of files (rule 20, offsets increase per partition) hold for topics as they
+  are. ``source`` is the caller's name for the topic (such as ``kafka:prices``).
+- **raw** is set on every row, records included: a Kafka record cannot be read again from a file
+  the way ``files.raw_texts`` re-reads a file's lines, so the row carries its own text. It is
+  the compact JSON object ``{"key": <text>, "value": <text>}`` of the UTF-8 texts of the bytes
+  (null for null bytes); bytes that are not valid UTF-8 are given as ``"keyBase64"`` /
+  ``"valueBase64"`` (standard base64) instead, so raw always gives back the exact bytes.
+- **Key.** The key bytes as UTF-8 text. A null key, bytes that are not UTF-8, and the empty key
+  are ``bad_key`` (unlike a file's empty ``key``, which is ``missing_field``: a Kafka record
+  always has the key slot, so the key is wrong rather than missing). With ``debezium`` the key
+  bytes are JSON, the connector's key struct, with or without the JSON converter's schema
+  envelope (``{"schema": ..., "payload": {...}}``): the key is the compact text of that object
+  (member order kept), or with ``key_field`` the value of that one member (a string as it is,
+  an integer as its decimal text; anything else is ``bad_key``). Key JSON that does not parse
+  or is not an object is ``bad_key``. The key size limit and the Unicode check of every format
+  apply (``batch.Batcher``).
+- **Value.** ``json``: UTF-8 JSON text, parsed strictly and stored compact, like a file's value
+  column; text that is not UTF-8 or not JSON is ``bad_value``. A null value is a tombstone (the
+  compacted-topic convention), and so is the JSON text ``null``: a JSON null value is a
+  tombstone in every file format (an absent or null ``value`` in JSON Lines, ``null`` in a CSV
+  or Parquet value column), and one rule for all inputs is worth more than telling two nulls
+  apart. ``string``: the UTF-8 text stored as a JSON string (the empty text is the JSON string
+  ``""``, not a tombstone); a null value is a tombstone; bytes that are not UTF-8 are
+  ``bad_value``. ``debezium``: see below.
+- **Timestamp.** The Kafka record timestamp; a negative one (Kafka's -1: the producer set none)
+  or a null one is ``bad_timestamp``. With ``timestamp_field`` (a dotted path such as
+  ``meta.ts``: every dot separates two member names) the timestamp is read from the value
+  instead, by the rules of a file's ``timestamp`` (``fields.timestamp_from_json``: epoch ms or
+  an RFC 3339 instant); a path that is not there or ends at null is ``missing_field``. A
+  tombstone has no value to read a field from, so it takes the Kafka record timestamp (a
+  compacted topic's deletes must stay possible); a Debezium delete takes the envelope's.
+- **Debezium** (``value_format="debezium"``, the JSON converter, with or without its schema
+  envelope; the envelope is recognised as an object of exactly the members ``schema`` and
+  ``payload``, ``schema`` an object or null). Operations ``c`` (create), ``r`` (snapshot read)
+  and ``u`` (update) store the compact text of the ``after`` row, which must be an object; ``d``
+  (delete) is a tombstone. Any other ``op`` (``t`` truncate, ``m`` message) is ``bad_value``: it
+  is not the change of one key. The timestamp is the envelope's ``ts_ms`` (when the connector
+  processed the change) or, with ``debezium_timestamp="source.ts_ms"``, the source block's
+  (when the database made it); missing, it is ``missing_field``. ``timestamp_field`` reads the
+  ``after`` row instead (for ``c``, ``r``, ``u``; a delete has no ``after`` row and keeps the
+  envelope's timestamp: the last row's own time would put the delete at the time of the version
+  it deletes). The field must be epoch ms or RFC 3339 text: connectors' microsecond types
+  (Postgres ``MicroTimestamp``) are read as milliseconds, far in the future, which the
+  ``max_future`` guard then refuses. A null value (the tombstone Debezium writes after each
+  delete for log compaction) is neither a record nor a rejection: its row has reason
+  ``SKIPPED`` and raw set, and the caller counts and drops it (the ``d`` event before it
+  already deleted the key). The JSON text ``null`` is not such a message: it is ``bad_value``.
+- **Size.** Key and value bytes over 1 MiB together are ``too_large`` (the record limit of every
+  format, ``MAX_RECORD_BYTES``).
+- **max_timestamp.** After parsing, ``files.refuse_future``: records stamped later are
+  ``bad_timestamp``, exactly as for files.
+
+When several rules fail, the first in this order decides: size, key, value, timestamp; for
+Debezium the value (and its timestamp) comes before the key, since a truncate event has a null
+key and its op is the reason to give.
+
+Every value and key takes a fast path when its bytes are already canonical compact JSON (orjson
+re-serialises them to exactly the same bytes; the general path then gives the same outcome and
+is skipped); anything else takes the strict general path, which words every rejection.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable
+from dataclasses import dataclass
+from json.encoder import encode_basestring
+from typing import Any
+
+import orjson
+import pyarrow as pa
+
+from versiq.ingest.records.batch import Batcher
+from versiq.ingest.records.fields import Reject, timestamp_from_json
+from versiq.ingest.records.files import refuse_future
+from versiq.ingest.records.jsonvalue import RawInt, compact, strict_loads
+from versiq.ingest.records.schema import MAX_RECORD_BYTES
+from versiq.timestamps import MAX_TIMESTAMP, TimestampError, parse_timestamp
+
+#: The ``reason`` of a Debezium delete marker's row: not in ``versiq.layout.REJECT_REASONS``, since
+#: such a row is not a rejection; the caller counts and drops it.
+SKIPPED = "skipped_delete_marker"
+SKIPPED_DETAIL = ("the null-value message Debezium writes after a delete (the preceding 'd' event "
+                  "already deleted the key)")
+
+VALUE_FORMATS = ("json", "string", "debezium")
+DEBEZIUM_TIMESTAMPS = ("ts_ms", "source.ts_ms")
+
+#: The columns ``parse_kafka`` reads (Spark's Kafka source, its timestamp as epoch ms).
+KAFKA_INPUT_SCHEMA = pa.schema(
+    [
+        pa.field("key", pa.binary()),
+        pa.field("value", pa.binary()),
+        pa.field("partition", pa.int32()),
+        pa.field("offset", pa.int64()),
+        pa.field("timestamp", pa.int64()),
+    ]
+)
+
+_ROW_OPS = ("c", "r", "u")
+_OTHER_OPS = {"t": "truncate", "m": "message"}
+
+# Bound once: the per-record loop avoids attribute lookups.
+_loads = orjson.loads
+_dumps = orjson.dumps
+_JSONDecodeError = orjson.JSONDecodeError
+_b64encode = base64.b64encode
+_SLOW: Any = object()  # "not canonical: take the general path"
+
+
+@dataclass(frozen=True)
+class KafkaFormat:
+    """How a topic's records map to versiq records (the module docstring has the rules).
+
+    ``value_format``: ``json``, ``string`` or ``debezium``. ``timestamp_field``: a dotted path into
+    the JSON value (for ``debezium``, into the ``after`` row) to take the timestamp from instead
+    of the Kafka record's. ``debezium_timestamp``: ``ts_ms`` (the envelope's) or ``source.ts_ms``
+    (the source block's). ``key_field``: with ``debezium``, one member of the key struct as the
+    key instead of the struct's compact JSON text."""
+
+    value_format: str = "json"
+    timestamp_field: str | None = None
+    debezium_timestamp: str = "ts_ms"
+    key_field: str | None = None
+
+    def validate(self) -> None:
+        """Refuse settings that cannot mean anything, before any record is read (ValueError)."""
+        if self.value_format not in VALUE_FORMATS:
+            raise ValueError(f"value_format {self.value_format!r} is not one of 'json', 'string', 'debezium'")
+        if self.timestamp_field is not None:
+            if self.value_format == "string":
+                raise ValueError("timestamp_field needs JSON values: with value_format 'string' the value is "
+                                 "stored as text and has no fields")
+            if "" in self.timestamp_field.split("."):
+                raise ValueError(f"timestamp_field {self.timestamp_field!r} is not a dotted path of member "
+                                 "names such as 'updated_at' or 'meta.ts'")
+        if self.value_format != "debezium":
+            if self.debezium_timestamp != "ts_ms":
+                raise ValueError(f"debezium_timestamp {self.debezium_timestamp!r} applies to value_format "
+                                 f"'debezium' only, not {self.value_format!r}")
+            if self.key_field is not None:
+                raise ValueError(f"key_field applies to value_format 'debezium' only, not {self.value_format!r}: "
+                                 "other keys are the key bytes as text")
+        if self.debezium_timestamp not in DEBEZIUM_TIMESTAMPS:
+            raise ValueError(f"debezium_timestamp {self.debezium_timestamp!r} is not 'ts_ms' (the envelope's) "
+                             "or 'source.ts_ms' (the source block's)")
+        if self.key_field == "":
+            raise ValueError("key_field is empty: name one member of the Debezium key")
+
+
+def parse_kafka(batch: pa.RecordBatch, fmt: KafkaFormat, source: str, max_timestamp: int | None = None,
+                *, fast: bool = True) -> pa.RecordBatch:
+    """One ``PARSED_SCHEMA`` row per record of ``batch`` (columns of ``KAFKA_INPUT_SCHEMA``), in
+    order: a record, a rejection, or (Debezium's delete markers) a ``SKIPPED`` row.
+
+    ``max_timestamp``: records stamped later become ``bad_timestamp`` (``files.refuse_future``).
+    ``fast``: try the canonical-JSON fast path first (tests turn it off to compare)."""
+    fmt.validate()
+    rules = _Rules(fmt, fast)
+    key_of, value_of, debezium = rules.key, rules.value, fmt.value_format == "debezium"
+    out = Batcher(source)
+    columns = [batch.column(name).to_pylist() for name in KAFKA_INPUT_SCHEMA.names]
+    for key_b, value_b, part, offset, kts in zip(*columns, strict=True):
+        try:
+            key_t = None if key_b is None else key_b.decode()
+        except UnicodeDecodeError:
+            key_t = None
+        try:
+            value_t = None if value_b is None else value_b.decode()
+        except UnicodeDecodeError:
+            value_t = None
+        raw = "{" + _member("key", key_b, key_t) + "," + _member("value", value_b, value_t) + "}"
+        if debezium and value_b is None:
+            out.reject(offset, SKIPPED, SKIPPED_DETAIL, raw, part, offset)
+            continue
+        try:
+            size = (0 if key_b is None else len(key_b)) + (0 if value_b is None else len(value_b))
+            if size > MAX_RECORD_BYTES:
+                raise Reject("too_large", f"key and value are {size} bytes together (limit 1 MiB)")
+            if debezium:  # a truncate event has no key: its op is the reason
+                value, ts = value_of(value_b, value_t, kts)
+                key = key_of(key_b, key_t)
+            else:
+                key = key_of(key_b, key_t)
+                value, ts = value_of(value_b, value_t, kts)
+        except Reject as rej:
+            out.reject(offset, rej.reason, rej.detail, raw, part, offset)
+            continue
+        out.record(offset, key, value, ts, part, offset, raw)
+    parsed = out.flush()
+    return parsed if max_timestamp is None else refuse_future(parsed, max_timestamp)
+
+
+def _member(name: str, data: bytes | None, text: str | None) -> str:
+    """One member of ``raw``: the bytes' text, null, or (not UTF-8) ``<name>Base64``."""
+    if text is not None:
+        return '"' + name + '":' + encode_basestring(text)
+    if data is None:
+        return '"' + name + '":null'
+    return '"' + name + 'Base64":"' + _b64encode(data).decode("ascii") + '"'
+
+
+def _canonical(data: bytes) -> Any:
+    """orjson's parse of ``data`` when ``data`` is its own canonical compact text, else ``_SLOW``.
+
+    orjson is a strict RFC 8259 parser (valid UTF-8, no NaN, nothing after the value) that keeps
+    the last of duplicate members and reads numbers as int/float; bytes that re-serialise to
+    themselves therefore have no duplicates, no whitespace, and every number's text is orjson's.
+    orjson escapes every code point exactly as ``compact`` does (``json``'s encoder with
+    ``ensure_ascii=False``; tests/ingest/test_kafka_rows.py checks all of them), so the
+    ``dumps`` of any part of the parse is that part's ``compact`` text, escapes included."""
+    try:
+        obj = _loads(data)
+        if _dumps(obj) == data:
+            return obj
+    except (_JSONDecodeError, TypeError):  # TypeError: orjson's dumps nests less deeply than loads
+        pass
+    return _SLOW
+
+
+def _fast_timestamp(obj: Any, path: tuple[str, ...]) -> int | None:
+    """The timestamp at ``path`` of an orjson parse when it is plainly valid, else None (the
+    general path then decides and words the rejection)."""
+    for name in path:
+        if type(obj) is not dict:
+            return None
+        obj = obj.get(name)
+    if type(obj) is int:
+        return obj if 0 <= obj <= MAX_TIMESTAMP else None
+    if type(obj) is str:
+        try:
+            return parse_timestamp(obj)
+        except TimestampError:
+            return None
+    return None
+
+
+def _unwrap(obj: Any) -> tuple[Any, bool]:
+    """(the payload, whether it was in the JSON converter's schema envelope)."""
+    if (type(obj) is dict and len(obj) == 2 and "payload" in obj and "schema" in obj
+            and (obj["schema"] is None or type(obj["schema"]) is dict)):
+        return obj["payload"], True
+    return obj, False
+
+
+def _timestamp_at(obj: Any, path: tuple[str, ...], where: str) -> int:
+    """The timestamp at ``path`` of a strict parse, by the rules of a file's ``timestamp``."""
+    for depth, name in enumerate(path):
+        if not isinstance(obj, dict):
+            parent = ".".join(path[:depth])
+            raise Reject("missing_field", f"missing field '{'.'.join(path)}' in {where} ('{parent}' is "
+                         f"{_kind(obj)}, not a JSON object)")
+        if name not in obj:
+            raise Reject("missing_field", f"missing field '{'.'.join(path)}' in {where}")
+        obj = obj[name]
+    return _timestamp_of(obj, ".".join(path), where)
+
+
+def _timestamp_of(value: Any, name: str, where: str) -> int:
+    if value is None:
+        raise Reject("missing_field", f"field '{name}' in {where} is null")
+    try:
+        return timestamp_from_json(value, True)
+    except Reject as rej:
+        detail = (rej.detail.replace("'timestamp'", f"'{name}'") if "'timestamp'" in rej.detail
+                  else f"'{name}': {rej.detail}")
+        raise Reject(rej.reason, detail) from None
+
+
+def _kind(value: Any) -> str:
+    """What a strictly parsed JSON value is, for details (numbers are ``str`` subclasses)."""
+    if value is None:
+        return "JSON null"
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, bool):
+        return "a boolean"
+    return "a string" if type(value) is str else "a number"
+
+
+def _kafka_timestamp(ts: int | None) -> int:
+    if ts is None:
+        raise Reject("bad_timestamp", "the record has no Kafka timestamp (null)")
+    if ts < 0:
+        raise Reject("bad_timestamp", f"the Kafka record timestamp is {ts}: the record has none (Kafka writes "
+                     "-1 when the producer set no timestamp); set timestamp_field to read one from the value")
+    return ts
+
+
+def _utf8_error(data: bytes) -> str:
+    """Why ``data`` (known not to decode) is not UTF-8, for a rejection's detail."""
+    try:
+        data.decode()
+    except UnicodeDecodeError as exc:
+        return str(exc)
+    raise AssertionError("the bytes are valid UTF-8")
+
+
+def _text_key(data: bytes | None, text: str | None) -> str:
+    if data is None:
+        raise Reject("bad_key", "the record has no key (null)")
+    if text is None:
+        raise Reject("bad_key", f"the key is not valid UTF-8: {_utf8_error(data)}")
+    if not text:
+        raise Reject("bad_key", "the key is empty")
+    return text
+
+
+class _Rules:
+    """One format's key and value rules, with its settings bound once per batch."""
+
+    def __init__(self, fmt: KafkaFormat, fast: bool) -> None:
+        self.fast = fast
+        self.path = tuple(fmt.timestamp_field.split(".")) if fmt.timestamp_field else None
+        self.key_field = fmt.key_field
+        self.source_ts = fmt.debezium_timestamp == "source.ts_ms"
+        self.key: Callable[[bytes | None, str | None], str] = (
+            self.debezium_key if fmt.value_format == "debezium" else _text_key)
+        self.value: Callable[[bytes | None, str | None, int | None], tuple[str | None, int]] = {
+            "json": self.json_value, "string": self.string_value, "debezium": self.debezium_value,
+        }[fmt.value_format]
+
+    # ------------------------------------------------------------------ json and string values
+    def json_value(self, data: bytes | None, text: str | None, kts: int | None) -> tuple[str | None, int]:
+        if data is None:
+            return None, _kafka_timestamp(kts)
+        path = self.path
+        if self.fast and text is not None:
+            obj = _canonical(data)
+            if obj is not _SLOW:
+                if obj is None or path is None:
+                    return (None if obj is None else text), _kafka_timestamp(kts)
+                ts = _fast_timestamp(obj, path)
+                if ts is not None:
+                    return text, ts
+        if text is None:
+            raise Reject("bad_value", f"the value is not valid UTF-8: {_utf8_error(data)}")
+        if not text:
+            raise Reject("bad_value", "the value is empty (0 bytes), which is not JSON text (a tombstone has a "
+                         "null value)")
+        try:
+            parsed = strict_loads(text)
+        except (ValueError, RecursionError) as exc:
+            raise Reject("bad_value", f"the value is not JSON text: {exc}") from None
+        if parsed is None:
+            return None, _kafka_timestamp(kts)
+        value = compact(parsed)
+        return value, (_kafka_timestamp(kts) if path is None else _timestamp_at(parsed, path, "the value"))
+
+    def string_value(self, data: bytes | None, text: str | None, kts: int | None) -> tuple[str | None, int]:
+        if data is None:
+            return None, _kafka_timestamp(kts)
+        if text is None:
+            raise Reject("bad_value", f"the value is not valid UTF-8: {_utf8_error(data)}")
+        return encode_basestring(text), _kafka_timestamp(kts)
+
+    # ------------------------------------------------------------------ Debezium
+    def debezium_key(self, data: bytes | None, text: str | None) -> str:
+        text = _text_key(data, text)
+        assert data is not None
+        field = self.key_field
+        if self.fast:
+            obj = _canonical(data)
+            if obj is not _SLOW:
+                payload, wrapped = _unwrap(obj)
+                if type(payload) is dict:
+                    if field is None:
+                        return _dumps(payload).decode() if wrapped else text
+                    member = payload.get(field)
+                    if type(member) is str and member:
+                        return member
+                    if type(member) is int:
+                        return str(member)
+        try:
+            parsed = strict_loads(text)
+        except (ValueError, RecursionError) as exc:
+            raise Reject("bad_key", f"the key is not JSON text: {exc}") from None
+        payload, wrapped = _unwrap(parsed)
+        where = "the Debezium key's payload" if wrapped else "the Debezium key"
+        if not isinstance(payload, dict):
+            raise Reject("bad_key", f"{where} is {_kind(payload)}, not a JSON object")
+        if field is None:
+            return compact(payload)
+        if field not in payload:
+            raise Reject("bad_key", f"{where} has no field {field!r} (key_field)")
+        member = payload[field]
+        if isinstance(member, RawInt):
+            return "0" if member == "-0" else str.__str__(member)
+        if type(member) is str:
+            if not member:
+                raise Reject("bad_key", f"field {field!r} of {where} is empty")
+            return member
+        raise Reject("bad_key", f"field {field!r} of {where} must be a string or an integer, got "
+                     f"{compact(member)}")
+
+    def debezium_value(self, data: bytes | None, text: str | None, kts: int | None) -> tuple[str | None, int]:
+        assert data is not None  # parse_kafka emits null values as SKIPPED rows
+        if self.fast and text is not None:
+            done = self._fast_debezium(data)
+            if done is not None:
+                return done
+        if text is None:
+            raise Reject("bad_value", f"the value is not valid UTF-8: {_utf8_error(data)}")
+        try:
+            parsed = strict_loads(text)
+        except (ValueError, RecursionError) as exc:
+            raise Reject("bad_value", f"the value is not JSON text: {exc}") from None
+        envelope, wrapped = _unwrap(parsed)
+        if not isinstance(envelope, dict):
+            where = "the payload of the value" if wrapped else "the value"
+            raise Reject("bad_value", f"{where} is {_kind(envelope)}, not a Debezium change event (a JSON object)")
+        op = envelope.get("op")
+        if op is None:
+            raise Reject("missing_field", "missing field 'op' in the Debezium change event")
+        if op == "d":
+            return None, self._envelope_timestamp(envelope)
+        if op not in _ROW_OPS:
+            name = f" ({_OTHER_OPS[op]})" if type(op) is str and op in _OTHER_OPS else ""
+            raise Reject("bad_value", f"Debezium op {compact(op)}{name} is not the change of one row: only "
+                         "'c', 'r', 'u' and 'd' are")
+        after = envelope.get("after")
+        if after is None:
+            raise Reject("bad_value", f"Debezium op '{op}' has no 'after' row (missing or null)")
+        if not isinstance(after, dict):
+            raise Reject("bad_value", f"the 'after' row of Debezium op '{op}' is {_kind(after)}, not a JSON object")
+        value = compact(after)
+        path = self.path
+        return value, (self._envelope_timestamp(envelope) if path is None
+                       else _timestamp_at(after, path, "the Debezium 'after' row"))
+
+    def _fast_debezium(self, data: bytes) -> tuple[str | None, int] | None:
+        """The canonical, plainly valid change event's (value, timestamp); None: general path."""
+        obj = _canonical(data)
+        if obj is _SLOW:
+            return None
+        envelope, _wrapped = _unwrap(obj)
+        if type(envelope) is not dict:
+            return None
+        op = envelope.get("op")
+        if op == "d":
+            value = None
+        elif op in _ROW_OPS:
+            after = envelope.get("after")
+            if type(after) is not dict:
+                return None
+            value = _dumps(after).decode()
+            if self.path is not None:
+                ts = _fast_timestamp(after, self.path)
+                return None if ts is None else (value, ts)
+        else:
+            return None
+        ts = _fast_timestamp(envelope, ("source", "ts_ms") if self.source_ts else ("ts_ms",))
+        return None if ts is None else (value, ts)
+
+    def _envelope_timestamp(self, envelope: dict[str, Any]) -> int:
+        if self.source_ts:
+            block = envelope.get("source")
+            if not isinstance(block, dict) or "ts_ms" not in block:
+                raise Reject("missing_field", "missing field 'source.ts_ms' in the Debezium change event")
+            return _timestamp_of(block["ts_ms"], "source.ts_ms", "the Debezium change event")
+        if "ts_ms" not in envelope:
+            raise Reject("missing_field", "missing field 'ts_ms' in the Debezium change event")
+        return _timestamp_of(envelope["ts_ms"], "ts_ms", "the Debezium change event")

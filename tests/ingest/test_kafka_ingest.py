@@ -1,0 +1,460 @@
+"""Stores and streams fed by Kafka topics (issue #14), on a real single-node KRaft broker
+(``tests/support/kafka_broker.py``): the store equals the reference model fed what a consumer
+reads from the topic, partition by partition in offset order; exactly once across runs,
+crashes and a broker that goes away; offsets lost to retention; partitions added to the topic;
+Debezium change events; a pipeline mixing Kafka and files. The model is fed the records a
+real consumer reads back, so what the broker holds (not what the test meant to send) is the
+reference."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import zlib
+from typing import Any
+
+import httpx
+import pytest
+from deltalake import DeltaTable
+
+from tests.support.e2e import model_key_json, serve_engine
+from tests.support.ingest import model_versions, rejected_rows, store_versions, stream_times
+from tests.support.reference import InRecord, ReferenceStore
+from versiq.ingest.kafka import KafkaSource
+from versiq.ingest.pipeline import StoreSpec, run_ingest
+from versiq.ingest.records.kafka_rows import KafkaFormat
+from versiq.layout import read_state
+
+VERSIQ = [sys.executable, "-m", "versiq.cli"]
+H = 50  # history retention (ms) of the model tests: some records are late
+
+
+def _env() -> dict[str, str]:
+    e = dict(os.environ)
+    e["PYSPARK_PYTHON"] = sys.executable
+    e["VERSIQ_SHUFFLE_PARTITIONS"] = "2"
+    e.pop("SPARK_MASTER", None)
+    return e
+
+
+def consume(broker: Any, topic: str) -> list[dict[str, Any]]:
+    """Every record the topic holds now, as a consumer reads it (partition, offset order)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    ends = broker.end_offsets(topic)
+    starts = broker.start_offsets(topic)
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "versiq-test-reader",
+                         "enable.auto.commit": False})
+    out: list[dict[str, Any]] = []
+    try:
+        consumer.assign([TopicPartition(topic, p, starts[p]) for p in ends if ends[p] > starts[p]])
+        want = sum(ends[p] - starts[p] for p in ends)
+        deadline = time.monotonic() + 60
+        seen: dict[int, int] = {}
+        while time.monotonic() < deadline and any(seen.get(p, starts[p] - 1) < ends[p] - 1 for p in ends
+                                                  if ends[p] > starts[p]):
+            msg = consumer.poll(0.5)
+            if msg is None or msg.error():
+                continue
+            seen[msg.partition()] = msg.offset()
+            out.append({"key": msg.key(), "value": msg.value(), "partition": msg.partition(),
+                        "offset": msg.offset(), "timestamp": msg.timestamp()[1]})
+        assert len(out) <= want
+    finally:
+        consumer.close()
+    return sorted(out, key=lambda r: (r["partition"], r["offset"]))
+
+
+def model_records(records: list[dict[str, Any]]) -> list[InRecord]:
+    """Well-formed JSON-valued records as the model's input (bad keys are counted apart)."""
+    out = []
+    for r in records:
+        if r["key"] is None:
+            continue
+        try:
+            key = r["key"].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        value = None if r["value"] is None else json.dumps(json.loads(r["value"]), separators=(",", ":"),
+                                                           ensure_ascii=False)
+        out.append(InRecord(f"p{r['partition']}", r["offset"], key, value, r["timestamp"], r["partition"],
+                            r["offset"]))
+    return out
+
+
+def new_topic(broker: Any, prefix: str, partitions: int, **config: str) -> str:
+    """A fresh topic that keeps its records: the tests' timestamps are small epoch ms (1970),
+    which time-based retention would delete at its next check."""
+    return broker.new_topic(prefix, partitions=partitions, config={"retention.ms": "-1", **config})
+
+
+def _partition(key: str, partitions: int) -> int:
+    return zlib.crc32(key.encode()) % partitions
+
+
+def _changelog(rng: random.Random, n: int, partitions: int, base: int, null_key: bool = True) -> list[dict[str, Any]]:
+    """Out-of-order timestamps, tombstones, a key that changes partition, a binary key and a null
+    key (not on compacted topics: the broker refuses a record without a key there)."""
+    out: list[dict[str, Any]] = []
+    for i in range(n):
+        key = f"k{rng.randrange(12)}"
+        value = None if rng.random() < 0.15 else json.dumps({"n": i, "s": "é" * rng.randrange(3)})
+        out.append({"key": key, "value": value, "partition": _partition(key, partitions),
+                    "timestamp_ms": base + rng.randrange(400)})
+    if null_key:
+        out.append({"key": None, "value": "1", "partition": 0, "timestamp_ms": base + 5})
+    out.append({"key": b"\xff\xfe-bin", "value": "2", "partition": partitions - 1, "timestamp_ms": base + 6})
+    out.append({"key": "k1", "value": "3", "partition": (_partition("k1", partitions) + 1) % partitions,
+                "timestamp_ms": base + 7})
+    return out
+
+
+def _spec(name: str, broker: Any, topic: str, **kwargs: Any) -> StoreSpec:
+    fmt = kwargs.pop("format", KafkaFormat())
+    source = KafkaSource(bootstrap=broker.bootstrap, topic=topic, format=fmt,
+                         allow_offset_gaps=kwargs.pop("allow_offset_gaps", False))
+    return StoreSpec(name=name, source=source.name, kafka=source, max_future_ms=None, **kwargs)
+
+
+@pytest.mark.rule(19, 20, 21)
+def test_a_three_partition_topic_equals_the_model_across_runs_and_over_http(spark, kafka_broker, tmp_path):
+    rng = random.Random(14)
+    # a compacted changelog topic (the model is fed what the broker holds, compacted or not)
+    topic = new_topic(kafka_broker, "model", 3, **{"cleanup.policy": "compact", "segment.ms": "2000",
+                                                  "min.cleanable.dirty.ratio": "0.01"})
+    wh = str(tmp_path / "wh")
+    spec = _spec("prices", kafka_broker, topic, history_retention_ms=H)
+    model = ReferenceStore(history_retention_ms=H, partitions=3)
+    fed: set[tuple[int, int]] = set()
+    bad_keys = 0
+    for chunk in range(3):  # three runs, each over what was produced since the last one
+        kafka_broker.produce(topic, _changelog(rng, 40, 3, base=1_000 + 150 * chunk, null_key=False))
+        report = run_ingest(spark, wh, [spec]).stores["prices"]
+        assert report.error is None, report.error
+        held = consume(kafka_broker, topic)
+        new = [r for r in held if (r["partition"], r["offset"]) not in fed]
+        fed |= {(r["partition"], r["offset"]) for r in new}
+        counts = model.run(model_records(new))
+        bad_keys += len(new) - len(model_records(new))
+        assert report.read == len(new)
+        assert report.accepted_latest == counts.accepted_latest
+        assert report.accepted_out_of_order == counts.accepted_out_of_order
+        assert report.tombstones == counts.tombstones
+        assert {k: v for k, v in report.rejected.items() if v} == {
+            k: v for k, v in {**counts.rejected, "bad_key": counts.rejected["bad_key"] + len(new)
+                              - len(model_records(new))}.items() if v}
+        assert report.kafka is not None and report.kafka["partitions"] == 3
+    path = os.path.join(wh, "prices")
+    keys = sorted({r.key for r in model_records(consume(kafka_broker, topic))})
+    assert store_versions(path) == model_versions(model, keys)
+    assert stream_times(path) == model.stream_time
+    state = read_state(path, DeltaTable(path).version())
+    assert state.kafka is not None and state.kafka.next_offsets == kafka_broker.end_offsets(topic)
+    # a run with nothing new commits nothing
+    again = run_ingest(spark, wh, [spec]).stores["prices"]
+    assert again.run is None and again.snapshot == DeltaTable(path).version()
+    # rejected records keep topic, partition, offset and the raw bytes (base64 when not UTF-8)
+    rows = [r for r in rejected_rows(path) if r["reason"] == "bad_key"]
+    assert len(rows) == bad_keys == 3
+    assert all(r["source"] == f"kafka:{topic}" and r["offset"] is not None and r["line"] is None for r in rows)
+    raws = [json.loads(r["raw"]) for r in rows]
+    assert {"keyBase64": base64.b64encode(b"\xff\xfe-bin").decode(), "value": "2"} in raws
+    conflicts = [r for r in rejected_rows(path) if r["reason"] == "partition_conflict"]
+    assert conflicts and all(json.loads(r["raw"])["key"] == "k1" for r in conflicts)
+    # the same answers over HTTP
+    with serve_engine(wh) as (url, _engine), httpx.Client(base_url=url) as client:
+        for key in keys:
+            for as_of in (None, 1_100, 1_300, 1_500):
+                status, expected = model_key_json(model, key, as_of)
+                resp = client.get(f"/v1/stores/prices/keys/{key}", params={} if as_of is None else {"asOf": as_of})
+                assert resp.status_code == status, (key, as_of, resp.text)
+                if status == 200:
+                    body = resp.json()
+                    assert {k: body[k] for k in expected} == expected
+                else:
+                    assert resp.json()["type"].endswith(expected)
+
+
+def test_debezium_change_events_of_all_four_operations(spark, kafka_broker, tmp_path):
+    topic = new_topic(kafka_broker, "dbserver1.inventory.customers", 1)
+
+    def event(op: str, before: dict | None, after: dict | None, ts: int, schema: bool) -> str:
+        payload = {"before": before, "after": after,
+                   "source": {"version": "2.7.3.Final", "connector": "mysql", "name": "dbserver1",
+                              "ts_ms": ts - 3, "snapshot": "true" if op == "r" else "false", "db": "inventory",
+                              "table": "customers", "server_id": 223344, "file": "mysql-bin.000003", "pos": 154},
+                   "op": op, "ts_ms": ts, "transaction": None}
+        return json.dumps({"schema": {"type": "struct", "name": "dbserver1.inventory.customers.Envelope"},
+                           "payload": payload} if schema else payload)
+
+    def key(i: int) -> str:
+        return json.dumps({"schema": {"type": "struct", "fields": [{"field": "id", "type": "int32"}]},
+                           "payload": {"id": i}})
+
+    anne = {"id": 1001, "first_name": "Anne", "email": "annek@noanswer.org"}
+    sally = {"id": 1002, "first_name": "Sally", "email": "sally.thomas@acme.com"}
+    kafka_broker.produce(topic, [
+        {"key": key(1001), "value": event("r", None, anne, 1_000, True)},
+        {"key": key(1002), "value": event("r", None, sally, 1_001, False)},
+        {"key": key(1001), "value": event("u", anne, {**anne, "email": "anne@example.com"}, 2_000, True)},
+        {"key": key(1003), "value": event("c", None, {"id": 1003, "first_name": "Ed"}, 2_500, False)},
+        {"key": key(1002), "value": event("d", sally, None, 3_000, True)},
+        {"key": key(1002), "value": None},  # the tombstone Debezium writes after a delete
+        {"key": key(1003), "value": event("t", None, None, 3_500, False)},
+    ])
+    wh = str(tmp_path / "wh")
+    spec = _spec("customers", kafka_broker, topic, format=KafkaFormat(value_format="debezium", key_field="id"))
+    report = run_ingest(spark, wh, [spec]).stores["customers"]
+    assert report.error is None, report.error
+    assert report.read == 7 and report.skipped == {"skipped_delete_marker": 1}
+    assert {k: v for k, v in report.rejected.items() if v} == {"bad_value": 1}
+    assert report.tombstones == 1
+    versions = store_versions(os.path.join(wh, "customers"))
+    assert [(v.timestamp, v.value) for v in versions["1001"]] == [
+        (1_000, json.dumps(anne, separators=(",", ":"))),
+        (2_000, json.dumps({**anne, "email": "anne@example.com"}, separators=(",", ":")))]
+    assert [(v.timestamp, v.value) for v in versions["1002"]] == [
+        (1_001, json.dumps(sally, separators=(",", ":"))), (3_000, None)]
+    assert [v.timestamp for v in versions["1003"]] == [2_500]
+
+
+def test_offsets_deleted_by_retention_fail_the_run_unless_gaps_are_allowed(spark, kafka_broker, tmp_path):
+    topic = new_topic(kafka_broker, "retention", 2)
+    records = [{"key": f"k{i}", "value": str(i), "partition": i % 2, "timestamp_ms": 1_000 + i} for i in range(20)]
+    kafka_broker.produce(topic, records[:8])
+    wh = str(tmp_path / "wh")
+    spec = _spec("r", kafka_broker, topic)
+    assert run_ingest(spark, wh, [spec]).stores["r"].error is None
+    path = os.path.join(wh, "r")
+    before = DeltaTable(path).version()
+    kafka_broker.produce(topic, records[8:])
+    kafka_broker.delete_records(topic, {1: 7})  # partition 1 held offsets 0..9; the store read 0..3
+    failed = run_ingest(spark, wh, [spec]).stores["r"]
+    assert failed.error is not None and "partition 1 offsets [4, 7)" in failed.error, failed.error
+    assert DeltaTable(path).version() == before  # nothing committed
+    allowed = _spec("r", kafka_broker, topic, allow_offset_gaps=True)
+    report = run_ingest(spark, wh, [allowed]).stores["r"]
+    assert report.error is None and report.kafka is not None
+    assert report.kafka["gaps"] == [{"partition": 1, "from": 4, "to": 7}]
+    state = read_state(path, DeltaTable(path).version())
+    assert state.kafka is not None and state.kafka.gaps == [{"partition": 1, "from": 4, "to": 7, "run": 2}]
+    lost = {f"k{2 * o + 1}" for o in range(4, 7)}
+    assert set(store_versions(path)) == {f"k{i}" for i in range(20)} - lost
+
+
+def test_partitions_added_to_the_topic_get_their_own_stream_time(spark, kafka_broker, tmp_path):
+    topic = new_topic(kafka_broker, "grow", 2)
+    kafka_broker.produce(topic, [{"key": "a", "value": "1", "partition": 0, "timestamp_ms": 100_000},
+                                 {"key": "b", "value": "1", "partition": 1, "timestamp_ms": 100_000}])
+    wh = str(tmp_path / "wh")
+    spec = _spec("g", kafka_broker, topic, history_retention_ms=1_000)
+    assert run_ingest(spark, wh, [spec]).stores["g"].error is None
+    kafka_broker.add_partitions(topic, 3)
+    kafka_broker.produce(topic, [{"key": "c", "value": "1", "partition": 2, "timestamp_ms": 5},  # own stream time
+                                 {"key": "a", "value": "2", "partition": 2, "timestamp_ms": 100_001},
+                                 {"key": None, "value": "3", "partition": 2, "timestamp_ms": 100_002}])
+    report = run_ingest(spark, wh, [spec]).stores["g"]
+    assert report.error is None, report.error
+    assert report.accepted_latest == 1 and report.rejected["partition_conflict"] == 1
+    assert report.rejected["bad_key"] == 1
+    path = os.path.join(wh, "g")
+    # `versiq rejected` shows where in the topic each rejected record was, with its raw bytes
+    listed = subprocess.run([*VERSIQ, "rejected", "--warehouse", wh, "--store", "g"], env=_env(),
+                            capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    rows = sorted((json.loads(line) for line in listed.stdout.splitlines()), key=lambda r: r["offset"])
+    assert [(r["reason"], r["source"], r["partition"], r["offset"]) for r in rows] == [
+        ("partition_conflict", f"kafka:{topic}", 2, 1), ("bad_key", f"kafka:{topic}", 2, 2)]
+    assert json.loads(rows[1]["raw"]) == {"key": None, "value": "3"}
+    table = subprocess.run([*VERSIQ, "rejected", "--warehouse", wh, "--store", "g", "--format", "table"],
+                           env=_env(), capture_output=True, text=True, timeout=120)
+    assert table.returncode == 0 and "partition 2 offset 2" in table.stdout, table.stderr
+    assert stream_times(path) == {0: 100_000, 1: 100_000, 2: 5}
+    with serve_engine(wh) as (url, _engine), httpx.Client(base_url=url) as client:
+        assert client.get("/v1/stores/g").json()["partitions"] == 3
+        assert client.get("/v1/stores/g/keys/c").json()["timestamp"] == 5
+
+
+def _run_until(args: list[str], marker: str | None, delay: float) -> int:
+    """Start ``versiq ingest``; SIGKILL its process group ``delay`` s after ``marker`` appears
+    in its log (or after start); returns the exit status (negative: killed)."""
+    proc = subprocess.Popen([*VERSIQ, *args, "--log-level", "info"], env=_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+    assert proc.stderr is not None
+    try:
+        if marker is not None:
+            for line in proc.stderr:
+                if marker in line:
+                    break
+        time.sleep(delay)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        return proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.stderr.close()
+
+
+def _same_store(path: str, reference: str) -> None:
+    assert store_versions(path) == store_versions(reference)
+    assert stream_times(path) == stream_times(reference)
+    assert (read_state(path, DeltaTable(path).version()).kafka
+            == read_state(reference, DeltaTable(reference).version()).kafka)
+    by = lambda r: (r["partition"], r["offset"], r["reason"])  # noqa: E731
+    committed = read_state(path, DeltaTable(path).version()).run
+    assert sorted(map(by, (r for r in rejected_rows(path) if r["run"] <= committed))) == \
+        sorted(map(by, rejected_rows(reference)))
+
+
+@pytest.mark.slow
+def test_sigkill_at_several_moments_then_rerun_equals_an_uninterrupted_run(spark, kafka_broker, tmp_path):
+    rng = random.Random(99)
+    topic = new_topic(kafka_broker, "crash", 3)
+    kafka_broker.produce(topic, _changelog(rng, 300, 3, base=10_000))
+    reference = str(tmp_path / "ref")
+    assert run_ingest(spark, reference, [_spec("c", kafka_broker, topic, history_retention_ms=H)]).stores["c"].error \
+        is None
+    ref = os.path.join(reference, "c")
+    # moments: during start-up, while reading the topic, between the side tables and the store commit
+    moments = [(None, 4.0 + rng.random() * 4), ("run 1 over", rng.random()), ("committing run 1", 0.0)]
+    for i, (marker, delay) in enumerate(moments):
+        wh = str(tmp_path / f"wh{i}")
+        args = ["ingest", "--warehouse", wh, "--store", "c", "--kafka-bootstrap", kafka_broker.bootstrap,
+                "--topic", topic, "--history-retention", str(H), "--max-future", "none"]
+        _run_until(args, marker, delay)
+        rerun = subprocess.run([*VERSIQ, *args], env=_env(), capture_output=True, text=True, timeout=300)
+        assert rerun.returncode == 0, rerun.stderr
+        _same_store(os.path.join(wh, "c"), ref)
+
+
+@pytest.mark.slow
+def test_the_broker_going_away_mid_run_never_leaves_a_partial_commit(spark, kafka_broker, tmp_path):
+    rng = random.Random(7)
+    topic = new_topic(kafka_broker, "outage", 2)
+    kafka_broker.produce(topic, _changelog(rng, 200, 2, base=10_000))
+    reference = str(tmp_path / "ref")
+    assert run_ingest(spark, reference, [_spec("o", kafka_broker, topic)]).stores["o"].error is None
+    wh = str(tmp_path / "wh")
+    args = [*VERSIQ, "ingest", "--warehouse", wh, "--store", "o", "--kafka-bootstrap", kafka_broker.bootstrap,
+            "--topic", topic, "--max-future", "none", "--log-level", "info"]
+    proc = subprocess.Popen(args, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, text=True)
+    assert proc.stderr is not None
+    try:
+        for line in proc.stderr:
+            if "run 1 over" in line:  # it has asked the broker for offsets and starts reading
+                kafka_broker.stop()
+                break
+        rest = proc.stderr.read()
+        code = proc.wait(timeout=300)
+    finally:
+        kafka_broker.ensure_running()
+    path = os.path.join(wh, "o")
+    if code != 0:  # failed cleanly: no store commit at all
+        assert "FAILED" in rest or "error" in rest.lower(), rest
+        assert not os.path.isdir(os.path.join(path, "_delta_log"))
+    rerun = subprocess.run(args, env=_env(), capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    _same_store(path, os.path.join(reference, "o"))
+
+
+def test_a_pipeline_mixes_kafka_and_file_sources_with_derived_tables(spark, kafka_broker, tmp_path):
+    from versiq.ingest.config import load_config
+    from versiq.ingest.run import run_pipeline
+
+    orders = new_topic(kafka_broker, "orders", 2)
+    clicks = new_topic(kafka_broker, "clicks", 1)
+    kafka_broker.produce(orders, [{"key": f"o{i}", "value": json.dumps({"customer": f"c{i % 2}", "amount": i}),
+                                   "partition": i % 2, "timestamp_ms": 1_000 + i} for i in range(6)])
+    kafka_broker.produce(clicks, [{"key": "c0", "value": None, "timestamp_ms": 1_500},
+                                  {"key": "c1", "value": '"home"', "timestamp_ms": 1_600}])
+    src = tmp_path / "customers"
+    src.mkdir()
+    (src / "a.jsonl").write_text("".join(json.dumps({"key": f"c{i}", "value": {"name": f"N{i}"}, "timestamp": 500})
+                                         + "\n" for i in range(2)))
+    config = tmp_path / "pipeline.yaml"
+    config.write_text(f"""
+stores:
+  - name: orders
+    source: {{kafka: {{bootstrap: "{kafka_broker.bootstrap}", topic: {orders}}}}}
+    max_future: none
+  - name: customers
+    source: customers/
+streams:
+  - name: clicks
+    source:
+      kafka: {{bootstrap: "{kafka_broker.bootstrap}", topic: {clicks}, value_format: json}}
+    max_future: none
+tables:
+  - name: big_orders
+    from: orders
+    filter: "value.amount > 2"
+""")
+    wh = str(tmp_path / "wh")
+    pipeline = load_config(str(config), wh)
+    report = run_pipeline(spark, wh, pipeline)
+    assert not report.failed, report.to_json()
+    assert report.stores["orders"].read == 6 and report.stores["customers"].read == 2
+    assert report.streams["clicks"].appended == 2 and report.streams["clicks"].kafka is not None
+    def live(table: str) -> set[str]:  # a filter emits a tombstone for a record it drops (rule 13)
+        return {k for k, vs in store_versions(os.path.join(wh, table)).items() if vs[-1].value is not None}
+
+    assert live("big_orders") == {"o3", "o4", "o5"}
+    kafka_broker.produce(orders, [{"key": "o9", "value": json.dumps({"customer": "c0", "amount": 9}),
+                                   "partition": 1, "timestamp_ms": 2_000}])
+    again = run_pipeline(spark, wh, pipeline)
+    assert not again.failed and again.stores["orders"].read == 1 and again.streams["clicks"].run is None
+    assert live("big_orders") == {"o3", "o4", "o5", "o9"}
+
+
+@pytest.mark.slow
+def test_continuous_mode_makes_produced_records_visible_while_serving(kafka_broker, tmp_path):
+    topic = new_topic(kafka_broker, "live", 2)
+    kafka_broker.produce(topic, [{"key": "a", "value": "1", "timestamp_ms": 1_000}])
+    wh = str(tmp_path / "wh")
+    proc = subprocess.Popen(
+        [*VERSIQ, "ingest", "--warehouse", wh, "--store", "live", "--kafka-bootstrap", kafka_broker.bootstrap,
+         "--topic", topic, "--continuous", "--trigger-interval", "500ms", "--max-future", "none"],
+        env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not os.path.isdir(os.path.join(wh, "live", "_delta_log")):
+            assert proc.poll() is None and time.monotonic() < deadline, "the first run did not commit"
+            time.sleep(0.5)
+        with serve_engine(wh, refresh_interval_s=0.5) as (url, _engine), httpx.Client(base_url=url) as client:
+            for i, key in enumerate(("b", "c")):
+                kafka_broker.produce(topic, [{"key": key, "value": str(i), "timestamp_ms": 2_000 + i}])
+                deadline = time.monotonic() + 120
+                while client.get(f"/v1/stores/live/keys/{key}").status_code != 200:
+                    assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+                    assert time.monotonic() < deadline, f"{key} did not become visible"
+                    time.sleep(0.3)
+            assert client.get("/v1/stores/live/keys/a").json()["value"] == 1
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    assert code == 0, proc.stderr.read() if proc.stderr else ""
+
+
+def test_kafka_usage_errors_exit_2_before_any_spark(tmp_path):
+    wh = str(tmp_path / "wh")
+    cases = [
+        (["--store", "s", "--kafka-bootstrap", "127.0.0.1:1"], "--kafka-bootstrap and --topic"),
+        (["--store", "s", "--kafka-bootstrap", "127.0.0.1:1", "--topic", "t", "--source", "x"], "not both"),
+        (["--store", "s", "--kafka-bootstrap", "127.0.0.1:1", "--topic", "t", "--partitions", "3"], "topic's"),
+    ]
+    for extra, message in cases:
+        result = subprocess.run([*VERSIQ, "ingest", "--warehouse", wh, *extra], env=_env(), capture_output=True,
+                                text=True, timeout=60)
+        assert result.returncode == 2 and message in result.stderr, (extra, result.stderr)

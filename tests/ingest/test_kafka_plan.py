@@ -1,0 +1,84 @@
+"""Which offsets a run reads from a topic (``ingest.kafka.plan_read``), without a broker: the
+position a store committed, new stores and partitions, offsets lost to retention, a recreated
+topic; and the client options (what is refused, what the environment adds, what is never shown)."""
+
+from __future__ import annotations
+
+import pytest
+
+from versiq.ingest.errors import UsageError
+from versiq.ingest.kafka import KafkaSource, KafkaSourceError, TopicOffsets, plan_read
+from versiq.layout import KafkaPosition, StoreState
+
+
+def _offsets(earliest: list[int], end: list[int]) -> TopicOffsets:
+    return TopicOffsets(partitions=len(end), earliest=dict(enumerate(earliest)), end=dict(enumerate(end)))
+
+
+SOURCE = KafkaSource(bootstrap="127.0.0.1:9092", topic="prices")
+
+
+def test_a_new_store_reads_from_the_earliest_offset_to_the_end() -> None:
+    read = plan_read(SOURCE, None, _offsets([0, 5, 0], [10, 7, 0]))
+    assert read.ranges == {0: (0, 10), 1: (5, 7), 2: (0, 0)}
+    assert not read.empty and read.gaps == []
+
+
+def test_a_new_store_with_latest_starts_at_the_end() -> None:
+    source = KafkaSource(bootstrap="b:1", topic="prices", starting_offsets="latest")
+    read = plan_read(source, None, _offsets([0, 0], [10, 7]))
+    assert read.ranges == {0: (10, 10), 1: (7, 7)} and read.empty
+
+
+def test_a_store_goes_on_from_its_committed_offsets_and_new_partitions_from_the_earliest() -> None:
+    position = KafkaPosition(topic="prices", next_offsets={0: 4, 1: 7})
+    read = plan_read(KafkaSource(bootstrap="b:1", topic="prices", starting_offsets="latest"), position,
+                     _offsets([0, 0, 2], [9, 7, 5]))
+    # latest applies to a new store only: a partition added later is read from its start
+    assert read.ranges == {0: (4, 9), 1: (7, 7), 2: (2, 5)}
+    after = read.position(position, "prices", run=3)
+    assert after.next_offsets == {0: 9, 1: 7, 2: 5}
+
+
+def test_offsets_lost_to_retention_fail_the_run_naming_partition_and_range() -> None:
+    position = KafkaPosition(topic="prices", next_offsets={0: 4, 1: 2})
+    with pytest.raises(KafkaSourceError, match=r"partition 1 offsets \[2, 6\)") as caught:
+        plan_read(SOURCE, position, _offsets([0, 6], [9, 8]))
+    assert "--allow-offset-gaps" in str(caught.value)
+
+
+def test_allowed_gaps_are_recorded_and_the_run_reads_on() -> None:
+    source = KafkaSource(bootstrap="b:1", topic="prices", allow_offset_gaps=True)
+    position = KafkaPosition(topic="prices", next_offsets={0: 4, 1: 2})
+    read = plan_read(source, position, _offsets([0, 6], [9, 8]))
+    assert read.ranges == {0: (4, 9), 1: (6, 8)}
+    assert read.gaps == [{"partition": 1, "from": 2, "to": 6}]
+    after = read.position(position, "prices", run=5)
+    assert after.gaps == [{"partition": 1, "from": 2, "to": 6, "run": 5}]
+    # the position survives the state's JSON (it is committed with the data)
+    state = StoreState(run=5, kafka=after)
+    assert StoreState.from_json(state.to_json()).kafka == after
+
+
+def test_a_recreated_topic_fails_the_run() -> None:
+    with pytest.raises(KafkaSourceError, match="created again"):
+        plan_read(SOURCE, KafkaPosition(topic="prices", next_offsets={0: 40}), _offsets([0], [3]))
+    with pytest.raises(KafkaSourceError, match="created again"):
+        plan_read(SOURCE, KafkaPosition(topic="prices", next_offsets={0: 1, 2: 1}), _offsets([0, 0], [3, 3]))
+
+
+def test_client_options_come_from_the_source_and_the_environment_and_managed_ones_are_refused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    source = KafkaSource(bootstrap="b:1", topic="t", options={"security.protocol": "SASL_SSL",
+                                                              "sasl.mechanism": "PLAIN"})
+    monkeypatch.setenv("VERSIQ_KAFKA_SASL_JAAS_CONFIG", "secret-jaas")
+    monkeypatch.setenv("VERSIQ_KAFKA_SASL_MECHANISM", "SCRAM-SHA-512")
+    options = source.client_options()
+    assert options == {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
+                       "sasl.jaas.config": "secret-jaas", "bootstrap.servers": "b:1"}
+    assert "secret" not in repr(source) and "SASL" not in repr(source)  # options never shown
+    with pytest.raises(UsageError, match="group.id"):
+        KafkaSource(bootstrap="b:1", topic="t", options={"group.id": "g"}).validate("store 's'")
+    monkeypatch.setenv("VERSIQ_KAFKA_ENABLE_AUTO_COMMIT", "true")
+    with pytest.raises(UsageError, match="enable.auto.commit"):
+        source.client_options()
