@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -242,8 +243,13 @@ def _ingest_topic(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, sou
     return report
 
 
+#: Writes a run's ``_rejected`` rows: (parsed, classified, state, rejected by the decisions, all rejected).
+WriteRejections = Callable[[DataFrame, DataFrame, StoreState, int, int], None]
+
+
 def _run_once(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, run: int, report: StoreReport,
-              parsed: DataFrame, per_file: bool, rejections: Any, advance: Any) -> None:
+              parsed: DataFrame, per_file: bool, rejections: WriteRejections,
+              advance: Callable[[StoreState], StoreState]) -> None:
     """Decide and commit one run over ``parsed`` (``order.RUN_SCHEMA`` rows of the new input):
     ``per_file`` collects per-file stream-time maxima (file sources of few files),
     ``rejections(parsed, classified, state, decided, total)`` writes ``_rejected``, and

@@ -24,6 +24,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from versiq.ingest.delta import commit_table, replace_run, set_description
 from versiq.ingest.errors import UsageError
+from versiq.ingest.sources import SourceError
 from versiq.layout import (
     CHANGELOG_DIR,
     CHANGELOG_SCHEMA,
@@ -202,8 +203,6 @@ def grow_partitions(spark: SparkSession, handle: StoreHandle, partitions: int) -
     partitions has its settings changed first, in a commit of their own (a crash after it leaves
     a store that already has them: the rerun finds nothing to change). Fewer partitions than the
     store has mean the topic was recreated: a ``SourceError``."""
-    from versiq.ingest.sources import SourceError
-
     if handle.table is None:
         return replace(handle, settings=replace(handle.settings, partitions=partitions))
     have = handle.settings.partitions

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
@@ -110,7 +110,7 @@ def ingest_stream(spark: SparkSession, warehouse: str, spec: StreamSpec, lock_ti
 
 
 def _append_run(handle: StoreHandle, spec: StreamSpec, run: int, report: StreamReport, parsed: DataFrame,
-                state: StoreState, rejections: Any) -> None:
+                state: StoreState, rejections: Callable[[DataFrame, StoreState, int], None]) -> None:
     """Append one run's well-formed records (``parsed``: ``order.RUN_SCHEMA``) in stream order;
     ``rejections(parsed, state, total)`` writes the rest to ``_rejected`` first."""
     report.run = run

@@ -22,6 +22,8 @@ from typing import Any
 import httpx
 import pytest
 from deltalake import DeltaTable
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.support.e2e import model_key_json, serve_engine
 from tests.support.ingest import model_versions, rejected_rows, store_versions, stream_times
@@ -125,9 +127,10 @@ def _spec(name: str, broker: Any, topic: str, **kwargs: Any) -> StoreSpec:
 @pytest.mark.rule(19, 20, 21)
 def test_a_three_partition_topic_equals_the_model_across_runs_and_over_http(spark, kafka_broker, tmp_path):
     rng = random.Random(14)
-    # a compacted changelog topic (the model is fed what the broker holds, compacted or not)
-    topic = new_topic(kafka_broker, "model", 3, **{"cleanup.policy": "compact", "segment.ms": "2000",
-                                                  "min.cleanable.dirty.ratio": "0.01"})
+    # a compacted changelog topic, not cleaned during the test (the consumer reading it back after
+    # each run must see what the run read; test_a_compacted_topic... has a cleaned one)
+    topic = new_topic(kafka_broker, "model", 3, **{"cleanup.policy": "compact",
+                                                  "min.compaction.lag.ms": str(10**12)})
     wh = str(tmp_path / "wh")
     spec = _spec("prices", kafka_broker, topic, history_retention_ms=H)
     model = ReferenceStore(history_retention_ms=H, partitions=3)
@@ -179,6 +182,81 @@ def test_a_three_partition_topic_equals_the_model_across_runs_and_over_http(spar
                     assert {k: body[k] for k in expected} == expected
                 else:
                     assert resp.json()["type"].endswith(expected)
+
+
+changelogs = st.lists(st.tuples(st.sampled_from(["a", "b", "c", "dé", "e"]), st.one_of(st.none(), st.integers(0, 9)),
+                                 st.integers(1, 300)), min_size=1, max_size=40)
+
+
+@pytest.mark.rule(2, 3, 19, 20, 21)
+@settings(max_examples=6)
+@given(records=changelogs, data=st.data())
+def test_random_changelogs_split_into_random_runs_agree_with_the_model(spark, kafka_broker, tmp_path_factory,
+                                                                       records, data):
+    """A random changelog produced to a topic in random chunks, one run after each: the store
+    equals the model fed the whole topic in one run (rule 21), counts summed over the runs too."""
+    partitions = data.draw(st.integers(1, 3), label="partitions")
+    history = data.draw(st.sampled_from([0, 20, 100]), label="history retention")
+    cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(records) - 1)), max_size=2), label="cuts"))
+    topic = new_topic(kafka_broker, "property", partitions)
+    wh = str(tmp_path_factory.mktemp("kafka-property"))
+    spec = _spec("p", kafka_broker, topic, history_retention_ms=history)
+    summed = {"read": 0, "latest": 0, "out_of_order": 0, "tombstones": 0, "late": 0}
+    for chunk in (records[a:b] for a, b in zip([0, *cuts], [*cuts, len(records)], strict=True)):
+        if not chunk:
+            continue
+        kafka_broker.produce(topic, [{"key": k, "value": None if v is None else str(v),
+                                      "partition": _partition(k, partitions), "timestamp_ms": ts}
+                                     for k, v, ts in chunk])
+        report = run_ingest(spark, wh, [spec]).stores["p"]
+        assert report.error is None, report.error
+        for name, value in (("read", report.read), ("latest", report.accepted_latest),
+                            ("out_of_order", report.accepted_out_of_order), ("tombstones", report.tombstones),
+                            ("late", report.rejected["late"])):
+            summed[name] += value
+    model = ReferenceStore(history_retention_ms=history, partitions=partitions)
+    counts = model.run(model_records(consume(kafka_broker, topic)))
+    assert summed == {"read": counts.read, "latest": counts.accepted_latest,
+                      "out_of_order": counts.accepted_out_of_order, "tombstones": counts.tombstones,
+                      "late": counts.rejected["late"]}
+    path = os.path.join(wh, "p")
+    assert store_versions(path) == model_versions(model, {k for k, _v, _t in records})
+    assert stream_times(path) == model.stream_time
+
+
+def _compacted(broker: Any, topic: str, produced: int, timeout: float = 90) -> list[dict[str, Any]]:
+    """The topic's records once the log cleaner has compacted it (fewer records than produced)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        held = consume(broker, topic)
+        if len(held) < produced:
+            return held
+        assert time.monotonic() < deadline, "the log cleaner did not compact the topic"
+        time.sleep(1)
+
+
+def test_a_compacted_topic_with_offsets_the_cleaner_removed(spark, kafka_broker, tmp_path):
+    topic = new_topic(kafka_broker, "compacted", 1, **{"cleanup.policy": "compact", "segment.ms": "100",
+                                                      "min.cleanable.dirty.ratio": "0.01",
+                                                      "delete.retention.ms": "100"})
+    records = [{"key": "first", "value": "0", "timestamp_ms": 999}]  # never updated: kept before the gap
+    records += [{"key": f"k{i % 3}", "value": None if i == 7 else str(i), "timestamp_ms": 1_000 + i}
+                for i in range(30)]
+    kafka_broker.produce(topic, records)
+    time.sleep(0.5)
+    kafka_broker.produce(topic, [{"key": "roll", "value": "0", "timestamp_ms": 2_000}])  # closes the segment
+    held = _compacted(kafka_broker, topic, len(records) + 1)
+    offsets = [r["offset"] for r in held]
+    assert offsets != list(range(offsets[0], offsets[0] + len(offsets)))  # the cleaner left gaps
+    wh = str(tmp_path / "wh")
+    report = run_ingest(spark, wh, [_spec("c", kafka_broker, topic)]).stores["c"]
+    assert report.error is None and report.read == len(held)
+    model = ReferenceStore(partitions=1)
+    model.run(model_records(held))
+    keys = {r.key for r in model_records(held)}
+    assert store_versions(os.path.join(wh, "c")) == model_versions(model, keys)
+    state = read_state(os.path.join(wh, "c"), DeltaTable(os.path.join(wh, "c")).version())
+    assert state.kafka is not None and state.kafka.next_offsets == {0: 32}
 
 
 def test_debezium_change_events_of_all_four_operations(spark, kafka_broker, tmp_path):
@@ -248,6 +326,7 @@ def test_offsets_deleted_by_retention_fail_the_run_unless_gaps_are_allowed(spark
     assert set(store_versions(path)) == {f"k{i}" for i in range(20)} - lost
 
 
+@pytest.mark.rule(19)
 def test_partitions_added_to_the_topic_get_their_own_stream_time(spark, kafka_broker, tmp_path):
     topic = new_topic(kafka_broker, "grow", 2)
     kafka_broker.produce(topic, [{"key": "a", "value": "1", "partition": 0, "timestamp_ms": 100_000},
