@@ -216,6 +216,7 @@ def main() -> None:
     result: dict = {"date": datetime.now(UTC).isoformat(timespec="seconds"),
                     "load_generator": "confluent-kafka producer (librdkafka), this process",
                     "machine": {"nproc": os.cpu_count(), "uptime_start": uptime()}}
+    shutil.rmtree(os.path.join(args.work, "kafka"), ignore_errors=True)  # a fresh broker: topics of this run only
     broker = KafkaBroker(work_dir=os.path.join(args.work, "kafka"), heap="1g").start()
     try:
         result["freshness"] = freshness(broker, args.work, args.rate, args.seconds)

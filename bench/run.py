@@ -1,10 +1,11 @@
-"""``make bench``: the ingest benchmark, the query benchmark, then the derived-tables benchmark
-(results in bench/results/).
+"""``make bench``: the ingest benchmark, the query benchmark, the derived-tables benchmark, then the
+Kafka benchmark (results in bench/results/).
 
 Arguments after ``--`` are not parsed; use the environment instead:
 ``BENCH_BIG=1`` adds the 10M-event ingest scale, ``BENCH_QUERY_KEYS`` sets the query store's
 keys (default 1,000,000; e.g. 200000 on a busy machine), ``BENCH_DERIVED_RECORDS`` the derived
-benchmark's input records (default 1,000,000, about 10 minutes on two cores).
+benchmark's input records (default 1,000,000, about 10 minutes on two cores), ``BENCH_KAFKA_KEYS``
+the Kafka benchmark's changelog keys (x 10 records; default 1,000,000, about 12 minutes).
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ def main() -> int:
              "--keys", os.environ.get("BENCH_QUERY_KEYS", "1000000")]
     derived = [sys.executable, os.path.join(HERE, "derived_bench.py"),
                "--records", os.environ.get("BENCH_DERIVED_RECORDS", "1000000")]
-    for cmd in (ingest, query, derived):
+    kafka = [sys.executable, os.path.join(HERE, "kafka_bench.py"),
+             "--keys", os.environ.get("BENCH_KAFKA_KEYS", "1000000")]
+    for cmd in (ingest, query, derived, kafka):
         print("+", " ".join(cmd), flush=True)
         rc = subprocess.call(cmd)
         if rc:

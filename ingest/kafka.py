@@ -77,6 +77,9 @@ METADATA_TIMEOUT_S = 15
 #: a run waiting about 3 minutes before it failed; with these, about 30 s.
 POLL_TIMEOUT_MS = 30_000
 FETCH_OFFSET_RETRIES = 2
+#: A run over many records splits each partition's range into Spark tasks of about this many
+#: records (Spark's ``minPartitions``), so a one-partition topic is not parsed by one core.
+RECORDS_PER_TASK = 1_000_000
 #: The Kafka clients' timeouts unless the options set them (an admin client refuses an API
 #: timeout below its request timeout).
 CLIENT_TIMEOUTS = {"default.api.timeout.ms": str(METADATA_TIMEOUT_S * 1000), "request.timeout.ms": "10000"}
@@ -85,6 +88,15 @@ CLIENT_TIMEOUTS = {"default.api.timeout.ms": str(METADATA_TIMEOUT_S * 1000), "re
 class KafkaSourceError(SourceError):
     """The broker cannot be reached, the topic is missing or changed, or offsets the store needs
     were deleted: the run fails and commits nothing (a rerun retries)."""
+
+
+def redacted(text: str, source: KafkaSource) -> str:
+    """``text`` (a Kafka client's error message) without the values of the client settings:
+    a client that refuses a setting quotes its value, which may be a secret."""
+    for name, value in source.client_options().items():
+        if name != "bootstrap.servers" and len(value) >= 3:
+            text = text.replace(value, "***")
+    return text
 
 
 @dataclass(frozen=True)
@@ -235,7 +247,8 @@ def reading_failed(source: KafkaSource, exc: BaseException) -> KafkaSourceError 
     found = _KAFKA_ERROR.findall(str(exc))
     if not found:
         return None
-    return KafkaSourceError(f"reading {source.name} from {source.bootstrap} failed: {found[-1].strip()}")
+    return KafkaSourceError(redacted(f"reading {source.name} from {source.bootstrap} failed: {found[-1].strip()}",
+                                     source))
 
 
 def topic_offsets(spark: SparkSession, source: KafkaSource) -> TopicOffsets:
@@ -255,13 +268,15 @@ def topic_offsets(spark: SparkSession, source: KafkaSource) -> TopicOffsets:
     try:
         consumer = jvm.org.apache.kafka.clients.consumer.KafkaConsumer(props)
     except Exception as exc:  # noqa: BLE001 - a bad setting: the client's own message
-        raise KafkaSourceError(f"cannot create a Kafka client for {source.bootstrap}: {_java_error(exc)}") from None
+        raise KafkaSourceError(redacted(f"cannot create a Kafka client for {source.bootstrap}: {_java_error(exc)}",
+                                        source)) from None
     try:
         try:
             infos = consumer.listTopics(timeout)
         except Exception as exc:  # noqa: BLE001 - broker down, DNS, auth: one line
-            raise KafkaSourceError(
-                f"cannot reach Kafka at {source.bootstrap} (topic {source.topic}): {_java_error(exc)}") from None
+            raise KafkaSourceError(redacted(
+                f"cannot reach Kafka at {source.bootstrap} (topic {source.topic}): {_java_error(exc)}",
+                source)) from None
         if not infos.containsKey(source.topic):
             raise KafkaSourceError(f"topic {source.topic} does not exist on {source.bootstrap}")
         parts = sorted(int(info.partition()) for info in infos.get(source.topic))
@@ -274,8 +289,9 @@ def topic_offsets(spark: SparkSession, source: KafkaSource) -> TopicOffsets:
             earliest = consumer.beginningOffsets(wanted, timeout)
             end = consumer.endOffsets(wanted, timeout)
         except Exception as exc:  # noqa: BLE001
-            raise KafkaSourceError(
-                f"cannot read the offsets of topic {source.topic} at {source.bootstrap}: {_java_error(exc)}") from None
+            raise KafkaSourceError(redacted(
+                f"cannot read the offsets of topic {source.topic} at {source.bootstrap}: {_java_error(exc)}",
+                source)) from None
 
         def offsets(found: Any) -> dict[int, int]:
             return {int(tp.partition()): int(found.get(tp)) for tp in found.keySet()}
@@ -316,6 +332,10 @@ def read_records(spark: SparkSession, source: KafkaSource, read: KafkaRead, max_
               .option("failOnDataLoss", "true")
               .option("kafkaConsumer.pollTimeoutMs", str(POLL_TIMEOUT_MS))
               .option("fetchOffset.numRetries", str(FETCH_OFFSET_RETRIES)))
+    records = sum(end - start for start, end in ranges.values())
+    tasks = max(len(ranges), spark.sparkContext.defaultParallelism, -(-records // RECORDS_PER_TASK))
+    if records >= RECORDS_PER_TASK // 10 and tasks > len(ranges):
+        reader = reader.option("minPartitions", str(tasks))
     for name, value in _reader_options(source).items():
         reader = reader.option(name, value)
     frame = reader.load().select(

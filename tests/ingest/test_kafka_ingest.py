@@ -537,3 +537,22 @@ def test_kafka_usage_errors_exit_2_before_any_spark(tmp_path):
         result = subprocess.run([*VERSIQ, "ingest", "--warehouse", wh, *extra], env=_env(), capture_output=True,
                                 text=True, timeout=60)
         assert result.returncode == 2 and message in result.stderr, (extra, result.stderr)
+
+
+def test_client_settings_are_used_and_never_logged_or_reported(kafka_broker, tmp_path):
+    """A secret given as a VERSIQ_KAFKA_* variable reaches the Kafka clients (a bad value of a
+    real setting fails the run) but appears in no log line and no report, even at debug level."""
+    topic = new_topic(kafka_broker, "secret", 1)
+    kafka_broker.produce(topic, [{"key": "a", "value": "1", "timestamp_ms": 1_000}])
+    wh, report = str(tmp_path / "wh"), tmp_path / "report.json"
+    args = [*VERSIQ, "ingest", "--warehouse", wh, "--store", "s", "--kafka-bootstrap", kafka_broker.bootstrap,
+            "--topic", topic, "--report", str(report), "--log-level", "debug"]
+    secret = "org.apache.kafka.common.security.plain.PlainLoginModule required password=\"s3cr3t-value\";"
+    ok = subprocess.run(args, env={**_env(), "VERSIQ_KAFKA_SASL_JAAS_CONFIG": secret}, capture_output=True,
+                        text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr
+    assert "s3cr3t" not in ok.stderr + ok.stdout + report.read_text()
+    bad = subprocess.run(args, env={**_env(), "VERSIQ_KAFKA_SECURITY_PROTOCOL": "s3cr3t-protocol"},
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 1 and "store s: FAILED" in bad.stderr, bad.stderr
+    assert "s3cr3t" not in bad.stderr + bad.stdout + report.read_text()

@@ -82,3 +82,12 @@ def test_client_options_come_from_the_source_and_the_environment_and_managed_one
     monkeypatch.setenv("VERSIQ_KAFKA_ENABLE_AUTO_COMMIT", "true")
     with pytest.raises(UsageError, match="enable.auto.commit"):
         source.client_options()
+
+
+def test_error_messages_never_quote_a_client_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    from versiq.ingest.kafka import redacted
+
+    monkeypatch.setenv("VERSIQ_KAFKA_SSL_KEY_PASSWORD", "hunter2")
+    source = KafkaSource(bootstrap="b:1", topic="t", options={"security.protocol": "SASL_SSL"})
+    text = redacted("Invalid value hunter2 for ssl.key.password; protocol SASL_SSL at b:1", source)
+    assert text == "Invalid value *** for ssl.key.password; protocol *** at b:1"
