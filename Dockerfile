@@ -2,10 +2,17 @@
 #   docker run -p 8080:8080 -v warehouse:/warehouse IMAGE                 # serve (default CMD)
 #   docker run -v warehouse:/warehouse -v $PWD/data:/data:ro IMAGE \
 #       ingest --warehouse /warehouse --store prices --source /data       # ingest (PySpark, local[*])
-# Delta's Spark connector jars (jars/pom.xml), fetched at build time with Maven.
+# The jars Spark loads beside PySpark's own, fetched and built at build time with Maven, as the
+# Makefile's $(SPARK_JARS) does: Delta's connector and Spark's Kafka source (jars/pom.xml), S3A
+# with the AWS SDK modules it uses (jars/s3/pom.xml), versiq's S3 LogStore (jars/logstore).
 FROM maven:3.9-eclipse-temurin-17 AS jars
 COPY jars/pom.xml /build/pom.xml
-RUN mvn -q -B -f /build/pom.xml dependency:copy-dependencies -DoutputDirectory=/jars -DexcludeTransitive=true
+COPY jars/s3/pom.xml /build/s3/pom.xml
+COPY jars/logstore /build/jars/logstore
+RUN mvn -q -B -f /build/pom.xml dependency:copy-dependencies -DoutputDirectory=/jars -DexcludeTransitive=true \
+ && mvn -q -B -f /build/s3/pom.xml dependency:copy-dependencies -DoutputDirectory=/jars -DincludeScope=runtime \
+ && mvn -q -B -f /build/jars/logstore/pom.xml package -DskipTests \
+ && cp /build/.cache/build/logstore/versiq-delta-logstore-1.jar /jars/
 
 FROM python:3.11-slim-bookworm
 

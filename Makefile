@@ -55,15 +55,25 @@ $(CONFORMANCE_JAR): $(CONFORMANCE_SRC) | java
 	mvn -q -B -Dmaven.repo.local=$(abspath .cache/m2) -f conformance/kafka/pom.xml package -DskipTests
 	@touch $@
 
-# Delta's Spark connector (jars/pom.xml: delta-spark + delta-storage for the pinned PySpark),
-# fetched with Maven into .cache/jars (git-ignored), where versiq/ingest/spark.py finds them.
+# The jars Spark loads beside PySpark's own, fetched/built with Maven into .cache/jars (git-ignored),
+# where versiq/ingest/spark.py finds them:
+# - jars/pom.xml: Delta's Spark connector (delta-spark + delta-storage for the pinned PySpark) and
+#   Spark's Kafka source, without their transitive dependencies;
+# - jars/s3/pom.xml: Hadoop's S3A file system (hadoop-aws), the S3 analytics accelerator and the
+#   AWS SDK v2 modules S3A uses, with their transitive dependencies minus what PySpark ships;
+# - jars/logstore: versiq's Delta LogStore for S3 (conditional-put commits), built from source.
 SPARK_JARS := .cache/jars/.fetched
+LOGSTORE_SRC := jars/logstore/pom.xml $(shell find jars/logstore/src -name '*.java' 2>/dev/null)
 
-$(SPARK_JARS): jars/pom.xml | java
+$(SPARK_JARS): jars/pom.xml jars/s3/pom.xml $(LOGSTORE_SRC) | java
 	@bash scripts/ensure-maven.sh
-	rm -rf .cache/jars
+	rm -rf .cache/jars .cache/build/logstore
 	mvn -q -B -Dmaven.repo.local=$(abspath .cache/m2) -f jars/pom.xml dependency:copy-dependencies \
 	  -DoutputDirectory=$(abspath .cache/jars) -DexcludeTransitive=true
+	mvn -q -B -Dmaven.repo.local=$(abspath .cache/m2) -f jars/s3/pom.xml dependency:copy-dependencies \
+	  -DoutputDirectory=$(abspath .cache/jars) -DincludeScope=runtime
+	mvn -q -B -Dmaven.repo.local=$(abspath .cache/m2) -f jars/logstore/pom.xml package -DskipTests
+	cp .cache/build/logstore/versiq-delta-logstore-1.jar .cache/jars/
 	@touch $@
 
 # A real Apache Kafka broker for the tests (tests/kafka-broker/pom.xml: kafka_2.13 with its

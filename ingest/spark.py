@@ -14,6 +14,30 @@ Executors must import this project (parsing runs there). In local mode and on a 
 cluster started from the same installation they share the driver's Python environment
 (``PYSPARK_PYTHON`` is set to it); on other clusters the project's packages are shipped with
 ``addPyFile`` and Arrow must be installed on the workers.
+
+S3 (``s3://`` and ``s3a://`` paths, issue 15). When the jars folder holds Hadoop's S3A connector
+and versiq's LogStore (``jars/s3/pom.xml``, ``jars/logstore``), the session maps both schemes to
+``S3AFileSystem`` and registers ``dev.versiq.delta.ConditionalS3LogStore`` as Delta's LogStore for
+them (``spark.delta.logStore.s3a.impl``/``s3.impl``). Why a LogStore of versiq's own: Delta's default
+for S3, ``S3SingleDriverLogStore``, makes a commit atomic only inside one JVM (it checks that
+``_delta_log/N.json`` is absent, then writes it unconditionally), so two writers on two machines
+can both commit version N and one overwrites the other; the released delta-storage 4.4.0 has no
+conditional-put store (only the DynamoDB one). versiq's class creates the commit file with S3's
+conditional create (``If-None-Match: *``), so exactly one writer wins each version and the loser
+gets the ``FileAlreadyExistsException`` Delta retries on (docs/research/s3-warehouse.md).
+``fs.s3a.performance.flags=create`` must never be set: it makes S3A's ``create(path, false)``
+overwrite silently.
+
+The endpoint and region come from the standard AWS variables (``AWS_ENDPOINT_URL_S3`` or
+``AWS_ENDPOINT_URL``, ``AWS_REGION`` or ``AWS_DEFAULT_REGION``; an explicit endpoint, i.e. an
+S3-compatible server, gets path-style requests, and an ``http://`` one has TLS off), the
+credentials from the AWS SDK's default provider chain (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``
+in the JVM's environment, profiles, instance roles): nothing secret is written in code or put into
+Spark's configuration. ``configure_s3`` applies the variables to a running session's Hadoop
+configuration; ``get_spark`` calls it, and so can anyone whose variables changed after the session
+was created (a test's S3 server). Only then, because a JVM cannot see variables set after it
+started, does it copy the keys into that Hadoop configuration (never into SparkConf, which Spark
+shows).
 """
 
 from __future__ import annotations
@@ -24,6 +48,8 @@ import os
 import sys
 import tempfile
 import zipfile
+from collections.abc import Mapping
+from typing import Any
 
 import pyspark
 from pyspark.sql import SparkSession
@@ -33,6 +59,17 @@ import versiq
 DEFAULT_MASTER = "local[*]"
 #: The environment variable naming a folder of Delta's jars (else ``.cache/jars`` of the checkout).
 JARS_DIR_ENV = "VERSIQ_SPARK_JARS"
+#: Hadoop's S3 file system (hadoop-aws), for both ``s3a://`` and ``s3://``.
+S3A_FILESYSTEM = "org.apache.hadoop.fs.s3a.S3AFileSystem"
+#: versiq's Delta LogStore for S3: commits with a conditional put (jars/logstore).
+S3_LOGSTORE = "dev.versiq.delta.ConditionalS3LogStore"
+#: What to do when the S3 jars are missing.
+FETCH_HINT_S3 = ("run `make .cache/jars/.fetched` (make test and make demo do it) to fetch Hadoop's S3A jars "
+                 "(jars/s3/pom.xml) and build versiq's S3 LogStore (jars/logstore)")
+#: The credentials ``configure_s3`` copies into the Hadoop configuration only when the JVM's own
+#: environment lacks them (S3A's provider chain reads ``fs.s3a.*`` first, then the environment).
+_S3A_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "fs.s3a.access.key", "AWS_SECRET_ACCESS_KEY": "fs.s3a.secret.key",
+                    "AWS_SESSION_TOKEN": "fs.s3a.session.token"}
 
 
 def master_url(master: str | None = None) -> str:
@@ -58,10 +95,78 @@ def jars_dir() -> str | None:
     return None
 
 
+def s3_jars_present(folder: str | None = None) -> bool:
+    """Whether ``folder`` (default: ``jars_dir()``) holds S3A (hadoop-aws) and versiq's LogStore."""
+    where = folder if folder is not None else jars_dir()
+    return where is not None and all(glob.glob(os.path.join(where, pattern))
+                                     for pattern in ("hadoop-aws-*.jar", "versiq-delta-logstore-*.jar"))
+
+
+def s3_settings(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The Hadoop settings (no secrets) for S3 from the standard AWS variables of ``environ``
+    (default: this process's environment): the endpoint with path-style requests (and TLS off for
+    ``http://``) when one is given, the region when one is given."""
+    env = os.environ if environ is None else environ
+    settings: dict[str, str] = {}
+    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        settings["fs.s3a.endpoint"] = endpoint
+        # S3-compatible servers (and 127.0.0.1) serve /bucket/key, not bucket.host/key.
+        settings["fs.s3a.path.style.access"] = "true"
+        settings["fs.s3a.connection.ssl.enabled"] = "false" if endpoint.lower().startswith("http://") else "true"
+    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+    if region:
+        settings["fs.s3a.endpoint.region"] = region
+    return settings
+
+
+def configure_s3(spark: SparkSession, environ: Mapping[str, str] | None = None) -> bool:
+    """Apply the AWS variables of ``environ`` (default: this process's environment) to the running
+    session's Hadoop configuration: endpoint, path style, TLS, region (``s3_settings``); and the
+    keys, only when the driver JVM's own environment does not already hold the same ones (it was
+    started before they were set), else S3A's default provider chain reads them from there.
+    Returns False (and changes nothing) when the S3 jars are missing.
+
+    Hadoop caches one file system per bucket: call this before the session first touches a bucket
+    (or after the endpoint changed, before touching a bucket it has not seen)."""
+    if not s3_jars_present():
+        return False
+    env = os.environ if environ is None else environ
+    jsc: Any = spark.sparkContext._jsc
+    jvm: Any = spark.sparkContext._jvm
+    conf = jsc.hadoopConfiguration()
+    for key, value in s3_settings(env).items():
+        conf.set(key, value)
+    for variable, key in _S3A_CREDENTIALS.items():
+        secret = env.get(variable)
+        if secret and secret != jvm.java.lang.System.getenv(variable):
+            conf.set(key, secret)
+    return True
+
+
+def _with_s3(builder: SparkSession.Builder, folder: str | None) -> SparkSession.Builder:
+    """S3A for ``s3a://`` and ``s3://`` with versiq's LogStore, when the jars are there."""
+    if not s3_jars_present(folder):
+        return builder
+    builder = (
+        builder.config("spark.hadoop.fs.s3a.impl", S3A_FILESYSTEM)
+        .config("spark.hadoop.fs.s3.impl", S3A_FILESYSTEM)
+        # Delta reads these from SparkConf when it first opens a table of the scheme: session-wide.
+        .config("spark.delta.logStore.s3a.impl", S3_LOGSTORE)
+        .config("spark.delta.logStore.s3.impl", S3_LOGSTORE)
+    )
+    # The endpoint and region known now go to SparkConf too (executors of a cluster build their
+    # Hadoop configuration from it); configure_s3 sets them again on the running session.
+    for key, value in s3_settings().items():
+        builder = builder.config(f"spark.hadoop.{key}", value)
+    return builder
+
+
 def _with_delta(builder: SparkSession.Builder) -> SparkSession.Builder:
     folder = jars_dir()
     if folder is not None:
         builder = builder.config("spark.jars", ",".join(sorted(glob.glob(os.path.join(folder, "*.jar")))))
+        builder = _with_s3(builder, folder)
     else:
         builder = builder.config("spark.jars.packages", ",".join(spark_coordinates()))
     return (
@@ -103,6 +208,7 @@ def get_spark(master: str | None = None, app_name: str = "versiq-ingest") -> Spa
     )
     spark = _with_delta(builder).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    configure_s3(spark)
     if not url.startswith("local"):
         _ship_project(spark)
     return spark

@@ -49,3 +49,21 @@ def kafka_broker():
         yield broker
     finally:
         broker.close()
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """One real S3-compatible server (SeaweedFS ``weed mini``, tests/support/s3_server.py) on
+    127.0.0.1 for the session, started the first time a test asks for it (~1 s), stopped at the end.
+    ``env()`` gives the AWS variables a client needs. A test that stops or kills it must start it
+    again (``restart()``, ``start()``; ``ensure_running()`` after one that failed)."""
+    from tests.support.s3_server import INSTALL_HINT, S3Server, weed_binary
+
+    if weed_binary() is None:
+        pytest.fail(f"the S3 server's binary is missing: {INSTALL_HINT}", pytrace=False)
+    server = S3Server()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.close()
