@@ -60,7 +60,7 @@ def _source_frame(spark: Any, source: str) -> Any:
 
 
 def _identity(spec: Any) -> str:
-    return spec.kafka.identity() if getattr(spec, "kafka", None) is not None else os.path.abspath(spec.source)
+    return spec.kafka.identity() if spec.kafka is not None else os.path.abspath(spec.source)
 
 
 def checkpoint_dir(warehouse: str, sources: list[str]) -> str:
@@ -81,7 +81,7 @@ def run_continuous(spark: Any, warehouse: str, pipeline: Any, interval_s: float,
     from versiq.ingest.kafka import trigger_frame
 
     specs = [*pipeline.stores, *pipeline.streams]
-    frames = [trigger_frame(spark, spec.kafka) if getattr(spec, "kafka", None) is not None
+    frames = [trigger_frame(spark, spec.kafka) if spec.kafka is not None
               else _source_frame(spark, spec.source) for spec in specs]
     frame = reduce(lambda a, b: a.union(b), frames)
     checkpoint = checkpoint_dir(warehouse, [_identity(spec) for spec in specs])

@@ -39,6 +39,7 @@ uses (same jar, same settings), through the session's JVM.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -170,6 +171,11 @@ class KafkaRead:
     def empty(self) -> bool:
         return all(start >= end for start, end in self.ranges.values())
 
+    @property
+    def advances(self) -> bool:
+        """Whether the run moves the position: records to read, or an allowed gap to record."""
+        return not self.empty or bool(self.gaps)
+
     def position(self, before: KafkaPosition | None, topic: str, run: int) -> KafkaPosition:
         """The store's position after this run."""
         offsets = dict(before.next_offsets) if before is not None else {}
@@ -177,6 +183,23 @@ class KafkaRead:
         gaps = list(before.gaps) if before is not None else []
         gaps += [{**gap, "run": run} for gap in self.gaps]
         return KafkaPosition(topic=topic, next_offsets=offsets, gaps=gaps)
+
+
+def check_position(what: str, exists: bool, position: KafkaPosition | None, source: KafkaSource) -> None:
+    """A store or stream (``what``: "store 'prices'") that exists reads one topic for life: one
+    built from files (no position) cannot switch to a topic, nor one topic to another."""
+    if exists and position is None:
+        raise UsageError(f"{what} was built from files; it cannot switch to Kafka topic {source.topic} "
+                         "(create a new one instead)")
+    if position is not None and position.topic != source.topic:
+        raise UsageError(f"{what} reads Kafka topic {position.topic}, not {source.topic} (create a new one instead)")
+
+
+def plan_run(spark: SparkSession, what: str, exists: bool, position: KafkaPosition | None,
+             source: KafkaSource) -> KafkaRead:
+    """``check_position``, then what this run reads (``plan_read``) from the broker's offsets now."""
+    check_position(what, exists, position, source)
+    return plan_read(source, position, topic_offsets(spark, source))
 
 
 def plan_read(source: KafkaSource, position: KafkaPosition | None, offsets: TopicOffsets) -> KafkaRead:
@@ -249,6 +272,19 @@ def reading_failed(source: KafkaSource, exc: BaseException) -> KafkaSourceError 
         return None
     return KafkaSourceError(redacted(f"reading {source.name} from {source.bootstrap} failed: {found[-1].strip()}",
                                      source))
+
+
+@contextlib.contextmanager
+def read_errors(source: KafkaSource) -> Iterator[None]:
+    """Inside the block (the Spark actions that read the topic), a failure caused by Kafka is
+    ``reading_failed``'s one-line ``KafkaSourceError``; any other failure passes unchanged."""
+    try:
+        yield
+    except Exception as exc:
+        failure = reading_failed(source, exc)
+        if failure is None:
+            raise
+        raise failure from None
 
 
 def topic_offsets(spark: SparkSession, source: KafkaSource) -> TopicOffsets:

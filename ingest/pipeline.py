@@ -25,15 +25,7 @@ from versiq.ingest.bucketing import write_tasks
 from versiq.ingest.delta import local_frame
 from versiq.ingest.errors import UsageError
 from versiq.ingest.future import DEFAULT_MAX_FUTURE_MS, future_bound
-from versiq.ingest.kafka import (
-    KafkaSource,
-    describe_read,
-    plan_read,
-    read_records,
-    read_report,
-    reading_failed,
-    topic_offsets,
-)
+from versiq.ingest.kafka import KafkaSource, describe_read, plan_run, read_errors, read_records, read_report
 from versiq.ingest.parse import parse_files
 from versiq.ingest.records.kafka_rows import SKIPPED
 from versiq.ingest.rejections import write_rejected, write_source_rejected
@@ -213,16 +205,10 @@ def _nothing_new(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, repo
 def _ingest_topic(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, source: KafkaSource) -> StoreReport:
     """A store's run over the records of its Kafka topic it has not read (``ingest.kafka``)."""
     position = handle.state.kafka
-    if handle.table is not None and position is None and handle.state.run > 0:
-        raise UsageError(f"store {spec.name!r} was built from files; it cannot switch to Kafka topic {source.topic} "
-                         "(create a new store instead)")
-    if position is not None and position.topic != source.topic:
-        raise UsageError(f"store {spec.name!r} reads Kafka topic {position.topic}, not {source.topic} "
-                         "(create a new store instead)")
-    read = plan_read(source, position, topic_offsets(spark, source))
+    read = plan_run(spark, f"store {spec.name!r}", handle.table is not None, position, source)
     handle = grow_partitions(spark, handle, read.partitions)
     report = StoreReport(kafka=read_report(source, read))
-    if read.empty and not read.gaps and handle.table is not None:
+    if not read.advances and handle.table is not None:
         return _nothing_new(spark, handle, spec, report, f"no new records in {source.name}")
     run = handle.state.run + 1
     report.run = run
@@ -232,14 +218,9 @@ def _ingest_topic(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, sou
     def rejections(parsed: DataFrame, classified: DataFrame, state: StoreState, decided: int, total: int) -> None:
         write_source_rejected(parsed, classified, handle.path, state, source.name, decided=decided, total=total)
 
-    try:
+    with read_errors(source):
         _run_once(spark, handle, spec, run, report, parsed, False, rejections,
                   lambda state: replace(state, kafka=read.position(position, source.topic, run)))
-    except Exception as exc:
-        failure = reading_failed(source, exc)
-        if failure is None:
-            raise
-        raise failure from None
     return report
 
 

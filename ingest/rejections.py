@@ -37,8 +37,7 @@ def write_rejected(parsed: DataFrame, classified: DataFrame | None, store_path: 
     commit (``commit_side``), replacing what an unfinished attempt of the run left."""
     run = state.run
     if total == 0:
-        commit_side(store_path, REJECTED_DIR, state, local_frame(parsed.sparkSession, REJECTED_SCHEMA.empty_table()),
-                    empty=True)
+        _none_rejected(parsed, store_path, state)
         return
     files = [(full, format_of(rel, fmt)) for rel, full in new.items()]
     sources = list(new)
@@ -103,8 +102,7 @@ def write_source_rejected(parsed: DataFrame, classified: DataFrame | None, store
     (``raw``; Kafka: a record cannot be read again from a file), named ``source`` with their
     partition and offset (no line or row). Written like ``write_rejected``."""
     if total == 0:
-        commit_side(store_path, REJECTED_DIR, state, local_frame(parsed.sparkSession, REJECTED_SCHEMA.empty_table()),
-                    empty=True)
+        _none_rejected(parsed, store_path, state)
         return
     rejected = parsed.filter(F.col("reason").isNotNull()).select("seq", "part", "offset", "reason", "detail", "raw")
     if classified is not None and decided:
@@ -117,6 +115,12 @@ def write_source_rejected(parsed: DataFrame, classified: DataFrame | None, store
         F.lit(None).cast("bigint").alias("line"), F.lit(None).cast("bigint").alias("row"),
         F.col("part").alias("partition"), "offset", "reason", "raw", "detail", F.lit(ingested_at).alias("ingested_at"))
     commit_side(store_path, REJECTED_DIR, state, frame.repartition(1).sortWithinPartitions("seq"), empty=False)
+
+
+def _none_rejected(parsed: DataFrame, store_path: str, state: StoreState) -> None:
+    """A run without rejections: nothing to add, but an unfinished attempt's rows are replaced."""
+    commit_side(store_path, REJECTED_DIR, state, local_frame(parsed.sparkSession, REJECTED_SCHEMA.empty_table()),
+                empty=True)
 
 
 _TEXT_SCHEMA = pa.schema([pa.field("seq", pa.int64()), pa.field("raw", pa.string())])

@@ -22,7 +22,7 @@ from pyspark.sql import functions as F
 from versiq.ingest.bucketing import by_bucket, write_tasks
 from versiq.ingest.errors import UsageError
 from versiq.ingest.future import DEFAULT_MAX_FUTURE_MS, future_bound
-from versiq.ingest.kafka import KafkaSource, plan_read, read_records, read_report, topic_offsets
+from versiq.ingest.kafka import KafkaSource, plan_run, read_errors, read_records, read_report
 from versiq.ingest.parse import parse_files
 from versiq.ingest.records.kafka_rows import SKIPPED
 from versiq.ingest.rejections import write_rejected, write_source_rejected
@@ -78,19 +78,17 @@ def ingest_stream(spark: SparkSession, warehouse: str, spec: StreamSpec, lock_ti
         if spec.kafka is not None:
             source = spec.kafka
             position = handle.state.kafka
-            if handle.table is not None and (position is None or position.topic != source.topic):
-                raise UsageError(f"stream {spec.name!r} was not built from Kafka topic {source.topic} "
-                                 "(create a new stream instead)")
-            read = plan_read(source, position, topic_offsets(spark, source))
+            read = plan_run(spark, f"stream {spec.name!r}", handle.table is not None, position, source)
             report = StreamReport(kafka=read_report(source, read))
-            if read.empty and not read.gaps and handle.table is not None:
+            if not read.advances and handle.table is not None:
                 report.snapshot = handle.version
                 return report
             run = handle.state.run + 1
-            _append_run(handle, spec, run, report, read_records(spark, source, read, bound),
-                        StoreState(run=run, kafka=read.position(position, source.topic, run)),
-                        lambda parsed, state, total: write_source_rejected(parsed, None, handle.path, state,
-                                                                           source.name, total=total))
+            with read_errors(source):
+                _append_run(handle, spec, run, report, read_records(spark, source, read, bound),
+                            StoreState(run=run, kafka=read.position(position, source.topic, run)),
+                            lambda parsed, state, total: write_source_rejected(parsed, None, handle.path, state,
+                                                                               source.name, total=total))
             return report
         done = set(handle.state.done_files)
         listing = list_sources(spec.source)

@@ -14,7 +14,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 import zlib
 from typing import Any
@@ -25,6 +24,8 @@ from deltalake import DeltaTable
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.ingest.test_ingest_cli import VERSIQ
+from tests.ingest.test_ingest_cli import env as _env
 from tests.support.e2e import model_key_json, serve_engine
 from tests.support.ingest import model_versions, rejected_rows, store_versions, stream_times
 from tests.support.reference import InRecord, ReferenceStore
@@ -33,16 +34,7 @@ from versiq.ingest.pipeline import StoreSpec, run_ingest
 from versiq.ingest.records.kafka_rows import KafkaFormat
 from versiq.layout import read_state
 
-VERSIQ = [sys.executable, "-m", "versiq.cli"]
 H = 50  # history retention (ms) of the model tests: some records are late
-
-
-def _env() -> dict[str, str]:
-    e = dict(os.environ)
-    e["PYSPARK_PYTHON"] = sys.executable
-    e["VERSIQ_SHUFFLE_PARTITIONS"] = "2"
-    e.pop("SPARK_MASTER", None)
-    return e
 
 
 def consume(broker: Any, topic: str) -> list[dict[str, Any]]:

@@ -91,3 +91,14 @@ def test_error_messages_never_quote_a_client_setting(monkeypatch: pytest.MonkeyP
     source = KafkaSource(bootstrap="b:1", topic="t", options={"security.protocol": "SASL_SSL"})
     text = redacted("Invalid value hunter2 for ssl.key.password; protocol SASL_SSL at b:1", source)
     assert text == "Invalid value *** for ssl.key.password; protocol *** at b:1"
+
+
+def test_a_store_reads_one_topic_for_life() -> None:
+    from versiq.ingest.kafka import check_position
+
+    check_position("store 's'", False, None, SOURCE)  # a new store
+    check_position("store 's'", True, KafkaPosition(topic="prices"), SOURCE)
+    with pytest.raises(UsageError, match="store 's' was built from files; it cannot switch to Kafka topic prices"):
+        check_position("store 's'", True, None, SOURCE)
+    with pytest.raises(UsageError, match="stream 'c' reads Kafka topic clicks, not prices"):
+        check_position("stream 'c'", True, KafkaPosition(topic="clicks"), SOURCE)
