@@ -11,9 +11,29 @@ import os
 import sys
 from collections.abc import Sequence
 
-from versiq import __version__
+from versiq import __version__, storage
 from versiq.exits import EXIT_USAGE
 from versiq.logs import setup_logging
+
+#: Where every command's --warehouse help says a warehouse may live.
+WAREHOUSE_HELP = ("warehouse: a directory, or s3://bucket/prefix (endpoint, region and credentials from the "
+                  "standard AWS_* variables) (env VERSIQ_WAREHOUSE)")
+
+
+def warehouse_location(text: str) -> str:
+    """A --warehouse value in its canonical form (``versiq.storage.normalize``)."""
+    try:
+        return storage.normalize(text)
+    except storage.StorageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_warehouse(parser: argparse.ArgumentParser, default: str | None = None) -> None:
+    """--warehouse, defaulting to VERSIQ_WAREHOUSE (then ``default``); required when neither is set."""
+    value = os.environ.get("VERSIQ_WAREHOUSE") or default
+    parser.add_argument("--warehouse", default=value, required=value is None, type=warehouse_location,
+                        help=WAREHOUSE_HELP)
+
 
 
 def _add_logging(parser: argparse.ArgumentParser) -> None:
@@ -51,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
         "tables (filter, joins, foreign-key joins, aggregations, stream-table joins; see "
         "docs/derived-tables.md), computed in the same run.",
     )
-    ing.add_argument("--warehouse", required=True, help="warehouse directory (one subdirectory per store)")
+    _add_warehouse(ing)
     ing.add_argument("--store", help="store name: letters, digits, _ - . (with --source)")
     ing.add_argument("--source", help="changelog file or directory (read recursively)")
     ing.add_argument("--kafka-bootstrap", metavar="HOST:PORT",
@@ -112,8 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
         "targets over 64 KiB are refused 414 and headers over 64 KiB 431. Exit status: 0 stopped, "
         "2 usage or configuration error, 3 could not start serving (e.g. the address is in use).",
     )
-    srv.add_argument("--warehouse", default=os.environ.get("VERSIQ_WAREHOUSE"),
-                     help="warehouse directory (env VERSIQ_WAREHOUSE)")
+    srv.add_argument("--warehouse", default=os.environ.get("VERSIQ_WAREHOUSE"), type=warehouse_location,
+                     help=WAREHOUSE_HELP)
     srv.add_argument("--host", default=os.environ.get("VERSIQ_HOST", "127.0.0.1"),
                      help="bind address (env VERSIQ_HOST, default 127.0.0.1)")
     srv.add_argument("--port", type=int, default=int(os.environ.get("VERSIQ_PORT", "8080")),
@@ -138,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
         "connector, which also writes a checkpoint every 50 commits; a store with nothing to "
         "compact or vacuum starts no Spark.",
     )
-    mnt.add_argument("--warehouse", required=True, help="warehouse directory")
+    _add_warehouse(mnt)
     mnt.add_argument("--store", required=True, help="store name")
     mnt.add_argument("--lock-timeout", default="60s", help="wait this long for another writer")
     _add_logging(mnt)
@@ -149,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Print the rejected records of a store, one JSON object per line, ordered "
         "by (run, source, line/row).",
     )
-    rej.add_argument("--warehouse", required=True, help="warehouse directory")
+    _add_warehouse(rej)
     rej.add_argument("--store", required=True, help="store name")
     rej.add_argument("--reason", default=None, help="only this reason code (e.g. late, malformed)")
     rej.add_argument("--format", choices=("jsonl", "table"), default="jsonl",
@@ -165,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
         "value are left out; --include-deleted lists a key deleted by a tombstone as "
         '{"key", "timestamp", "validTo", "deleted": true}. Exit 2 for an unknown store or a bad option.',
     )
-    keys.add_argument("--warehouse", required=True, help="warehouse directory")
+    _add_warehouse(keys)
     keys.add_argument("--store", required=True, help="store name")
     keys.add_argument("--prefix", default=None, help="only keys that start with this")
     keys.add_argument("--start", default=None, help="lowest key (inclusive)")

@@ -37,6 +37,7 @@ from typing import Any
 
 import yaml
 
+from versiq import layout, storage
 from versiq.durations import DurationError, parse_duration_ms
 from versiq.ingest.derived.spec import TableSpec, check_global_store, parse_tables
 from versiq.ingest.errors import UsageError
@@ -115,14 +116,13 @@ def load_config(path: str, warehouse: str | None = None, *,
 def _check_existing_table(warehouse: str, table: TableSpec) -> None:
     """A derived table that exists must have been computed from the same definition: results
     of a changed filter or join applied to new records only would silently mix two tables."""
-    path = os.path.join(warehouse, table.name)
+    path = layout.table_path(warehouse, table.name)
     if not has_delta_log(path):
         return
-    from deltalake import DeltaTable
 
     from versiq.layout import read_state
 
-    delta = DeltaTable(path)
+    delta = storage.delta_table(path)
     state = read_state(path, delta.version())
     if state.definition is None:
         raise UsageError(f"tables ({table.name}): {table.name!r} already exists in the warehouse and is not a "
@@ -137,9 +137,8 @@ def _existing_kind(warehouse: str | None, name: str) -> str | None:
     if warehouse is None:
         return None
     try:
-        from deltalake import DeltaTable
 
-        table = DeltaTable(os.path.join(warehouse, name))
+        table = storage.delta_table(layout.table_path(warehouse, name))
         return StoreSettings.from_description(table.metadata().description).kind
     except Exception:  # noqa: BLE001 - no store yet (or not readable): the default applies
         return None
@@ -201,7 +200,7 @@ def _check_integers(entry: dict[str, Any], where: str) -> None:
 
 
 def _absolute(source: str, base: str) -> str:
-    return source if os.path.isabs(source) else os.path.join(base, source)
+    return source if os.path.isabs(source) or storage.is_s3(source) else os.path.join(base, source)
 
 
 def _source_fields(source: str | KafkaSource, base: str) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from functools import reduce
 from typing import Any
 
+from versiq import storage
 from versiq.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from versiq.ingest.errors import UsageError
 from versiq.ingest.store import LockTimeout
@@ -50,9 +51,15 @@ class RunFailed(RuntimeError):
 
 
 def _source_frame(spark: Any, source: str) -> Any:
-    source = os.path.abspath(source)
     reader = (spark.readStream.format("binaryFile").schema(BINARY_FILE_SCHEMA)
               .option("recursiveFileLookup", "true"))
+    if storage.is_s3(source):
+        files = storage.list_files(source)
+        if files is not None and list(files.values()) == [storage.normalize(source)]:  # one object
+            reader = reader.option("pathGlobFilter", storage.basename(source))
+            source = source.rstrip("/").rsplit("/", 1)[0]
+        return reader.load(storage.spark_path(source)).select("path")
+    source = os.path.abspath(source)
     if os.path.isfile(source):
         reader = reader.option("pathGlobFilter", os.path.basename(source))
         source = os.path.dirname(source)
@@ -60,7 +67,9 @@ def _source_frame(spark: Any, source: str) -> Any:
 
 
 def _identity(spec: Any) -> str:
-    return spec.kafka.identity() if spec.kafka is not None else os.path.abspath(spec.source)
+    if spec.kafka is not None:
+        return str(spec.kafka.identity())
+    return storage.normalize(spec.source)
 
 
 def checkpoint_dir(warehouse: str, sources: list[str]) -> str:
@@ -68,7 +77,7 @@ def checkpoint_dir(warehouse: str, sources: list[str]) -> str:
     ``kafka://bootstrap/topic``), inside the warehouse's private ``_versiq`` directory (never
     listed as a store)."""
     digest = hashlib.sha256("\n".join(sorted(sources)).encode()).hexdigest()[:16]
-    return os.path.join(os.path.abspath(warehouse), "_versiq", "continuous", digest)
+    return storage.join(storage.normalize(warehouse), "_versiq", "continuous", digest)
 
 
 def run_continuous(spark: Any, warehouse: str, pipeline: Any, interval_s: float,
@@ -85,7 +94,7 @@ def run_continuous(spark: Any, warehouse: str, pipeline: Any, interval_s: float,
               else _source_frame(spark, spec.source) for spec in specs]
     frame = reduce(lambda a, b: a.union(b), frames)
     checkpoint = checkpoint_dir(warehouse, [_identity(spec) for spec in specs])
-    os.makedirs(checkpoint, exist_ok=True)
+    storage.ensure_dir(checkpoint)
     busy = threading.Lock()
     state: dict[str, Any] = {"stop": False, "status": EXIT_OK, "fatal": None}
 
@@ -112,9 +121,9 @@ def run_continuous(spark: Any, warehouse: str, pipeline: Any, interval_s: float,
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     while not state["stop"]:
-        query = (frame.writeStream.foreachBatch(on_batch).option("checkpointLocation", checkpoint)
+        query = (frame.writeStream.foreachBatch(on_batch).option("checkpointLocation", storage.spark_path(checkpoint))
                  .trigger(processingTime=f"{max(1, int(interval_s * 1000))} milliseconds")
-                 .queryName(f"versiq-ingest-{os.path.basename(checkpoint)}").start())
+                 .queryName(f"versiq-ingest-{storage.basename(checkpoint)}").start())
         while not state["stop"] and query.isActive:
             time.sleep(0.2)
         with busy:  # let a running micro-batch finish its run

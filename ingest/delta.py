@@ -27,11 +27,11 @@ import contextlib
 from collections.abc import Iterator
 
 import pyarrow as pa
-from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema, from_arrow_type
 
+from versiq import storage
 from versiq.layout import (
     APP_ID,
     DELTA_STATS_COLUMNS,
@@ -102,7 +102,7 @@ def commit_table(frame: DataFrame, path: str, schema: pa.Schema, *, run: int, st
                 .option("txnVersion", str(run)).save(path)
         else:  # Delta skips an empty append without a transaction: give it one of its own
             rows.write.format("delta").mode("append").option("txnAppId", STATE_APP_ID) \
-                .option("txnVersion", str(DeltaTable(path).version() + 1)).save(path)
+                .option("txnVersion", str(storage.delta_table(path).version() + 1)).save(path)
 
 
 def set_description(spark: SparkSession, path: str, description: str, state: StoreState) -> None:
@@ -126,7 +126,7 @@ def _has_run(path: str, run: int) -> bool:
     statistics: an earlier attempt of this run that crashed before the table's commit)."""
     if not has_delta_log(path):
         return False
-    adds = pa.table(DeltaTable(path).get_add_actions(flatten=True))
+    adds = pa.table(storage.delta_table(path).get_add_actions(flatten=True))
     if adds.num_rows == 0 or "max.run" not in adds.column_names:
         return adds.num_rows > 0
     return any(v is None or v >= run for v in adds.column("max.run").to_pylist())

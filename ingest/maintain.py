@@ -35,13 +35,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import duckdb
 import pyarrow as pa
-from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
+from versiq import layout, storage
 from versiq.ingest.delta import commit_metadata, local_frame
-from versiq.ingest.store import SIDE_TABLES, StoreHandle, existing_store_path, is_store, open_store, writer_lock
+from versiq.ingest.store import (
+    SIDE_TABLES,
+    StoreHandle,
+    check_still_writer,
+    existing_store_path,
+    is_store,
+    open_store,
+    writer_lock,
+)
 from versiq.layout import (
     STORE_PARTITION_COLUMNS,
     STORE_SCHEMA,
@@ -70,10 +77,10 @@ def maintain_store(warehouse: str, store: str, lock_timeout_s: float = 60.0,
                    spark: SparkFactory = _new_spark) -> dict[str, Any]:
     path = existing_store_path(warehouse, store)
     with writer_lock(path, lock_timeout_s):
-        table = DeltaTable(path)
+        table = storage.delta_table(path)
         handle = open_store(path, StoreSettings.from_description(table.metadata().description), set())
         plan = plan_compaction(handle)
-        tables = [path] + [os.path.join(path, side) for side in SIDE_TABLES if is_store(os.path.join(path, side))]
+        tables = [path] + [storage.join(path, side) for side in SIDE_TABLES if is_store(storage.join(path, side))]
         to_vacuum = {t: len(_vacuum_candidates(t)) for t in tables}
         result: dict[str, Any] = {"store": store, "buckets_rewritten": len(plan.buckets),
                                   "rows_before": plan.rows_before, "rows_after": plan.rows_after}
@@ -83,11 +90,13 @@ def maintain_store(warehouse: str, store: str, lock_timeout_s: float = 60.0,
             session = spark()
             with commit_metadata(session, handle.state):
                 if plan.buckets:
+                    check_still_writer(path)
                     _rewrite(session, path, plan)
                 for target, count in to_vacuum.items():
                     if count:
+                        check_still_writer(path)
                         to_vacuum[target] = _vacuum(session, target)
-        result.update(snapshot=DeltaTable(path).version(), vacuumed_files=to_vacuum[path],
+        result.update(snapshot=storage.delta_table(path).version(), vacuumed_files=to_vacuum[path],
                       vacuumed_side_files=sum(n for t, n in to_vacuum.items() if t != path))
         log.info("store %s: compacted %d bucket(s) (%s rows -> %s), vacuumed %d file(s)", store, len(plan.buckets),
                  plan.rows_before, plan.rows_after, sum(to_vacuum.values()))
@@ -96,7 +105,7 @@ def maintain_store(warehouse: str, store: str, lock_timeout_s: float = 60.0,
 
 def _vacuum_candidates(path: str) -> list[str]:
     """The files a vacuum of the table at ``path`` would delete now (delta-rs, dry run)."""
-    return list(DeltaTable(path).vacuum(retention_hours=int(VACUUM_RETENTION_HOURS), dry_run=True,
+    return list(storage.delta_table(path).vacuum(retention_hours=int(VACUUM_RETENTION_HOURS), dry_run=True,
                                         enforce_retention_duration=False, full=True))
 
 
@@ -110,29 +119,20 @@ def _vacuum(spark: SparkSession, path: str) -> int:
     seconds = int(VACUUM_RETENTION_HOURS * 3600)
     wanted = f"interval {seconds} seconds"
     name = f"delta.`{path}`"
-    if DeltaTable(path).metadata().configuration.get("delta.deletedFileRetentionDuration") != wanted:
+    if storage.delta_table(path).metadata().configuration.get("delta.deletedFileRetentionDuration") != wanted:
         spark.sql(f"ALTER TABLE {name} SET TBLPROPERTIES ('delta.deletedFileRetentionDuration' = '{wanted}')")
-    before = _data_files(path)
+    before = storage.files_under(path)
     spark.sql(f"VACUUM {name} RETAIN {VACUUM_RETENTION_HOURS} HOURS")
-    return len(before - _data_files(path))
-
-
-def _data_files(path: str) -> set[str]:
-    """The files under a table's directory outside ``_``/``.`` folders (what VACUUM may delete)."""
-    found: set[str] = set()
-    for folder, dirs, files in os.walk(path):
-        dirs[:] = [d for d in dirs if not d.startswith(("_", "."))]
-        found.update(os.path.join(folder, f) for f in files if not f.startswith(("_", ".")))
-    return found
+    return len(before - storage.files_under(path))
 
 
 def compact_if_due(warehouse: str, store: str, lock_timeout_s: float, spark: SparkFactory = _new_spark
                    ) -> dict[str, Any] | None:
     """Compact when the store has accumulated several files per bucket (continuous mode)."""
-    path = os.path.join(warehouse, store)
+    path = layout.table_path(warehouse, store)
     if not is_store(path):
         return None
-    table = DeltaTable(path)
+    table = storage.delta_table(path)
     settings = StoreSettings.from_description(table.metadata().description)
     if len(table.file_uris()) <= COMPACT_FILES_PER_BUCKET * settings.buckets:
         return None
@@ -168,10 +168,10 @@ def plan_compaction(handle: StoreHandle) -> CompactionPlan:
                          for p, t in sorted(state.stream_time.items()))
         horizon_sql = f"CASE \"partition\" {cases} END"
     columns = ", ".join(f'"{f.name}"' for f in STORE_SCHEMA if f.name != "bucket")
-    con = duckdb.connect()
+    con = storage.duckdb_connect(path)
     try:
         for bucket, files in sorted(by_bucket.items()):
-            full = [os.path.join(path, f["path"]) for f in files]
+            full = [storage.data_file(path, f["path"]) for f in files]
             count = sum(int(f["num_records"]) for f in files)
             sql = (f"SELECT {columns} FROM read_parquet($files, hive_partitioning = false) "
                    + read_rule_sql(settings.kind))

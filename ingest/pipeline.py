@@ -9,7 +9,6 @@ atomic, idempotent Delta commit of data + state (``versiq.ingest.delta``).
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -20,6 +19,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
+from versiq import layout, storage
 from versiq.durations import DEFAULT_HISTORY_RETENTION_MS
 from versiq.ingest.bucketing import write_tasks
 from versiq.ingest.delta import local_frame
@@ -115,7 +115,7 @@ class StoreSpec:
             if self.format is not None:
                 raise UsageError(f"store {self.name!r}: a Kafka source has value_format, not format")
             return
-        if not os.path.exists(self.source):
+        if not storage.exists(self.source):
             raise UsageError(f"store {self.name!r}: source {self.source!r} does not exist")
 
 
@@ -129,7 +129,7 @@ def run_ingest(spark: SparkSession, warehouse: str, specs: list[StoreSpec], *,
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
         raise UsageError("a store name appears twice")
-    os.makedirs(warehouse, exist_ok=True)
+    storage.ensure_dir(storage.normalize(warehouse))
     report = RunReport()
     report.stores.update(ingest_each(specs, lambda spec: ingest_store(spark, warehouse, spec, lock_timeout_s),
                                      lambda error: StoreReport(error=error), "store"))
@@ -162,7 +162,7 @@ def ingest_each(specs: list[Any], ingest_one: Any, failed: Any, what: str) -> di
 
 
 def ingest_store(spark: SparkSession, warehouse: str, spec: StoreSpec, lock_timeout_s: float) -> StoreReport:
-    path = os.path.join(os.path.abspath(warehouse), spec.name)
+    path = layout.table_path(warehouse, spec.name)
     settings, explicit = spec.settings()
     with writer_lock(path, lock_timeout_s):
         handle = open_store(path, settings, explicit)
@@ -284,7 +284,7 @@ def _start_changelog(spark: SparkSession, handle: StoreHandle) -> None:
     must keep one from the next run even when this run had nothing new to write it in."""
     state = replace(handle.state, changelog_since=handle.state.run + 1)
     commit_store(handle, local_frame(spark, STORE_SCHEMA.empty_table()), state, new_run=False)
-    log.info("store %s: keeps a changelog from run %d on (derived tables read it)", os.path.basename(handle.path),
+    log.info("store %s: keeps a changelog from run %d on (derived tables read it)", storage.basename(handle.path),
              state.changelog_since)
 
 

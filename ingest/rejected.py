@@ -6,8 +6,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pyarrow.compute as pc
-from deltalake import DeltaTable
 
+from versiq import storage
 from versiq.ingest.errors import UsageError
 from versiq.ingest.store import existing_store_path, is_store, rejected_path
 from versiq.layout import REJECT_REASONS, read_state
@@ -21,9 +21,9 @@ def iter_rejected(warehouse: str, store: str, reason: str | None = None) -> Iter
     path = rejected_path(store_path)
     if not is_store(path):
         return
-    table = DeltaTable(path).to_pyarrow_table()
+    table = storage.delta_table(path).to_pyarrow_table()
     # rows of a run the store has not committed are an unfinished attempt (versiq.layout)
-    committed = read_state(store_path, DeltaTable(store_path).version()).run
+    committed = read_state(store_path, storage.delta_table(store_path).version()).run
     table = table.filter(pc.less_equal(table.column("run"), committed))
     if reason is not None:
         table = table.filter(pc.equal(table.column("reason"), reason))

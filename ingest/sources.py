@@ -1,6 +1,7 @@
 """Which files of a source a run reads: listing, what is ignored, and what fails the run.
 
-A source is a file or a directory walked recursively. Names starting with ``.`` or ``_`` are
+A source is a file or a directory walked recursively, or an ``s3://`` object or prefix (every
+object under it; ``versiq.storage``: parse tasks read a local copy of each). Names starting with ``.`` or ``_`` are
 never sources (at any depth). Only regular files, and symlinks to regular files, are read:
 anything else (a FIFO, a socket, a device, a symlink to a directory) is never opened — opening
 a FIFO blocks until a writer appears, which once hung an ingest while it held the store's lock —
@@ -20,6 +21,8 @@ import os
 import re
 import stat
 from dataclasses import dataclass, field
+
+from versiq import storage
 
 log = logging.getLogger("versiq.ingest")
 
@@ -70,6 +73,8 @@ def _classify(listing: SourceListing, rel: str, full: str) -> None:
 def list_sources(source: str) -> SourceListing:
     """Every file of ``source`` (see the module docstring); raises ``SourceError`` when a file
     or directory of it cannot be read."""
+    if storage.is_s3(source):
+        return _list_s3(source)
     source = os.path.abspath(source)
     listing = SourceListing()
     if not os.path.isdir(source):
@@ -98,6 +103,20 @@ def list_sources(source: str) -> SourceListing:
     return listing
 
 
+def _list_s3(source: str) -> SourceListing:
+    """The objects under an ``s3://`` source prefix (or the one object it names), hidden names
+    (a path component starting with ``.`` or ``_``) left out, in key order. S3 has only objects:
+    nothing is ever ignored. A listing the server refuses fails the run."""
+    try:
+        found = storage.list_files(source)
+    except OSError as exc:
+        raise SourceError(f"cannot list source {source}: {exc}") from None
+    if found is None:
+        raise SourceError(f"source {source} has no objects")
+    files = {rel: full for rel, full in found.items() if not any(_hidden(p) for p in rel.split("/"))}
+    return SourceListing(files=files)
+
+
 def read_error(path: str, exc: OSError) -> SourceError:
     """The run's error for a read of ``path`` the OS refused (raised by parse tasks, whose
     OSError alone does not say which file)."""
@@ -117,8 +136,11 @@ def source_error_in(exc: BaseException) -> SourceError | None:
 def check_readable(files: dict[str, str]) -> None:
     """Open every file about to be read (non-blocking, so a file replaced by a FIFO since the
     listing cannot hang the run): a file that cannot be opened fails the run on the driver, with
-    a clear message, before any Spark work. Parse tasks re-raise read errors as well."""
+    a clear message, before any Spark work. Parse tasks re-raise read errors as well (the only
+    check for S3 objects, which the listing has just seen and which cannot be FIFOs)."""
     for full in files.values():
+        if storage.is_s3(full):
+            continue
         try:
             fd = os.open(full, os.O_RDONLY | os.O_NONBLOCK)
         except OSError as exc:

@@ -68,6 +68,9 @@ FETCH_HINT_S3 = ("run `make .cache/jars/.fetched` (make test and make demo do it
                  "(jars/s3/pom.xml) and build versiq's S3 LogStore (jars/logstore)")
 #: The credentials ``configure_s3`` copies into the Hadoop configuration only when the JVM's own
 #: environment lacks them (S3A's provider chain reads ``fs.s3a.*`` first, then the environment).
+#: The variables S3 clients read (``versiq.storage``), handed to Spark's Python workers by ``configure_s3``.
+_AWS_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ALLOW_HTTP",
+                  "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 _S3A_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "fs.s3a.access.key", "AWS_SECRET_ACCESS_KEY": "fs.s3a.secret.key",
                     "AWS_SESSION_TOKEN": "fs.s3a.session.token"}
 
@@ -141,6 +144,13 @@ def configure_s3(spark: SparkSession, environ: Mapping[str, str] | None = None) 
         secret = env.get(variable)
         if secret and secret != jvm.java.lang.System.getenv(variable):
             conf.set(key, secret)
+    # Parse tasks read S3 sources with pyarrow in Spark's Python workers, whose environment is
+    # the JVM's plus ``SparkContext.environment``: the variables the JVM did not start with go
+    # there (tasks created from now on carry them; nothing is added to SparkConf).
+    for variable in _AWS_VARIABLES:
+        setting = env.get(variable)
+        if setting and setting != jvm.java.lang.System.getenv(variable):
+            spark.sparkContext.environment[variable] = setting
     return True
 
 

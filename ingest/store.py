@@ -16,14 +16,16 @@ import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-import duckdb
 import pyarrow as pa
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
+from versiq import layout, storage
+from versiq.durations import DurationError, parse_duration_ms
 from versiq.ingest.delta import commit_table, replace_run, set_description
-from versiq.ingest.errors import UsageError
+from versiq.ingest.errors import LockTimeout, UsageError
 from versiq.ingest.sources import SourceError
 from versiq.layout import (
     CHANGELOG_DIR,
@@ -47,15 +49,69 @@ from versiq.layout import (
 )
 from versiq.names import check_store_name
 
+if TYPE_CHECKING:
+    from versiq.ingest.lease import Lease
+
 log = logging.getLogger("versiq.ingest")
 
 
-class LockTimeout(Exception):
-    """Another writer holds the store's lock."""
+#: The S3 leases this process holds: store path -> lease (``writer_lock``), checked before every
+#: commit to the store (``check_still_writer``).
+_leases: dict[str, Lease] = {}
 
 
 @contextlib.contextmanager
 def writer_lock(store_path: str, timeout_s: float) -> Iterator[None]:
+    """The one-writer-per-store lock, held for a whole run (or compaction) of the store.
+
+    Local warehouse: an exclusive ``flock`` on ``<store>/_versiq/lock``, released by the OS if
+    the process dies. S3 warehouse: a lease object at the same place, written with conditional
+    puts and renewed in the background (``versiq.ingest.lease``): a second writer on any machine
+    waits for it, and one whose lease was lost stops before its commit (``check_still_writer``).
+    Either way the commit protocol is the last line: a run's Delta transaction id and, on S3,
+    versiq's conditional-put LogStore make two writers unable to both commit on one snapshot."""
+    if storage.is_s3(store_path):
+        from versiq.ingest.lease import s3_lease
+
+        with s3_lease(storage.join(store_path, PRIVATE_DIR, LOCK_FILE), timeout_s, ttl_s=lease_ttl_s()) as lease:
+            _leases[store_path] = lease
+            try:
+                yield
+            finally:
+                _leases.pop(store_path, None)
+        return
+    with _local_lock(store_path, timeout_s):
+        yield
+
+
+def lease_ttl_s() -> float:
+    """The ttl of an S3 writer's lease: ``VERSIQ_LEASE_TTL`` (a duration), default 30 s. A longer
+    ttl lets a writer ride out a longer S3 outage; a crashed writer on another host blocks the
+    store that long."""
+    from versiq.ingest.lease import DEFAULT_TTL_S
+
+    text = os.environ.get("VERSIQ_LEASE_TTL")
+    if not text:
+        return DEFAULT_TTL_S
+    try:
+        ttl_ms = parse_duration_ms(text)
+    except DurationError as exc:
+        raise UsageError(f"VERSIQ_LEASE_TTL: {exc}") from None
+    if ttl_ms < 3000:
+        raise UsageError(f"VERSIQ_LEASE_TTL must be at least 3s (got {text!r})")
+    return ttl_ms / 1000
+
+
+def check_still_writer(store_path: str) -> None:
+    """Raise ``LeaseLost`` when this process's lease on an S3 store was taken or ran out (a
+    local lock cannot be lost while the process lives)."""
+    lease = _leases.get(store_path)
+    if lease is not None:
+        lease.check()
+
+
+@contextlib.contextmanager
+def _local_lock(store_path: str, timeout_s: float) -> Iterator[None]:
     """Exclusive lock on ``<store>/_versiq/lock`` (released by the OS if the process dies)."""
     folder = os.path.join(store_path, PRIVATE_DIR)
     os.makedirs(folder, exist_ok=True)
@@ -72,7 +128,7 @@ def writer_lock(store_path: str, timeout_s: float) -> Iterator[None]:
                     handle.seek(0)
                     holder = handle.read().strip() or "unknown"
                     raise LockTimeout(
-                        f"store {os.path.basename(store_path)!r} is locked by another writer "
+                        f"store {storage.basename(store_path)!r} is locked by another writer "
                         f"({holder}); waited {timeout_s:g}s"
                     ) from None
                 time.sleep(0.2)
@@ -89,7 +145,7 @@ def writer_lock(store_path: str, timeout_s: float) -> Iterator[None]:
 
 
 def is_store(path: str) -> bool:
-    return has_delta_log(path) and DeltaTable.is_deltatable(path)
+    return has_delta_log(path) and storage.is_delta_table(path)
 
 
 def existing_store_path(warehouse: str, store: str) -> str:
@@ -98,7 +154,7 @@ def existing_store_path(warehouse: str, store: str) -> str:
         check_store_name(store)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    path = os.path.join(warehouse, store)
+    path = layout.table_path(warehouse, store)
     if not is_store(path):
         raise UsageError(f"no store {store!r} in warehouse {warehouse}")
     return path
@@ -125,7 +181,7 @@ def open_store(path: str, requested: StoreSettings, explicit: set[str]) -> Store
     """Open (or plan to create) a store; settings named in ``explicit`` must match a store's."""
     if not is_store(path):
         return StoreHandle(path, requested, None, StoreState())
-    table = DeltaTable(path)
+    table = storage.delta_table(path)
     try:
         settings = StoreSettings.from_description(table.metadata().description)
     except ValueError as exc:
@@ -139,7 +195,7 @@ def open_store(path: str, requested: StoreSettings, explicit: set[str]) -> Store
     for name, (have, want) in fields.items():
         if name in explicit and have != want:
             raise UsageError(
-                f"store {os.path.basename(path)!r} was created with {name} = {have}; "
+                f"store {storage.basename(path)!r} was created with {name} = {have}; "
                 f"it cannot be changed to {want} (create a new store instead)"
             )
     return StoreHandle(path, settings, table, read_state(path, table.version()))
@@ -155,7 +211,7 @@ def existing_versions(handle: StoreHandle, keys: pa.Table) -> pa.Table:
     files = handle.data_files()
     if not files or keys.num_rows == 0:
         return schema.empty_table()
-    con = duckdb.connect()
+    con = storage.duckdb_connect(handle.path)
     try:
         con.register("batch_keys", keys)
         sql = (
@@ -190,9 +246,10 @@ def commit_store(handle: StoreHandle, rows: DataFrame, state: StoreState, new_ru
     task). A run already committed (a rerun after a crash past the commit) is not appended
     twice: Delta skips the transaction. ``new_run=False``: a commit of state only, between runs."""
     kind = handle.settings.kind
+    check_still_writer(handle.path)
     commit_table(rows, handle.path, table_schema(kind), run=state.run, state=state,
                  description=handle.settings.to_description(), sort=table_sort(kind), new_run=new_run)
-    handle.table = DeltaTable(handle.path)
+    handle.table = storage.delta_table(handle.path)
     handle.state = state
     return handle.table.version()
 
@@ -207,23 +264,25 @@ def grow_partitions(spark: SparkSession, handle: StoreHandle, partitions: int) -
         return replace(handle, settings=replace(handle.settings, partitions=partitions))
     have = handle.settings.partitions
     if partitions < have:
-        raise SourceError(f"the topic has {partitions} partition(s) but store {os.path.basename(handle.path)!r} has "
+        raise SourceError(f"the topic has {partitions} partition(s) but store {storage.basename(handle.path)!r} has "
                           f"{have}: was the topic deleted and created again? Ingest it into a new store")
     if partitions == have:
         return handle
     settings = replace(handle.settings, partitions=partitions)
+    check_still_writer(handle.path)
     set_description(spark, handle.path, settings.to_description(), handle.state)
     log.warning("store %s: the topic has %d partitions now (was %d); the new ones start with their own stream time",
-                os.path.basename(handle.path), partitions, have)
-    return StoreHandle(handle.path, settings, DeltaTable(handle.path), handle.state)
+                storage.basename(handle.path), partitions, have)
+    return StoreHandle(handle.path, settings, storage.delta_table(handle.path), handle.state)
 
 
 def rejected_path(store_path: str) -> str:
-    return os.path.join(store_path, REJECTED_DIR)
+    return storage.join(store_path, REJECTED_DIR)
 
 
 def commit_side(store_path: str, side: str, state: StoreState, rows: DataFrame, empty: bool | None = None) -> None:
     """Write a run's rows of a side table (``_rejected``, ``_changelog``, ``_emitted``) before the
     run's table commit, replacing any rows an unfinished attempt of the run left there.
     ``rows``: one partition, in the order the run processed them."""
-    replace_run(rows, os.path.join(store_path, side), SIDE_TABLES[side], run=state.run, state=state, empty=empty)
+    check_still_writer(store_path)
+    replace_run(rows, storage.join(store_path, side), SIDE_TABLES[side], run=state.run, state=state, empty=empty)

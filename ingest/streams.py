@@ -11,7 +11,6 @@ The stream table is its own changelog: derived tables read it by (run, seq).
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,6 +18,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
+from versiq import layout, storage
 from versiq.ingest.bucketing import by_bucket, write_tasks
 from versiq.ingest.errors import UsageError
 from versiq.ingest.future import DEFAULT_MAX_FUTURE_MS, future_bound
@@ -65,12 +65,12 @@ class StreamSpec:
             if self.format is not None:
                 raise UsageError(f"stream {self.name!r}: a Kafka source has value_format, not format")
             return
-        if not os.path.exists(self.source):
+        if not storage.exists(self.source):
             raise UsageError(f"stream {self.name!r}: source {self.source!r} does not exist")
 
 
 def ingest_stream(spark: SparkSession, warehouse: str, spec: StreamSpec, lock_timeout_s: float) -> StreamReport:
-    path = os.path.join(os.path.abspath(warehouse), spec.name)
+    path = layout.table_path(warehouse, spec.name)
     settings = spec.settings()
     with writer_lock(path, lock_timeout_s):
         handle = open_store(path, settings, {"kind", "buckets"} if spec.buckets else {"kind"})

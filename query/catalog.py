@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -34,7 +33,7 @@ from typing import Any
 import duckdb
 from deltalake import DeltaTable
 
-from versiq import layout, names
+from versiq import layout, names, storage
 from versiq.query.api import StoreNotFound, StoreUnavailable, StreamNotFound, StreamUnavailable
 from versiq.query.index import LoadedStore, build_loaded
 from versiq.query.streams import StreamSnapshot
@@ -68,7 +67,7 @@ def has_commits(path: str) -> bool:
     """Whether a table directory has any Delta commit or checkpoint file (else it is being
     created and is not a store yet, rather than a broken one)."""
     try:
-        names_ = os.listdir(layout.delta_log(path))
+        names_ = storage.listdir(layout.delta_log(path))
     except OSError:
         return True  # the log exists but cannot be listed: that is an unreadable store
     return any(n.endswith(".json") or ".checkpoint" in n for n in names_)
@@ -97,7 +96,7 @@ class Catalog:
 
     def __init__(self, warehouse: str, *, refresh_interval_s: float = 1.0,
                  on_refresh: Callable[[set[str]], None] | None = None) -> None:
-        self.warehouse = os.path.abspath(warehouse)
+        self.warehouse = storage.normalize(warehouse)
         self.refresh_interval_s = refresh_interval_s
         self.stores: dict[str, StoreHandle] = {}
         self.streams: dict[str, StreamHandle] = {}
@@ -153,12 +152,8 @@ class Catalog:
         """One synchronous refresh pass: discover stores, reload those whose version moved."""
         with self.refresh_lock:
             self._started = True
-            try:
-                entries = sorted(os.scandir(self.warehouse), key=lambda e: e.name)
-            except FileNotFoundError:
-                entries = []
-            present = {e.name for e in entries
-                       if e.is_dir() and layout.has_delta_log(e.path)}
+            entries = storage.subdirectories(self.warehouse)
+            present = {name for name, path in entries if layout.has_delta_log(path)}
             for gone in [n for n in self._refused if n not in present]:
                 del self._refused[gone]
             for gone in [n for n in self._unavailable if n not in present]:
@@ -166,13 +161,12 @@ class Catalog:
                 log.info("store %s is no longer in the warehouse", gone)
             self._forget_removed(present)
             self._ignored &= present
-            for entry in entries:
-                name = entry.name
+            for name, path in entries:
                 if not names.is_valid_store_name(name) or name not in present:
                     continue
                 if name in self.stores or name in self.streams or name in self._refused or name in self._ignored:
                     continue
-                self._discover(name, entry.path)
+                self._discover(name, path)
             for handle in list(self.stores.values()):
                 self._refresh_store(handle)
             for stream in list(self.streams.values()):
@@ -190,7 +184,7 @@ class Catalog:
 
     def _discover(self, name: str, path: str) -> None:
         try:
-            dt = DeltaTable(path)
+            dt = storage.delta_table(path)
             description = dt.metadata().description
         except Exception as exc:
             if not has_commits(path):  # a store being created: its first commit is not written yet
@@ -219,7 +213,7 @@ class Catalog:
 
     def _build_connection(self) -> duckdb.DuckDBPyConnection:
         if self._build_con is None:
-            self._build_con = duckdb.connect()
+            self._build_con = storage.duckdb_connect(self.warehouse)
         return self._build_con
 
     def _refresh_table(self, handle: StoreHandle | StreamHandle, kind: str,
@@ -231,7 +225,7 @@ class Catalog:
             return
         try:
             if handle.dt is None:
-                handle.dt = DeltaTable(handle.path)
+                handle.dt = storage.delta_table(handle.path)
             else:
                 handle.dt.update_incremental()
             load(handle.dt)

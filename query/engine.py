@@ -40,7 +40,7 @@ from typing import Any
 
 import duckdb
 
-from versiq import layout
+from versiq import layout, storage
 from versiq.query import reads
 from versiq.query.api import (
     InvalidQuery,
@@ -123,7 +123,7 @@ class Engine:
         """This thread's DuckDB connection for reads from files."""
         con: duckdb.DuckDBPyConnection | None = getattr(self._local, "con", None)
         if con is None:
-            con = duckdb.connect(config={"threads": 1})
+            con = storage.duckdb_connect(self.warehouse, config={"threads": 1})
             self._local.con = con
         return con
 

@@ -1,17 +1,15 @@
-"""Small helpers shared by the store and stream readers: Delta add-action paths, the newest
-version on disk, and DuckDB -> Arrow."""
+"""Small helpers shared by the store and stream readers: the newest version on disk, and
+DuckDB -> Arrow (a Delta add action's file location is ``versiq.storage.data_file``)."""
 
 from __future__ import annotations
 
-import os
 import re
-import urllib.parse
 from typing import Any
 
 import duckdb
 import pyarrow as pa
 
-from versiq import layout
+from versiq import layout, storage
 
 _LOG_FILE = re.compile(r"(\d{20})\.(?:json|checkpoint\.parquet|checkpoint\.\d+\.\d+\.parquet)\Z")
 
@@ -24,21 +22,11 @@ def arrow(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any]) -> p
     return tbl if isinstance(tbl, pa.Table) else pa.table(tbl)
 
 
-def abs_path(table_path: str, path: str) -> str:
-    """The local absolute path of an add action's ``path`` (relative, absolute or a file URL)."""
-    if "://" in path:
-        parsed = urllib.parse.urlparse(path)
-        return urllib.parse.unquote(parsed.path)
-    if os.path.isabs(path):
-        return path
-    return os.path.join(table_path, urllib.parse.unquote(path))
-
-
 def latest_version_on_disk(table_path: str) -> int:
     """The newest Delta version whose commit (or checkpoint) file exists; -1 when none."""
     best = -1
     try:
-        entries = os.listdir(layout.delta_log(table_path))
+        entries = storage.listdir(layout.delta_log(table_path))
     except FileNotFoundError:
         return -1
     for name in entries:

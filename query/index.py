@@ -35,9 +35,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from versiq import layout
+from versiq import layout, storage
 from versiq.query import reads
-from versiq.query.files import abs_path, arrow
+from versiq.query.files import arrow
 
 
 def resolve_sql(kind: str, one_key: bool) -> str:
@@ -74,7 +74,7 @@ def files_by_bucket(dt: DeltaTable, table_path: str) -> dict[int, list[DataFile]
         if buckets is None or buckets[i] is None:
             raise ValueError("store table is not partitioned by 'bucket' (versiq layout)")
         out.setdefault(int(buckets[i]), []).append(
-            DataFile(abs_path(table_path, p), mins[i], maxs[i], int(nrec[i] or 0))
+            DataFile(storage.data_file(table_path, p), mins[i], maxs[i], int(nrec[i] or 0))
         )
     for files in out.values():
         files.sort(key=lambda f: f.path)

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import duckdb
 from deltalake import DeltaTable
 
-from versiq import layout
+from versiq import layout, storage
 from versiq.query import reads
 from versiq.query.api import SnapshotGone, SnapshotNotFound
 from versiq.query.files import arrow, latest_version_on_disk
@@ -123,7 +123,7 @@ class SnapshotCache:
         if snapshot > latest:
             raise SnapshotNotFound(f"{kind} {name!r} has no snapshot {snapshot} (latest is {latest})")
         try:
-            view = open_snapshot(DeltaTable(path, version=snapshot))
+            view = open_snapshot(storage.delta_table(path, version=snapshot))
         except Exception as exc:
             raise SnapshotGone(f"snapshot {snapshot} of {kind} {name!r} is no longer readable: {exc}") from exc
         with self._lock:

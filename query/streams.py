@@ -21,9 +21,9 @@ import duckdb
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from versiq import layout
+from versiq import layout, storage
 from versiq.query.api import InvalidQuery, SnapshotGone
-from versiq.query.files import abs_path, arrow
+from versiq.query.files import arrow
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,7 @@ def stream_files(dt: DeltaTable, table_path: str) -> tuple[StreamFile, ...]:
         if buckets[i] is None:
             raise ValueError("stream table is not partitioned by 'bucket' (versiq layout)")
         out.append(StreamFile(
-            path=abs_path(table_path, p), bucket=int(buckets[i]), num_records=int(nrec[i] or 0),
+            path=storage.data_file(table_path, p), bucket=int(buckets[i]), num_records=int(nrec[i] or 0),
             min_key=cols["min.key"][i], max_key=cols["max.key"][i],
             min_timestamp=cols["min.timestamp"][i], max_timestamp=cols["max.timestamp"][i],
             min_run=cols["min.run"][i], max_run=cols["max.run"][i],

@@ -8,6 +8,7 @@ import secrets
 import sys
 from typing import Any
 
+from versiq import storage
 from versiq.durations import DurationError
 from versiq.exits import EXIT_OK, EXIT_SERVE_FAILED, EXIT_USAGE
 from versiq.service.http import VersiqHttpProtocol, head_timeout_s
@@ -42,13 +43,20 @@ def serve_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         print("versiq serve: no warehouse: pass --warehouse DIR or set VERSIQ_WAREHOUSE",
               file=sys.stderr)
         return EXIT_USAGE
-    if not os.path.isdir(warehouse):
-        print(f"versiq serve: warehouse {warehouse!r} is not a directory", file=sys.stderr)
+    try:
+        warehouse = storage.normalize(warehouse)
+        # A local warehouse must exist; a bucket prefix may be empty until the first ingest (the
+        # service then serves no store and becomes ready when stores appear).
+        if not storage.is_s3(warehouse) and not os.path.isdir(warehouse):
+            print(f"versiq serve: warehouse {warehouse!r} is not a directory", file=sys.stderr)
+            return EXIT_USAGE
+    except storage.StorageError as exc:
+        print(f"versiq serve: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if args.workers < 1:
         print("versiq serve: --workers must be at least 1", file=sys.stderr)
         return EXIT_USAGE
-    os.environ["VERSIQ_WAREHOUSE"] = os.path.abspath(warehouse)
+    os.environ["VERSIQ_WAREHOUSE"] = warehouse
     # Every worker must verify the page tokens the others issued.
     os.environ.setdefault("VERSIQ_TOKEN_SECRET", secrets.token_hex(32))
     try:

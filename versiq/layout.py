@@ -90,11 +90,12 @@ that is already committed; a commit of state only, between runs, records
 from __future__ import annotations
 
 import json
-import os
 import zlib
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+
+from versiq import storage
 
 FORMAT_VERSION = 1
 FORMAT_KEY = "versiq.format"
@@ -370,7 +371,7 @@ class StoreState:
 
 
 def log_file(table_path: str, version: int) -> str:
-    return os.path.join(delta_log(table_path), f"{version:020d}.json")
+    return storage.join(delta_log(table_path), f"{version:020d}.json")
 
 
 def read_state(table_path: str, version: int) -> StoreState:
@@ -380,15 +381,13 @@ def read_state(table_path: str, version: int) -> StoreState:
     snapshot. Raises FileNotFoundError when the log of that version is gone (log cleanup).
     """
     for v in range(version, -1, -1):
-        path = log_file(table_path, v)
-        with open(path, encoding="utf-8") as handle:
-            for line in handle:
-                if not line.startswith('{"commitInfo"'):
-                    continue
-                info = json.loads(line)["commitInfo"]
-                text = info.get(STATE_KEY, info.get(LEGACY_STATE_KEY))
-                if text is not None:
-                    return StoreState.from_json(text)
+        for line in storage.read_text(log_file(table_path, v)).splitlines():
+            if not line.startswith('{"commitInfo"'):
+                continue
+            info = json.loads(line)["commitInfo"]
+            text = info.get(STATE_KEY, info.get(LEGACY_STATE_KEY))
+            if text is not None:
+                return StoreState.from_json(text)
     return StoreState()
 
 
@@ -416,11 +415,17 @@ def horizon(stream_time: int | None, history_retention_ms: int) -> int | None:
     return stream_time - history_retention_ms
 
 
+def table_path(warehouse: str, name: str) -> str:
+    """Where table ``name`` of ``warehouse`` lives: a direct child of the warehouse (a local
+    directory or an S3 prefix, ``versiq.storage``)."""
+    return storage.join(storage.normalize(warehouse), name)
+
+
 def delta_log(table_path: str) -> str:
     """The Delta log directory of the table at ``table_path``."""
-    return os.path.join(table_path, DELTA_LOG_DIR)
+    return storage.join(table_path, DELTA_LOG_DIR)
 
 
 def has_delta_log(path: str) -> bool:
     """Whether ``path`` is a table directory (it has a Delta log), readable or not."""
-    return os.path.isdir(delta_log(path))
+    return storage.isdir(delta_log(path))

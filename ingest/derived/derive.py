@@ -21,17 +21,15 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import duckdb
 import pyarrow as pa
-from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 from pyspark.sql import SparkSession
 
+from versiq import layout, storage
 from versiq.ingest.config import Pipeline
 from versiq.ingest.delta import local_frame
 from versiq.ingest.derived.expressions import key_string, parse_value
@@ -101,10 +99,10 @@ def _table_settings(spec: TableSpec) -> StoreSettings:
 
 
 def _source_info(warehouse: str, name: str) -> SourceInfo:
-    path = os.path.join(warehouse, name)
+    path = layout.table_path(warehouse, name)
     if not is_store(path):
         raise DeriveError(f"input {name!r} has no table in the warehouse (its ingest failed?)")
-    table = DeltaTable(path)
+    table = storage.delta_table(path)
     settings = StoreSettings.from_description(table.metadata().description)
     version = table.version()
     state = read_state(path, version)
@@ -128,7 +126,7 @@ def _sources_of(tables: dict[str, TableSpec], name: str) -> set[str]:
 
 
 def derive(spark: SparkSession, warehouse: str, pipeline: Pipeline, lock_timeout_s: float) -> dict[str, TableReport]:
-    warehouse = os.path.abspath(warehouse)
+    warehouse = storage.normalize(warehouse)
     specs = {t.name: t for t in pipeline.tables}
     order = [t.name for t in pipeline.tables]
     reports: dict[str, TableReport] = {}
@@ -173,7 +171,7 @@ def _open_tables(stack: contextlib.ExitStack, warehouse: str, specs: dict[str, T
     """Lock and open every derived table of the pipeline (held until ``stack`` closes)."""
     handles: dict[str, StoreHandle] = {}
     for name in order:
-        path = os.path.join(warehouse, name)
+        path = layout.table_path(warehouse, name)
         stack.enter_context(writer_lock(path, lock_timeout_s))
         handle = open_store(path, _table_settings(specs[name]), {"kind", "history_retention", "buckets"})
         handles[name] = handle
@@ -204,7 +202,7 @@ def _snapshot_of_run(path: str, current: int | None, run: int) -> int:
     newest compacted (hence still readable) copy, not the possibly vacuumed original."""
     found = _newest_snapshot(path, current, lambda state: state.run == run, lambda state: state.run < run)
     if found is None:
-        raise DeriveError(f"store {os.path.basename(path)!r}: no readable snapshot of run {run} (its Delta log "
+        raise DeriveError(f"store {storage.basename(path)!r}: no readable snapshot of run {run} (its Delta log "
                           "was cleaned up); delete the derived tables of this pipeline to rebuild them")
     return found
 
@@ -218,20 +216,20 @@ def _find_snapshot(path: str, current: int | None, start: dict[str, int]) -> int
     found = _newest_snapshot(path, current, computed_from_start, lambda state: False)
     if found is not None or all(run == 0 for run in start.values()):
         return found
-    raise DeriveError(f"derived table {os.path.basename(path)!r} has no snapshot computed from source runs "
+    raise DeriveError(f"derived table {storage.basename(path)!r} has no snapshot computed from source runs "
                       f"{start}; delete the derived tables of this pipeline to rebuild them")
 
 
 def _read_records(path: str, after: int, upto: int, is_stream: bool) -> list[SourceRecord]:
     """Records of runs (after, upto] of a stream table or a store's ``_changelog``, in order."""
-    table_path = path if is_stream else os.path.join(path, CHANGELOG_DIR)
+    table_path = path if is_stream else storage.join(path, CHANGELOG_DIR)
     if upto <= after or not is_store(table_path):
         return []
-    files = list(DeltaTable(table_path).file_uris())
+    files = list(storage.delta_table(table_path).file_uris())
     if not files:
         return []
     part = "0" if is_stream else '"partition"'
-    con = duckdb.connect()
+    con = storage.duckdb_connect(path)
     try:
         rows = con.sql(
             f"SELECT key, value, timestamp, {part} FROM read_parquet($files) WHERE run > $after AND run <= $upto "
@@ -252,7 +250,7 @@ def _bootstrap_records(info: SourceInfo, run: int) -> list[SourceRecord]:
         raise DeriveError(f"store {info.name!r}: no readable snapshot of run {run} (its Delta log was cleaned up), "
                           "the history a table added over it starts from; delete the store and ingest it again "
                           "from its files") from None
-    files = list(DeltaTable(info.path, version=snapshot).file_uris())
+    files = list(storage.delta_table(info.path, version=snapshot).file_uris())
     if not files:
         return []
     settings = info.settings
@@ -263,7 +261,7 @@ def _bootstrap_records(info: SourceInfo, run: int) -> list[SourceRecord]:
                          for p, t in sorted(state.stream_time.items()))
         horizon = f"CASE \"partition\" {cases} END" if cases else "NULL"
         observable = f"valid_to IS NULL OR {horizon} IS NULL OR valid_to > {horizon}"
-    con = duckdb.connect()
+    con = storage.duckdb_connect(info.path)
     try:
         rows = con.sql(
             "SELECT key, value, valid_from, \"partition\" FROM (SELECT key, valid_from, valid_to, value, tombstone, "

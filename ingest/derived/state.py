@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import duckdb
 import pyarrow as pa
-from deltalake import DeltaTable
 
+from versiq import storage
 from versiq.layout import STORE_SCHEMA, StoreState, bucket_of, read_rule_sql, read_state
 
 #: One version: (timestamp, value JSON text or None for a tombstone).
@@ -56,13 +56,13 @@ class SnapshotReader:
         self.files: list[str] = []
         self.state = StoreState()
         if version is not None:
-            self.files = list(DeltaTable(path, version=version).file_uris())
+            self.files = list(storage.delta_table(path, version=version).file_uris())
             self.state = read_state(path, version)
         self._con: duckdb.DuckDBPyConnection | None = None
 
     def _connection(self) -> duckdb.DuckDBPyConnection:
         if self._con is None:
-            self._con = duckdb.connect()
+            self._con = storage.duckdb_connect(self.path)
         return self._con
 
     def close(self) -> None:

@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from versiq import storage
 from versiq.ingest.records.csv_rows import csv_records, parse_csv
 from versiq.ingest.records.jsonl import jsonl_lines, parse_jsonl
 from versiq.ingest.records.parquet_rows import parquet_row_text, parse_parquet, timestamp_ticks, timestamp_type
@@ -32,8 +33,9 @@ def parse_file(path: str, source: str, fmt: str, max_timestamp: int | None = Non
 
     ``max_timestamp``: records stamped later are rejected ``bad_timestamp`` (the store's
     ``max_future`` guard, ``future_bound``), so they never reach stream time."""
-    for batch in PARSERS[fmt](path, source):
-        yield batch if max_timestamp is None else refuse_future(batch, max_timestamp)
+    with storage.local_copy(path) as local:
+        for batch in PARSERS[fmt](local, source):
+            yield batch if max_timestamp is None else refuse_future(batch, max_timestamp)
 
 
 def refuse_future(batch: pa.RecordBatch, max_timestamp: int) -> pa.RecordBatch:
@@ -68,6 +70,11 @@ def raw_texts(path: str, fmt: str, positions: Sequence[int]) -> Iterator[tuple[i
     theirs from here, read again from the file with the parser's own line splitting, CSV
     reader and row rendering. Source files must not change while a run reads them; a position
     the file no longer has is an error (the run fails and commits nothing)."""
+    with storage.local_copy(path) as local:  # an S3 source is read from a local copy
+        yield from _raw_texts(local, fmt, positions)
+
+
+def _raw_texts(path: str, fmt: str, positions: Sequence[int]) -> Iterator[tuple[int, str]]:
     i, n = 0, len(positions)
     if n and any(positions[k] >= positions[k + 1] for k in range(n - 1)):
         raise ValueError("positions must be strictly ascending")

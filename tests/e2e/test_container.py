@@ -213,8 +213,10 @@ def test_compose_commands_are_versiq_commands(
     compose: dict, dockerfile: Dockerfile, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     services = compose["services"]
-    assert set(services) == {"ingest", "query"}
+    assert set(services) == {"ingest", "query", "s3", "ingest-s3", "query-s3"}
     for name, service in services.items():
+        if name == "s3":
+            continue
         assert service.get("build") == ".", f"{name} is not built from this Dockerfile"
         assert "entrypoint" not in service, f"{name} must keep the image's versiq entrypoint"
     assert services["ingest"]["image"] == services["query"]["image"]
@@ -273,6 +275,36 @@ def test_compose_pipeline_file_is_mounted_and_valid(
         assert store.get("format", "jsonl") in choices["format"]
         assert store.get("kind", "versioned") in choices["kind"]
         parse_duration_ms(store.get("history_retention", "1d"))
+
+
+def test_compose_s3_variant_writes_and_serves_one_bucket(
+    compose: dict, dockerfile: Dockerfile, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ``s3`` profile: an S3 server creating the bucket, an ingest writing it and query
+    replicas reading it, all with the same endpoint and credentials (what it runs is tested
+    outside a container by tests/e2e/test_s3_warehouse.py, against the same server)."""
+    services = compose["services"]
+    assert all(services[n].get("profiles") == ["s3"] for n in ("s3", "ingest-s3", "query-s3"))
+    assert all("profiles" not in services[n] for n in ("ingest", "query"))
+    server = services["s3"]
+    flags = dict(f.lstrip("-").split("=", 1) for f in server["command"][1:])
+    assert server["command"][0] == "mini" and server["entrypoint"] == ["/usr/bin/weed"]
+    parsed = {}
+    for name in ("ingest-s3", "query-s3"):
+        env = {**dockerfile.env, **{k: str(v) for k, v in services[name]["environment"].items()}}
+        args = parse_versiq(services[name]["command"], env, monkeypatch)
+        parsed[name] = args
+        assert args.warehouse == "s3://" + flags["bucket"] + "/warehouse"
+        assert env["AWS_ENDPOINT_URL"] == f"http://s3:{flags['s3.port']}"
+        for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            assert env[key] == str(server["environment"][key])
+        assert "s3" in services[name]["depends_on"]
+        assert _named_mounts(services[name]).get(dockerfile.volumes[0]) is None  # no local warehouse
+    assert parsed["ingest-s3"].command == "ingest" and parsed["ingest-s3"].continuous
+    assert parsed["query-s3"].command == "serve"
+    assert services["query-s3"]["deploy"]["replicas"] >= 2
+    assert services["query-s3"]["environment"]["VERSIQ_TOKEN_SECRET"]  # replicas share page tokens
+    assert "s3data" in compose["volumes"]
 
 
 # ------------------------------------------------------------------------------ it starts

@@ -1,4 +1,5 @@
-"""Helpers for ingest tests: write changelog files, read a store back independently of query/.
+"""Helpers for ingest tests: write changelog files, read a store back independently of query/
+(a local one, or one on S3 through ``versiq.storage``).
 
 Stores are read here with DuckDB and the layout's read rule directly (not through the query
 engine), so ingest tests check the on-disk contract itself.
@@ -10,11 +11,9 @@ import json
 import os
 from dataclasses import dataclass
 
-import duckdb
-from deltalake import DeltaTable
-
 from tests.support.reference import InRecord
-from versiq.layout import read_state
+from versiq import storage
+from versiq.layout import has_delta_log, read_state
 
 
 def record_line(r: InRecord) -> str:
@@ -57,17 +56,17 @@ class StoredVersion:
 
 def store_versions(path: str, version: int | None = None) -> dict[str, list[StoredVersion]]:
     """Every version per key (tombstones included) after the read rule, ascending."""
-    table = DeltaTable(path, version=version) if version is not None else DeltaTable(path)
-    files = table.file_uris()
+    files = storage.delta_table(path, version).file_uris()
     out: dict[str, list[StoredVersion]] = {}
     if not files:
         return out
+    con = storage.duckdb_connect(path)
     # the layout contract (versiq.layout): a run writes at most one row per (key, valid_from),
     # so the read rule never has to choose between two rows of one run
-    twice = duckdb.sql("SELECT key, valid_from, run FROM read_parquet($files) GROUP BY ALL HAVING count(*) > 1",
+    twice = con.sql("SELECT key, valid_from, run FROM read_parquet($files) GROUP BY ALL HAVING count(*) > 1",
                        params={"files": files}).fetchall()
     assert not twice, f"rows written twice by one run: {twice[:5]}"
-    rows = duckdb.sql(
+    rows = con.sql(
         "SELECT key, valid_from, value, valid_to, tombstone FROM read_parquet($files) "
         "QUALIFY row_number() OVER (PARTITION BY key, valid_from ORDER BY run DESC) = 1 "
         "ORDER BY key, valid_from",
@@ -80,10 +79,10 @@ def store_versions(path: str, version: int | None = None) -> dict[str, list[Stor
 
 
 def timestamped_values(path: str) -> dict[str, tuple[str | None, int]]:
-    files = DeltaTable(path).file_uris()
+    files = storage.delta_table(path).file_uris()
     if not files:
         return {}
-    rows = duckdb.sql(
+    rows = storage.duckdb_connect(path).sql(
         "SELECT key, value, valid_from FROM read_parquet($files) "
         "QUALIFY row_number() OVER (PARTITION BY key ORDER BY run DESC) = 1",
         params={"files": files},
@@ -92,14 +91,14 @@ def timestamped_values(path: str) -> dict[str, tuple[str | None, int]]:
 
 
 def stream_times(path: str) -> dict[int, int]:
-    return read_state(path, DeltaTable(path).version()).stream_time
+    return read_state(path, storage.delta_table(path).version()).stream_time
 
 
 def rejected_rows(path: str) -> list[dict]:
-    rej = os.path.join(path, "_rejected")
-    if not os.path.isdir(os.path.join(rej, "_delta_log")):
+    rej = storage.join(path, "_rejected")
+    if not has_delta_log(rej):
         return []
-    return DeltaTable(rej).to_pyarrow_table().to_pylist()
+    return storage.delta_table(rej).to_pyarrow_table().to_pylist()
 
 
 def model_versions(model, keys) -> dict[str, list[StoredVersion]]:
