@@ -111,6 +111,8 @@ class Catalog:
         self._thread: threading.Thread | None = None
         self._started = False
         self._build_con: duckdb.DuckDBPyConnection | None = None
+        #: Why the last refresh could not list the warehouse (an unreachable bucket), else None.
+        self._warehouse_error: str | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -152,7 +154,17 @@ class Catalog:
         """One synchronous refresh pass: discover stores, reload those whose version moved."""
         with self.refresh_lock:
             self._started = True
-            entries = storage.subdirectories(self.warehouse)
+            try:
+                entries = storage.subdirectories(self.warehouse)
+            except OSError as exc:  # the bucket cannot be reached (a local warehouse is never listed in vain)
+                error = f"cannot list the warehouse: {exc}"
+                if self._warehouse_error != error:
+                    log.error("%s (serving what is loaded; retried at every refresh)", error)
+                self._warehouse_error = error
+                return
+            if self._warehouse_error is not None:
+                log.info("the warehouse can be listed again")
+                self._warehouse_error = None
             present = {name for name, path in entries if layout.has_delta_log(path)}
             for gone in [n for n in self._refused if n not in present]:
                 del self._refused[gone]
@@ -338,7 +350,9 @@ class Catalog:
 
         Ready once a refresh pass ran and every store and stream of the warehouse (every
         directory with a ``_delta_log``, refused format versions aside) has a loaded snapshot:
-        ``unavailable`` names those that cannot be read, and readiness follows the warehouse at
+        ``unavailable`` names those that cannot be read, ``warehouse`` why the warehouse itself
+        could not be listed at the last refresh (an unreachable bucket: not ready until it can
+        be), and readiness follows the warehouse at
         every refresh (a repaired store makes it ready again, a removed one leaves it). One
         serving its last good snapshot after a failed refresh stays ready (its ``error`` says
         why it is stale).
@@ -359,8 +373,8 @@ class Catalog:
                     "lastRefreshAgeSeconds": None if h.last_refresh is None else round(now - h.last_refresh, 3),
                     "error": h.error,
                 }
-        if self._unavailable:
+        if self._unavailable or self._warehouse_error is not None:
             ready = False
         return {"ready": ready, "stores": out["stores"], "streams": out["streams"], "refused": dict(self._refused),
-                "unavailable": self.unavailable()}
+                "unavailable": self.unavailable(), "warehouse": self._warehouse_error}
 

@@ -390,3 +390,50 @@ def test_random_topic_changelogs_in_random_runs_give_the_same_store_on_s3_as_the
     assert store_versions(path) == model_versions(model, {k for k, _v, _t in records})
     assert stream_times(path) == model.stream_time
     _same_stores(path, os.path.join(local, "p"))
+
+
+def test_an_unreachable_bucket_makes_the_service_not_ready_and_says_why(s3, monkeypatch):
+    """Nothing listens on the endpoint: the engine starts, serves nothing, is not ready, and
+    ``/readyz`` says the warehouse cannot be listed (without any credential in the text)."""
+    dead = free_ports(1)[0]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{dead}")
+    with serve_engine(_warehouse("unreachable")) as (url, engine):
+        body = httpx.get(url + "/readyz", timeout=60).json()
+        assert body["ready"] is False and "cannot list the warehouse" in body["warehouse"], body
+        assert s3.secret_key not in json.dumps(body) and s3.access_key not in json.dumps(body)
+        assert engine.catalog.stores == {}
+
+
+def test_two_ingests_of_one_store_take_turns_and_never_commit_on_one_snapshot(s3, tmp_path):
+    """Two ``versiq ingest`` processes (two JVMs, as two machines would be) write one store in
+    the bucket at once: the lease makes one wait for the other, both runs are committed, and
+    every commit was made on the snapshot before it (Delta's ``readVersion``)."""
+    remote = _warehouse("writers")
+    sources = []
+    for name in ("a", "b"):
+        lines = [json.dumps({"key": f"{name}{i % 5}", "value": i, "timestamp": 1_000 + i}) for i in range(50)]
+        sources.append(_write(str(tmp_path / name), f"{name}.jsonl", lines))
+    procs = [subprocess.Popen([*VERSIQ, "ingest", "--warehouse", remote, "--store", "w", "--source", source,
+                               "--max-future", "none", "--lock-timeout", "300s"], env=_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for source in sources]
+    outputs = [proc.communicate(timeout=600) for proc in procs]
+    for proc, (out, err) in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, err
+        assert s3.secret_key not in out + err
+    path = layout.table_path(remote, "w")
+    head = storage.delta_table(path).version()
+    state = layout.read_state(path, head)
+    assert state.run == 2 and sorted(state.done_files) == ["a.jsonl", "b.jsonl"], state
+    for version in range(1, head + 1):
+        info = next(json.loads(line)["commitInfo"] for line in storage.read_text(layout.log_file(path, version))
+                    .splitlines() if line.startswith('{"commitInfo"'))
+        assert info["readVersion"] == version - 1, (version, info)
+    versions = store_versions(path)
+    assert sorted(versions) == [f"{n}{i}" for n in "ab" for i in range(5)]
+    # maintain waits for a writer's lease like an ingest does
+    from versiq.ingest.errors import LockTimeout
+    from versiq.ingest.store import writer_lock
+
+    with writer_lock(path, 5), pytest.raises(LockTimeout, match="locked by another writer"):
+        maintain_store(remote, "w", 1)
