@@ -23,12 +23,15 @@ class VersionedKeyQuery:
 
 @dataclass(frozen=True)
 class MultiVersionedKeyQuery:
-    """Every version of one key valid in ``[from_time, to_time]`` (rules 9-11); None = unbounded."""
+    """Every version of one key valid in ``[from_time, to_time]`` (rules 9-11); None = unbounded.
+    ``include_deleted``: tombstones meeting the same conditions are returned too, marked deleted
+    (rule 32)."""
 
     key: str
     from_time: int | None = None
     to_time: int | None = None
     ascending: bool = True
+    include_deleted: bool = False
 
 
 @dataclass(frozen=True)
@@ -71,11 +74,13 @@ class KeysPage:
 
 @dataclass(frozen=True)
 class VersionedRecord:
-    """A value with its validity ``[timestamp, valid_to)``; ``valid_to`` None = still valid."""
+    """A value with its validity ``[timestamp, valid_to)``; ``valid_to`` None = still valid.
+    ``deleted``: a tombstone (``value`` None), returned only when a range asks for them."""
 
-    value: str
+    value: str | None
     timestamp: int
     valid_to: int | None
+    deleted: bool = False
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,12 @@ class VersionsPage:
     horizon: int | None
     #: Timestamp of the last record returned when more records follow, else None.
     resume_after: int | None
+    #: The range lies wholly before the horizon and its answer is past retention (rule 32): no
+    #: record is returned, and the API answers *expired*.
+    expired: bool = False
+    #: The range reaches below the horizon (``from`` missing or ``< h <= to``): history before
+    #: ``h`` that once met it is no longer returned (rule 32).
+    truncated: bool = False
 
 
 @dataclass(frozen=True)

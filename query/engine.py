@@ -333,12 +333,14 @@ class Engine:
         self._check_versions(view, query, limit)
         rows = view.rows(self._con(), query.key)
         h = _horizon(view, query.key, rows)
-        idx = reads.range_indices(rows, query.from_time, query.to_time, h, query.ascending, resume_after)
+        idx = reads.range_indices(rows, query.from_time, query.to_time, h, query.ascending, resume_after,
+                                  query.include_deleted)
+        expired, truncated = reads.range_edges(rows, query.from_time, query.to_time, h)
         if rows is None or len(idx) == 0:
-            return VersionsPage([], view.snapshot, h, None)
+            return VersionsPage([], view.snapshot, h, None, expired, truncated)
         records = [rows.record(int(i)) for i in idx[:limit]]
         more = len(idx) > limit
-        return VersionsPage(records, view.snapshot, h, records[-1].timestamp if more else None)
+        return VersionsPage(records, view.snapshot, h, records[-1].timestamp if more else None, expired, truncated)
 
 
     # ------------------------------------------------------------------ streams

@@ -40,8 +40,10 @@ class KeyRows:
         j = self.start + i
         vt = int(self.valid_to[j])
         value: Any = self.values[j].as_py()
+        deleted = bool(self.tombstone[j])
         return VersionedRecord(
-            value=value, timestamp=int(self.valid_from[j]), valid_to=None if vt == NULL_TS else vt
+            value=None if deleted else value, timestamp=int(self.valid_from[j]),
+            valid_to=None if vt == NULL_TS else vt, deleted=deleted,
         )
 
     def is_tombstone(self, i: int) -> bool:
@@ -98,6 +100,19 @@ def tombstone_answer(rows: KeyRows | None, t: int | None, h: int | None) -> tupl
     return rows.timestamp(i), rows.record(i).valid_to
 
 
+def range_edges(rows: KeyRows | None, lo: int | None, hi: int | None, h: int | None) -> tuple[bool, bool]:
+    """``(expired, truncated)`` of a range read (rule 32). *Expired*: ``to < h`` and the key's
+    newest version is after ``to`` (rule 10 can return nothing, and it is retention, not the
+    key's history, that says so: the answer an as-of read at ``to`` gives). *Truncated*: the
+    range reaches below ``h`` (``from`` missing or ``< h``) while ``to`` is at or after it."""
+    if h is None:
+        return False, False
+    if hi is not None and hi < h:
+        expired = rows is not None and len(rows) > 0 and rows.timestamp(len(rows) - 1) > hi
+        return expired, False
+    return False, lo is None or lo < h
+
+
 def prefix_end(prefix: str) -> str | None:
     """The smallest string above every string that starts with ``prefix`` (None: no bound), in
     code-point order, which is UTF-8 byte order."""
@@ -118,16 +133,18 @@ def range_indices(
     h: int | None,
     ascending: bool,
     resume_after: int | None,
+    include_deleted: bool = False,
 ) -> np.ndarray:
     """Indices (within the key) of the versions rules 9-11 return, in the requested order,
-    restricted to timestamps after ``resume_after`` (ascending) / before it (descending)."""
+    restricted to timestamps after ``resume_after`` (ascending) / before it (descending).
+    ``include_deleted``: tombstones are treated as versions too (rule 32)."""
     empty = np.empty(0, dtype=np.int64)
     if rows is None or len(rows) == 0:
         return empty
     s, e = rows.start, rows.end
     vf = rows.valid_from[s:e]
     vt = rows.valid_to[s:e]
-    live = ~rows.tombstone[s:e]
+    live = np.ones(e - s, dtype=bool) if include_deleted else ~rows.tombstone[s:e]
     n = e - s
     if h is not None and hi is not None and hi < h:
         # Rule 10: only the latest version may qualify.

@@ -230,19 +230,29 @@ class Service:
         store = _checked_name(route.store, "store")
         key = route.key or ""
         params = parse_query(query_string,
-                             ("from", "to", "order", "pageSize", "pageToken", "snapshot"))
+                             ("from", "to", "order", "includeDeleted", "pageSize", "pageToken", "snapshot"))
         if not key:
             raise bad_request("the key must not be empty")
         from_time, to_time, order, page_size = _range_params(params)
-        query = PageQuery(store, key, from_time, to_time, order)
+        include_deleted = bool_param(params, "includeDeleted")
+        query = PageQuery(store, key, from_time, to_time, order, include_deleted=include_deleted)
         snapshot, position = self._resume(params, query)
         resume_after = None if position is None else position.resume_after
         engine = self.require_engine()
         page = await self._call(
             store, snapshot, engine.versions, store,
-            MultiVersionedKeyQuery(key, from_time, to_time, order == "asc"),
+            MultiVersionedKeyQuery(key, from_time, to_time, order == "asc", include_deleted),
             snapshot=snapshot, resume_after=resume_after, limit=page_size,
         )
+        if page.expired:
+            raise Problem(
+                "expired",
+                f"the range [{'-inf' if from_time is None else from_time}, {to_time}] lies wholly before the "
+                f"history-retention horizon {page.horizon} (stream time - historyRetentionMs of the key's "
+                f"partition) of store {store!r} at snapshot {page.snapshot}, and the latest version of key "
+                f"{key!r} is newer than {to_time}: no answer can be given",
+                key=key, snapshot=page.snapshot, horizon=page.horizon,
+            )
         next_token = None
         if page.resume_after is not None:
             next_token = self.tokens.issue(query, page.snapshot, page.resume_after)

@@ -68,7 +68,7 @@ def stream_info_json(info: StreamInfo) -> dict[str, Any]:
 def key_json(key: str, result: KeyResult) -> bytes:
     """A found record of ``GET .../keys/{key}``."""
     rec = result.record
-    assert rec is not None
+    assert rec is not None and rec.value is not None
     return b"".join((
         b'{"key":', dumps(key), b',"value":', rec.value.encode("utf-8"),
         b',"timestamp":', int_or_null(rec.timestamp),
@@ -80,6 +80,9 @@ def key_json(key: str, result: KeyResult) -> bytes:
 def versions_json(key: str, page: VersionsPage, next_token: str | None) -> bytes:
     """A page of ``GET .../keys/{key}/versions``."""
     records = b",".join(
+        b"".join((b'{"timestamp":', int_or_null(r.timestamp), b',"validTo":', int_or_null(r.valid_to),
+                  b',"deleted":true}'))
+        if r.value is None else
         b"".join((b'{"value":', r.value.encode("utf-8"), b',"timestamp":',
                   int_or_null(r.timestamp), b',"validTo":', int_or_null(r.valid_to), b"}"))
         for r in page.records
@@ -87,7 +90,7 @@ def versions_json(key: str, page: VersionsPage, next_token: str | None) -> bytes
     return b"".join((
         b'{"key":', dumps(key), b',"records":[', records, b'],"nextPageToken":',
         dumps(next_token), b',"snapshot":', int_or_null(page.snapshot),
-        b',"horizon":', int_or_null(page.horizon), b"}",
+        b',"horizon":', int_or_null(page.horizon), b',"truncated":', b"true" if page.truncated else b"false", b"}",
     ))
 
 
@@ -137,7 +140,7 @@ def batch_json(store: str, snapshot: int, keys: list[str], as_of: int | None, re
             parts.append(head + b',"problem":' + dumps(problems[i]) + b"}")
             continue
         rec = result.record
-        assert rec is not None
+        assert rec is not None and rec.value is not None
         parts.append(b"".join((head, b',"record":{"value":', rec.value.encode("utf-8"), b',"timestamp":',
                                int_or_null(rec.timestamp), b',"validTo":', int_or_null(rec.valid_to), b"}}")))
     return b"".join((b'{"store":', dumps(store), b',"snapshot":', int_or_null(snapshot), b',"results":[',

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from versiq.service.problems import Problem, bad_request
 
 #: Payload layouts: 1 = versions ``[1, store, key, from, to, order, snapshot, timestamp,
-#: issued]``; 2 = any listing ``[2, listing, name, key, from, to, order, snapshot, [position...],
-#: issued]``.
+#: issued(, 1 when includeDeleted)]``; 2 = any listing ``[2, listing, name, key, from, to, order,
+#: snapshot, [position...], issued]``.
 _VERSION = 1
 _VERSION_LISTING = 2
 VERSIONS = "versions"
@@ -47,6 +47,8 @@ class PageQuery:
     to_time: int | None
     order: str
     listing: str = VERSIONS
+    #: Versions only: tombstones are part of the listing (``includeDeleted``).
+    include_deleted: bool = False
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,7 @@ class PageTokens:
             if query.key is None or len(position) != 1:
                 raise ValueError("a versions token needs a key and one timestamp")
             data = [_VERSION, query.store, query.key, query.from_time, query.to_time, query.order,
-                    snapshot, position[0], issued]
+                    snapshot, position[0], issued, *([1] if query.include_deleted else [])]
         else:
             data = [_VERSION_LISTING, query.listing, query.store, query.key, query.from_time,
                     query.to_time, query.order, snapshot, list(position), issued]
@@ -111,9 +113,14 @@ class PageTokens:
         """The bound query, snapshot, position and issue time (ms) of a payload; None if malformed."""
         if not isinstance(data, list) or not data:
             return None
-        if data[0] == _VERSION and len(data) == 9:
-            _, name, key, from_time, to_time, order, snapshot, resume_after, issued_ms = data
+        include_deleted = False
+        if data[0] == _VERSION and len(data) in (9, 10):
+            _, name, key, from_time, to_time, order, snapshot, resume_after, issued_ms = data[:9]
             listing, position = VERSIONS, [resume_after]
+            if len(data) == 10:
+                if data[9] != 1:
+                    return None
+                include_deleted = True
         elif data[0] == _VERSION_LISTING and len(data) == 10:
             _, listing, name, key, from_time, to_time, order, snapshot, position, issued_ms = data
             if listing not in _NAME_LABEL or not isinstance(position, list):
@@ -126,8 +133,8 @@ class PageTokens:
                 and (all(isinstance(p, str) for p in position) if listing == KEYS
                      else all(_is_int(p) for p in position))):
             return None
-        return (PageQuery(name, key, from_time, to_time, order, listing), snapshot, tuple(position),
-                issued_ms)
+        return (PageQuery(name, key, from_time, to_time, order, listing, include_deleted), snapshot,
+                tuple(position), issued_ms)
 
     def resolve(self, token: str, query: PageQuery, now: float | None = None) -> PagePosition:
         """Check a token against the follow-up request; 400 on mismatch/tamper, 410 if expired."""
@@ -172,13 +179,14 @@ class PageTokens:
                     (_NAME_LABEL[query.listing], bound.store, query.store), ("key", bound.key, query.key),
                     ("from", bound.from_time, query.from_time),
                     ("to", bound.to_time, query.to_time), ("order", bound.order, query.order),
+                    ("includeDeleted", bound.include_deleted, query.include_deleted),
                 ) if a != b
             ]
             raise bad_request(
                 "query parameter 'pageToken' belongs to another query: "
                 + ", ".join(diffs)
-                + " differ(s) from the request that issued it (repeat the same key, from, to "
-                "and order; only pageSize may change)",
+                + " differ(s) from the request that issued it (repeat the same key, from, to, "
+                "order and includeDeleted; only pageSize may change)",
                 parameter="pageToken",
             )
         issued_at = issued_ms / 1000

@@ -341,9 +341,44 @@ def ensure_dir(path: str) -> None:
 
 # ------------------------------------------------------------------------------ DuckDB
 
-def _fsspec_s3() -> Any:
-    """pyarrow's S3 file system as an fsspec file system answering ``s3://`` and ``s3a://``."""
-    from fsspec.implementations.arrow import ArrowFSWrapper
+@functools.cache
+def _fsspec_s3_class() -> Any:
+    """The fsspec file system class DuckDB reads ``s3://`` through (built once, on first use:
+    fsspec is imported only by processes that read S3)."""
+    from fsspec.implementations.arrow import ArrowFile, ArrowFSWrapper
+
+    class PositionalArrowFile(ArrowFile):  # type: ignore[misc]
+        """A read-only S3 object whose position is per thread, read with ``read_at``.
+
+        DuckDB shares one handle between its threads and calls ``seek()`` then ``read()``;
+        with one position per handle another thread can move it in between, and DuckDB then
+        decodes bytes from the wrong offset (seen as ZSTD or Thrift errors on files of many row
+        groups). Positional reads make every ``seek``/``read`` pair of a thread its own."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._positions = threading.local()
+
+        def tell(self) -> int:
+            return int(getattr(self._positions, "at", 0))
+
+        def seek(self, offset: int, whence: int = 0) -> int:
+            base = {0: 0, 1: self.tell(), 2: self.stream.size()}[whence]
+            self._positions.at = base + offset
+            return int(self._positions.at)
+
+        def read(self, length: int | None = -1) -> bytes:
+            at = self.tell()
+            if length is None or length < 0:
+                length = self.stream.size() - at
+            data: bytes = self.stream.read_at(length, at)
+            self._positions.at = at + len(data)
+            return data
+
+        def readinto(self, buffer: Any) -> int:
+            data = self.read(len(memoryview(buffer)))
+            memoryview(buffer)[:len(data)] = data
+            return len(data)
 
     class S3ForDuckDB(ArrowFSWrapper):  # type: ignore[misc]
         protocol = S3_SCHEMES
@@ -355,7 +390,18 @@ def _fsspec_s3() -> Any:
                 return path.split("://", 1)[1]
             return path
 
-    return S3ForDuckDB(s3_filesystem())
+        def _open(self, path: str, mode: str = "rb", block_size: Any = None, seekable: bool = True,
+                  **kwargs: Any) -> Any:
+            if mode != "rb":
+                raise ValueError("versiq reads S3 through DuckDB only (mode 'rb')")
+            return PositionalArrowFile(self, self.fs.open_input_file(path), path, mode, block_size, **kwargs)
+
+    return S3ForDuckDB
+
+
+def _fsspec_s3() -> Any:
+    """pyarrow's S3 file system as an fsspec file system answering ``s3://`` and ``s3a://``."""
+    return _fsspec_s3_class()(s3_filesystem())
 
 
 def duckdb_connect(path: str | None = None, config: Mapping[str, Any] | None = None) -> duckdb.DuckDBPyConnection:

@@ -87,10 +87,19 @@ def check_key(client: httpx.Client, store: IngestedStore, snapshot: int, key: st
             params["to"] = ts_param(draw, hi)
         if not asc or draw(st.booleans()):
             params["order"] = "asc" if asc else "desc"
+        deleted = draw(st.booleans())
+        if deleted:
+            params["includeDeleted"] = "true"
+        expired, truncated = model.range_edges(key, lo, hi)
+        if expired:  # rule 32: a range wholly past retention is expired, not an empty page
+            body = problem(client.get(path + "/versions", params=params), 404, "expired")
+            assert body["key"] == key and body["snapshot"] == snapshot and body["horizon"] == model.horizon(key)
+            continue
         records, bodies = collect_pages(client, path + "/versions", params)
-        assert records == model_versions_json(model, key, lo, hi, asc), (key, params)
+        assert records == model_versions_json(model, key, lo, hi, asc, deleted), (key, params)
         assert {b["snapshot"] for b in bodies} == {snapshot}
         assert bodies[0]["horizon"] == model.horizon(key) and bodies[0]["key"] == key
+        assert {b["truncated"] for b in bodies} == {truncated}, (key, params)
 
 
 def check_answer(r: httpx.Response, status: int, expect: Any, key: str, snapshot: int,

@@ -33,6 +33,11 @@ def _t(v):
     return None if v is None else (v.value, v.timestamp, v.valid_to)
 
 
+def _td(v):
+    """A version with whether it is a tombstone (the model's: a None value)."""
+    return (v.value, v.timestamp, v.valid_to, getattr(v, "deleted", v.value is None))
+
+
 def _check_key(eng, ref: ReferenceStore, key: str, snapshot, ts_list, ranges, page_size: int) -> None:
     if ref.kind == "timestamped":
         r = eng.get("s", VersionedKeyQuery(key), snapshot=snapshot)
@@ -64,6 +69,12 @@ def _check_key(eng, ref: ReferenceStore, key: str, snapshot, ts_list, ranges, pa
                     break
                 resume = page.resume_after
             assert [_t(v) for v in got] == want_list
+            # rule 32: the range's edges, and tombstones when asked (values unchanged)
+            assert (page.expired, page.truncated) == ref.range_edges(key, lo, hi), (key, lo, hi, snapshot)
+            deleted_q = MultiVersionedKeyQuery(key, lo, hi, asc, include_deleted=True)
+            with_deleted = eng.versions("s", deleted_q, snapshot=snapshot, limit=1000).records
+            assert [_td(v) for v in with_deleted] == [_td(v) for v in ref.range(key, lo, hi, asc, True)]
+            assert [_t(v) for v in with_deleted if not v.deleted] == want_list
 
 
 @settings(
@@ -81,7 +92,7 @@ def _check_key(eng, ref: ReferenceStore, key: str, snapshot, ts_list, ranges, pa
     runs=runs_st,
     data=st.data(),
 )
-@pytest.mark.rule(6, 7, 8, 9, 10, 11, 12, 22)
+@pytest.mark.rule(6, 7, 8, 9, 10, 11, 12, 22, 32)
 def test_engine_matches_reference(kind, h, partitions, buckets, runs, data):
     with tempfile.TemporaryDirectory() as wh:
         b = StoreBuilder(wh, "s", kind=kind, history_retention_ms=h, partitions=partitions, buckets=buckets)

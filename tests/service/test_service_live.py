@@ -284,17 +284,19 @@ def test_versions_semantics(s_client: httpx.Client) -> None:
         "nextPageToken": None,
         "snapshot": 0,
         "horizon": T0 + 9 * HOUR,
+        "truncated": True,  # no `from`: the range reaches below the horizon (rule 32)
     }
     assert b'"price":2.00' in r.content
+    assert s_client.get(path, params={"from": T0 + 9 * HOUR}).json()["truncated"] is False
     # history that ended at or before the horizon is expired and never returned
     assert [
         r["value"] for r in s_client.get(key_path("prices", "expiring", "/versions")).json()["records"]
     ] == ["v2"]
-    # expired history is never returned; ranges below the horizon only see the latest
-    assert (
-        s_client.get(key_path("prices", "expiring", "/versions"), params={"to": T0 + 500}).json()["records"]
-        == []
-    )
+    # expired history is never returned; ranges below the horizon only see the latest, and one
+    # the latest is after is expired (rule 32), not an empty page
+    gone = s_client.get(key_path("prices", "expiring", "/versions"), params={"to": T0 + 500})
+    assert gone.status_code == 404 and gone.json()["type"].endswith("/expired"), gone.text
+    assert gone.json()["horizon"] == T0 + 9 * HOUR and "wholly before" in gone.json()["detail"]
     assert [
         x["value"]
         for x in s_client.get(key_path("prices", "expiring", "/versions"), params={"to": T0 + 1000}).json()[
@@ -713,3 +715,24 @@ def test_a_not_found_caused_by_a_tombstone_says_when(s_client: httpx.Client) -> 
     assert "deletedAt" not in body and "deleted" not in body["detail"]
     alive = s_client.get(key_path("prices", "deleted"), params={"asOf": T0 + 9 * HOUR + 150})
     assert alive.status_code == 200 and alive.json()["value"] == "alive"
+
+
+@pytest.mark.rule(32)
+def test_versions_show_tombstones_when_asked_and_page_tokens_bind_that(s_client: httpx.Client) -> None:
+    """Issue 16 item 4: ``includeDeleted=true`` returns the tombstone as a record with
+    ``deleted: true`` and no value; the values are those of the same read without it; a page
+    token issued with it cannot be used without it."""
+    path = key_path("prices", "deleted", "/versions")
+    plain = s_client.get(path).json()["records"]
+    assert plain == [{"value": "alive", "timestamp": T0 + 9 * HOUR + 100, "validTo": T0 + 9 * HOUR + 200}]
+    shown = s_client.get(path, params={"includeDeleted": "true"}).json()["records"]
+    assert shown == [*plain, {"timestamp": T0 + 9 * HOUR + 200, "validTo": None, "deleted": True}]
+    desc = s_client.get(path, params={"includeDeleted": "true", "order": "desc"}).json()["records"]
+    assert desc == shown[::-1]
+    first = s_client.get(path, params={"includeDeleted": "true", "pageSize": 1}).json()
+    assert first["records"] == shown[:1] and first["nextPageToken"]
+    rest = s_client.get(path, params={"includeDeleted": "true", "pageSize": 1, "pageToken": first["nextPageToken"]})
+    assert rest.json()["records"] == shown[1:]
+    body = problem(s_client.get(path, params={"pageToken": first["nextPageToken"]}), 400, "bad-request")
+    assert "includeDeleted" in body["detail"]
+    problem(s_client.get(path, params={"includeDeleted": "yes"}), 400, "bad-request")

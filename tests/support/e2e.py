@@ -190,9 +190,10 @@ def model_key_json(model: ReferenceStore, key: str, as_of: int | None) -> tuple[
 
 
 def model_versions_json(model: ReferenceStore, key: str, lo: int | None, hi: int | None,
-                        ascending: bool) -> list[dict]:
-    return [{"value": _value(v.value), "timestamp": v.timestamp, "validTo": v.valid_to}
-            for v in model.range(key, lo, hi, ascending)]
+                        ascending: bool, include_deleted: bool = False) -> list[dict]:
+    return [{"timestamp": v.timestamp, "validTo": v.valid_to, "deleted": True} if v.value is None else
+            {"value": _value(v.value), "timestamp": v.timestamp, "validTo": v.valid_to}
+            for v in model.range(key, lo, hi, ascending, include_deleted)]
 
 
 def source_dir(root: str, name: str) -> str:

@@ -184,18 +184,30 @@ class ReferenceStore:
             return ("not-found", None)
         return ("ok", candidates[-1])
 
-    def range(self, key: str, lo: int | None, hi: int | None, ascending: bool = True) -> list[Version]:
-        """Rules 9-11 with the retention edges."""
+    def range(self, key: str, lo: int | None, hi: int | None, ascending: bool = True,
+              include_deleted: bool = False) -> list[Version]:
+        """Rules 9-11 with the retention edges; ``include_deleted``: tombstones too (rule 32)."""
         vs = self.all_versions(key)
         h = self.horizon(key)
+        shown = (lambda v: True) if include_deleted else (lambda v: v.value is not None)  # noqa: E731
         if h is not None and hi is not None and hi < h:
-            out = [vs[-1]] if vs and vs[-1].timestamp <= hi and vs[-1].value is not None else []
+            out = [vs[-1]] if vs and vs[-1].timestamp <= hi and shown(vs[-1]) else []
         else:
             out = [
                 v for v in vs
-                if v.value is not None
+                if shown(v)
                 and (hi is None or v.timestamp <= hi)
                 and (lo is None or v.valid_to is None or v.valid_to > lo)
                 and (h is None or v.valid_to is None or v.valid_to > h)
             ]
         return out if ascending else list(reversed(out))
+
+    def range_edges(self, key: str, lo: int | None, hi: int | None) -> tuple[bool, bool]:
+        """Rule 32: ``(expired, truncated)`` of a range read."""
+        h = self.horizon(key)
+        if h is None:
+            return False, False
+        if hi is not None and hi < h:
+            vs = self.all_versions(key)
+            return bool(vs) and vs[-1].timestamp > hi, False
+        return False, lo is None or lo < h
