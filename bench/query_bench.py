@@ -254,13 +254,16 @@ class Server:
         self.log.close()
 
 
-def sequential(base: str, wl: Workload, n: int) -> dict:
+def sequential(base: str, wl: Workload, n: int,
+               kinds: tuple[str, ...] = ("healthz", "latest", "as_of", "versions_100", "versions_10"),
+               warmup: int = 300) -> dict:
+    """Sequential p50/p99 per route kind over one persistent client, after ``warmup`` requests."""
     import httpx
 
     out: dict = {}
     with httpx.Client(base_url=base, timeout=10) as client:
-        for kind in ("healthz", "latest", "as_of", "versions_100", "versions_10"):
-            for i in range(min(300, n)):
+        for kind in kinds:
+            for i in range(min(warmup, n)):
                 client.get(wl.path(kind, i))
             samples = []
             statuses: dict[int, int] = {}
