@@ -437,3 +437,46 @@ def test_two_ingests_of_one_store_take_turns_and_never_commit_on_one_snapshot(s3
 
     with writer_lock(path, 5), pytest.raises(LockTimeout, match="locked by another writer"):
         maintain_store(remote, "w", 1)
+
+
+def test_continuous_ingest_watches_an_s3_source_into_an_s3_warehouse(s3, tmp_path):
+    """``--continuous`` with both the source prefix and the warehouse in the bucket: a file that
+    lands under the prefix is ingested by the running job and served; SIGTERM stops it cleanly."""
+    remote = _warehouse("continuous")
+    source = f"{remote}-src"
+    fs = s3.filesystem()
+
+    def land(name: str, key: str, value: int, ts: int) -> None:
+        with fs.open_output_stream(f"{source[5:]}/{name}") as out:
+            out.write(json.dumps({"key": key, "value": value, "timestamp": ts}).encode() + b"\n")
+
+    land("a.jsonl", "a", 1, 1_000)
+    proc = subprocess.Popen([*VERSIQ, "ingest", "--warehouse", remote, "--store", "live", "--source", source,
+                             "--continuous", "--trigger-interval", "500ms", "--max-future", "none"],
+                            env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    path = layout.table_path(remote, "live")
+    try:
+        deadline = time.monotonic() + 180
+        while not layout.has_delta_log(path):
+            assert proc.poll() is None and time.monotonic() < deadline, "the first run did not commit"
+            time.sleep(0.5)
+        with serve_engine(remote, refresh_interval_s=0.5) as (url, _engine), httpx.Client(base_url=url) as client:
+            land("b.jsonl", "b", 2, 2_000)
+            deadline = time.monotonic() + 120
+            while client.get(key_path("live", "b")).status_code != 200:
+                assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+                assert time.monotonic() < deadline, "b did not become visible"
+                time.sleep(0.3)
+            assert client.get(key_path("live", "a")).json()["value"] == 1
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    err = proc.stderr.read() if proc.stderr else ""
+    assert code == 0, err
+    assert s3.secret_key not in err
+    # the streaming checkpoint lives in the warehouse's private prefix, not in any store
+    assert "_versiq" in storage.listdir(remote) and set(storage.listdir(remote)) >= {"live"}
