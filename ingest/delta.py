@@ -35,15 +35,13 @@ from versiq import storage
 from versiq.layout import (
     APP_ID,
     DELTA_STATS_COLUMNS,
+    STATE_APP_ID,
     STORE_PARTITION_COLUMNS,
     TABLE_PROPERTIES,
     StoreState,
     has_delta_log,
 )
 
-#: The Delta transaction id of commits of state only (between runs), versioned by the table
-#: version they create.
-STATE_APP_ID = "versiq.state"
 #: Session setting Delta copies into the ``userMetadata`` of every commit made while it is set.
 USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
 

@@ -41,7 +41,7 @@ from typing import Any
 import duckdb
 
 from versiq import layout, storage
-from versiq.query import reads
+from versiq.query import history, reads
 from versiq.query.api import (
     InvalidQuery,
     KeyEntry,
@@ -50,6 +50,7 @@ from versiq.query.api import (
     KeysQuery,
     MultiVersionedKeyQuery,
     SnapshotGone,
+    SnapshotNotFound,
     StoreInfo,
     UnsupportedQuery,
     VersionedKeyQuery,
@@ -57,6 +58,7 @@ from versiq.query.api import (
     VersionsPage,
 )
 from versiq.query.catalog import Catalog, StoreHandle, StreamHandle
+from versiq.query.history import Commit
 from versiq.query.index import StoreView
 from versiq.query.snapshots import SnapshotCache, store_snapshot, stream_snapshot
 from versiq.query.streams import (
@@ -147,6 +149,28 @@ class Engine:
         handle = self.catalog.stream_handle(stream)
         return self._snapshots.get("stream", stream, handle.path, loaded.snapshot, snapshot,
                                    lambda dt: stream_snapshot(stream, handle.path, handle.settings, snapshot, dt))
+
+    # ------------------------------------------------------------------ system time
+    def _table(self, name: str, what: str) -> tuple[str, int]:
+        """The path and current snapshot of store (``what="store"``) or stream ``name``."""
+        if what == "stream":
+            return self.catalog.stream_handle(name).path, self.catalog.current_stream(name).snapshot
+        return self.catalog.store_handle(name).path, self.catalog.current_store(name).snapshot
+
+    def history(self, name: str, what: str = "store") -> list[Commit]:
+        """The commits of a store or stream up to its current snapshot, newest first
+        (``query.history``)."""
+        return history.commits(*self._table(name, what))
+
+    def snapshot_at(self, name: str, system_time: int, what: str = "store") -> int:
+        """The newest snapshot of a store or stream committed at or before ``system_time``
+        (epoch ms); SnapshotNotFound when its first listed commit is later."""
+        path, current = self._table(name, what)
+        found = history.snapshot_at(path, current, system_time)
+        if found is None:
+            raise SnapshotNotFound(f"{what} {name!r} has no snapshot committed at or before {system_time} "
+                                   "(asOfSystemTime is before its first commit the log still lists)")
+        return found
 
     # ------------------------------------------------------------------ stores
     def list_stores(self) -> list[StoreInfo]:

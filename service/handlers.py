@@ -29,6 +29,7 @@ from versiq.service.problems import Problem, bad_request
 from versiq.service.render import (
     batch_json,
     dumps,
+    history_json,
     key_json,
     keys_json,
     store_info_json,
@@ -38,6 +39,7 @@ from versiq.service.render import (
 )
 from versiq.service.routes import (
     ROUTE_BATCH_GET,
+    ROUTE_HISTORY,
     ROUTE_KEY,
     ROUTE_KEYS,
     ROUTE_STORE,
@@ -100,14 +102,28 @@ def key_problem(store: str, key: str, as_of: int | None, result: KeyResult) -> P
                    f"snapshot {result.snapshot}", **extra)
 
 
+def _body_timestamp(request: dict[str, Any], name: str) -> int | None:
+    """A timestamp field of a JSON body: epoch ms or RFC 3339 text (400 naming the field)."""
+    value = request.get(name)
+    if isinstance(value, str):
+        try:
+            return parse_timestamp(value)
+        except TimestampError as exc:
+            raise bad_request(f"'{name}': {exc}", field=name) from None
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_INT64):
+        raise bad_request(f"'{name}' must be epoch milliseconds (a non-negative integer) or an RFC 3339 instant",
+                          field=name)
+    return value
+
+
 def _batch_request(request: Any) -> tuple[list[str], int | None, int | None]:
     """The keys, asOf and snapshot of a ``keys:batchGet`` body (400 with the field otherwise)."""
     if not isinstance(request, dict):
         raise bad_request("the request body must be a JSON object such as {\"keys\": [\"k1\", \"k2\"]}")
-    unknown = sorted(set(request) - {"keys", "asOf", "snapshot"})
+    unknown = sorted(set(request) - {"keys", "asOf", "snapshot", "asOfSystemTime"})
     if unknown:
         raise bad_request(f"unknown field(s) in the request body: {', '.join(unknown)} (names are "
-                          "case-sensitive; accepted: keys, asOf, snapshot)", field=unknown[0])
+                          "case-sensitive; accepted: keys, asOf, snapshot, asOfSystemTime)", field=unknown[0])
     keys = request.get("keys")
     if not isinstance(keys, list) or not keys:
         raise bad_request("'keys' must be a non-empty array of keys (strings)", field="keys")
@@ -116,15 +132,7 @@ def _batch_request(request: Any) -> tuple[list[str], int | None, int | None]:
     for i, key in enumerate(keys):
         if not isinstance(key, str) or not key:
             raise bad_request(f"'keys[{i}]' must be a non-empty string", field="keys")
-    as_of = request.get("asOf")
-    if isinstance(as_of, str):
-        try:
-            as_of = parse_timestamp(as_of)
-        except TimestampError as exc:
-            raise bad_request(f"'asOf': {exc}", field="asOf") from None
-    elif as_of is not None and (isinstance(as_of, bool) or not isinstance(as_of, int) or not 0 <= as_of <= MAX_INT64):
-        raise bad_request("'asOf' must be epoch milliseconds (a non-negative integer) or an RFC 3339 instant",
-                          field="asOf")
+    as_of = _body_timestamp(request, "asOf")
     snapshot = request.get("snapshot")
     if snapshot is not None and (isinstance(snapshot, bool) or not isinstance(snapshot, int)
                                  or not 0 <= snapshot <= MAX_INT64):
@@ -144,6 +152,7 @@ class Service:
             ROUTE_STORES: self._stores,
             ROUTE_STORE: self._store,
             ROUTE_KEYS: self._keys,
+            ROUTE_HISTORY: self._history,
             ROUTE_KEY: self._get,
             ROUTE_VERSIONS: self._versions,
             ROUTE_STREAMS: self._streams,
@@ -179,18 +188,33 @@ class Service:
         except QueryError as exc:
             raise query_problem(exc, what, name, at, self.settings.refresh_interval_s) from None
 
-    def _resume(self, params: dict[str, str], bound: PageQuery) -> tuple[int | None, Any]:
-        """The snapshot to read and the token's position (None without ``pageToken``): a token
-        pins its snapshot, and ``?snapshot`` may only repeat it."""
+    async def _snapshot(self, name: str, params: dict[str, str], what: str = "store",
+                        system_time: int | None = None) -> int | None:
+        """The snapshot a read asks for: ``snapshot``, or the newest one committed at or before
+        ``asOfSystemTime`` (system time, issue 16 item 6); None = the current one."""
         snapshot = snapshot_param(params)
+        if system_time is None:
+            system_time = timestamp_param(params, "asOfSystemTime")
+        if system_time is None:
+            return snapshot
+        if snapshot is not None:
+            raise bad_request("give 'snapshot' or 'asOfSystemTime', not both", parameter="asOfSystemTime")
+        engine = self.require_engine()
+        found: int = await self._call(name, None, engine.snapshot_at, name, system_time, what, what=what)
+        return found
+
+    async def _resume(self, params: dict[str, str], bound: PageQuery, what: str = "store") -> tuple[int | None, Any]:
+        """The snapshot to read and the token's position (None without ``pageToken``): a token
+        pins its snapshot, and ``?snapshot`` (or ``asOfSystemTime``) may only name it again."""
+        snapshot = await self._snapshot(bound.store, params, what)
         token = params.get("pageToken")
         if token is None:
             return snapshot, None
         position = self.tokens.resolve(token, bound)
         if snapshot is not None and snapshot != position.snapshot:
             raise bad_request(
-                f"query parameter 'snapshot' ({snapshot}) differs from the snapshot the page "
-                f"token pins ({position.snapshot}); omit it or repeat it unchanged",
+                f"the snapshot asked for ({snapshot}) differs from the snapshot the page "
+                f"token pins ({position.snapshot}); omit 'snapshot'/'asOfSystemTime' or repeat it unchanged",
                 parameter="snapshot",
             )
         return position.snapshot, position
@@ -206,19 +230,26 @@ class Service:
 
     async def _store(self, route: Route, query_string: bytes) -> bytes:
         store = _checked_name(route.store, "store")
-        snapshot = snapshot_param(parse_query(query_string, ("snapshot",)))
+        snapshot = await self._snapshot(store, parse_query(query_string, ("snapshot", "asOfSystemTime")))
         engine = self.require_engine()
         info = await self._call(store, snapshot, engine.store_info, store, snapshot)
         return dumps(store_info_json(info))
 
+    async def _history(self, route: Route, query_string: bytes) -> bytes:
+        store = _checked_name(route.store, "store")
+        parse_query(query_string, ())
+        engine = self.require_engine()
+        commits = await self._call(store, None, engine.history, store)
+        return history_json(store, commits)
+
     async def _get(self, route: Route, query_string: bytes) -> bytes:
         store = _checked_name(route.store, "store")
         key = route.key or ""
-        params = parse_query(query_string, ("asOf", "snapshot"))
+        params = parse_query(query_string, ("asOf", "snapshot", "asOfSystemTime"))
         if not key:
             raise bad_request("the key must not be empty")
         as_of = timestamp_param(params, "asOf")
-        snapshot = snapshot_param(params)
+        snapshot = await self._snapshot(store, params)
         engine = self.require_engine()
         result = await self._call(store, snapshot, engine.get, store,
                                   VersionedKeyQuery(key, as_of), snapshot=snapshot)
@@ -230,13 +261,14 @@ class Service:
         store = _checked_name(route.store, "store")
         key = route.key or ""
         params = parse_query(query_string,
-                             ("from", "to", "order", "includeDeleted", "pageSize", "pageToken", "snapshot"))
+                             ("from", "to", "order", "includeDeleted", "pageSize", "pageToken", "snapshot",
+                              "asOfSystemTime"))
         if not key:
             raise bad_request("the key must not be empty")
         from_time, to_time, order, page_size = _range_params(params)
         include_deleted = bool_param(params, "includeDeleted")
         query = PageQuery(store, key, from_time, to_time, order, include_deleted=include_deleted)
-        snapshot, position = self._resume(params, query)
+        snapshot, position = await self._resume(params, query)
         resume_after = None if position is None else position.resume_after
         engine = self.require_engine()
         page = await self._call(
@@ -261,7 +293,7 @@ class Service:
     async def _keys(self, route: Route, query_string: bytes) -> bytes:
         store = _checked_name(route.store, "store")
         params = parse_query(query_string, ("prefix", "start", "end", "asOf", "includeDeleted", "pageSize",
-                                            "pageToken", "snapshot"))
+                                            "pageToken", "snapshot", "asOfSystemTime"))
         prefix, start, end = params.get("prefix"), params.get("start"), params.get("end")
         if start is not None and end is not None and start > end:
             raise bad_request(f"'start' ({start!r}) is after 'end' ({end!r})", parameter="start")
@@ -270,7 +302,7 @@ class Service:
         page_size = page_size_param(params)
         bound = PageQuery(store, dumps([prefix, start, end, include_deleted]).decode("utf-8"), as_of, None,
                           "asc", KEYS)
-        snapshot, position = self._resume(params, bound)
+        snapshot, position = await self._resume(params, bound)
         resume_after: str | None = None
         if position is not None:
             if len(position.position) != 1 or not isinstance(position.position[0], str):
@@ -290,6 +322,11 @@ class Service:
         store = _checked_name(route.store, "store")
         parse_query(query_string, ())
         keys, as_of, snapshot = _batch_request(request)
+        system_time = _body_timestamp(request, "asOfSystemTime")
+        if system_time is not None:
+            if snapshot is not None:
+                raise bad_request("give 'snapshot' or 'asOfSystemTime', not both", field="asOfSystemTime")
+            snapshot = await self._snapshot(store, {}, system_time=system_time)
         engine = self.require_engine()
         answered, results = await self._call(store, snapshot, engine.get_many, store, keys, as_of, snapshot)
         problems = {i: key_problem(store, key, as_of, r).payload()
@@ -306,7 +343,7 @@ class Service:
 
     async def _stream(self, route: Route, query_string: bytes) -> bytes:
         stream = _checked_name(route.stream, "stream")
-        snapshot = snapshot_param(parse_query(query_string, ("snapshot",)))
+        snapshot = await self._snapshot(stream, parse_query(query_string, ("snapshot", "asOfSystemTime")), "stream")
         engine = self.require_engine()
         info = await self._call(stream, snapshot, engine.stream_info, stream, snapshot, what="stream")
         return dumps(stream_info_json(info))
@@ -314,14 +351,14 @@ class Service:
     async def _stream_records(self, route: Route, query_string: bytes) -> bytes:
         stream = _checked_name(route.stream, "stream")
         params = parse_query(query_string,
-                             ("key", "from", "to", "order", "pageSize", "pageToken", "snapshot"))
+                             ("key", "from", "to", "order", "pageSize", "pageToken", "snapshot", "asOfSystemTime"))
         key = params.get("key")
         if key == "":
             raise bad_request("query parameter 'key' must not be empty (omit it for every key)",
                               parameter="key")
         from_time, to_time, order, page_size = _range_params(params)
         bound = PageQuery(stream, key, from_time, to_time, order, STREAM_RECORDS)
-        snapshot, position = self._resume(params, bound)
+        snapshot, position = await self._resume(params, bound, "stream")
         resume_after: StreamPosition | None = None
         if position is not None:
             if len(position.position) != 2:

@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from versiq.query.api import KeyEntry, KeyResult, KeysPage, StoreInfo, VersionsPage
+from versiq.query.history import Commit
 from versiq.query.streams import StreamInfo, StreamRecordsPage
 
 JSON = "application/json"
@@ -145,3 +146,11 @@ def batch_json(store: str, snapshot: int, keys: list[str], as_of: int | None, re
                                int_or_null(rec.timestamp), b',"validTo":', int_or_null(rec.valid_to), b"}}")))
     return b"".join((b'{"store":', dumps(store), b',"snapshot":', int_or_null(snapshot), b',"results":[',
                      b",".join(parts), b"]}"))
+
+
+def history_json(store: str, commits: list[Commit]) -> bytes:
+    """``GET /v1/stores/{store}/history``: the store's commits, newest first (issue 16 item 6)."""
+    return dumps({"store": store, "commits": [
+        {"snapshot": c.snapshot, "committedAt": c.committed_at, "operation": c.operation, "run": c.run,
+         "counts": dict(c.counts), "files": list(c.files), **({"kafka": c.kafka} if c.kafka is not None else {})}
+        for c in commits]})

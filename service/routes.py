@@ -35,6 +35,7 @@ ROUTE_STORES = "/v1/stores"
 ROUTE_STORE = "/v1/stores/{store}"
 ROUTE_KEYS = "/v1/stores/{store}/keys"
 ROUTE_BATCH_GET = "/v1/stores/{store}/keys:batchGet"
+ROUTE_HISTORY = "/v1/stores/{store}/history"
 ROUTE_KEY = "/v1/stores/{store}/keys/{key}"
 ROUTE_VERSIONS = "/v1/stores/{store}/keys/{key}/versions"
 ROUTE_STREAMS = "/v1/streams"
@@ -71,6 +72,8 @@ def match_v1(segments: list[bytes]) -> Route | None:
         action = percent_decode(segments[3], plus_is_space=False, what="the path")
         if action == "keys":
             return Route(ROUTE_KEYS, store)
+        if action == "history":
+            return Route(ROUTE_HISTORY, store)
         return Route(ROUTE_BATCH_GET, store) if action == "keys:batchGet" else None
     if segments[3] != b"keys" or n not in (5, 6):
         return None

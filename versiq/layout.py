@@ -104,6 +104,9 @@ FORMAT_KEY = "versiq.format"
 STATE_KEY = "userMetadata"
 LEGACY_STATE_KEY = "versiq.state"
 APP_ID = "versiq.ingest"
+#: The Delta transaction of a commit of state only, between runs (versioned by the table version
+#: it creates; ``versiq.ingest`` would make Delta skip it as the run already committed).
+STATE_APP_ID = "versiq.state"
 DEFAULT_BUCKETS = 16
 #: The longest key a store holds, in UTF-8 bytes. A key is a URL path segment when it is read
 #: (percent-encoded: up to 3 bytes per byte, plus a page token that repeats it), so a key that

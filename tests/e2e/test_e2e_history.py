@@ -1,0 +1,92 @@
+"""System time (issue 16 item 6) end to end: the real ingest writes runs and ``maintain`` compacts,
+``GET /v1/stores/{store}/history`` lists every commit with what made it, and a read with
+``asOfSystemTime`` answers from the snapshot that was current then, exactly as ``?snapshot`` does,
+which is what the reference model said after that run (bitemporal: "what did we believe at T1
+about the value at T2?")."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support.e2e import IngestedStore, key_path, model_key_json, problem, serve_engine, source_dir
+from tests.support.ingest import records_from
+from tests.support.reference import InRecord
+from versiq.ingest.maintain import maintain_store
+
+T0 = 1_700_000_000_000
+KEYS = ["a", "b", "c"]
+
+
+def _records(run: int) -> list[InRecord]:
+    specs = [(KEYS[(run + i) % 3], None if (run + i) % 5 == 4 else f'{{"run":{run},"i":{i}}}', T0 + 100 * run + 7 * i)
+             for i in range(6)]
+    return records_from(f"r{run}.jsonl", specs)
+
+
+def test_history_lists_commits_and_as_of_system_time_answers_from_the_snapshot_current_then(
+        spark: Any, tmp_path: Any) -> None:
+    root = str(tmp_path)
+    store = IngestedStore(spark, f"{root}/wh", source_dir(root, "h"), "h", history_retention_ms=10 ** 9)
+    moments: list[int] = []  # wall-clock ms after each commit
+    before = int(time.time() * 1000) - 1
+    for run in range(3):
+        assert store.run({f"r{run}.jsonl": _records(run)}) is not None
+        time.sleep(0.02)
+        moments.append(int(time.time() * 1000))
+        time.sleep(0.02)
+    result = maintain_store(store.warehouse, "h", 60, lambda: spark)
+    assert result["buckets_rewritten"] > 0
+    with serve_engine(store.warehouse) as (url, _engine), httpx.Client(base_url=url) as client:
+        body = client.get("/v1/stores/h/history").json()
+        commits = body["commits"]
+        assert body["store"] == "h"
+        assert [c["snapshot"] for c in commits] == list(range(len(commits) - 1, -1, -1))  # newest first
+        runs = [c for c in commits if c["operation"] == "ingest"]
+        assert [(c["snapshot"], c["run"], c["files"]) for c in runs][::-1] == \
+            [(s, i + 1, [f"r{i}.jsonl"]) for i, s in enumerate(sorted(store.models))]
+        assert all(c["counts"]["rowsWritten"] > 0 and c["counts"]["filesAdded"] > 0 for c in runs)
+        newest = commits[0]
+        assert newest["operation"] == "maintain" and newest["run"] == 3 and newest["files"] == []
+        assert newest["counts"]["filesRemoved"] > 0
+        times = [c["committedAt"] for c in commits]
+        assert times == sorted(times, reverse=True) and before <= times[-1]
+        # asOfSystemTime = the snapshot current at that time; as ?snapshot does, as the model did
+        for run, moment in enumerate(moments):
+            snapshot = sorted(store.models)[run]
+            model = store.models[snapshot]
+            for key in [*KEYS, "zz"]:
+                for as_of in (None, T0 + 50, T0 + 150, T0 + 1_000):
+                    params: dict[str, Any] = {} if as_of is None else {"asOf": as_of}
+                    by_time = client.get(key_path("h", key), params={**params, "asOfSystemTime": moment})
+                    by_snapshot = client.get(key_path("h", key), params={**params, "snapshot": snapshot})
+                    assert (by_time.status_code, by_time.json()) == (by_snapshot.status_code, by_snapshot.json())
+                    status, expected = model_key_json(model, key, as_of)
+                    assert by_time.status_code == status, (run, key, as_of, by_time.text)
+                    assert by_time.json()["snapshot"] == snapshot
+            info = client.get("/v1/stores/h", params={"asOfSystemTime": moment}).json()
+            assert info["snapshot"] == snapshot
+            listing = client.get("/v1/stores/h/keys", params={"asOfSystemTime": moment}).json()
+            assert listing["snapshot"] == snapshot
+            batch = client.post("/v1/stores/h/keys:batchGet", json={"keys": KEYS, "asOfSystemTime": moment}).json()
+            assert batch["snapshot"] == snapshot
+            versions = client.get(key_path("h", "a", "/versions"), params={"asOfSystemTime": moment}).json()
+            assert versions["snapshot"] == snapshot
+        # RFC 3339 works too; before the first commit there is no snapshot; not with `snapshot`
+        after = client.get(key_path("h", "a"), params={"asOfSystemTime": "2100-01-01T00:00:00Z"})
+        assert after.json()["snapshot"] == commits[0]["snapshot"]
+        problem(client.get(key_path("h", "a"), params={"asOfSystemTime": before - 60_000}), 404, "snapshot-not-found")
+        problem(client.get(key_path("h", "a"), params={"asOfSystemTime": moments[0], "snapshot": 0}), 400,
+                "bad-request")
+        problem(client.get("/v1/stores/nope/history"), 404, "store-not-found")
+        problem(client.get("/v1/stores/h/history", params={"x": 1}), 400, "bad-request")
+
+
+@pytest.mark.parametrize("bad", ["yesterday", "-5"])
+def test_as_of_system_time_must_be_an_instant(tmp_path: Any, bad: str) -> None:
+    with serve_engine(str(tmp_path)) as (url, _engine), httpx.Client(base_url=url) as client:
+        body = problem(client.get(key_path("h", "a"), params={"asOfSystemTime": bad}), 400, "bad-request")
+        assert body["parameter"] == "asOfSystemTime"
