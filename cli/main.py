@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from versiq import __version__, storage
 from versiq.exits import EXIT_USAGE
@@ -26,6 +26,14 @@ def warehouse_location(text: str) -> str:
         return storage.normalize(text)
     except storage.StorageError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_read_options(parser: argparse.ArgumentParser) -> None:
+    """Which snapshot answers (``--snapshot`` or ``--as-of-system-time``) and ``--iso``."""
+    parser.add_argument("--snapshot", type=int, default=None, help="answer from this Delta version of the store")
+    parser.add_argument("--as-of-system-time", default=None, metavar="T",
+                        help="answer from the snapshot current at T (epoch ms or RFC 3339; not with --snapshot)")
+    parser.add_argument("--iso", action="store_true", help="print times as RFC 3339 (UTC) instead of epoch ms")
 
 
 def _add_warehouse(parser: argparse.ArgumentParser, default: str | None = None) -> None:
@@ -193,8 +201,35 @@ def build_parser() -> argparse.ArgumentParser:
     keys.add_argument("--as-of", default=None,
                       help="answer as of this time: epoch ms or RFC 3339 (default: latest)")
     keys.add_argument("--include-deleted", action="store_true", help="also list keys deleted by a tombstone")
-    keys.add_argument("--snapshot", type=int, default=None, help="answer from this Delta version of the store")
+    _add_read_options(keys)
     _add_logging(keys)
+
+    get = sub.add_parser(
+        "get",
+        help="the record of one key, latest or as of a time (no server needed)",
+        description="Print the answer of GET /v1/stores/{store}/keys/{key} as one JSON object: the record "
+        '{"key", "value", "timestamp", "validTo", "snapshot"}, or, when the key has no value then, the '
+        "problem object of the 404 (not-found, with deletedAt for a tombstone; or expired). Exit 0 with a "
+        "record, 4 without a value, 2 for an unknown store or a bad option.",
+    )
+    _add_warehouse(get)
+    get.add_argument("--store", required=True, help="store name")
+    get.add_argument("--key", required=True, help="the key (any UTF-8 text)")
+    get.add_argument("--as-of", default=None, help="answer as of this time: epoch ms or RFC 3339 (default: latest)")
+    _add_read_options(get)
+    _add_logging(get)
+
+    hist = sub.add_parser(
+        "history",
+        help="the commits (snapshots) of a store, newest first (no server needed)",
+        description="Print the commits of GET /v1/stores/{store}/history, one JSON object per line, newest "
+        'first: {"snapshot", "committedAt", "operation" (ingest, derive, settings, maintain), "run", '
+        '"counts", "files"(, "kafka")}. Exit 2 for an unknown store.',
+    )
+    _add_warehouse(hist)
+    hist.add_argument("--store", required=True, help="store name")
+    hist.add_argument("--iso", action="store_true", help="print times as RFC 3339 (UTC) instead of epoch ms")
+    _add_logging(hist)
 
     demo = sub.add_parser(
         "demo",
@@ -246,10 +281,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         from versiq.ingest.commands import rejected_command
 
         return rejected_command(args)
-    if args.command == "keys":
-        from versiq.service.offline import keys_command
+    if args.command in ("keys", "get", "history"):
+        from versiq.service import offline
 
-        return keys_command(args)
+        command: Callable[[argparse.Namespace], int] = {
+            "keys": offline.keys_command, "get": offline.get_command, "history": offline.history_command,
+        }[args.command]
+        return command(args)
     if args.command == "demo":
         from versiq.cli.demo import demo_command
 

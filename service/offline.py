@@ -1,53 +1,149 @@
-"""``versiq keys``: the key listing of ``GET /v1/stores/{store}/keys`` without a server.
+"""``versiq get``, ``versiq keys`` and ``versiq history``: the answers of the HTTP API without a
+server (issue 16 item 8).
 
-The same engine answers (``Engine.keys``, one snapshot for the whole listing) and every line is
-the JSON of one record of the HTTP answer (``service.render``), so a script can switch between
-the CLI and the API. The engine loads the warehouse once, without a refresh thread.
+The same engine answers and every line printed is the JSON the HTTP API returns
+(``service.render``; a key without a value prints the problem object of the 404), so a script
+can switch between the CLI and the API. ``--iso`` renders the timestamps of the output as RFC
+3339 instants (UTC) for people; the JSON is otherwise unchanged. The engine loads the warehouse
+once, without a refresh thread.
+
+Exit status: 0 answered; 2 a usage error (unknown store, bad option, a snapshot that does not
+exist); 4 ``versiq get`` found no value (*not found* or *expired*: the problem is printed).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
-from versiq.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
-from versiq.query.api import InvalidQuery, KeysQuery, QueryError, StoreNotFound, UnsupportedQuery
+from versiq.exits import EXIT_FAILED, EXIT_NO_VALUE, EXIT_OK, EXIT_USAGE
+from versiq.query.api import (
+    InvalidQuery,
+    KeysQuery,
+    QueryError,
+    SnapshotNotFound,
+    StoreNotFound,
+    UnsupportedQuery,
+    VersionedKeyQuery,
+)
 from versiq.query.engine import Engine
-from versiq.service.render import entry_json
-from versiq.timestamps import TimestampError, parse_timestamp
+from versiq.service.handlers import key_problem
+from versiq.service.render import entry_json, history_json, key_json
+from versiq.timestamps import TimestampError, format_timestamp, parse_timestamp
+
+#: The members holding epoch-ms instants in the API's JSON (``--iso`` renders them).
+TIME_FIELDS = frozenset({"timestamp", "validTo", "committedAt", "deletedAt", "asOf", "horizon"})
 
 
-def keys_command(args: argparse.Namespace) -> int:
+class _Usage(Exception):
+    """A usage error of the command (exit 2), with its message."""
+
+
+def _instant(text: str | None, option: str) -> int | None:
     try:
-        as_of = None if args.as_of is None else parse_timestamp(args.as_of)
+        return None if text is None else parse_timestamp(text)
     except TimestampError as exc:
-        print(f"versiq keys: --as-of: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    query = KeysQuery(args.prefix, args.start, args.end, as_of, args.include_deleted)
+        raise _Usage(f"{option}: {exc}") from None
+
+
+def iso_times(value: Any) -> Any:
+    """``value`` (parsed API JSON) with every epoch-ms member of ``TIME_FIELDS`` as RFC 3339."""
+    if isinstance(value, dict):
+        return {k: format_timestamp(v) if k in TIME_FIELDS and isinstance(v, int) and not isinstance(v, bool)
+                else iso_times(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [iso_times(v) for v in value]
+    return value
+
+
+def _emit(line: bytes, iso: bool) -> None:
+    if iso:
+        line = json.dumps(iso_times(json.loads(line)), ensure_ascii=False).encode("utf-8")
+    sys.stdout.buffer.write(line + b"\n")
+
+
+@contextmanager
+def _engine(args: argparse.Namespace) -> Iterator[Engine]:
     engine = Engine(args.warehouse, refresh_interval_s=3600)
     try:
         engine.refresh()
-        snapshot = args.snapshot
+        yield engine
+    finally:
+        engine.close()
+
+
+def _snapshot(engine: Engine, args: argparse.Namespace) -> int | None:
+    """``--snapshot``, or the snapshot current at ``--as-of-system-time``."""
+    system_time = _instant(getattr(args, "as_of_system_time", None), "--as-of-system-time")
+    if system_time is None:
+        snapshot: int | None = args.snapshot
+        return snapshot
+    if args.snapshot is not None:
+        raise _Usage("give --snapshot or --as-of-system-time, not both")
+    return engine.snapshot_at(args.store, system_time)
+
+
+def _run(name: str, args: argparse.Namespace, body: Callable[[Engine], int]) -> int:
+    """Run ``body`` with a loaded engine; engine errors become the command's messages."""
+    try:
+        with _engine(args) as engine:
+            status = body(engine)
+        sys.stdout.flush()
+        return status
+    except _Usage as exc:
+        print(f"versiq {name}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except StoreNotFound:
+        print(f"versiq {name}: no store named {args.store!r} in {args.warehouse!r}", file=sys.stderr)
+        return EXIT_USAGE
+    except (InvalidQuery, UnsupportedQuery, SnapshotNotFound) as exc:
+        print(f"versiq {name}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except QueryError as exc:
+        print(f"versiq {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def keys_command(args: argparse.Namespace) -> int:
+    def body(engine: Engine) -> int:
+        query = KeysQuery(args.prefix, args.start, args.end, _instant(args.as_of, "--as-of"), args.include_deleted)
+        snapshot = _snapshot(engine, args)
         resume: str | None = None
-        out = sys.stdout.buffer
         while True:
             page = engine.keys(args.store, query, snapshot=snapshot, resume_after=resume, limit=1000)
             snapshot = page.snapshot  # every page from the first page's snapshot
             for entry in page.entries:
-                out.write(entry_json(entry) + b"\n")
+                _emit(entry_json(entry), args.iso)
             if page.resume_after is None:
-                break
+                return EXIT_OK
             resume = page.resume_after
-        out.flush()
-    except StoreNotFound:
-        print(f"versiq keys: no store named {args.store!r} in {args.warehouse!r}", file=sys.stderr)
-        return EXIT_USAGE
-    except (InvalidQuery, UnsupportedQuery) as exc:  # --start after --end, --as-of on a timestamped store
-        print(f"versiq keys: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except QueryError as exc:
-        print(f"versiq keys: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    finally:
-        engine.close()
-    return EXIT_OK
+
+    return _run("keys", args, body)
+
+
+def get_command(args: argparse.Namespace) -> int:
+    def body(engine: Engine) -> int:
+        as_of = _instant(args.as_of, "--as-of")
+        if not args.key:
+            raise _Usage("--key must not be empty")
+        result = engine.get(args.store, VersionedKeyQuery(args.key, as_of), snapshot=_snapshot(engine, args))
+        if result.outcome == "ok" and result.record is not None:
+            _emit(key_json(args.key, result), args.iso)
+            return EXIT_OK
+        _emit(key_problem(args.store, args.key, as_of, result).body(), args.iso)
+        return EXIT_NO_VALUE
+
+    return _run("get", args, body)
+
+
+def history_command(args: argparse.Namespace) -> int:
+    def body(engine: Engine) -> int:
+        for commit in json.loads(history_json(args.store, engine.history(args.store)))["commits"]:
+            _emit(json.dumps(commit, ensure_ascii=False).encode("utf-8"), args.iso)
+        return EXIT_OK
+
+    return _run("history", args, body)

@@ -6,6 +6,8 @@
 - ``USAGE`` (2): a usage or configuration error found before any data is touched.
 - ``SERVE_FAILED`` (3): ``versiq serve`` could not start serving, e.g. its address is in use
   (uvicorn's own startup-failure status, kept so supervisors can tell it from a usage error).
+- ``NO_VALUE`` (4): ``versiq get`` found no value for the key (*not found* or *expired*; the
+  problem object is printed).
 """
 
 from __future__ import annotations
@@ -14,3 +16,4 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_SERVE_FAILED = 3
+EXIT_NO_VALUE = 4

@@ -382,3 +382,30 @@ def test_keys_lists_what_the_http_listing_answers(tmp_path: Path) -> None:
     assert versiq("keys", "--warehouse", str(tmp_path), "--store", "nope").returncode == 2
     bad = versiq("keys", "--warehouse", str(tmp_path), "--store", "s", "--as-of", "soon")
     assert bad.returncode == 2 and "--as-of" in bad.stderr
+
+
+def test_get_prints_the_http_answer_or_its_problem_with_exit_4(tmp_path: Path) -> None:
+    """Issue 16 item 8 (get): ``versiq get`` prints the JSON of GET /v1/stores/{store}/keys/{key};
+    without a value the 404's problem object and exit 4; ``--iso`` renders the times."""
+    import json
+
+    from tests.support.storebuilder import StoreBuilder
+
+    b = StoreBuilder(str(tmp_path), "s", history_retention_ms=10 ** 9)
+    b.apply([("a", '"x"', 1_000), ("a", None, 5_000), ("a", "1", 10_000)])
+    wh = ["--warehouse", str(tmp_path), "--store", "s", "--key", "a"]
+    out = versiq("get", *wh)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"key": "a", "value": 1, "timestamp": 10_000, "validTo": None, "snapshot": 0}
+    out = versiq("get", *wh, "--as-of", "1970-01-01T00:00:02Z", "--iso")
+    assert json.loads(out.stdout) == {"key": "a", "value": "x", "timestamp": "1970-01-01T00:00:01.000Z",
+                                      "validTo": "1970-01-01T00:00:05.000Z", "snapshot": 0}
+    gone = versiq("get", *wh, "--as-of", "6000")
+    assert gone.returncode == 4, gone.stderr
+    body = json.loads(gone.stdout)
+    assert body["type"].endswith("/not-found") and body["deletedAt"] == 5_000 and body["status"] == 404
+    assert versiq("get", *wh[:-2], "--key", "zz").returncode == 4
+    assert versiq("get", "--warehouse", str(tmp_path), "--store", "nope", "--key", "a").returncode == 2
+    both = versiq("get", *wh, "--snapshot", "0", "--as-of-system-time", "2100-01-01T00:00:00Z")
+    assert both.returncode == 2 and "not both" in both.stderr
+    assert versiq("get", *wh, "--snapshot", "7").returncode == 2

@@ -6,16 +6,20 @@ about the value at T2?")."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 import time
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.ingest.test_ingest_cli import VERSIQ, env
 from tests.support.e2e import IngestedStore, key_path, model_key_json, problem, serve_engine, source_dir
 from tests.support.ingest import records_from
 from tests.support.reference import InRecord
 from versiq.ingest.maintain import maintain_store
+from versiq.timestamps import format_timestamp
 
 T0 = 1_700_000_000_000
 KEYS = ["a", "b", "c"]
@@ -83,6 +87,22 @@ def test_history_lists_commits_and_as_of_system_time_answers_from_the_snapshot_c
                 "bad-request")
         problem(client.get("/v1/stores/nope/history"), 404, "store-not-found")
         problem(client.get("/v1/stores/h/history", params={"x": 1}), 400, "bad-request")
+        # the CLI prints the same JSON without a server (issue 16 item 8)
+        listed = _cli("history", "--warehouse", store.warehouse, "--store", "h")
+        assert [json.loads(line) for line in listed.splitlines()] == commits
+        iso = [json.loads(line) for line in _cli("history", "--warehouse", store.warehouse, "--store", "h",
+                                                 "--iso").splitlines()]
+        assert iso[0]["committedAt"] == format_timestamp(commits[0]["committedAt"])
+        got = _cli("get", "--warehouse", store.warehouse, "--store", "h", "--key", "a", "--as-of", str(T0 + 150),
+                   "--as-of-system-time", str(moments[1]))
+        http = client.get(key_path("h", "a"), params={"asOf": T0 + 150, "asOfSystemTime": moments[1]})
+        assert json.loads(got) == http.json()
+
+
+def _cli(*args: str) -> str:
+    done = subprocess.run([*VERSIQ, *args], env=env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
 
 
 @pytest.mark.parametrize("bad", ["yesterday", "-5"])
