@@ -58,6 +58,7 @@ from versiq.query.api import (
     VersionsPage,
 )
 from versiq.query.catalog import Catalog, StoreHandle, StreamHandle
+from versiq.query.files import latest_version_on_disk
 from versiq.query.history import Commit
 from versiq.query.index import StoreView
 from versiq.query.snapshots import SnapshotCache, store_snapshot, stream_snapshot
@@ -156,6 +157,11 @@ class Engine:
         if what == "stream":
             return self.catalog.stream_handle(name).path, self.catalog.current_stream(name).snapshot
         return self.catalog.store_handle(name).path, self.catalog.current_store(name).snapshot
+
+    def newest_committed(self, name: str, what: str = "store") -> int:
+        """The newest snapshot of a store or stream committed to its log (loaded or not yet)."""
+        path, current = self._table(name, what)
+        return max(current, latest_version_on_disk(path))
 
     def history(self, name: str, what: str = "store") -> list[Commit]:
         """The commits of a store or stream up to its current snapshot, newest first

@@ -32,6 +32,7 @@ from versiq.service.auth import authorized
 from versiq.service.bodies import read_json_body
 from versiq.service.errors import internal_error, method_not_allowed, problem_response, send_problem
 from versiq.service.errors import send as send_response
+from versiq.service.etags import etag_of, not_modified
 from versiq.service.handlers import Service
 from versiq.service.problems import Problem, bad_request
 from versiq.service.render import JSON, dumps
@@ -120,6 +121,13 @@ class VersiqMiddleware:
                 if scope["method"] != "GET":
                     raise method_not_allowed(scope["method"])
                 body = await self.service.handle_v1(route, query_string)
+                etag = etag_of(body)
+                if not_modified(_header(scope, b"if-none-match"), etag):
+                    await send({"type": "http.response.start", "status": 304, "headers": [(b"etag", etag.encode())]})
+                    await send({"type": "http.response.body", "body": b""})
+                    return template
+                await send_response(send, 200, body, JSON, {"etag": etag})
+                return template
             await send_response(send, 200, body, JSON)
         except Problem as problem:
             await send_problem(send, problem)
@@ -127,6 +135,12 @@ class VersiqMiddleware:
             log.exception("internal error serving %s", raw_path.decode("latin-1"))
             await send_problem(send, internal_error())
         return template
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    """The value of request header ``name`` (lower case), the values of repeats joined."""
+    values = [v.decode("latin-1") for k, v in scope.get("headers", []) if k == name]
+    return ", ".join(values) if values else None
 
 
 def create_app(engine_or_settings: Engine | Settings, *, settings: Settings | None = None) -> FastAPI:

@@ -6,6 +6,8 @@ parameters (``service.params``), asking the engine in the thread pool and render
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -116,14 +118,27 @@ def _body_timestamp(request: dict[str, Any], name: str) -> int | None:
     return value
 
 
+def min_snapshot_wait_s(refresh_interval_s: float) -> float:
+    """How long a read with ``minSnapshot`` waits for that snapshot: three refresh intervals,
+    at least 2 s and at most 30 s."""
+    return min(30.0, max(2.0, 3 * refresh_interval_s))
+
+
+def _check_min(snapshot: int, min_snapshot: int) -> None:
+    if snapshot < min_snapshot:
+        raise bad_request(f"the snapshot asked for ({snapshot}) is older than minSnapshot ({min_snapshot})",
+                          parameter="minSnapshot")
+
+
 def _batch_request(request: Any) -> tuple[list[str], int | None, int | None]:
     """The keys, asOf and snapshot of a ``keys:batchGet`` body (400 with the field otherwise)."""
     if not isinstance(request, dict):
         raise bad_request("the request body must be a JSON object such as {\"keys\": [\"k1\", \"k2\"]}")
-    unknown = sorted(set(request) - {"keys", "asOf", "snapshot", "asOfSystemTime"})
+    unknown = sorted(set(request) - {"keys", "asOf", "snapshot", "asOfSystemTime", "minSnapshot"})
     if unknown:
         raise bad_request(f"unknown field(s) in the request body: {', '.join(unknown)} (names are "
-                          "case-sensitive; accepted: keys, asOf, snapshot, asOfSystemTime)", field=unknown[0])
+                          "case-sensitive; accepted: keys, asOf, snapshot, asOfSystemTime, minSnapshot)",
+                          field=unknown[0])
     keys = request.get("keys")
     if not isinstance(keys, list) or not keys:
         raise bad_request("'keys' must be a non-empty array of keys (strings)", field="keys")
@@ -188,29 +203,66 @@ class Service:
         except QueryError as exc:
             raise query_problem(exc, what, name, at, self.settings.refresh_interval_s) from None
 
-    async def _snapshot(self, name: str, params: dict[str, str], what: str = "store",
-                        system_time: int | None = None) -> int | None:
+    async def _snapshot(self, name: str, params: dict[str, str], what: str = "store", *,
+                        explicit: int | None = None, system_time: int | None = None,
+                        min_snapshot: int | None = None, apply_min: bool = True) -> int | None:
         """The snapshot a read asks for: ``snapshot``, or the newest one committed at or before
-        ``asOfSystemTime`` (system time, issue 16 item 6); None = the current one."""
-        snapshot = snapshot_param(params)
+        ``asOfSystemTime`` (system time, issue 16 item 6); None = the current one. With
+        ``minSnapshot`` (read your writes, item 7) the answer comes from a snapshot at least that
+        new: a named one must be, and the current one is waited for (``_await_snapshot``)."""
+        snapshot = explicit if explicit is not None else snapshot_param(params)
         if system_time is None:
             system_time = timestamp_param(params, "asOfSystemTime")
-        if system_time is None:
+        if min_snapshot is None:
+            min_snapshot = snapshot_param(params, "minSnapshot")
+        if system_time is not None:
+            if snapshot is not None:
+                raise bad_request("give 'snapshot' or 'asOfSystemTime', not both", parameter="asOfSystemTime")
+            engine = self.require_engine()
+            snapshot = await self._call(name, None, engine.snapshot_at, name, system_time, what, what=what)
+        if min_snapshot is None or not apply_min:
             return snapshot
         if snapshot is not None:
-            raise bad_request("give 'snapshot' or 'asOfSystemTime', not both", parameter="asOfSystemTime")
+            _check_min(snapshot, min_snapshot)
+            return snapshot
+        return await self._await_snapshot(name, min_snapshot, what)
+
+    async def _await_snapshot(self, name: str, at_least: int, what: str) -> int:
+        """The current snapshot of ``name`` once it is ``>= at_least``: a commit that has landed
+        but is not loaded yet is waited for, up to ``min_snapshot_wait_s``, then 503 with
+        ``Retry-After``; a snapshot not committed at all is a 404 at once."""
         engine = self.require_engine()
-        found: int = await self._call(name, None, engine.snapshot_at, name, system_time, what, what=what)
-        return found
+        current_of = engine.current_stream_snapshot if what == "stream" else engine.current_snapshot
+        deadline = time.monotonic() + min_snapshot_wait_s(self.settings.refresh_interval_s)
+        newest: int = await self._call(name, None, engine.newest_committed, name, what, what=what)
+        if newest < at_least:  # not committed at all: nothing to wait for
+            named: dict[str, Any] = {what: name}
+            raise Problem("snapshot-not-found", f"{what} {name!r} has no snapshot {at_least} (minSnapshot): its newest "
+                          f"commit is {newest}", **named, snapshot=at_least)
+        while True:
+            current: int = await self._call(name, None, current_of, name, what=what)
+            if current >= at_least:
+                return current
+            if time.monotonic() >= deadline:
+                retry = {"retry-after": str(max(1, round(self.settings.refresh_interval_s)))}
+                raise Problem(f"{what}-unavailable",
+                              f"{what} {name!r} is at snapshot {current} here; minSnapshot {at_least} is not "
+                              "loaded yet (it may not be committed, or this server has not refreshed): retry",
+                              headers=retry, **{what: name}, snapshot=current, minSnapshot=at_least)
+            await asyncio.sleep(0.05)
 
     async def _resume(self, params: dict[str, str], bound: PageQuery, what: str = "store") -> tuple[int | None, Any]:
         """The snapshot to read and the token's position (None without ``pageToken``): a token
-        pins its snapshot, and ``?snapshot`` (or ``asOfSystemTime``) may only name it again."""
-        snapshot = await self._snapshot(bound.store, params, what)
+        pins its snapshot, and ``?snapshot`` (or ``asOfSystemTime``) may only name it again,
+        ``minSnapshot`` may not be newer."""
         token = params.get("pageToken")
+        snapshot = await self._snapshot(bound.store, params, what, apply_min=token is None)
         if token is None:
             return snapshot, None
         position = self.tokens.resolve(token, bound)
+        min_snapshot = snapshot_param(params, "minSnapshot")
+        if min_snapshot is not None:
+            _check_min(position.snapshot, min_snapshot)
         if snapshot is not None and snapshot != position.snapshot:
             raise bad_request(
                 f"the snapshot asked for ({snapshot}) differs from the snapshot the page "
@@ -230,7 +282,8 @@ class Service:
 
     async def _store(self, route: Route, query_string: bytes) -> bytes:
         store = _checked_name(route.store, "store")
-        snapshot = await self._snapshot(store, parse_query(query_string, ("snapshot", "asOfSystemTime")))
+        snapshot = await self._snapshot(store, parse_query(query_string, ("snapshot", "asOfSystemTime",
+                                                                          "minSnapshot")))
         engine = self.require_engine()
         info = await self._call(store, snapshot, engine.store_info, store, snapshot)
         return dumps(store_info_json(info))
@@ -245,7 +298,7 @@ class Service:
     async def _get(self, route: Route, query_string: bytes) -> bytes:
         store = _checked_name(route.store, "store")
         key = route.key or ""
-        params = parse_query(query_string, ("asOf", "snapshot", "asOfSystemTime"))
+        params = parse_query(query_string, ("asOf", "snapshot", "asOfSystemTime", "minSnapshot"))
         if not key:
             raise bad_request("the key must not be empty")
         as_of = timestamp_param(params, "asOf")
@@ -262,7 +315,7 @@ class Service:
         key = route.key or ""
         params = parse_query(query_string,
                              ("from", "to", "order", "includeDeleted", "pageSize", "pageToken", "snapshot",
-                              "asOfSystemTime"))
+                              "asOfSystemTime", "minSnapshot"))
         if not key:
             raise bad_request("the key must not be empty")
         from_time, to_time, order, page_size = _range_params(params)
@@ -293,7 +346,7 @@ class Service:
     async def _keys(self, route: Route, query_string: bytes) -> bytes:
         store = _checked_name(route.store, "store")
         params = parse_query(query_string, ("prefix", "start", "end", "asOf", "includeDeleted", "pageSize",
-                                            "pageToken", "snapshot", "asOfSystemTime"))
+                                            "pageToken", "snapshot", "asOfSystemTime", "minSnapshot"))
         prefix, start, end = params.get("prefix"), params.get("start"), params.get("end")
         if start is not None and end is not None and start > end:
             raise bad_request(f"'start' ({start!r}) is after 'end' ({end!r})", parameter="start")
@@ -322,11 +375,13 @@ class Service:
         store = _checked_name(route.store, "store")
         parse_query(query_string, ())
         keys, as_of, snapshot = _batch_request(request)
-        system_time = _body_timestamp(request, "asOfSystemTime")
-        if system_time is not None:
-            if snapshot is not None:
-                raise bad_request("give 'snapshot' or 'asOfSystemTime', not both", field="asOfSystemTime")
-            snapshot = await self._snapshot(store, {}, system_time=system_time)
+        min_snapshot = request.get("minSnapshot")
+        if min_snapshot is not None and (isinstance(min_snapshot, bool) or not isinstance(min_snapshot, int)
+                                         or not 0 <= min_snapshot <= MAX_INT64):
+            raise bad_request("'minSnapshot' must be a Delta version (a non-negative integer)", field="minSnapshot")
+        snapshot = await self._snapshot(store, {}, explicit=snapshot,
+                                        system_time=_body_timestamp(request, "asOfSystemTime"),
+                                        min_snapshot=min_snapshot)
         engine = self.require_engine()
         answered, results = await self._call(store, snapshot, engine.get_many, store, keys, as_of, snapshot)
         problems = {i: key_problem(store, key, as_of, r).payload()
@@ -343,7 +398,8 @@ class Service:
 
     async def _stream(self, route: Route, query_string: bytes) -> bytes:
         stream = _checked_name(route.stream, "stream")
-        snapshot = await self._snapshot(stream, parse_query(query_string, ("snapshot", "asOfSystemTime")), "stream")
+        params = parse_query(query_string, ("snapshot", "asOfSystemTime", "minSnapshot"))
+        snapshot = await self._snapshot(stream, params, "stream")
         engine = self.require_engine()
         info = await self._call(stream, snapshot, engine.stream_info, stream, snapshot, what="stream")
         return dumps(stream_info_json(info))
@@ -351,7 +407,8 @@ class Service:
     async def _stream_records(self, route: Route, query_string: bytes) -> bytes:
         stream = _checked_name(route.stream, "stream")
         params = parse_query(query_string,
-                             ("key", "from", "to", "order", "pageSize", "pageToken", "snapshot", "asOfSystemTime"))
+                             ("key", "from", "to", "order", "pageSize", "pageToken", "snapshot", "asOfSystemTime",
+                              "minSnapshot"))
         key = params.get("key")
         if key == "":
             raise bad_request("query parameter 'key' must not be empty (omit it for every key)",

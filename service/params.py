@@ -80,15 +80,16 @@ def timestamp_param(params: dict[str, str], name: str) -> int | None:
         raise bad_request(f"query parameter {name!r}: {exc}", parameter=name) from None
 
 
-def snapshot_param(params: dict[str, str]) -> int | None:
-    text = params.get("snapshot")
+def snapshot_param(params: dict[str, str], name: str = "snapshot") -> int | None:
+    """A Delta version parameter (``snapshot``, ``minSnapshot``)."""
+    text = params.get(name)
     if text is None:
         return None
     if not _UINT.match(text) or int(text) > MAX_INT64:
         raise bad_request(
-            f"query parameter 'snapshot': {text!r} is not a Delta version "
+            f"query parameter '{name}': {text!r} is not a Delta version "
             "(a non-negative integer)",
-            parameter="snapshot",
+            parameter=name,
         )
     return int(text)
 

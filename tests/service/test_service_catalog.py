@@ -137,3 +137,22 @@ def test_anonymous_readiness_tells_only_ready(two_stores: tuple[str, StoreBuilde
         assert c.get("/readyz").json() == {"ready": True}
         detailed = c.get("/readyz", headers={"Authorization": "Bearer t1"}).json()
         assert set(detailed["stores"]) == {"p1", "p2"} and detailed["unavailable"] == {}
+
+
+def test_min_snapshot_waits_for_a_commit_not_loaded_yet_then_answers_503(tmp_path: Any) -> None:
+    """Issue 16 item 7: a snapshot committed but not loaded by this server is waited for (three
+    refresh intervals, at least 2 s), then 503 with Retry-After; once loaded it answers."""
+    from tests.support.e2e import serve_engine
+
+    b = StoreBuilder(str(tmp_path), "s", history_retention_ms=10 ** 9)
+    b.apply([("k", '"a"', T0)])
+    with serve_engine(str(tmp_path), service_refresh_s=0.5) as (url, engine), httpx.Client(base_url=url) as c:
+        committed = b.apply([("k", '"b"', T0 + 1)])  # the engine does not refresh by itself
+        started = time.monotonic()
+        r = c.get(key_path("s", "k"), params={"minSnapshot": committed})
+        assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+        assert r.json()["type"] == PROBLEMS + "store-unavailable" and r.json()["minSnapshot"] == committed
+        assert 1.9 < time.monotonic() - started < 10
+        engine.refresh()
+        r = c.get(key_path("s", "k"), params={"minSnapshot": committed})
+        assert r.status_code == 200 and r.json()["value"] == "b" and r.json()["snapshot"] == committed

@@ -736,3 +736,52 @@ def test_versions_show_tombstones_when_asked_and_page_tokens_bind_that(s_client:
     body = problem(s_client.get(path, params={"pageToken": first["nextPageToken"]}), 400, "bad-request")
     assert "includeDeleted" in body["detail"]
     problem(s_client.get(path, params={"includeDeleted": "yes"}), 400, "bad-request")
+
+
+def test_etags_answer_304_until_the_answer_changes(s_client: httpx.Client, s_warehouse: Warehouse) -> None:
+    """Issue 16 item 7: every /v1 read carries an ETag; If-None-Match with it (weak form, in a
+    list, or *) is a 304 without a body until a commit changes that answer."""
+    path = key_path("live", "etag")
+    s_warehouse.live.apply([("etag", '"one"', T0)])
+    _until_value(s_client, path, "one")
+    first = s_client.get(path)
+    tag = first.headers["etag"]
+    assert tag.startswith('"') and tag.endswith('"')
+    for header in (tag, f"W/{tag}", f'"other", {tag}', "*"):
+        again = s_client.get(path, headers={"If-None-Match": header})
+        assert again.status_code == 304 and again.content == b"" and again.headers["etag"] == tag
+    head = s_client.head(path, headers={"If-None-Match": tag})
+    assert head.status_code == 304
+    assert s_client.get(path, headers={"If-None-Match": '"other"'}).status_code == 200
+    assert s_client.get("/v1/stores", headers={"If-None-Match": tag}).status_code == 200  # another answer
+    s_warehouse.live.apply([("etag", '"two"', T0 + 1)])
+    _until_value(s_client, path, "two")
+    changed = s_client.get(path, headers={"If-None-Match": tag})
+    assert changed.status_code == 200 and changed.headers["etag"] != tag
+
+
+def _until_value(client: httpx.Client, path: str, value: str) -> None:
+    deadline = time.monotonic() + 20
+    while client.get(path).json().get("value") != value:
+        assert time.monotonic() < deadline, f"{path} never answered {value!r}"
+        time.sleep(0.05)
+
+
+def test_min_snapshot_reads_your_writes_or_answers_503(s_client: httpx.Client, s_warehouse: Warehouse) -> None:
+    """Issue 16 item 7: ``minSnapshot=V`` answers from a snapshot >= V, waiting for the refresh
+    when V has just been committed; a V that does not come is a 503 with Retry-After; a named
+    older snapshot is a 400."""
+    path = key_path("live", "rw")
+    current = s_client.get("/v1/stores/live").json()["snapshot"]
+    assert s_client.get("/v1/stores/live", params={"minSnapshot": current}).json()["snapshot"] == current
+    committed = s_warehouse.live.apply([("rw", '"mine"', T0)])  # the write; the server has not refreshed yet
+    mine = s_client.get(path, params={"minSnapshot": committed})
+    assert mine.status_code == 200 and mine.json()["value"] == "mine" and mine.json()["snapshot"] >= committed
+    started = time.monotonic()
+    later = s_client.get(path, params={"minSnapshot": committed + 50})  # never committed: no wait
+    assert problem(later, 404, "snapshot-not-found")["snapshot"] == committed + 50
+    assert time.monotonic() - started < 1.5
+    problem(s_client.get(path, params={"minSnapshot": committed, "snapshot": 0}), 400, "bad-request")
+    problem(s_client.get(path, params={"minSnapshot": "x"}), 400, "bad-request")
+    batch = s_client.post("/v1/stores/live/keys:batchGet", json={"keys": ["rw"], "minSnapshot": committed})
+    assert batch.status_code == 200 and batch.json()["snapshot"] >= committed
