@@ -219,6 +219,26 @@ def build_parser() -> argparse.ArgumentParser:
     _add_read_options(get)
     _add_logging(get)
 
+    look = sub.add_parser(
+        "lookup",
+        help="point-in-time lookups of many (key, asOf) pairs from a table (no server needed)",
+        description="Answer every (key, asOf) pair of --input (Parquet or Arrow IPC: a string column 'key' and "
+        "an optional 'asOf' of epoch ms or timestamps, null = latest; at most 100,000 pairs) from one snapshot, "
+        "each exactly as GET /v1/stores/{store}/keys/{key}?asOf= answers it, and write the answers in input "
+        "order to --output by its extension: .parquet or .arrow (columns key, as_of, outcome ok/not-found/"
+        "expired, value as JSON text, timestamp, valid_to, deleted_at; the snapshot in the schema metadata "
+        "'versiq.snapshot') or .jsonl (the result objects of POST /v1/stores/{store}/lookups). Exit 2 for an "
+        "unknown store or an unreadable input.",
+    )
+    _add_warehouse(look)
+    look.add_argument("--store", required=True, help="store name")
+    look.add_argument("--input", required=True, help="the pairs: a .parquet file or an Arrow IPC file")
+    look.add_argument("--output", required=True, help="where the answers go: .parquet, .arrow or .jsonl")
+    look.add_argument("--snapshot", type=int, default=None, help="answer from this Delta version of the store")
+    look.add_argument("--as-of-system-time", default=None, metavar="T",
+                      help="answer from the snapshot current at T (epoch ms or RFC 3339; not with --snapshot)")
+    _add_logging(look)
+
     hist = sub.add_parser(
         "history",
         help="the commits (snapshots) of a store, newest first (no server needed)",
@@ -281,11 +301,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from versiq.ingest.commands import rejected_command
 
         return rejected_command(args)
-    if args.command in ("keys", "get", "history"):
+    if args.command in ("keys", "get", "history", "lookup"):
         from versiq.service import offline
 
         command: Callable[[argparse.Namespace], int] = {
             "keys": offline.keys_command, "get": offline.get_command, "history": offline.history_command,
+            "lookup": offline.lookup_command,
         }[args.command]
         return command(args)
     if args.command == "demo":

@@ -41,7 +41,7 @@ from typing import Any
 import duckdb
 
 from versiq import layout, storage
-from versiq.query import history, reads
+from versiq.query import history, lookups, reads
 from versiq.query.api import (
     InvalidQuery,
     KeyEntry,
@@ -230,6 +230,25 @@ class Engine:
         self._check_as_of(view, as_of)
         con = self._con()
         return view.snapshot, [self._answer(view, key, view.rows(con, key), as_of) for key in keys]
+
+    def lookup(self, store: str, pairs: list[tuple[str, int | None]],
+               snapshot: int | None = None) -> tuple[int, list[KeyResult]]:
+        """Point-in-time lookups (``query.lookups``): each ``(key, asOf)`` pair answered from one
+        snapshot exactly as ``get`` answers it (``asOf`` None: latest), in the order of ``pairs``.
+        A key's versions are read once however many pairs name it."""
+        if len(pairs) > lookups.MAX_LOOKUPS:
+            raise InvalidQuery(f"{len(pairs)} pairs; at most {lookups.MAX_LOOKUPS} per lookup")
+        view = self._view(store, snapshot)
+        for _key, as_of in pairs:
+            self._check_as_of(view, as_of)
+        con = self._con()
+        rows_of: dict[str, reads.KeyRows | None] = {}
+        out = []
+        for key, as_of in pairs:
+            if key not in rows_of:
+                rows_of[key] = view.rows(con, key)
+            out.append(self._answer(view, key, rows_of[key], as_of))
+        return view.snapshot, out
 
     @staticmethod
     def _check_as_of(view: StoreView, as_of: int | None) -> None:

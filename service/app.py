@@ -29,14 +29,14 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from versiq.service.auth import authorized
-from versiq.service.bodies import read_json_body
+from versiq.service.bodies import media_type_of, read_body, read_json_body
 from versiq.service.errors import internal_error, method_not_allowed, problem_response, send_problem
 from versiq.service.errors import send as send_response
 from versiq.service.etags import etag_of, not_modified
 from versiq.service.handlers import Service
 from versiq.service.problems import Problem, bad_request
 from versiq.service.render import JSON, dumps
-from versiq.service.routes import POST_ROUTES, match_v1, split_path
+from versiq.service.routes import POST_ROUTES, ROUTE_LOOKUPS, match_v1, split_path
 from versiq.service.settings import Settings
 
 if TYPE_CHECKING:
@@ -115,6 +115,12 @@ class VersiqMiddleware:
             if route.template in POST_ROUTES:
                 if scope["method"] != "POST":
                     raise method_not_allowed(scope["method"], "POST")
+                if route.template == ROUTE_LOOKUPS:
+                    raw = await read_body(scope, receive)
+                    media, chunks = await self.service.lookups(route, query_string, media_type_of(scope), raw,
+                                                               _header(scope, b"accept"))
+                    await _send_chunks(send, media, chunks)
+                    return template
                 request = await read_json_body(scope, receive)
                 body = await self.service.handle_post(route, query_string, request)
             else:
@@ -135,6 +141,18 @@ class VersiqMiddleware:
             log.exception("internal error serving %s", raw_path.decode("latin-1"))
             await send_problem(send, internal_error())
         return template
+
+
+async def _send_chunks(send: Send, media_type: str, chunks: list[bytes]) -> None:
+    """A 200 sent as ``chunks`` (HTTP/1.1 chunked: NDJSON lines reach the client as they go)."""
+    headers = [(b"content-type", media_type.encode("latin-1"))]
+    if len(chunks) == 1:
+        headers.append((b"content-length", str(len(chunks[0])).encode("ascii")))
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    for i, chunk in enumerate(chunks):
+        await send({"type": "http.response.body", "body": chunk, "more_body": i + 1 < len(chunks)})
+    if not chunks:
+        await send({"type": "http.response.body", "body": b""})
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

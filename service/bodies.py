@@ -32,12 +32,21 @@ def _too_large(size: int | str) -> Problem:
                    f"{MAX_BODY_BYTES} bytes a request may carry; split the batch")
 
 
+def media_type_of(scope: Scope) -> str:
+    return (_header(scope, b"content-type") or "").split(";", 1)[0].strip().lower()
+
+
 async def read_json_body(scope: Scope, receive: Receive) -> Any:
     """The parsed JSON body of a POST request; raises a ``Problem`` otherwise."""
-    media_type = (_header(scope, b"content-type") or "").split(";", 1)[0].strip().lower()
+    media_type = media_type_of(scope)
     if media_type != "application/json":
         raise Problem("unsupported-media-type",
                       f"the request body must be application/json, not {media_type or 'missing'!r}")
+    return parse_json(await read_body(scope, receive))
+
+
+async def read_body(scope: Scope, receive: Receive) -> bytes:
+    """The bytes of a POST request's body, at most ``MAX_BODY_BYTES`` (413 otherwise)."""
     declared = _header(scope, b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise _too_large(declared)
@@ -54,7 +63,11 @@ async def read_json_body(scope: Scope, receive: Receive) -> Any:
         chunks.append(chunk)
         if not message.get("more_body", False):
             break
-    raw = b"".join(chunks)
+    return b"".join(chunks)
+
+
+def parse_json(raw: bytes) -> Any:
+    """A JSON request body; 400 with the reason otherwise."""
     if not raw:
         raise bad_request("the request body is empty; send a JSON object")
     try:

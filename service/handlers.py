@@ -15,7 +15,16 @@ from starlette.concurrency import run_in_threadpool
 
 from versiq.names import is_valid_store_name
 from versiq.query.api import KeyResult, KeysQuery, MultiVersionedKeyQuery, QueryError, VersionedKeyQuery
+from versiq.query.lookups import (
+    MAX_LOOKUPS,
+    LookupInputError,
+    answers_table,
+    arrow_stream_bytes,
+    parquet_bytes,
+    read_pairs,
+)
 from versiq.query.streams import StreamPosition, StreamRecordsQuery
+from versiq.service.bodies import parse_json
 from versiq.service.errors import query_problem
 from versiq.service.metrics import Metrics
 from versiq.service.params import (
@@ -29,11 +38,13 @@ from versiq.service.params import (
 )
 from versiq.service.problems import Problem, bad_request
 from versiq.service.render import (
+    JSON,
     batch_json,
     dumps,
     history_json,
     key_json,
     keys_json,
+    result_lines,
     store_info_json,
     stream_info_json,
     stream_records_json,
@@ -128,6 +139,63 @@ def _check_min(snapshot: int, min_snapshot: int) -> None:
     if snapshot < min_snapshot:
         raise bad_request(f"the snapshot asked for ({snapshot}) is older than minSnapshot ({min_snapshot})",
                           parameter="minSnapshot")
+
+
+NDJSON = "application/x-ndjson"
+ARROW = "application/vnd.apache.arrow.stream"
+PARQUET = "application/vnd.apache.parquet"
+#: Tables a lookup can be sent as and answered with.
+TABLE_MEDIA_TYPES = (ARROW, PARQUET)
+
+
+def negotiate(accept: str | None) -> str:
+    """The answer's media type for ``Accept``: the first of JSON, NDJSON, Arrow or Parquet it
+    names (parameters and q-values are not weighed: order decides), JSON for none or ``*/*``;
+    406 when it names only others."""
+    if not accept:
+        return JSON
+    for item in accept.split(","):
+        media = item.split(";", 1)[0].strip().lower()
+        if media in (JSON, NDJSON, *TABLE_MEDIA_TYPES):
+            return media
+        if media in ("*/*", "application/*"):
+            return JSON
+    raise Problem("not-acceptable", f"lookups answer {JSON}, {NDJSON}, {ARROW} or {PARQUET}; Accept names "
+                  f"none of them ({accept!r})")
+
+
+def _lookup_request(request: Any) -> tuple[list[tuple[str, int | None]], dict[str, Any]]:
+    """The pairs of a JSON ``lookups`` body, and its snapshot fields."""
+    if not isinstance(request, dict):
+        raise bad_request('the request body must be a JSON object such as {"lookups": [{"key": "k1", "asOf": 5}]}')
+    unknown = sorted(set(request) - {"lookups", "snapshot", "asOfSystemTime", "minSnapshot"})
+    if unknown:
+        raise bad_request(f"unknown field(s) in the request body: {', '.join(unknown)} (accepted: lookups, "
+                          "snapshot, asOfSystemTime, minSnapshot)", field=unknown[0])
+    items = request.get("lookups")
+    if not isinstance(items, list) or not items:
+        raise bad_request("'lookups' must be a non-empty array of {\"key\", \"asOf\"?} objects", field="lookups")
+    if len(items) > MAX_LOOKUPS:
+        raise bad_request(f"'lookups' has {len(items)} pairs; at most {MAX_LOOKUPS} per request", field="lookups")
+    pairs: list[tuple[str, int | None]] = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict) or set(item) - {"key", "asOf"}:
+            raise bad_request(f"'lookups[{i}]' must be an object with 'key' and an optional 'asOf'", field="lookups")
+        key = item.get("key")
+        if not isinstance(key, str) or not key:
+            raise bad_request(f"'lookups[{i}].key' must be a non-empty string", field="lookups")
+        pairs.append((key, _body_timestamp(item, "asOf")))
+    fields: dict[str, Any] = {}
+    for name in ("snapshot", "minSnapshot"):
+        value = request.get(name)
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_INT64:
+                raise bad_request(f"'{name}' must be a Delta version (a non-negative integer)", field=name)
+            fields[name] = value
+    system_time = _body_timestamp(request, "asOfSystemTime")
+    if system_time is not None:
+        fields["asOfSystemTime"] = system_time
+    return pairs, fields
 
 
 def _batch_request(request: Any) -> tuple[list[str], int | None, int | None]:
@@ -388,6 +456,45 @@ class Service:
                     for i, (key, r) in enumerate(zip(keys, results, strict=True))
                     if r.outcome != "ok" or r.record is None}
         return batch_json(store, answered, keys, as_of, results, problems)
+
+    async def lookups(self, route: Route, query_string: bytes, media_type: str, raw: bytes,
+                      accept: str | None) -> tuple[str, list[bytes]]:
+        """``POST /v1/stores/{store}/lookups`` (issue 16 item 3): the content type and body chunks
+        of the answers to many ``(key, asOf)`` pairs from one snapshot, as JSON, NDJSON (one
+        result per chunk of lines), an Arrow IPC stream or Parquet, per ``Accept``."""
+        store = _checked_name(route.store, "store")
+        params = parse_query(query_string, ("snapshot", "asOfSystemTime", "minSnapshot"))
+        answer_type = negotiate(accept)
+        fields: dict[str, Any] = {}
+        if media_type == "application/json":
+            pairs, fields = _lookup_request(parse_json(raw))
+        elif media_type in TABLE_MEDIA_TYPES:
+            try:
+                pairs = read_pairs(raw, media_type)
+            except LookupInputError as exc:
+                raise bad_request(str(exc)) from None
+        else:
+            raise Problem("unsupported-media-type", "the request body must be application/json, "
+                          f"{' or '.join(TABLE_MEDIA_TYPES)}, not {media_type or 'missing'!r}")
+        if fields and any(name in params for name in ("snapshot", "asOfSystemTime", "minSnapshot")):
+            raise bad_request("name the snapshot in the query string or in the body, not both")
+        snapshot = await self._snapshot(store, params, explicit=fields.get("snapshot"),
+                                        system_time=fields.get("asOfSystemTime"),
+                                        min_snapshot=fields.get("minSnapshot"))
+        engine = self.require_engine()
+        answered, results = await self._call(store, snapshot, engine.lookup, store, pairs, snapshot)
+        if answer_type in TABLE_MEDIA_TYPES:
+            table = answers_table(pairs, results, answered)
+            encode = parquet_bytes if answer_type == PARQUET else arrow_stream_bytes
+            return answer_type, [await run_in_threadpool(encode, table)]
+        problems = {i: key_problem(store, key, as_of, r).payload()
+                    for i, ((key, as_of), r) in enumerate(zip(pairs, results, strict=True))
+                    if r.outcome != "ok" or r.record is None}
+        lines = result_lines(pairs, results, problems)
+        if answer_type == NDJSON:
+            return NDJSON, [b"".join(line + b"\n" for line in lines[i:i + 1000]) for i in range(0, len(lines), 1000)]
+        return JSON, [b"".join((b'{"store":', dumps(store), b',"snapshot":', str(answered).encode(),
+                                b',"results":[', b",".join(lines), b"]}"))]
 
     # ------------------------------------------------------------------ streams
     async def _streams(self, route: Route, query_string: bytes) -> bytes:

@@ -1,5 +1,5 @@
-"""``versiq get``, ``versiq keys`` and ``versiq history``: the answers of the HTTP API without a
-server (issue 16 item 8).
+"""``versiq get``, ``versiq keys``, ``versiq history`` and ``versiq lookup``: the answers of the
+HTTP API without a server (issue 16 items 3 and 8).
 
 The same engine answers and every line printed is the JSON the HTTP API returns
 (``service.render``; a key without a value prints the problem object of the 404), so a script
@@ -14,13 +14,20 @@ exist); 4 ``versiq get`` found no value (*not found* or *expired*: the problem i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from versiq.exits import EXIT_FAILED, EXIT_NO_VALUE, EXIT_OK, EXIT_USAGE
+from versiq.query import lookups
 from versiq.query.api import (
     InvalidQuery,
     KeysQuery,
@@ -32,7 +39,7 @@ from versiq.query.api import (
 )
 from versiq.query.engine import Engine
 from versiq.service.handlers import key_problem
-from versiq.service.render import entry_json, history_json, key_json
+from versiq.service.render import entry_json, history_json, key_json, result_lines
 from versiq.timestamps import TimestampError, format_timestamp, parse_timestamp
 
 #: The members holding epoch-ms instants in the API's JSON (``--iso`` renders them).
@@ -147,3 +154,63 @@ def history_command(args: argparse.Namespace) -> int:
         return EXIT_OK
 
     return _run("history", args, body)
+
+
+def _read_pairs(path: str) -> list[tuple[str, int | None]]:
+    """The pairs of ``--input``: Parquet (``.parquet``) or an Arrow IPC file or stream."""
+    try:
+        if path.endswith(".parquet"):
+            table = pq.read_table(path)
+        else:
+            try:
+                with pa.ipc.open_file(path) as reader:
+                    table = reader.read_all()
+            except pa.ArrowInvalid:
+                with pa.ipc.open_stream(pa.memory_map(path)) as stream:
+                    table = stream.read_all()
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise _Usage(f"--input {path}: {exc}") from None
+    try:
+        return lookups.pairs_from_table(table)
+    except lookups.LookupInputError as exc:
+        raise _Usage(f"--input {path}: {exc}") from None
+
+
+def _write_answers(path: str, table: pa.Table, lines: list[bytes]) -> None:
+    """Write the answers by ``--output``'s extension (``.parquet``, ``.arrow``/``.ipc``,
+    ``.jsonl``/``.ndjson``), through a temporary file renamed into place."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".versiq-lookup-", dir=folder)
+    os.close(fd)
+    try:
+        if path.endswith(".parquet"):
+            pq.write_table(table, tmp, compression="zstd")
+        elif path.endswith((".arrow", ".ipc", ".feather")):
+            with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+                writer.write_table(table)
+        else:
+            with open(tmp, "wb") as handle:
+                handle.writelines(line + b"\n" for line in lines)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def lookup_command(args: argparse.Namespace) -> int:
+    if not args.output.endswith((".parquet", ".arrow", ".ipc", ".feather", ".jsonl", ".ndjson")):
+        print("versiq lookup: --output must end in .parquet, .arrow (or .ipc, .feather), .jsonl or .ndjson",
+              file=sys.stderr)
+        return EXIT_USAGE
+
+    def body(engine: Engine) -> int:
+        pairs = _read_pairs(args.input)
+        snapshot, results = engine.lookup(args.store, pairs, _snapshot(engine, args))
+        table = lookups.answers_table(pairs, results, snapshot)
+        problems = {i: key_problem(args.store, key, as_of, r).payload()
+                    for i, ((key, as_of), r) in enumerate(zip(pairs, results, strict=True))
+                    if r.outcome != "ok" or r.record is None}
+        _write_answers(args.output, table, result_lines(pairs, results, problems))
+        return EXIT_OK
+
+    return _run("lookup", args, body)

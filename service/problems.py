@@ -23,6 +23,7 @@ PROBLEM_TYPES: dict[str, tuple[int, str]] = {
     "snapshot-not-found": (404, "Snapshot not found"),
     "route-not-found": (404, "No such resource"),
     "method-not-allowed": (405, "Method not allowed"),
+    "not-acceptable": (406, "Not acceptable"),
     "request-timeout": (408, "Request timeout"),
     "gone": (410, "Gone"),
     "content-too-large": (413, "Content too large"),

@@ -133,10 +133,18 @@ def batch_json(store: str, snapshot: int, keys: list[str], as_of: int | None, re
                problems: dict[int, dict[str, Any]]) -> bytes:
     """The answer of ``POST /v1/stores/{store}/keys:batchGet``: one result per requested key, in
     request order, each a record or the problem the single-key read would give."""
+    parts = result_lines([(key, as_of) for key in keys], results, problems)
+    return b"".join((b'{"store":', dumps(store), b',"snapshot":', int_or_null(snapshot), b',"results":[',
+                     b",".join(parts), b"]}"))
+
+
+def result_lines(pairs: list[tuple[str, int | None]], results: list[KeyResult],
+                 problems: dict[int, dict[str, Any]]) -> list[bytes]:
+    """One result object per ``(key, asOf)`` pair (``keys:batchGet``, ``lookups``; a line of their
+    NDJSON): ``{"key", "asOf"?, "record"}`` or ``{"key", "asOf"?, "problem"}``."""
     parts = []
-    as_of_json = b"" if as_of is None else b',"asOf":' + int_or_null(as_of)
-    for i, (key, result) in enumerate(zip(keys, results, strict=True)):
-        head = b'{"key":' + dumps(key) + as_of_json
+    for i, ((key, as_of), result) in enumerate(zip(pairs, results, strict=True)):
+        head = b'{"key":' + dumps(key) + (b"" if as_of is None else b',"asOf":' + int_or_null(as_of))
         if i in problems:
             parts.append(head + b',"problem":' + dumps(problems[i]) + b"}")
             continue
@@ -144,8 +152,7 @@ def batch_json(store: str, snapshot: int, keys: list[str], as_of: int | None, re
         assert rec is not None and rec.value is not None
         parts.append(b"".join((head, b',"record":{"value":', rec.value.encode("utf-8"), b',"timestamp":',
                                int_or_null(rec.timestamp), b',"validTo":', int_or_null(rec.valid_to), b"}}")))
-    return b"".join((b'{"store":', dumps(store), b',"snapshot":', int_or_null(snapshot), b',"results":[',
-                     b",".join(parts), b"]}"))
+    return parts
 
 
 def history_json(store: str, commits: list[Commit]) -> bytes:

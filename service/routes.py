@@ -36,6 +36,7 @@ ROUTE_STORE = "/v1/stores/{store}"
 ROUTE_KEYS = "/v1/stores/{store}/keys"
 ROUTE_BATCH_GET = "/v1/stores/{store}/keys:batchGet"
 ROUTE_HISTORY = "/v1/stores/{store}/history"
+ROUTE_LOOKUPS = "/v1/stores/{store}/lookups"
 ROUTE_KEY = "/v1/stores/{store}/keys/{key}"
 ROUTE_VERSIONS = "/v1/stores/{store}/keys/{key}/versions"
 ROUTE_STREAMS = "/v1/streams"
@@ -43,7 +44,7 @@ ROUTE_STREAM = "/v1/streams/{stream}"
 ROUTE_STREAM_RECORDS = "/v1/streams/{stream}/records"
 
 #: Routes answering POST (a JSON body); every other route answers GET (and HEAD).
-POST_ROUTES = frozenset({ROUTE_BATCH_GET})
+POST_ROUTES = frozenset({ROUTE_BATCH_GET, ROUTE_LOOKUPS})
 
 
 def _match_streams(segments: list[bytes]) -> Route | None:
@@ -74,6 +75,8 @@ def match_v1(segments: list[bytes]) -> Route | None:
             return Route(ROUTE_KEYS, store)
         if action == "history":
             return Route(ROUTE_HISTORY, store)
+        if action == "lookups":
+            return Route(ROUTE_LOOKUPS, store)
         return Route(ROUTE_BATCH_GET, store) if action == "keys:batchGet" else None
     if segments[3] != b"keys" or n not in (5, 6):
         return None

@@ -40,6 +40,7 @@ def s_generated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     proc = subprocess.run(
         [generator, "generate", "--path", str(ROOT / "openapi.yaml"), "--meta", "none",
+         "--config", str(ROOT / "openapi-python-client.yaml"),
          "--output-path", str(out / "versiq_client")],
         env=env, capture_output=True, text=True, timeout=120,
     )
