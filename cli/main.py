@@ -239,6 +239,24 @@ def build_parser() -> argparse.ArgumentParser:
                       help="answer from the snapshot current at T (epoch ms or RFC 3339; not with --snapshot)")
     _add_logging(look)
 
+    sql = sub.add_parser(
+        "sql",
+        help="a read-only SQL session over the warehouse (DuckDB; no server needed)",
+        description="Open a read-only DuckDB session in which every store is a view of its resolved versions "
+        "(key, value, valid_from, valid_to, deleted: the read rule applied, expired history left out) and every "
+        "stream a view of its records (key, value, timestamp, run, seq), from the current snapshots (or those "
+        "--snapshot-of names). With -c, run one query and print it; without, read statements ending in ';' "
+        "from standard input. Nothing outside the views can be read and no file written. Exit 2 for an SQL "
+        "error or a bad option.",
+    )
+    _add_warehouse(sql)
+    sql.add_argument("--snapshot-of", action="append", default=[], metavar="STORE=V",
+                     help="read STORE (or a stream) at Delta version V (repeatable)")
+    sql.add_argument("-c", "--command", dest="query", default=None, help="the query to run")
+    sql.add_argument("--format", choices=("table", "csv", "json"), default="table",
+                     help="table (default, for people), csv, or json (one object per line)")
+    _add_logging(sql)
+
     hist = sub.add_parser(
         "history",
         help="the commits (snapshots) of a store, newest first (no server needed)",
@@ -301,6 +319,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from versiq.ingest.commands import rejected_command
 
         return rejected_command(args)
+    if args.command == "sql":
+        from versiq.service.offline import sql_command
+
+        return sql_command(args)
     if args.command in ("keys", "get", "history", "lookup"):
         from versiq.service import offline
 

@@ -214,3 +214,72 @@ def lookup_command(args: argparse.Namespace) -> int:
         return EXIT_OK
 
     return _run("lookup", args, body)
+
+
+def _print_relation(relation: Any, fmt: str) -> None:
+    """A query's result on stdout: DuckDB's table rendering, CSV, or JSON lines."""
+    if relation is None:  # a statement without a result
+        return
+    if fmt == "table":
+        relation.show(max_rows=10_000, max_width=200, null_value="NULL")
+        return
+    table = relation.to_arrow_table()
+    if fmt == "csv":
+        import pyarrow.csv as pacsv
+
+        sink = pa.BufferOutputStream()
+        pacsv.write_csv(table, sink)
+        sys.stdout.write(sink.getvalue().to_pybytes().decode("utf-8"))
+    else:
+        for row in table.to_pylist():
+            print(json.dumps(row, ensure_ascii=False, default=str))
+
+
+def sql_command(args: argparse.Namespace) -> int:
+    """``versiq sql``: ``versiq.sql.connect`` in a shell, or one query with ``-c``."""
+    import duckdb
+
+    from versiq import sql
+
+    snapshots: dict[str, int] = {}
+    for item in args.snapshot_of:
+        name, sep, version = item.partition("=")
+        if not sep or not version.isdigit():
+            print(f"versiq sql: --snapshot-of {item!r}: expected STORE=VERSION", file=sys.stderr)
+            return EXIT_USAGE
+        snapshots[name] = int(version)
+    try:
+        con = sql.connect(args.warehouse, snapshots)
+    except KeyError as exc:
+        print(f"versiq sql: {exc.args[0]}", file=sys.stderr)
+        return EXIT_USAGE
+    statements = [args.query] if args.query is not None else _statements(sys.stdin)
+    status = EXIT_OK
+    for statement in statements:
+        try:
+            _print_relation(con.sql(statement), args.format)
+        except duckdb.Error as exc:
+            print(f"versiq sql: {exc}", file=sys.stderr)
+            status = EXIT_USAGE
+            if args.query is not None:
+                break
+    sys.stdout.flush()
+    return status
+
+
+def _statements(lines: Any) -> Iterator[str]:
+    """The statements of a shell's input: text up to each ``;`` at the end of a line."""
+    if sys.stdin.isatty():
+        print("versiq sql: one view per store and stream; end each statement with ';', Ctrl-D to quit",
+              file=sys.stderr)
+    pending: list[str] = []
+    for line in lines:
+        pending.append(line)
+        if line.rstrip().endswith(";"):
+            text = "".join(pending).strip()
+            pending = []
+            if text.rstrip(";").strip():
+                yield text
+    rest = "".join(pending).strip()
+    if rest:
+        yield rest

@@ -33,7 +33,7 @@ from tests.support.e2e import collect_pages, key_path, serve_engine
 from tests.support.ingest import model_versions, rejected_rows, store_versions, stream_times
 from tests.support.reference import ReferenceStore
 from tests.support.server_process import free_ports
-from versiq import layout, storage
+from versiq import layout, sql, storage
 from versiq.ingest.maintain import maintain_store
 from versiq.ingest.pipeline import StoreSpec, run_ingest
 from versiq.ingest.spark import FETCH_HINT_S3, configure_s3, s3_jars_present
@@ -160,6 +160,9 @@ def test_an_s3_warehouse_equals_a_local_one_across_runs_maintain_and_http(spark,
                 a = rc.get(key_path("s", key, "/versions"), params={"snapshot": 0, "from": 0})
                 b = lc.get(key_path("s", key, "/versions"), params={"snapshot": 0, "from": 0})
                 assert (a.status_code, a.json().get("records")) == (b.status_code, b.json().get("records"))
+    # SQL over the bucket's snapshot equals SQL over the local one
+    query = "SELECT key, value, valid_from, valid_to, deleted FROM s ORDER BY key, valid_from"
+    assert sql.connect(remote).sql(query).fetchall() == sql.connect(local).sql(query).fetchall()
     # the CLI over the bucket: rejected records and the key listing
     listings = []
     for wh in (remote, local):
