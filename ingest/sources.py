@@ -22,8 +22,6 @@ import re
 import stat
 from dataclasses import dataclass, field
 
-from versiq import storage
-
 log = logging.getLogger("versiq.ingest")
 
 
@@ -73,7 +71,7 @@ def _classify(listing: SourceListing, rel: str, full: str) -> None:
 def list_sources(source: str) -> SourceListing:
     """Every file of ``source`` (see the module docstring); raises ``SourceError`` when a file
     or directory of it cannot be read."""
-    if storage.is_s3(source):
+    if _is_s3(source):
         return _list_s3(source)
     source = os.path.abspath(source)
     listing = SourceListing()
@@ -103,10 +101,22 @@ def list_sources(source: str) -> SourceListing:
     return listing
 
 
+def _is_s3(path: str) -> bool:
+    """``versiq.storage.is_s3``, imported only for a URI: local listing needs only the standard
+    library (a test runs it as another user, from a copy of this file)."""
+    if "://" not in path:
+        return False
+    from versiq import storage
+
+    return storage.is_s3(path)
+
+
 def _list_s3(source: str) -> SourceListing:
     """The objects under an ``s3://`` source prefix (or the one object it names), hidden names
     (a path component starting with ``.`` or ``_``) left out, in key order. S3 has only objects:
     nothing is ever ignored. A listing the server refuses fails the run."""
+    from versiq import storage
+
     try:
         found = storage.list_files(source)
     except OSError as exc:
@@ -139,7 +149,7 @@ def check_readable(files: dict[str, str]) -> None:
     a clear message, before any Spark work. Parse tasks re-raise read errors as well (the only
     check for S3 objects, which the listing has just seen and which cannot be FIFOs)."""
     for full in files.values():
-        if storage.is_s3(full):
+        if _is_s3(full):
             continue
         try:
             fd = os.open(full, os.O_RDONLY | os.O_NONBLOCK)

@@ -8,7 +8,7 @@ Values are the stored compact JSON text (``str``); callers decide whether to par
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 Outcome = Literal["ok", "not-found", "expired"]
 
@@ -111,6 +111,17 @@ class VersionsPage:
     #: The range reaches below the horizon (``from`` missing or ``< h <= to``): history before
     #: ``h`` that once met it is no longer returned (rule 32).
     truncated: bool = False
+
+
+@dataclass(frozen=True)
+class ChangesPage:
+    """One page of a store's change feed (``query.changes``)."""
+
+    changes: list[Any]
+    #: The snapshot the feed runs to (``untilSnapshot``, or the current one when asked).
+    snapshot: int
+    #: The position ``(snapshot, key, validFrom)`` of the last change when more follow, else None.
+    resume_after: tuple[int, str, int] | None
 
 
 @dataclass(frozen=True)

@@ -41,8 +41,10 @@ from typing import Any
 import duckdb
 
 from versiq import layout, storage
+from versiq.query import changes as changes_mod
 from versiq.query import history, lookups, reads
 from versiq.query.api import (
+    ChangesPage,
     InvalidQuery,
     KeyEntry,
     KeyResult,
@@ -162,6 +164,36 @@ class Engine:
         """The newest snapshot of a store or stream committed to its log (loaded or not yet)."""
         path, current = self._table(name, what)
         return max(current, latest_version_on_disk(path))
+
+    def changes(self, store: str, since: int, until: int | None = None,
+                resume_after: tuple[int, str, int] | None = None, limit: int = 1000) -> ChangesPage:
+        """One page of the change feed of ``store`` (``query.changes``): the changes of the
+        commits after snapshot ``since`` up to ``until`` (default: the current snapshot), after
+        ``resume_after`` (a change's position), ordered by (snapshot, key, validFrom)."""
+        path, current = self._table(store, "store")
+        until = current if until is None else until
+        if until > current:
+            raise SnapshotNotFound(f"store {store!r} has no snapshot {until} yet (latest: {current})")
+        if since < -1 or since > until:
+            raise InvalidQuery(f"sinceSnapshot ({since}) must be -1 (from the start) or a snapshot not after "
+                               f"untilSnapshot ({until})")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise InvalidQuery(f"invalid page size {limit!r}")
+        commits = [c for c in reversed(history.commits(path, until)) if since < c.snapshot
+                   and (resume_after is None or c.snapshot >= resume_after[0])]
+        out: list[changes_mod.Change] = []
+        for commit in commits:
+            try:
+                found = changes_mod.commit_changes(self._con(), path, commit)
+            except duckdb.IOException as exc:
+                raise SnapshotGone(f"the files of snapshot {commit.snapshot} of store {store!r} were vacuumed: "
+                                   f"its changes can no longer be read ({exc})") from None
+            out += [c for c in found if resume_after is None or c.position() > resume_after]
+            if len(out) > limit:
+                break
+        page = out[:limit]
+        more = len(out) > limit
+        return ChangesPage(page, until, page[-1].position() if more else None)
 
     def history(self, name: str, what: str = "store") -> list[Commit]:
         """The commits of a store or stream up to its current snapshot, newest first

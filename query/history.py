@@ -51,6 +51,8 @@ class Commit:
     kafka: dict[str, Any] | None = None
     #: Delta's own name of the operation (``WRITE``, ``VACUUM END``, ...), for the curious.
     delta_operation: str | None = None
+    #: The data files the commit added (add-action paths, relative to the table).
+    added_files: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,8 @@ class _Parsed:
     rows: int
     added: int
     removed: int
+    #: The data files the commit added (their paths as the log has them).
+    add_paths: tuple[str, ...] = ()
 
 
 _cache: dict[tuple[str, int], _Parsed] = {}
@@ -72,6 +76,7 @@ def _parse(text: str) -> _Parsed:
     info: dict[str, Any] = {}
     app_ids: set[str] = set()
     rows = added = removed = 0
+    add_paths: list[str] = []
     for line in text.splitlines():
         if not line.strip():
             continue
@@ -82,6 +87,7 @@ def _parse(text: str) -> _Parsed:
             app_ids.add(str(action["txn"].get("appId")))
         elif "add" in action:
             added += 1
+            add_paths.append(str(action["add"]["path"]))
             stats = action["add"].get("stats")
             if stats:
                 rows += int(json.loads(stats).get("numRecords", 0))
@@ -90,7 +96,7 @@ def _parse(text: str) -> _Parsed:
     text_state = info.get(layout.STATE_KEY, info.get(layout.LEGACY_STATE_KEY))
     state = layout.StoreState.from_json(text_state) if text_state else None
     return _Parsed(int(info.get("timestamp", 0)), info.get("operation"), frozenset(app_ids), state, rows, added,
-                   removed)
+                   removed, tuple(add_paths))
 
 
 def _commit(table_path: str, version: int) -> _Parsed:
@@ -137,7 +143,7 @@ def commits(table_path: str, newest: int) -> list[Commit]:
                      "nextOffsets": {str(p): o for p, o in sorted(state.kafka.next_offsets.items())}}
         out.append(Commit(version, parsed.committed_at, operation, state.run,
                           {"rowsWritten": parsed.rows, "filesAdded": parsed.added, "filesRemoved": parsed.removed},
-                          new_files, kafka, parsed.delta_operation))
+                          new_files, kafka, parsed.delta_operation, parsed.add_paths))
     out.reverse()
     return out
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.concurrency import run_in_threadpool
 
+from versiq.durations import DurationError, parse_duration_ms
 from versiq.names import is_valid_store_name
 from versiq.query.api import KeyResult, KeysQuery, MultiVersionedKeyQuery, QueryError, VersionedKeyQuery
 from versiq.query.lookups import (
@@ -40,6 +41,7 @@ from versiq.service.problems import Problem, bad_request
 from versiq.service.render import (
     JSON,
     batch_json,
+    changes_json,
     dumps,
     history_json,
     key_json,
@@ -52,6 +54,7 @@ from versiq.service.render import (
 )
 from versiq.service.routes import (
     ROUTE_BATCH_GET,
+    ROUTE_CHANGES,
     ROUTE_HISTORY,
     ROUTE_KEY,
     ROUTE_KEYS,
@@ -64,7 +67,7 @@ from versiq.service.routes import (
     Route,
 )
 from versiq.service.settings import Settings
-from versiq.service.tokens import KEYS, STREAM_RECORDS, PageQuery, PageTokens
+from versiq.service.tokens import CHANGES, KEYS, STREAM_RECORDS, PageQuery, PageTokens
 from versiq.timestamps import TimestampError, parse_timestamp
 
 if TYPE_CHECKING:
@@ -127,6 +130,24 @@ def _body_timestamp(request: dict[str, Any], name: str) -> int | None:
         raise bad_request(f"'{name}' must be epoch milliseconds (a non-negative integer) or an RFC 3339 instant",
                           field=name)
     return value
+
+
+#: The longest a change-feed request may wait for the next commit.
+MAX_WAIT_S = 60.0
+
+
+def _wait_param(params: dict[str, str]) -> float:
+    """``wait`` of the change feed: a duration (``30s``, ``500ms``, ``PT30S``), at most 60 s."""
+    text = params.get("wait")
+    if text is None:
+        return 0.0
+    try:
+        millis = parse_duration_ms(text)
+    except DurationError as exc:
+        raise bad_request(f"query parameter 'wait': {exc}", parameter="wait") from None
+    if not 0 <= millis <= MAX_WAIT_S * 1000:
+        raise bad_request(f"query parameter 'wait' must be from 0 to {MAX_WAIT_S:g}s", parameter="wait")
+    return millis / 1000
 
 
 def min_snapshot_wait_s(refresh_interval_s: float) -> float:
@@ -236,6 +257,7 @@ class Service:
             ROUTE_STORE: self._store,
             ROUTE_KEYS: self._keys,
             ROUTE_HISTORY: self._history,
+            ROUTE_CHANGES: self._changes,
             ROUTE_KEY: self._get,
             ROUTE_VERSIONS: self._versions,
             ROUTE_STREAMS: self._streams,
@@ -355,6 +377,43 @@ class Service:
         engine = self.require_engine()
         info = await self._call(store, snapshot, engine.store_info, store, snapshot)
         return dumps(store_info_json(info))
+
+    async def _changes(self, route: Route, query_string: bytes) -> bytes:
+        """``GET /v1/stores/{store}/changes`` (issue 16 item 5), paged; with ``wait`` a request at
+        the head waits up to that long for the next commit instead of answering empty."""
+        store = _checked_name(route.store, "store")
+        params = parse_query(query_string, ("sinceSnapshot", "untilSnapshot", "pageSize", "pageToken", "wait"))
+        text = params.get("sinceSnapshot")
+        if text is None:
+            raise bad_request("query parameter 'sinceSnapshot' is required (-1: from the first commit)",
+                              parameter="sinceSnapshot")
+        since = -1 if text == "-1" else snapshot_param(params, "sinceSnapshot")
+        assert since is not None
+        until = snapshot_param(params, "untilSnapshot")
+        page_size = page_size_param(params)
+        wait_s = _wait_param(params)
+        engine = self.require_engine()
+        bound = PageQuery(store, None, since, until, "asc", CHANGES)
+        resume: tuple[int, str, int] | None = None
+        token = params.get("pageToken")
+        if token is not None:
+            position = self.tokens.resolve(token, bound)
+            if len(position.position) != 3:
+                raise bad_request("query parameter 'pageToken' is not a valid page token", parameter="pageToken")
+            snapshot_, key_, valid_from_ = position.position
+            resume = (int(snapshot_), str(key_), int(valid_from_))
+            until = position.snapshot
+        elif until is None and wait_s > 0:
+            deadline = time.monotonic() + wait_s
+            while await self._call(store, None, engine.current_snapshot, store) <= since:
+                if time.monotonic() >= deadline:
+                    break
+                await asyncio.sleep(0.05)
+        page = await self._call(store, until, engine.changes, store, since, until, resume, page_size)
+        next_token = None
+        if page.resume_after is not None:
+            next_token = self.tokens.issue(bound, page.snapshot, page.resume_after)
+        return changes_json(store, page, next_token)
 
     async def _history(self, route: Route, query_string: bytes) -> bytes:
         store = _checked_name(route.store, "store")

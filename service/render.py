@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from versiq.query.api import KeyEntry, KeyResult, KeysPage, StoreInfo, VersionsPage
+from versiq.query.api import ChangesPage, KeyEntry, KeyResult, KeysPage, StoreInfo, VersionsPage
 from versiq.query.history import Commit
 from versiq.query.streams import StreamInfo, StreamRecordsPage
 
@@ -153,6 +153,19 @@ def result_lines(pairs: list[tuple[str, int | None]], results: list[KeyResult],
         parts.append(b"".join((head, b',"record":{"value":', rec.value.encode("utf-8"), b',"timestamp":',
                                int_or_null(rec.timestamp), b',"validTo":', int_or_null(rec.valid_to), b"}}")))
     return parts
+
+
+def changes_json(store: str, page: ChangesPage, next_token: str | None) -> bytes:
+    """A page of ``GET /v1/stores/{store}/changes``: ``{"key", "value"?, "timestamp", "validTo",
+    "deleted", "snapshot"}`` per change (no ``value`` on a tombstone)."""
+    items = b",".join(
+        b"".join((b'{"key":', dumps(c.key), b"" if c.value is None else b',"value":' + c.value.encode("utf-8"),
+                  b',"timestamp":', int_or_null(c.timestamp), b',"validTo":', int_or_null(c.valid_to),
+                  b',"deleted":', b"true" if c.value is None else b"false",
+                  b',"snapshot":', int_or_null(c.snapshot), b"}"))
+        for c in page.changes)
+    return b"".join((b'{"store":', dumps(store), b',"changes":[', items, b'],"nextPageToken":', dumps(next_token),
+                     b',"snapshot":', int_or_null(page.snapshot), b"}"))
 
 
 def history_json(store: str, commits: list[Commit]) -> bytes:

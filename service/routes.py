@@ -37,6 +37,7 @@ ROUTE_KEYS = "/v1/stores/{store}/keys"
 ROUTE_BATCH_GET = "/v1/stores/{store}/keys:batchGet"
 ROUTE_HISTORY = "/v1/stores/{store}/history"
 ROUTE_LOOKUPS = "/v1/stores/{store}/lookups"
+ROUTE_CHANGES = "/v1/stores/{store}/changes"
 ROUTE_KEY = "/v1/stores/{store}/keys/{key}"
 ROUTE_VERSIONS = "/v1/stores/{store}/keys/{key}/versions"
 ROUTE_STREAMS = "/v1/streams"
@@ -77,6 +78,8 @@ def match_v1(segments: list[bytes]) -> Route | None:
             return Route(ROUTE_HISTORY, store)
         if action == "lookups":
             return Route(ROUTE_LOOKUPS, store)
+        if action == "changes":
+            return Route(ROUTE_CHANGES, store)
         return Route(ROUTE_BATCH_GET, store) if action == "keys:batchGet" else None
     if segments[3] != b"keys" or n not in (5, 6):
         return None

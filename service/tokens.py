@@ -33,7 +33,10 @@ STREAM_RECORDS = "stream-records"
 #: A store's key listing: ``key`` binds the listing's parameters (JSON text of prefix, start, end,
 #: includeDeleted), ``from_time`` its asOf; the position is the last key returned.
 KEYS = "keys"
-_NAME_LABEL = {VERSIONS: "store", STREAM_RECORDS: "stream", KEYS: "store"}
+#: A store's change feed: ``from_time``/``to_time`` bind sinceSnapshot/untilSnapshot; the position
+#: is the last change returned, ``(snapshot, key, validFrom)``.
+CHANGES = "changes"
+_NAME_LABEL = {VERSIONS: "store", STREAM_RECORDS: "stream", KEYS: "store", CHANGES: "store"}
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,14 @@ class PagePosition:
         value = self.position[0]
         assert isinstance(value, int)
         return value
+
+
+def _position_ok(listing: str, position: list[object]) -> bool:
+    if listing == KEYS:
+        return all(isinstance(p, str) for p in position)
+    if listing == CHANGES:
+        return len(position) == 3 and _is_int(position[0]) and isinstance(position[1], str) and _is_int(position[2])
+    return all(_is_int(p) for p in position)
 
 
 def _is_int(value: object) -> bool:
@@ -130,8 +141,7 @@ class PageTokens:
         if not (isinstance(name, str) and (key is None or isinstance(key, str)) and _opt_int(from_time)
                 and _opt_int(to_time) and isinstance(order, str) and _is_int(snapshot)
                 and _is_int(issued_ms) and position
-                and (all(isinstance(p, str) for p in position) if listing == KEYS
-                     else all(_is_int(p) for p in position))):
+                and _position_ok(listing, position)):
             return None
         return (PageQuery(name, key, from_time, to_time, order, listing, include_deleted), snapshot,
                 tuple(position), issued_ms)

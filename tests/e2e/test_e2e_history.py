@@ -1,4 +1,5 @@
-"""System time (issue 16 item 6) end to end: the real ingest writes runs and ``maintain`` compacts,
+"""System time (issue 16 item 6) and the change feed (item 5) end to end: the real ingest writes
+runs and ``maintain`` compacts,
 ``GET /v1/stores/{store}/history`` lists every commit with what made it, and a read with
 ``asOfSystemTime`` answers from the snapshot that was current then, exactly as ``?snapshot`` does,
 which is what the reference model said after that run (bitemporal: "what did we believe at T1
@@ -16,7 +17,7 @@ import pytest
 
 from tests.ingest.test_ingest_cli import VERSIQ, env
 from tests.support.e2e import IngestedStore, key_path, model_key_json, problem, serve_engine, source_dir
-from tests.support.ingest import records_from
+from tests.support.ingest import StoredVersion, records_from, store_versions
 from tests.support.reference import InRecord
 from versiq.ingest.maintain import maintain_store
 from versiq.timestamps import format_timestamp
@@ -110,3 +111,66 @@ def test_as_of_system_time_must_be_an_instant(tmp_path: Any, bad: str) -> None:
     with serve_engine(str(tmp_path)) as (url, _engine), httpx.Client(base_url=url) as client:
         body = problem(client.get(key_path("h", "a"), params={"asOfSystemTime": bad}), 400, "bad-request")
         assert body["parameter"] == "asOfSystemTime"
+
+
+def _replay(base: dict[str, list[Any]], changes: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """``base`` (key -> versions) with each change upserted by (key, validFrom)."""
+    by_key = {k: {v.timestamp: v for v in vs} for k, vs in base.items()}
+    for c in changes:
+        by_key.setdefault(c["key"], {})[c["timestamp"]] = StoredVersion(
+            c["timestamp"], None if c["deleted"] else json.dumps(c["value"], separators=(",", ":")), c["validTo"])
+    return {k: [vs[t] for t in sorted(vs)] for k, vs in by_key.items() if vs}
+
+
+def _normal(versions: dict[str, list[Any]]) -> dict[str, list[tuple[Any, ...]]]:
+    return {k: [(v.timestamp, None if v.value is None else json.loads(v.value), v.valid_to) for v in vs]
+            for k, vs in versions.items()}
+
+
+def test_the_change_feed_replayed_over_a_snapshot_gives_a_later_one(spark: Any, tmp_path: Any) -> None:
+    root = str(tmp_path)
+    store = IngestedStore(spark, f"{root}/wh", source_dir(root, "c"), "c", history_retention_ms=10 ** 9)
+    for run in range(3):
+        assert store.run({f"r{run}.jsonl": _records(run)}) is not None
+    maintain_store(store.warehouse, "c", 60, lambda: spark)  # a maintenance commit: no changes
+    path = f"{store.warehouse}/c"
+    with serve_engine(store.warehouse) as (url, _engine), httpx.Client(base_url=url) as client:
+        head = client.get("/v1/stores/c").json()["snapshot"]
+        snapshots = sorted(store.models)
+        for since in [-1, *snapshots]:
+            whole = client.get("/v1/stores/c/changes", params={"sinceSnapshot": since, "pageSize": 1000}).json()
+            assert whole["snapshot"] == head and whole["nextPageToken"] is None
+            changes = whole["changes"]
+            assert [(c["snapshot"], c["key"], c["timestamp"]) for c in changes] == \
+                sorted((c["snapshot"], c["key"], c["timestamp"]) for c in changes)
+            assert all(c["snapshot"] in snapshots and c["snapshot"] > since for c in changes)  # not maintain's
+            base = {} if since < 0 else store_versions(path, since)
+            assert _normal(_replay(base, changes)) == _normal(store_versions(path, head)), since
+            # paged: the same changes, the snapshot pinned by the token
+            paged, token = [], None
+            while True:
+                params: dict[str, Any] = {"sinceSnapshot": since, "pageSize": 2}
+                if token:
+                    params["pageToken"] = token
+                body = client.get("/v1/stores/c/changes", params=params).json()
+                assert body["snapshot"] == head
+                paged += body["changes"]
+                token = body["nextPageToken"]
+                if not token:
+                    break
+            assert paged == changes
+        # a window: (first, second]
+        window = client.get("/v1/stores/c/changes", params={"sinceSnapshot": snapshots[0],
+                                                           "untilSnapshot": snapshots[1]}).json()
+        assert {c["snapshot"] for c in window["changes"]} == {snapshots[1]} and window["snapshot"] == snapshots[1]
+        assert _normal(_replay(store_versions(path, snapshots[0]), window["changes"])) == \
+            _normal(store_versions(path, snapshots[1]))
+        # at the head a long poll waits (bounded) and answers empty when nothing is committed
+        started = time.monotonic()
+        empty = client.get("/v1/stores/c/changes", params={"sinceSnapshot": head, "wait": "1s"}, timeout=30).json()
+        assert empty["changes"] == [] and 0.9 < time.monotonic() - started < 10
+        problem(client.get("/v1/stores/c/changes"), 400, "bad-request")
+        problem(client.get("/v1/stores/c/changes", params={"sinceSnapshot": head + 5}), 400, "bad-request")
+        problem(client.get("/v1/stores/c/changes", params={"sinceSnapshot": 0, "untilSnapshot": head + 5}), 404,
+                "snapshot-not-found")
+        problem(client.get("/v1/stores/c/changes", params={"sinceSnapshot": 0, "wait": "2h"}), 400, "bad-request")

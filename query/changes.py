@@ -1,0 +1,51 @@
+"""The change feed of a store (issue 16 item 5): what each commit after a snapshot changed.
+
+A run's commit appends rows to the store (``versiq.layout``): the versions the run added, the
+versions whose ``validTo`` it moved (written again with the new one), and tombstones. Those rows
+are exactly the data files the commit added, so the changes of commit ``c`` are read from its
+own add actions (``query.history``), never from a later snapshot in which compaction may have
+merged them away. Commits of ``maintain`` (compaction, vacuum) and ``settings`` change no answer
+and contribute nothing. Changes are ordered by (snapshot, key, validFrom).
+
+Replaying the changes of ``(V, W]`` over snapshot V, upserting each by (key, validFrom), gives
+snapshot W's versions (before W's retention horizon drops expired history from what reads show).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import duckdb
+
+from versiq import storage
+from versiq.query.history import DERIVE, INGEST, Commit
+
+
+@dataclass(frozen=True)
+class Change:
+    snapshot: int
+    key: str
+    timestamp: int
+    valid_to: int | None
+    #: The version's JSON text; None for a tombstone.
+    value: str | None
+
+    @property
+    def deleted(self) -> bool:
+        return self.value is None
+
+    def position(self) -> tuple[int, str, int]:
+        return self.snapshot, self.key, self.timestamp
+
+
+def commit_changes(con: duckdb.DuckDBPyConnection, table_path: str, commit: Commit) -> list[Change]:
+    """The changes one commit made, by (key, validFrom); none for maintenance commits."""
+    if commit.operation not in (INGEST, DERIVE) or not commit.added_files:
+        return []
+    files = [storage.data_file(table_path, p) for p in commit.added_files]
+    rows = con.sql(
+        "SELECT key, valid_from, valid_to, CASE WHEN tombstone THEN NULL ELSE value END "
+        "FROM read_parquet($files, hive_partitioning = false) "
+        "QUALIFY row_number() OVER (PARTITION BY key, valid_from ORDER BY run DESC) = 1 "
+        "ORDER BY key, valid_from", params={"files": files}).fetchall()
+    return [Change(commit.snapshot, k, int(vf), None if vt is None else int(vt), v) for k, vf, vt, v in rows]
