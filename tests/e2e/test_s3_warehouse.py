@@ -31,6 +31,7 @@ from tests.ingest.test_ingest_cli import VERSIQ
 from tests.ingest.test_kafka_ingest import _partition, _spec, consume, model_records, new_topic
 from tests.support.e2e import collect_pages, key_path, serve_engine
 from tests.support.ingest import model_versions, rejected_rows, store_versions, stream_times
+from tests.support.processes import run_then_kill
 from tests.support.reference import ReferenceStore
 from tests.support.server_process import free_ports
 from versiq import layout, sql, storage
@@ -310,20 +311,7 @@ def test_sigkill_of_an_ingest_writing_to_s3_then_rerun_equals_an_uninterrupted_r
     assert run_ingest(spark, reference, [spec]).stores["c"].error is None
     for i, (marker, delay) in enumerate([(None, 6.0), ("committing run 1", 0.0)]):
         remote = _warehouse(f"kill{i}")
-        proc = subprocess.Popen(_ingest_args(remote, source), env=_env(), stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
-        assert proc.stderr is not None
-        try:
-            if marker is not None:
-                for line in proc.stderr:
-                    if marker in line:
-                        break
-            time.sleep(delay)
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=60)
-        finally:
-            proc.stderr.close()
+        run_then_kill(_ingest_args(remote, source), _env(), marker, delay)
         # the killed run's lease is still in the bucket: the rerun takes it over (same host, the
         # holder's process is gone) and completes the store
         rerun = subprocess.run(_ingest_args(remote, source), env=_env(), capture_output=True, text=True,

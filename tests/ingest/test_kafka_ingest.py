@@ -28,6 +28,7 @@ from tests.ingest.test_ingest_cli import VERSIQ
 from tests.ingest.test_ingest_cli import env as _env
 from tests.support.e2e import model_key_json, serve_engine
 from tests.support.ingest import model_versions, rejected_rows, store_versions, stream_times
+from tests.support.processes import run_then_kill
 from tests.support.reference import InRecord, ReferenceStore
 from versiq.ingest.kafka import KafkaSource
 from versiq.ingest.pipeline import StoreSpec, run_ingest
@@ -352,27 +353,6 @@ def test_partitions_added_to_the_topic_get_their_own_stream_time(spark, kafka_br
         assert client.get("/v1/stores/g/keys/c").json()["timestamp"] == 5
 
 
-def _run_until(args: list[str], marker: str | None, delay: float) -> int:
-    """Start ``versiq ingest``; SIGKILL its process group ``delay`` s after ``marker`` appears
-    in its log (or after start); returns the exit status (negative: killed)."""
-    proc = subprocess.Popen([*VERSIQ, *args, "--log-level", "info"], env=_env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, start_new_session=True)
-    assert proc.stderr is not None
-    try:
-        if marker is not None:
-            for line in proc.stderr:
-                if marker in line:
-                    break
-        time.sleep(delay)
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        return proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.stderr.close()
-
-
 def _same_store(path: str, reference: str) -> None:
     assert store_versions(path) == store_versions(reference)
     assert stream_times(path) == stream_times(reference)
@@ -399,7 +379,7 @@ def test_sigkill_at_several_moments_then_rerun_equals_an_uninterrupted_run(spark
         wh = str(tmp_path / f"wh{i}")
         args = ["ingest", "--warehouse", wh, "--store", "c", "--kafka-bootstrap", kafka_broker.bootstrap,
                 "--topic", topic, "--history-retention", str(H), "--max-future", "none"]
-        _run_until(args, marker, delay)
+        run_then_kill([*VERSIQ, *args, "--log-level", "info"], _env(), marker, delay)
         rerun = subprocess.run([*VERSIQ, *args], env=_env(), capture_output=True, text=True, timeout=300)
         assert rerun.returncode == 0, rerun.stderr
         _same_store(os.path.join(wh, "c"), ref)

@@ -32,11 +32,7 @@ BUCKET = "lease-tests"
 @pytest.fixture
 def s3(s3_server: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     """The session's S3 server (running, with the test bucket) and the AWS variables set for it."""
-    s3_server.ensure_running()
-    for name, value in s3_server.env().items():
-        monkeypatch.setenv(name, value)
-    s3_server.create_bucket(BUCKET)
-    return s3_server
+    return s3_server.serve_bucket(BUCKET, monkeypatch)
 
 
 def _lock_uri(store: str) -> str:

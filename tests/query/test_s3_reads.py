@@ -23,11 +23,7 @@ BUCKET = "versiq-reads"
 
 @pytest.fixture
 def s3(s3_server: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
-    s3_server.ensure_running()
-    for name, value in s3_server.env().items():
-        monkeypatch.setenv(name, value)
-    s3_server.create_bucket(BUCKET)
-    return s3_server
+    return s3_server.serve_bucket(BUCKET, monkeypatch)
 
 
 def test_multithreaded_scans_of_a_file_of_many_row_groups_read_the_right_bytes(s3: Any, tmp_path: Any) -> None:

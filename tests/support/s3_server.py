@@ -202,6 +202,15 @@ class S3Server(ServerProcess):
             raise self._error(f"creating bucket {name!r} failed: {exc}") from exc
         return name
 
+    def serve_bucket(self, bucket: str, monkeypatch: Any) -> S3Server:
+        """For one test: this server running, its AWS variables in this process's environment
+        (``monkeypatch`` undoes them), and ``bucket`` created."""
+        self.ensure_running()
+        for name, value in self.env().items():
+            monkeypatch.setenv(name, value)
+        self.create_bucket(bucket)
+        return self
+
     def list_buckets(self) -> list[str]:
         """The names of the server's buckets (including the start-up probe's ``versiq-ready``)."""
         return self._bucket_names(self.filesystem())
