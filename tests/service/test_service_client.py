@@ -193,3 +193,38 @@ def test_generated_client_streams_and_provenance(s_generated: Any, s_wh: Warehou
 
 def test_root_openapi_equals_packaged_copy() -> None:
     assert (ROOT / "openapi.yaml").read_bytes() == (ROOT / "service" / "openapi.yaml").read_bytes()
+
+
+def test_generated_client_issue_16_endpoints(s_generated: Any, s_wh: Warehouse) -> None:
+    """The queries beyond one key through the generated client: history, the change feed,
+    point-in-time lookups, versions with deletions, system time and minSnapshot."""
+    from versiq_client import Client
+    from versiq_client.api.queries import get_key, list_versions, lookup_pairs
+    from versiq_client.api.stores import get_store_history, list_changes
+    from versiq_client.models import (
+        BatchGetResponse,
+        ChangesPage,
+        KeyValue,
+        LookupRequest,
+        LookupRequestLookupsItem,
+        Problem,
+        StoreHistory,
+        VersionsPage,
+    )
+
+    with live_server(Settings.from_env({"VERSIQ_WAREHOUSE": s_wh.path})) as url:
+        client = Client(base_url=url)
+        history = get_store_history.sync("prices", client=client)
+        assert isinstance(history, StoreHistory) and history.commits[0].snapshot == 0
+        changes = list_changes.sync("prices", client=client, since_snapshot=-1)
+        assert isinstance(changes, ChangesPage) and changes.snapshot == 0
+        body = LookupRequest(lookups=[LookupRequestLookupsItem(key="p-1"),
+                                      LookupRequestLookupsItem(key="deleted", as_of=T0 + 9 * 3_600_000 + 150)])
+        answer = lookup_pairs.sync("prices", client=client, body=body)
+        assert isinstance(answer, BatchGetResponse) and [r.key for r in answer.results] == ["p-1", "deleted"]
+        versions = list_versions.sync("prices", "deleted", client=client, include_deleted=True)
+        assert isinstance(versions, VersionsPage) and versions.records[-1].deleted is True
+        at = get_key.sync("prices", "p-1", client=client, as_of_system_time=history.commits[0].committed_at)
+        assert isinstance(at, KeyValue) and at.snapshot == 0
+        later = get_key.sync("prices", "p-1", client=client, min_snapshot=5)
+        assert isinstance(later, Problem) and later.type_.endswith("/snapshot-not-found")
