@@ -38,14 +38,23 @@ class Change:
         return self.snapshot, self.key, self.timestamp
 
 
-def commit_changes(con: duckdb.DuckDBPyConnection, table_path: str, commit: Commit) -> list[Change]:
-    """The changes one commit made, by (key, validFrom); none for maintenance commits."""
+def commit_changes(con: duckdb.DuckDBPyConnection, table_path: str, commit: Commit,
+                   after: tuple[str, int] | None = None, limit: int | None = None) -> list[Change]:
+    """The changes one commit made, by (key, validFrom), after ``after`` and at most ``limit`` of
+    them (DuckDB sorts and cuts, so a page of a commit of millions of rows costs one scan, not a
+    Python object per row); none for maintenance commits. A run writes at most one row per
+    (key, validFrom) (``versiq.layout``), so the commit's files hold each change once."""
     if commit.operation not in (INGEST, DERIVE) or not commit.added_files:
         return []
     files = [storage.data_file(table_path, p) for p in commit.added_files]
+    where = ""
+    params: dict[str, object] = {"files": files}
+    if after is not None:
+        where = "WHERE key > $key OR (key = $key AND valid_from > $after)"
+        params = {"files": files, "key": after[0], "after": after[1]}
+    cut = "" if limit is None else f"LIMIT {int(limit)}"
     rows = con.sql(
         "SELECT key, valid_from, valid_to, CASE WHEN tombstone THEN NULL ELSE value END "
-        "FROM read_parquet($files, hive_partitioning = false) "
-        "QUALIFY row_number() OVER (PARTITION BY key, valid_from ORDER BY run DESC) = 1 "
-        "ORDER BY key, valid_from", params={"files": files}).fetchall()
+        f"FROM read_parquet($files, hive_partitioning = false) {where} ORDER BY key, valid_from {cut}",
+        params=params).fetchall()
     return [Change(commit.snapshot, k, int(vf), None if vt is None else int(vt), v) for k, vf, vt, v in rows]

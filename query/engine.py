@@ -183,12 +183,12 @@ class Engine:
                    and (resume_after is None or c.snapshot >= resume_after[0])]
         out: list[changes_mod.Change] = []
         for commit in commits:
+            after = resume_after[1:] if resume_after is not None and commit.snapshot == resume_after[0] else None
             try:
-                found = changes_mod.commit_changes(self._con(), path, commit)
+                out += changes_mod.commit_changes(self._con(), path, commit, after, limit + 1 - len(out))
             except duckdb.IOException as exc:
                 raise SnapshotGone(f"the files of snapshot {commit.snapshot} of store {store!r} were vacuumed: "
                                    f"its changes can no longer be read ({exc})") from None
-            out += [c for c in found if resume_after is None or c.position() > resume_after]
             if len(out) > limit:
                 break
         page = out[:limit]
