@@ -13,9 +13,11 @@ snapshot W's versions (before W's retention horizon drops expired history from w
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import duckdb
+import pyarrow as pa
 
 from versiq import storage
 from versiq.query.history import DERIVE, INGEST, Commit
@@ -36,6 +38,20 @@ class Change:
 
     def position(self) -> tuple[int, str, int]:
         return self.snapshot, self.key, self.timestamp
+
+
+def commit_batches(con: duckdb.DuckDBPyConnection, table_path: str, commit: Commit,
+                   batch_rows: int = 10_000) -> Iterator[pa.RecordBatch]:
+    """All changes of one commit as Arrow batches (``key, timestamp, valid_to, value``; value
+    null for a tombstone) in (key, validFrom) order: one scan, for the streamed feed."""
+    if commit.operation not in (INGEST, DERIVE) or not commit.added_files:
+        return
+    files = [storage.data_file(table_path, p) for p in commit.added_files]
+    reader = con.sql(
+        "SELECT key, valid_from AS timestamp, valid_to, CASE WHEN tombstone THEN NULL ELSE value END AS value "
+        "FROM read_parquet($files, hive_partitioning = false) ORDER BY key, valid_from",
+        params={"files": files}).to_arrow_reader(batch_rows)
+    yield from reader
 
 
 def commit_changes(con: duckdb.DuckDBPyConnection, table_path: str, commit: Commit,

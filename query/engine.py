@@ -39,6 +39,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import duckdb
+import pyarrow as pa
 
 from versiq import layout, storage
 from versiq.query import changes as changes_mod
@@ -165,11 +166,8 @@ class Engine:
         path, current = self._table(name, what)
         return max(current, latest_version_on_disk(path))
 
-    def changes(self, store: str, since: int, until: int | None = None,
-                resume_after: tuple[int, str, int] | None = None, limit: int = 1000) -> ChangesPage:
-        """One page of the change feed of ``store`` (``query.changes``): the changes of the
-        commits after snapshot ``since`` up to ``until`` (default: the current snapshot), after
-        ``resume_after`` (a change's position), ordered by (snapshot, key, validFrom)."""
+    def _feed_commits(self, store: str, since: int, until: int | None) -> tuple[str, int, list[Commit]]:
+        """The path, the snapshot the feed runs to, and the commits in ``(since, until]``, oldest first."""
         path, current = self._table(store, "store")
         until = current if until is None else until
         if until > current:
@@ -177,10 +175,39 @@ class Engine:
         if since < -1 or since > until:
             raise InvalidQuery(f"sinceSnapshot ({since}) must be -1 (from the start) or a snapshot not after "
                                f"untilSnapshot ({until})")
+        return path, until, [c for c in reversed(history.commits(path, until)) if since < c.snapshot]
+
+    def stream_changes(self, store: str, since: int,
+                       until: int | None = None) -> tuple[int, Iterator[tuple[int, pa.RecordBatch]]]:
+        """The whole change feed in one pass (the NDJSON answer): the snapshot it runs to, and
+        ``(snapshot, batch)`` pairs of Arrow batches in feed order (``query.changes``). Runs
+        lazily on its own DuckDB connection; the caller drives it from one thread at a time."""
+        path, until, commits = self._feed_commits(store, since, until)
+
+        def batches() -> Iterator[tuple[int, pa.RecordBatch]]:
+            con = storage.duckdb_connect(path, config={"threads": 1})
+            try:
+                for commit in commits:
+                    try:
+                        for batch in changes_mod.commit_batches(con, path, commit):
+                            yield commit.snapshot, batch
+                    except duckdb.IOException as exc:
+                        raise SnapshotGone(f"the files of snapshot {commit.snapshot} of store {store!r} were "
+                                           f"vacuumed: its changes can no longer be read ({exc})") from None
+            finally:
+                con.close()
+
+        return until, batches()
+
+    def changes(self, store: str, since: int, until: int | None = None,
+                resume_after: tuple[int, str, int] | None = None, limit: int = 1000) -> ChangesPage:
+        """One page of the change feed of ``store`` (``query.changes``): the changes of the
+        commits after snapshot ``since`` up to ``until`` (default: the current snapshot), after
+        ``resume_after`` (a change's position), ordered by (snapshot, key, validFrom)."""
+        path, until, commits = self._feed_commits(store, since, until)
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise InvalidQuery(f"invalid page size {limit!r}")
-        commits = [c for c in reversed(history.commits(path, until)) if since < c.snapshot
-                   and (resume_after is None or c.snapshot >= resume_after[0])]
+        commits = [c for c in commits if resume_after is None or c.snapshot >= resume_after[0]]
         out: list[changes_mod.Change] = []
         for commit in commits:
             after = resume_after[1:] if resume_after is not None and commit.snapshot == resume_after[0] else None

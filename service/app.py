@@ -33,10 +33,10 @@ from versiq.service.bodies import media_type_of, read_body, read_json_body
 from versiq.service.errors import internal_error, method_not_allowed, problem_response, send_problem
 from versiq.service.errors import send as send_response
 from versiq.service.etags import etag_of, not_modified
-from versiq.service.handlers import Service
+from versiq.service.handlers import NDJSON, Service, negotiate
 from versiq.service.problems import Problem, bad_request
 from versiq.service.render import JSON, dumps
-from versiq.service.routes import POST_ROUTES, ROUTE_LOOKUPS, match_v1, split_path
+from versiq.service.routes import POST_ROUTES, ROUTE_CHANGES, ROUTE_LOOKUPS, match_v1, split_path
 from versiq.service.settings import Settings
 
 if TYPE_CHECKING:
@@ -126,6 +126,10 @@ class VersiqMiddleware:
             else:
                 if scope["method"] != "GET":
                     raise method_not_allowed(scope["method"])
+                if route.template == ROUTE_CHANGES and _wants(scope, NDJSON):
+                    headers, stream = await self.service.changes_stream(route, query_string)
+                    await _send_stream(send, NDJSON, headers, stream)
+                    return template
                 body = await self.service.handle_v1(route, query_string)
                 etag = etag_of(body)
                 if not_modified(_header(scope, b"if-none-match"), etag):
@@ -153,6 +157,24 @@ async def _send_chunks(send: Send, media_type: str, chunks: list[bytes]) -> None
         await send({"type": "http.response.body", "body": chunk, "more_body": i + 1 < len(chunks)})
     if not chunks:
         await send({"type": "http.response.body", "body": b""})
+
+
+def _wants(scope: Scope, media_type: str) -> bool:
+    """Whether the request's ``Accept`` chooses ``media_type`` (``handlers.negotiate``)."""
+    try:
+        return negotiate(_header(scope, b"accept")) == media_type
+    except Problem:
+        return False
+
+
+async def _send_stream(send: Send, media_type: str, headers: dict[str, str], chunks: AsyncIterator[bytes]) -> None:
+    """A 200 whose body is sent chunk by chunk as ``chunks`` produces it (HTTP/1.1 chunked)."""
+    raw = [(b"content-type", media_type.encode("latin-1"))]
+    raw += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+    await send({"type": "http.response.start", "status": 200, "headers": raw})
+    async for chunk in chunks:
+        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

@@ -7,8 +7,9 @@ parameters (``service.params``), asking the engine in the thread pool and render
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from starlette.concurrency import run_in_threadpool
@@ -41,6 +42,7 @@ from versiq.service.problems import Problem, bad_request
 from versiq.service.render import (
     JSON,
     batch_json,
+    change_lines,
     changes_json,
     dumps,
     history_json,
@@ -72,6 +74,8 @@ from versiq.timestamps import TimestampError, parse_timestamp
 
 if TYPE_CHECKING:
     from versiq.query.engine import Engine
+
+log = logging.getLogger("versiq.service")
 
 _NAME_RULE = "1-100 letters, digits, '_', '-' or '.', starting with a letter or digit"
 #: Keys one ``keys:batchGet`` request may ask for.
@@ -134,6 +138,17 @@ def _body_timestamp(request: dict[str, Any], name: str) -> int | None:
 
 #: The longest a change-feed request may wait for the next commit.
 MAX_WAIT_S = 60.0
+
+
+def _feed_params(params: dict[str, str]) -> tuple[int, int | None]:
+    """``sinceSnapshot`` (required; ``-1``: from the first commit) and ``untilSnapshot``."""
+    text = params.get("sinceSnapshot")
+    if text is None:
+        raise bad_request("query parameter 'sinceSnapshot' is required (-1: from the first commit)",
+                          parameter="sinceSnapshot")
+    since = -1 if text == "-1" else snapshot_param(params, "sinceSnapshot")
+    assert since is not None
+    return since, snapshot_param(params, "untilSnapshot")
 
 
 def _wait_param(params: dict[str, str]) -> float:
@@ -383,13 +398,7 @@ class Service:
         the head waits up to that long for the next commit instead of answering empty."""
         store = _checked_name(route.store, "store")
         params = parse_query(query_string, ("sinceSnapshot", "untilSnapshot", "pageSize", "pageToken", "wait"))
-        text = params.get("sinceSnapshot")
-        if text is None:
-            raise bad_request("query parameter 'sinceSnapshot' is required (-1: from the first commit)",
-                              parameter="sinceSnapshot")
-        since = -1 if text == "-1" else snapshot_param(params, "sinceSnapshot")
-        assert since is not None
-        until = snapshot_param(params, "untilSnapshot")
+        since, until = _feed_params(params)
         page_size = page_size_param(params)
         wait_s = _wait_param(params)
         engine = self.require_engine()
@@ -403,17 +412,49 @@ class Service:
             snapshot_, key_, valid_from_ = position.position
             resume = (int(snapshot_), str(key_), int(valid_from_))
             until = position.snapshot
-        elif until is None and wait_s > 0:
-            deadline = time.monotonic() + wait_s
-            while await self._call(store, None, engine.current_snapshot, store) <= since:
-                if time.monotonic() >= deadline:
-                    break
-                await asyncio.sleep(0.05)
+        elif until is None:
+            await self._wait_for_commit(store, since, wait_s)
         page = await self._call(store, until, engine.changes, store, since, until, resume, page_size)
         next_token = None
         if page.resume_after is not None:
             next_token = self.tokens.issue(bound, page.snapshot, page.resume_after)
         return changes_json(store, page, next_token)
+
+    async def _wait_for_commit(self, store: str, since: int, wait_s: float) -> None:
+        """Long poll: return once ``store`` has a snapshot after ``since``, or after ``wait_s``."""
+        engine = self.require_engine()
+        deadline = time.monotonic() + wait_s
+        while await self._call(store, None, engine.current_snapshot, store) <= since:
+            if time.monotonic() >= deadline:
+                return
+            await asyncio.sleep(0.05)
+
+    async def changes_stream(self, route: Route, query_string: bytes) -> tuple[dict[str, str], AsyncIterator[bytes]]:
+        """The change feed as NDJSON in one pass (``Accept: application/x-ndjson``): every change
+        of ``(sinceSnapshot, untilSnapshot]``, one object per line as in the paged answer, sent
+        as it is read; the snapshot the feed runs to is the ``Versiq-Snapshot`` header. Errors
+        found before the first line are problems; a commit whose files vanish mid-stream ends
+        the stream early (logged)."""
+        store = _checked_name(route.store, "store")
+        params = parse_query(query_string, ("sinceSnapshot", "untilSnapshot", "wait"))
+        since, until = _feed_params(params)
+        if until is None:
+            await self._wait_for_commit(store, since, _wait_param(params))
+        engine = self.require_engine()
+        snapshot, batches = await self._call(store, until, engine.stream_changes, store, since, until)
+        first = await self._call(store, snapshot, next, batches, None)
+
+        async def lines() -> AsyncIterator[bytes]:
+            item = first
+            while item is not None:
+                yield await run_in_threadpool(change_lines, *item)
+                try:
+                    item = await run_in_threadpool(next, batches, None)
+                except QueryError:
+                    log.exception("change feed of store %s ended early", store)
+                    return
+
+        return {"versiq-snapshot": str(snapshot)}, lines()
 
     async def _history(self, route: Route, query_string: bytes) -> bytes:
         store = _checked_name(route.store, "store")

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pyarrow as pa
+
 from versiq.query.api import ChangesPage, KeyEntry, KeyResult, KeysPage, StoreInfo, VersionsPage
 from versiq.query.history import Commit
 from versiq.query.streams import StreamInfo, StreamRecordsPage
@@ -166,6 +168,18 @@ def changes_json(store: str, page: ChangesPage, next_token: str | None) -> bytes
         for c in page.changes)
     return b"".join((b'{"store":', dumps(store), b',"changes":[', items, b'],"nextPageToken":', dumps(next_token),
                      b',"snapshot":', int_or_null(page.snapshot), b"}"))
+
+
+def change_lines(snapshot: int, batch: pa.RecordBatch) -> bytes:
+    """NDJSON lines of one batch of a commit's changes (``query.changes.commit_batches``): the
+    objects of ``changes_json``, one per line."""
+    tail = b',"snapshot":' + str(snapshot).encode() + b"}\n"
+    keys, stamps, valid_to, values = (batch.column(i).to_pylist() for i in range(4))
+    return b"".join(
+        b"".join((b'{"key":', dumps(k), b"" if v is None else b',"value":' + v.encode("utf-8"),
+                  b',"timestamp":', str(t).encode(), b',"validTo":', b"null" if vt is None else str(vt).encode(),
+                  b',"deleted":', b"true" if v is None else b"false", tail))
+        for k, t, vt, v in zip(keys, stamps, valid_to, values, strict=True))
 
 
 def history_json(store: str, commits: list[Commit]) -> bytes:

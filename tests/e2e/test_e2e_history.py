@@ -159,6 +159,12 @@ def test_the_change_feed_replayed_over_a_snapshot_gives_a_later_one(spark: Any, 
                 if not token:
                     break
             assert paged == changes
+            # streamed as NDJSON in one pass: the same changes
+            streamed = client.get("/v1/stores/c/changes", params={"sinceSnapshot": since},
+                                  headers={"accept": "application/x-ndjson"})
+            assert streamed.headers["content-type"] == "application/x-ndjson"
+            assert int(streamed.headers["versiq-snapshot"]) == head
+            assert [json.loads(line) for line in streamed.text.splitlines()] == changes
         # a window: (first, second]
         window = client.get("/v1/stores/c/changes", params={"sinceSnapshot": snapshots[0],
                                                            "untilSnapshot": snapshots[1]}).json()
