@@ -102,6 +102,13 @@ def test_pipeline_file_through_cli_and_http(tmp_path: Path) -> None:
         info = client.get("/v1/stores/last_click_price").json()
         assert info["inputs"] == {"clicks_priced": 0}
         assert info["sources"] == {"clicks": {"run": 1, "snapshot": 0}, "prices": {"run": 1, "snapshot": 0}}
+        # derived tables have a history and a change feed like source stores (issue 16 items 5-6)
+        commits = client.get("/v1/stores/revenue_by_region/history").json()["commits"]
+        assert [c["operation"] for c in commits] == ["derive"]
+        feed = client.get("/v1/stores/revenue_by_region/changes", params={"sinceSnapshot": -1}).json()["changes"]
+        expected = store_versions(str(tmp_path / "wh" / "revenue_by_region"))
+        assert sorted((c["key"], c["timestamp"], c["deleted"]) for c in feed) == \
+            sorted((k, v.timestamp, v.value is None) for k, vs in expected.items() for v in vs)
 
     # a second run with nothing new changes nothing
     result, report = _ingest(tmp_path)
