@@ -170,17 +170,23 @@ class Q:
             if v is not None:
                 params[name] = v
         r = self.c.get(key_path(STORE, key, "/versions"), params=params)
-        assert r.status_code == 200 and r.headers["content-type"] == "application/json", r.text
-        body = r.json()
         snap = 1 if snapshot is None else snapshot
-        assert set(body) == {"key", "records", "nextPageToken", "snapshot", "horizon"}
-        assert body["key"] == key and body["snapshot"] == snap and body["nextPageToken"] is None
         model = self.s.models[snap]
-        assert body["horizon"] == model.horizon(key)
 
         def num(x: int | str | None) -> int | None:
             return x if x is None or isinstance(x, int) else ms(x)
 
+        expired, truncated = model.range_edges(key, num(frm), num(to))
+        if expired:  # rule 32: retention, not the key's history, empties this range
+            gone = problem(r, 404, "expired")
+            assert gone["key"] == key and gone["snapshot"] == snap and gone["horizon"] == model.horizon(key)
+            assert model_versions_json(model, key, num(frm), num(to), order != "desc") == []
+            return []
+        assert r.status_code == 200 and r.headers["content-type"] == "application/json", r.text
+        body = r.json()
+        assert set(body) == {"key", "records", "nextPageToken", "snapshot", "horizon", "truncated"}
+        assert body["key"] == key and body["snapshot"] == snap and body["nextPageToken"] is None
+        assert body["horizon"] == model.horizon(key) and body["truncated"] == truncated
         assert body["records"] == model_versions_json(model, key, num(frm), num(to), order != "desc")
         return body["records"]
 
