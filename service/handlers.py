@@ -223,15 +223,21 @@ def _lookup_request(request: Any) -> tuple[list[tuple[str, int | None]], dict[st
         pairs.append((key, _body_timestamp(item, "asOf")))
     fields: dict[str, Any] = {}
     for name in ("snapshot", "minSnapshot"):
-        value = request.get(name)
+        value = _body_version(request, name)
         if value is not None:
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_INT64:
-                raise bad_request(f"'{name}' must be a Delta version (a non-negative integer)", field=name)
             fields[name] = value
     system_time = _body_timestamp(request, "asOfSystemTime")
     if system_time is not None:
         fields["asOfSystemTime"] = system_time
     return pairs, fields
+
+
+def _body_version(request: dict[str, Any], name: str) -> int | None:
+    """A Delta-version field of a JSON body (``snapshot``, ``minSnapshot``); 400 naming it."""
+    value = request.get(name)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_INT64):
+        raise bad_request(f"'{name}' must be a Delta version (a non-negative integer)", field=name)
+    return value
 
 
 def _batch_request(request: Any) -> tuple[list[str], int | None, int | None]:
@@ -252,11 +258,7 @@ def _batch_request(request: Any) -> tuple[list[str], int | None, int | None]:
         if not isinstance(key, str) or not key:
             raise bad_request(f"'keys[{i}]' must be a non-empty string", field="keys")
     as_of = _body_timestamp(request, "asOf")
-    snapshot = request.get("snapshot")
-    if snapshot is not None and (isinstance(snapshot, bool) or not isinstance(snapshot, int)
-                                 or not 0 <= snapshot <= MAX_INT64):
-        raise bad_request("'snapshot' must be a Delta version (a non-negative integer)", field="snapshot")
-    return keys, as_of, snapshot
+    return keys, as_of, _body_version(request, "snapshot")
 
 
 class Service:
@@ -543,13 +545,9 @@ class Service:
         store = _checked_name(route.store, "store")
         parse_query(query_string, ())
         keys, as_of, snapshot = _batch_request(request)
-        min_snapshot = request.get("minSnapshot")
-        if min_snapshot is not None and (isinstance(min_snapshot, bool) or not isinstance(min_snapshot, int)
-                                         or not 0 <= min_snapshot <= MAX_INT64):
-            raise bad_request("'minSnapshot' must be a Delta version (a non-negative integer)", field="minSnapshot")
         snapshot = await self._snapshot(store, {}, explicit=snapshot,
                                         system_time=_body_timestamp(request, "asOfSystemTime"),
-                                        min_snapshot=min_snapshot)
+                                        min_snapshot=_body_version(request, "minSnapshot"))
         engine = self.require_engine()
         answered, results = await self._call(store, snapshot, engine.get_many, store, keys, as_of, snapshot)
         problems = {i: key_problem(store, key, as_of, r).payload()
