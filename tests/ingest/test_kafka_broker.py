@@ -8,7 +8,7 @@ import time
 import uuid
 from typing import Any
 
-from confluent_kafka import TIMESTAMP_CREATE_TIME, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_CREATE_TIME, Consumer, TopicPartition
 
 
 def _consume(bootstrap: str, topic: str, ends: dict[int, int], timeout: float = 30.0) -> list[Any]:
@@ -16,8 +16,9 @@ def _consume(bootstrap: str, topic: str, ends: dict[int, int], timeout: float = 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{uuid.uuid4().hex}",
                          "enable.auto.commit": False, "auto.offset.reset": "earliest"})
     try:
-        consumer.assign([TopicPartition(topic, p, 0) for p in ends])
-        # offset 0 may be gone (delete_records): auto.offset.reset moves to the log start.
+        # From each log start, which delete_records may have raised: asking for offset 0 instead
+        # would go through an "offset out of range" reset, which was seen to stall on a busy machine.
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
         seen: list[Any] = []
         positions = {p: 0 for p in ends}
         deadline = time.monotonic() + timeout
