@@ -142,14 +142,18 @@ def ingest_command(args: argparse.Namespace, parser: argparse.ArgumentParser | N
         return EXIT_USAGE
 
     from versiq.ingest.run import run_pipeline
+    from versiq.ingest.spark import SparkOnDemand
+
+    if not args.continuous:
+        # The JVM starts only when the run has data to read (nothing new, a refused setting: none).
+        on_demand = SparkOnDemand(args.master)
+        try:
+            return _one_run(on_demand.as_session(), args, pipeline, lock_timeout)
+        finally:
+            on_demand.stop()  # the demo serves in the same process afterwards: free the JVM
     from versiq.ingest.spark import get_spark
 
-    spark = get_spark(args.master)
-    if not args.continuous:
-        try:
-            return _one_run(spark, args, pipeline, lock_timeout)
-        finally:
-            spark.stop()  # the demo serves in the same process afterwards: free the JVM
+    spark = get_spark(args.master)  # continuous mode: one session for its whole life
     from versiq.ingest.continuous import run_continuous
     from versiq.ingest.maintain import compact_if_due
 

@@ -237,3 +237,45 @@ def _ship_project(spark: SparkSession) -> None:
                     full = os.path.join(folder, name)
                     archive.write(full, os.path.relpath(full, base))
     spark.sparkContext.addPyFile(target)
+
+
+class SparkOnDemand:
+    """A SparkSession that starts the first time a run needs one (issue 17: no JVM for work that
+    needs none).
+
+    ``versiq ingest`` hands this to the pipeline in place of a session. Everything a run decides
+    before it reads data (configuration, store settings, the writer lock, files done vs files
+    present, derived tables already up to date) goes through delta-rs and plain Python, so a run
+    with nothing new, or one refused for a setting, ends before any JVM starts; the first use of
+    an attribute (``spark.read``, ``spark.sparkContext``, ...) starts the session, after which
+    this object behaves as the session itself. It is also the factory ``maintain`` takes
+    (``spark()`` returns the session)."""
+
+    def __init__(self, master: str | None = None, app_name: str = "versiq-ingest") -> None:
+        self._master = master
+        self._app_name = app_name
+        self._session: SparkSession | None = None
+
+    @property
+    def started(self) -> bool:
+        return self._session is not None
+
+    def __call__(self) -> SparkSession:
+        if self._session is None:
+            self._session = get_spark(self._master, self._app_name)
+        return self._session
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):  # copy/pickle probes must not start a JVM
+            raise AttributeError(name)
+        return getattr(self(), name)
+
+    def stop(self) -> None:
+        """Stop the session if one was started (the demo serves in the same process afterwards)."""
+        if self._session is not None:
+            self._session.stop()
+            self._session = None
+
+    def as_session(self) -> SparkSession:
+        """This object typed as the session it stands for (every attribute is the session's)."""
+        return self  # type: ignore[return-value]

@@ -305,3 +305,53 @@ def test_a_state_only_commit_between_runs_is_not_skipped_as_a_committed_run(spar
     write_jsonl(str(src), "b.jsonl", ['{"key":"b","value":2,"timestamp":6}'])
     assert run_ingest(spark, wh, [StoreSpec("c", str(src))]).stores["c"].run == 2
     assert DeltaTable(os.path.join(path, "_changelog")).to_pyarrow_table().column("key").to_pylist() == ["b"]
+
+
+def test_work_that_needs_no_data_never_starts_a_jvm(spark, tmp_path):
+    """Issue 17: a run with nothing new (a store, a stream and a derived table all up to date), a
+    refused store setting, ``versiq rejected`` and the ``maintain`` of a store with nothing to do
+    end before any SparkSession starts. Proven by a JAVA_HOME that points nowhere: any JVM start
+    fails, as the control (a run with a new file) shows."""
+    from versiq.ingest.config import load_config
+    from versiq.ingest.run import run_pipeline
+
+    src, clicks = tmp_path / "src", tmp_path / "clicks"
+    write_jsonl(str(src), "a.jsonl", ['{"key":"a","value":{"n":1},"timestamp":5}', "not json"])
+    write_jsonl(str(clicks), "c.jsonl", ['{"key":"a","value":1,"timestamp":7}'])
+    wh = str(tmp_path / "wh")
+    config = tmp_path / "pipeline.yaml"
+    config.write_text(f"stores:\n  - {{name: s, source: {src}}}\nstreams:\n  - {{name: c, source: {clicks}}}\n"
+                      "tables:\n  - {name: big, from: s, filter: 'value.n > 0'}\n")
+    first = run_pipeline(spark, wh, load_config(str(config), wh))
+    assert not first.failed and first.tables["big"].snapshot == 0
+
+    no_java = {"JAVA_HOME": str(tmp_path / "no-java-here")}
+
+    def versiq_without_java(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*VERSIQ, *args], capture_output=True, text=True, timeout=120,
+                              env={**env(), **no_java}, stdin=subprocess.DEVNULL)
+
+    report_file = tmp_path / "report.json"
+    nothing_new = versiq_without_java("ingest", "--warehouse", wh, "--config", str(config), "--report",
+                                      str(report_file))
+    assert nothing_new.returncode == 0, nothing_new.stderr
+    report = json.loads(report_file.read_text())
+    assert (report["stores"]["s"]["snapshot"], report["streams"]["c"]["snapshot"],
+            report["tables"]["big"]["snapshot"]) == (0, 0, 0)
+    assert "run" not in report["stores"]["s"] or report["stores"]["s"]["run"] is None
+
+    refused = versiq_without_java("ingest", "--warehouse", wh, "--store", "s", "--source", str(src),
+                                  "--history-retention", "1h")
+    assert refused.returncode == 2, refused.stderr
+    assert "was created with history_retention = 86400000; it cannot be changed to 3600000" in refused.stderr
+
+    rejected = versiq_without_java("rejected", "--warehouse", wh, "--store", "s")
+    assert rejected.returncode == 0, rejected.stderr
+    assert [json.loads(line)["raw"] for line in rejected.stdout.splitlines()] == ["not json"]
+
+    maintained = versiq_without_java("maintain", "--warehouse", wh, "--store", "s")
+    assert maintained.returncode == 0, maintained.stderr
+
+    write_jsonl(str(src), "b.jsonl", ['{"key":"b","value":{"n":2},"timestamp":6}'])
+    control = versiq_without_java("ingest", "--warehouse", wh, "--store", "s", "--source", str(src))
+    assert control.returncode != 0 and "no-java-here" in control.stderr, control.stderr
