@@ -40,7 +40,7 @@ RUN pip install --no-cache-dir . && rm -rf /src/build
 
 COPY --from=jars /jars /opt/versiq/jars
 
-RUN mkdir -p /warehouse /data && chown versiq:versiq /warehouse /data
+RUN mkdir -p /warehouse /data /var/cache/versiq && chown versiq:versiq /warehouse /data /var/cache/versiq
 USER versiq
 WORKDIR /home/versiq
 
@@ -48,6 +48,7 @@ WORKDIR /home/versiq
 ENV PYSPARK_PYTHON=python3 \
     VERSIQ_SPARK_JARS=/opt/versiq/jars \
     VERSIQ_WAREHOUSE=/warehouse \
+    VERSIQ_CACHE_DIR=/var/cache/versiq \
     VERSIQ_HOST=0.0.0.0 \
     VERSIQ_PORT=8080
 

@@ -16,7 +16,7 @@ Bound: a commit becomes visible to ``snapshot=None`` reads at most
 DuckDB scan of the changed buckets: ~1 s per million physical rows here).
 
 A warehouse child whose settings have ``kind = stream`` (``versiq.layout.STREAM_KIND``) is a
-*stream*, never a store: it has no in-memory index; a refresh keeps the current snapshot's file
+*stream*, never a store: it has no serving index; a refresh keeps the current snapshot's file
 list with its statistics (``query.streams.StreamSnapshot``).
 """
 
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -34,6 +35,7 @@ import duckdb
 from deltalake import DeltaTable
 
 from versiq import layout, names, storage
+from versiq.query import index_files
 from versiq.query.api import StoreNotFound, StoreUnavailable, StreamNotFound, StreamUnavailable
 from versiq.query.index import LoadedStore, build_loaded
 from versiq.query.streams import StreamSnapshot
@@ -95,8 +97,10 @@ class Catalog:
     in the warehouse (the engine drops cached older snapshots of the others)."""
 
     def __init__(self, warehouse: str, *, refresh_interval_s: float = 1.0,
-                 on_refresh: Callable[[set[str]], None] | None = None) -> None:
+                 on_refresh: Callable[[set[str]], None] | None = None, cache_dir: str | None = None) -> None:
         self.warehouse = storage.normalize(warehouse)
+        #: Where the serving indexes of this warehouse's stores live (``query.index_files``).
+        self.cache_dir = index_files.cache_dir(self.warehouse, cache_dir)
         self.refresh_interval_s = refresh_interval_s
         self.stores: dict[str, StoreHandle] = {}
         self.streams: dict[str, StreamHandle] = {}
@@ -271,7 +275,8 @@ class Catalog:
             if prev is not None and prev.snapshot == dt.version():
                 return
             settings = self._same_settings(handle, dt, "store")
-            handle.loaded = build_loaded(handle.name, handle.path, dt, settings, prev, self._build_connection())
+            handle.loaded = build_loaded(handle.name, handle.path, dt, settings, prev, self._build_connection(),
+                                         os.path.join(self.cache_dir, handle.name))
 
         self._refresh_table(handle, "store", load)
 

@@ -2,7 +2,8 @@
 and the records of its streams. The public face of ``versiq.query``; it answers from:
 
 - ``query.catalog``: what the warehouse holds and each table's current snapshot (refresh);
-- ``query.index``: the in-memory index of a store's current snapshot (``snapshot=None`` reads);
+- ``query.index``: the serving index (memory-mapped files, ``query.index_files``) of a store's
+  current snapshot (``snapshot=None`` reads);
 - ``query.snapshots``: older snapshots read from files with DuckDB (``snapshot=V``, pinned pages);
 - ``query.reads``: docs/semantics.md rules 6-11 and the retention edges, once for every path, so the
   paths cannot disagree. Expiry is judged with the stream time of the snapshot that answers
@@ -84,9 +85,10 @@ def _horizon(view: StoreView, key: str, rows: reads.KeyRows | None) -> int | Non
 class Engine:
     """Answers versioned-store queries for every store of ``warehouse`` (see module docstring)."""
 
-    def __init__(self, warehouse: str, *, refresh_interval_s: float = 1.0) -> None:
+    def __init__(self, warehouse: str, *, refresh_interval_s: float = 1.0, cache_dir: str | None = None) -> None:
         self._snapshots = SnapshotCache()
-        self.catalog = Catalog(warehouse, refresh_interval_s=refresh_interval_s, on_refresh=self._snapshots.retain)
+        self.catalog = Catalog(warehouse, refresh_interval_s=refresh_interval_s, on_refresh=self._snapshots.retain,
+                               cache_dir=cache_dir)
         self.warehouse = self.catalog.warehouse
         self.refresh_interval_s = refresh_interval_s
         self._local = threading.local()
@@ -140,7 +142,7 @@ class Engine:
         return self._files_view(store, snapshot)
 
     def _files_view(self, store: str, snapshot: int) -> StoreView:
-        """Snapshot ``snapshot`` read from files with DuckDB (never the in-memory index)."""
+        """Snapshot ``snapshot`` read from files with DuckDB (never the serving index)."""
         handle = self.catalog.store_handle(store)
         newest = handle.loaded.snapshot if handle.loaded is not None else -1
         return self._snapshots.get("store", store, handle.path, newest, snapshot,

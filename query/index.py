@@ -1,22 +1,18 @@
-"""The in-memory index of a store's current snapshot: what answers ``snapshot=None`` reads.
+"""The serving index of a store's current snapshot: what answers ``snapshot=None`` reads.
 
 The index is one :class:`BucketIndex` per ``bucket`` (``versiq.layout``) holding the *resolved*
 rows of that bucket (read rule applied: max ``run`` per (key, valid_from) / per key) sorted by
-(key, valid_from) as columnar arrays — ``valid_from``/``valid_to`` int64 and ``tombstone``/
-``partition`` numpy arrays, ``value`` an Arrow string array — plus a dict ``key -> ordinal`` and
-an ``offsets`` array giving each key's row range. A lookup is ``crc32`` for the bucket, one dict
-probe and a ``searchsorted`` over the key's few versions: a few microseconds, no I/O.
+(key, valid_from) as columnar arrays, plus a crc32 probe table of its keys. The columns live in
+memory-mapped local files (``query.index_files``, where the format is defined): every worker and
+every replica on the host shares them through the OS page cache, a process's private memory does
+not grow with the store, and a start with the files in place opens them instead of building. A
+lookup is ``crc32`` for the bucket, a ``searchsorted`` over the bucket's key hashes and one over
+the key's few versions: microseconds, no I/O once the pages are cached.
 
-:func:`build_loaded` builds the index of a new snapshot, rebuilding **only the buckets whose set
-of data files changed** (others are shared with the previous index); the catalog swaps the
-store's reference atomically, so a reader never sees a half-built index.
-
-Memory per worker (process): per resolved row 8 (valid_from) + 8 (valid_to) + 1 (tombstone) +
-4 (partition) bytes + the value's UTF-8 bytes + 4 bytes Arrow offset; per distinct key
-~150-200 bytes (dict entry, the key's str object, an int, 8 bytes of offsets). Measured: 200 k
-keys x 3 versions with ~50-byte values -> ~85 MB RSS, build 0.55 s, as-of p50 ~15 us in-process
-(so 1 M keys x 3 versions ~ 0.4-0.5 GB). During a rebuild the changed buckets exist twice until
-the swap. Each uvicorn worker process holds its own index.
+:func:`build_loaded` builds the index of a new snapshot, building **only the buckets whose set
+of data files changed** (others are shared with the previous index, and across processes by the
+files' digest); the catalog swaps the store's reference atomically, so a reader never sees a
+half-built index.
 
 :class:`StoreView` is what every read path hands to ``query.reads``: this index, or an older
 snapshot read from files (``query.snapshots``).
@@ -24,8 +20,7 @@ snapshot read from files (``query.snapshots``).
 
 from __future__ import annotations
 
-import bisect
-import threading
+import heapq
 import time
 from dataclasses import dataclass, field
 
@@ -36,7 +31,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from versiq import layout, storage
-from versiq.query import reads
+from versiq.query import index_files, reads
 from versiq.query.files import arrow
 
 
@@ -93,53 +88,24 @@ def rows_from_table(tbl: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
 
 @dataclass(frozen=True)
 class BucketIndex:
-    """Resolved rows of one bucket of the current snapshot, sorted by (key, valid_from)."""
+    """Resolved rows of one bucket of the current snapshot, sorted by (key, valid_from), from the
+    memory-mapped files of ``query.index_files`` (shared by every process of the host)."""
 
     files: frozenset[str]
-    keys: dict[str, int]
-    offsets: np.ndarray  # int64, len(keys) + 1
-    valid_from: np.ndarray
-    valid_to: np.ndarray
-    tombstone: np.ndarray
-    partition: np.ndarray
-    values: pa.Array
+    data: index_files.BucketFiles
     physical_rows: int
 
     @staticmethod
-    def build(con: duckdb.DuckDBPyConnection, kind: str, files: list[DataFile]) -> BucketIndex:
-        tbl = arrow(con, resolve_sql(kind, False), {"files": [f.path for f in files]})
-        vf, vt, tomb, values, part = rows_from_table(tbl)
-        n = tbl.num_rows
-        keycol = tbl.column("key").combine_chunks()
-        if n:
-            neq = pc.not_equal(keycol.slice(1), keycol.slice(0, n - 1))
-            changes = np.flatnonzero(neq.to_numpy(zero_copy_only=False)) + 1
-            starts = np.concatenate([np.zeros(1, dtype=np.int64), changes.astype(np.int64)])
-        else:
-            starts = np.zeros(0, dtype=np.int64)
-        uniq = keycol.take(pa.array(starts)).to_pylist() if n else []
-        keys = {k: i for i, k in enumerate(uniq)}
-        offsets = np.append(starts, np.int64(n)).astype(np.int64)
-        return BucketIndex(
-            files=frozenset(f.path for f in files),
-            keys=keys,
-            offsets=offsets,
-            valid_from=vf,
-            valid_to=vt,
-            tombstone=tomb,
-            partition=part,
-            values=values,
-            physical_rows=sum(f.num_records for f in files),
-        )
+    def open_or_build(con: duckdb.DuckDBPyConnection, kind: str, files: list[DataFile], bucket: int,
+                      cache: str) -> BucketIndex:
+        paths = [f.path for f in files]
+        directory = index_files.bucket_directory(cache, bucket, index_files.bucket_digest(kind, paths))
+        data, _built = index_files.open_or_build(directory, lambda: arrow(con, resolve_sql(kind, False),
+                                                                            {"files": paths}))
+        return BucketIndex(files=frozenset(paths), data=data, physical_rows=sum(f.num_records for f in files))
 
     def rows(self, key: str) -> reads.KeyRows | None:
-        i = self.keys.get(key)
-        if i is None:
-            return None
-        s, e = int(self.offsets[i]), int(self.offsets[i + 1])
-        return reads.KeyRows(
-            self.valid_from, self.valid_to, self.tombstone, self.values, s, e, int(self.partition[s])
-        )
+        return self.data.rows(key)
 
 
 @dataclass(frozen=True)
@@ -166,56 +132,50 @@ class StoreView:
         return {"files": self.file_count, "rows": self.physical_rows}
 
 
-_KEY_ORDER_LOCK = threading.Lock()
-
-
 @dataclass(frozen=True)
 class LoadedStore(StoreView):
-    """The in-memory index of the current snapshot of one store (immutable; swapped whole)."""
+    """The serving index of the current snapshot of one store (immutable; swapped whole)."""
 
     buckets: dict[int, BucketIndex] = field(default_factory=dict)
     loaded_at: float = 0.0
-    #: Every key of the snapshot in order, built by the first key listing (then shared by every
-    #: listing of this snapshot): one sort of the buckets' already sorted key lists.
-    _key_order: list[str] = field(default_factory=list, compare=False, repr=False)
 
     def rows(self, con: duckdb.DuckDBPyConnection, key: str) -> reads.KeyRows | None:
         b = self.buckets.get(layout.bucket_of(key, self.settings.buckets))
         return None if b is None else b.rows(key)
 
-    def _ordered_keys(self) -> list[str]:
-        with _KEY_ORDER_LOCK:
-            if not self._key_order and any(b.keys for b in self.buckets.values()):
-                self._key_order.extend(sorted(k for b in self.buckets.values() for k in b.keys))
-            return self._key_order
-
     def key_rows(self, con: duckdb.DuckDBPyConnection, lo: str | None, hi: str | None, after: str | None,
                  limit: int) -> list[tuple[str, reads.KeyRows]]:
-        keys = self._ordered_keys()
-        i = 0 if lo is None else bisect.bisect_left(keys, lo)
-        if after is not None:
-            i = max(i, bisect.bisect_right(keys, after))
+        """A merge of the buckets' sorted key columns, each entered by binary search."""
+        chunk = max(16, min(1024, 2 * limit // max(1, len(self.buckets)) + 1))
+        streams = []
+        for b in self.buckets.values():
+            i = 0 if lo is None else b.data.first_at_or_after(lo)
+            if after is not None:
+                i = max(i, b.data.first_at_or_after(after, strictly_after=True))
+            streams.append(b.data.keys_from(i, chunk))
         out: list[tuple[str, reads.KeyRows]] = []
-        while i < len(keys) and len(out) < limit and (hi is None or keys[i] < hi):
-            rows = self.rows(con, keys[i])
+        for key in heapq.merge(*streams):
+            if len(out) >= limit or (hi is not None and key >= hi):
+                break
+            rows = self.rows(con, key)
             if rows is not None:
-                out.append((keys[i], rows))
-            i += 1
+                out.append((key, rows))
         return out
 
     def counts(self) -> dict[str, int]:
         return {
             "files": self.file_count,
             "rows": self.physical_rows,
-            "keys": sum(len(b.keys) for b in self.buckets.values()),
-            "versions": sum(len(b.valid_from) for b in self.buckets.values()),
+            "keys": sum(b.data.key_count for b in self.buckets.values()),
+            "versions": sum(b.data.row_count for b in self.buckets.values()),
         }
 
 
-
 def build_loaded(name: str, path: str, dt: DeltaTable, settings: layout.StoreSettings, prev: LoadedStore | None,
-                 con: duckdb.DuckDBPyConnection) -> LoadedStore:
-    """The index of ``dt``'s snapshot; buckets whose files did not change since ``prev`` are shared."""
+                 con: duckdb.DuckDBPyConnection, cache: str) -> LoadedStore:
+    """The index of ``dt``'s snapshot, its buckets' files under ``cache`` (this store's folder of
+    ``index_files.cache_dir``): buckets whose files did not change since ``prev`` are shared,
+    the others opened from the cache or built into it."""
     version = dt.version()
     state = layout.read_state(path, version)
     files = files_by_bucket(dt, path)
@@ -225,7 +185,7 @@ def build_loaded(name: str, path: str, dt: DeltaTable, settings: layout.StoreSet
         if old is not None and old.files == frozenset(f.path for f in bfiles):
             buckets[b] = old
         else:
-            buckets[b] = BucketIndex.build(con, settings.kind, bfiles)
+            buckets[b] = BucketIndex.open_or_build(con, settings.kind, bfiles, b, cache)
     return LoadedStore(
         name=name,
         snapshot=version,

@@ -1,6 +1,6 @@
 """The read rules of docs/semantics.md (rules 6-11 and the retention edges) over one key's versions.
 
-Both read paths (the in-memory index of the current snapshot and the DuckDB reader of older
+Both read paths (the serving index of the current snapshot and the DuckDB reader of older
 snapshots) produce a :class:`KeyRows` — the key's *resolved* versions (read rule of
 ``versiq.layout`` already applied), ascending by timestamp — and answer through the functions
 here, so the two paths cannot disagree.

@@ -5,7 +5,7 @@ stream or the output of a stream-table join. Its rows are records ``(key, value,
 tagged with their stream position ``(run, seq)``, unique within the stream; *stream order* is
 ``(run, seq)`` ascending. Rows are partitioned by ``bucket = bucket_of(key, buckets)``.
 
-Reads never use an in-memory index: :meth:`StreamSnapshot.page` runs one DuckDB query over the
+Reads never use a serving index: :meth:`StreamSnapshot.page` runs one DuckDB query over the
 Parquet files that delta-rs lists for the snapshot, after pruning them with the add actions'
 partition value (the key's bucket) and statistics (min/max ``key``, ``timestamp`` and
 ``run``). A page reads ``limit + 1`` records so ``resume_after`` is None exactly when no record

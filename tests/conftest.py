@@ -23,6 +23,20 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def index_cache(tmp_path_factory):
+    """The serving indexes of every test's warehouses (query/index_files.py) go to a folder of
+    this session, not the user's cache; subprocesses (versiq serve) inherit it."""
+    folder = str(tmp_path_factory.mktemp("index-cache"))
+    previous = os.environ.get("VERSIQ_CACHE_DIR")
+    os.environ["VERSIQ_CACHE_DIR"] = folder
+    yield folder
+    if previous is None:
+        os.environ.pop("VERSIQ_CACHE_DIR", None)
+    else:
+        os.environ["VERSIQ_CACHE_DIR"] = previous
+
+
 @pytest.fixture(scope="session")
 def spark():
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

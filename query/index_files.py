@@ -1,0 +1,275 @@
+"""The serving index on disk: one bucket's resolved rows in a read-optimised, memory-mapped form.
+
+Why (issue 17): each serving process used to build and hold the whole current snapshot in its
+own memory (about 1.1 GB per worker at 10M versions, rebuilt at every start). The same columns
+written once to local files and memory-mapped are shared by every worker and every replica on the
+host through the OS page cache; a process's private memory stays small, and start-up is opening
+files when they exist.
+
+This module is the one place the format is defined. It is internal to a serving host (never in
+a warehouse; with a warehouse on S3 it is the only local copy) and versioned: a change of
+``FORMAT_VERSION`` puts new files beside the old ones, which are then never read again.
+
+Layout (``cache`` is ``VERSIQ_CACHE_DIR``, see ``cache_dir``)::
+
+    <cache>/<warehouse id>/<store>/v<FORMAT_VERSION>/b<bucket>-<digest>/
+        rows.arrow   the bucket's resolved rows (read rule applied), sorted by (key, valid_from):
+                     valid_from int64, valid_to int64 (reads.NULL_TS while valid),
+                     tombstone uint8 (0/1), partition int32, value large_string (null for tombstones)
+        keys.arrow   one row per distinct key, same length columns:
+                     key large_string (ascending, UTF-8 byte order), start int64, end int64 (the
+                     key's rows in rows.arrow), and, sorted apart, hash uint32 (crc32 of the
+                     key's UTF-8 bytes, ascending) with ordinal int32 (the key's row in this file)
+
+Both are Arrow IPC files of one uncompressed record batch, so opening them is ``mmap`` and every
+column is a zero-copy view. ``<digest>`` is a SHA-256 of the store kind and the bucket's sorted data
+file paths: a bucket whose files did not change between snapshots keeps its directory (a commit
+that touches a few buckets builds only those), and any process can tell whether the files it
+needs exist without asking anyone. A directory is built under a temporary name and renamed into
+place, under an exclusive ``flock`` of ``<dir>.lock`` so that workers starting together build
+each bucket once. Directories of the same bucket that are no longer current are removed once
+they are ``STALE_AFTER_S`` old (processes that still map them keep their pages: Linux unlinks
+do not affect open mappings).
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import fcntl
+import hashlib
+import os
+import shutil
+import tempfile
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from versiq import storage
+from versiq.query import reads
+
+FORMAT_VERSION = 1
+#: The environment variable naming the local folder of serving indexes.
+CACHE_DIR_ENV = "VERSIQ_CACHE_DIR"
+#: A no-longer-current bucket directory is removed once it is this old (seconds).
+STALE_AFTER_S = 60.0
+
+ROWS_SCHEMA = pa.schema([
+    ("valid_from", pa.int64()), ("valid_to", pa.int64()), ("tombstone", pa.uint8()),
+    ("partition", pa.int32()), ("value", pa.large_string()),
+])
+KEYS_SCHEMA = pa.schema([
+    ("key", pa.large_string()), ("start", pa.int64()), ("end", pa.int64()),
+    ("hash", pa.uint32()), ("ordinal", pa.int32()),
+])
+
+
+def cache_dir(warehouse: str, configured: str | None = None) -> str:
+    """The folder of this warehouse's serving indexes: ``configured``, else ``VERSIQ_CACHE_DIR``,
+    else the user's cache folder (``$XDG_CACHE_HOME/versiq`` or ``~/.cache/versiq``), each with a
+    sub-folder per warehouse (its normalized location hashed), so one cache serves many."""
+    base = configured or os.environ.get(CACHE_DIR_ENV) or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "versiq")
+    warehouse_id = hashlib.sha256(storage.normalize(warehouse).encode()).hexdigest()[:16]
+    return os.path.join(os.path.abspath(base), "index", warehouse_id)
+
+
+def bucket_digest(kind: str, files: list[str]) -> str:
+    """What identifies a bucket's index: the store kind and its data files (sorted)."""
+    h = hashlib.sha256(f"v{FORMAT_VERSION}\0{kind}".encode())
+    for path in sorted(files):
+        h.update(b"\0" + path.encode())
+    return h.hexdigest()[:32]
+
+
+def key_hash(key: str) -> int:
+    return zlib.crc32(key.encode())
+
+
+@dataclass(frozen=True)
+class BucketFiles:
+    """One bucket's index, opened from its files (every column a view of the mapping)."""
+
+    directory: str
+    keys: pa.LargeStringArray  # ascending
+    starts: np.ndarray  # int64, per key
+    ends: np.ndarray  # int64, per key
+    hashes: np.ndarray  # uint32, ascending
+    ordinals: np.ndarray  # int32, key row of each hash
+    valid_from: np.ndarray
+    valid_to: np.ndarray
+    tombstone: np.ndarray  # bool view of the uint8 column
+    partition: np.ndarray
+    values: pa.LargeStringArray
+
+    @property
+    def key_count(self) -> int:
+        return len(self.keys)
+
+    @property
+    def row_count(self) -> int:
+        return len(self.valid_from)
+
+    def find(self, key: str) -> int | None:
+        """The key's ordinal (its row in ``keys``), or None: a crc32 probe, then the key itself."""
+        h = key_hash(key)
+        j = int(np.searchsorted(self.hashes, h, side="left"))
+        while j < len(self.hashes) and int(self.hashes[j]) == h:
+            i = int(self.ordinals[j])
+            if self.keys[i].as_py() == key:
+                return i
+            j += 1
+        return None
+
+    def rows(self, key: str) -> reads.KeyRows | None:
+        i = self.find(key)
+        if i is None:
+            return None
+        s, e = int(self.starts[i]), int(self.ends[i])
+        return reads.KeyRows(self.valid_from, self.valid_to, self.tombstone, self.values, s, e,
+                             int(self.partition[s]))
+
+    def first_at_or_after(self, key: str, strictly_after: bool = False) -> int:
+        """The ordinal of the first key >= ``key`` (> with ``strictly_after``), by binary search."""
+        keys = _KeyColumn(self.keys)
+        return (bisect.bisect_right if strictly_after else bisect.bisect_left)(keys, key)
+
+    def keys_from(self, ordinal: int, chunk: int = 256) -> Iterator[str]:
+        """Keys in ascending order from ``ordinal`` on, converted ``chunk`` at a time."""
+        n = len(self.keys)
+        while ordinal < n:
+            yield from self.keys.slice(ordinal, chunk).to_pylist()
+            ordinal += chunk
+
+
+class _KeyColumn:
+    """A sorted Arrow string column seen as a sequence of str, for ``bisect``."""
+
+    def __init__(self, keys: pa.LargeStringArray) -> None:
+        self._keys = keys
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __getitem__(self, i: int) -> str:
+        value = self._keys[i].as_py()
+        assert isinstance(value, str)
+        return value
+
+
+def _write(path: str, table: pa.Table) -> None:
+    batch = table.combine_chunks().to_batches(max_chunksize=max(table.num_rows, 1))
+    with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        for b in batch:
+            writer.write_batch(b)
+
+
+def _read(path: str) -> pa.RecordBatch:
+    reader = pa.ipc.open_file(pa.memory_map(path, "r"))
+    if reader.num_record_batches == 0:  # an empty bucket
+        return pa.RecordBatch.from_pylist([], schema=reader.schema)
+    return reader.get_batch(0)
+
+
+def write_bucket(directory: str, resolved: pa.Table) -> None:
+    """Write the files of one bucket from its resolved rows (columns key, valid_from, valid_to,
+    tombstone, partition, value; sorted by key, valid_from) into ``directory`` (created)."""
+    os.makedirs(directory)
+    n = resolved.num_rows
+    rows = pa.table({
+        "valid_from": resolved.column("valid_from").cast(pa.int64()),
+        "valid_to": pc.fill_null(resolved.column("valid_to").cast(pa.int64()), reads.NULL_TS),
+        "tombstone": pc.fill_null(resolved.column("tombstone"), False).cast(pa.uint8()),
+        "partition": pc.fill_null(resolved.column("partition").cast(pa.int32()), 0),
+        "value": resolved.column("value").cast(pa.large_string()),
+    }, schema=ROWS_SCHEMA)
+    keycol = resolved.column("key").combine_chunks()
+    if n:
+        neq = pc.not_equal(keycol.slice(1), keycol.slice(0, n - 1))
+        changes = np.flatnonzero(neq.to_numpy(zero_copy_only=False)) + 1
+        starts = np.concatenate([np.zeros(1, dtype=np.int64), changes.astype(np.int64)])
+    else:
+        starts = np.zeros(0, dtype=np.int64)
+    ends = np.append(starts[1:], np.int64(n)).astype(np.int64) if n else np.zeros(0, dtype=np.int64)
+    uniq = keycol.take(pa.array(starts)).cast(pa.large_string())
+    hashes = np.fromiter((key_hash(k) for k in uniq.to_pylist()), dtype=np.uint32, count=len(uniq))
+    order = np.argsort(hashes, kind="stable").astype(np.int32)
+    keys = pa.table({"key": uniq, "start": starts, "end": ends, "hash": hashes[order], "ordinal": order},
+                    schema=KEYS_SCHEMA)
+    _write(os.path.join(directory, "rows.arrow"), rows)
+    _write(os.path.join(directory, "keys.arrow"), keys)
+
+
+def open_bucket(directory: str) -> BucketFiles:
+    """Map the files of one bucket (FileNotFoundError when they are not there)."""
+    rows = _read(os.path.join(directory, "rows.arrow"))
+    keys = _read(os.path.join(directory, "keys.arrow"))
+
+    def ints(batch: pa.RecordBatch, name: str) -> np.ndarray:
+        column = batch.column(name)
+        return column.to_numpy(zero_copy_only=True) if len(column) else np.zeros(0, column.type.to_pandas_dtype())
+
+    return BucketFiles(
+        directory=directory,
+        keys=keys.column("key"),
+        starts=ints(keys, "start"), ends=ints(keys, "end"), hashes=ints(keys, "hash"),
+        ordinals=ints(keys, "ordinal"),
+        valid_from=ints(rows, "valid_from"), valid_to=ints(rows, "valid_to"),
+        tombstone=ints(rows, "tombstone").view(np.bool_), partition=ints(rows, "partition"),
+        values=rows.column("value"),
+    )
+
+
+def bucket_directory(store_dir: str, bucket: int, digest: str) -> str:
+    return os.path.join(store_dir, f"v{FORMAT_VERSION}", f"b{bucket}-{digest}")
+
+
+@contextlib.contextmanager
+def _exclusive(lock_path: str) -> Iterator[None]:
+    with open(lock_path, "a+b") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def open_or_build(directory: str, build: Callable[[], pa.Table]) -> tuple[BucketFiles, bool]:
+    """The bucket at ``directory``: opened when its files exist, else built with ``build()``
+    (the resolved rows as an Arrow table) by this process while others wait, then opened.
+    Returns the bucket and whether this process built it."""
+    with contextlib.suppress(FileNotFoundError):
+        return open_bucket(directory), False
+    parent = os.path.dirname(directory)
+    os.makedirs(parent, exist_ok=True)
+    with _exclusive(directory + ".lock"):
+        with contextlib.suppress(FileNotFoundError):
+            return open_bucket(directory), False  # another process built it while we waited
+        temporary = tempfile.mkdtemp(prefix=".build-", dir=parent)
+        try:
+            write_bucket(os.path.join(temporary, "b"), build())
+            os.rename(os.path.join(temporary, "b"), directory)
+        finally:
+            shutil.rmtree(temporary, ignore_errors=True)
+    _remove_stale(directory)
+    return open_bucket(directory), True
+
+
+def _remove_stale(current: str) -> None:
+    """Remove the other directories of the same bucket once they are STALE_AFTER_S old."""
+    parent, name = os.path.split(current)
+    prefix = name.split("-", 1)[0] + "-"
+    now = time.time()
+    for entry in os.scandir(parent):
+        if entry.name == name or not entry.name.startswith(prefix) or entry.name.endswith(".lock"):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            if now - entry.stat().st_mtime > STALE_AFTER_S:
+                shutil.rmtree(entry.path, ignore_errors=True)
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(entry.path + ".lock")

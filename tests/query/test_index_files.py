@@ -1,0 +1,159 @@
+"""The serving index on disk (query/index_files.py, issue 17): the files of a bucket answer exactly
+what its resolved rows hold (crc32 collisions included), are built once per bucket content and
+shared by every engine of the host (a second engine, or a restart, opens them without building),
+a commit builds only the buckets it touched, and stale directories go away."""
+
+from __future__ import annotations
+
+import os
+import random
+import string
+import time
+import zlib
+
+import pyarrow as pa
+import pytest
+
+from tests.support.storebuilder import StoreBuilder
+from versiq import layout
+from versiq.query import index_files
+from versiq.query.api import VersionedKeyQuery
+from versiq.query.engine import Engine
+from versiq.query.reads import NULL_TS
+
+
+def _colliding_keys() -> tuple[str, str]:
+    """Two different keys with the same crc32 (a birthday search: ~100k random keys)."""
+    rng = random.Random(7)
+    seen: dict[int, str] = {}
+    while True:
+        key = "".join(rng.choices(string.ascii_letters, k=12))
+        h = zlib.crc32(key.encode())
+        if h in seen and seen[h] != key:
+            return seen[h], key
+        seen[h] = key
+
+
+def _resolved(rows: list[tuple[str, int, int | None, str | None, int]]) -> pa.Table:
+    rows = sorted(rows, key=lambda r: (r[0].encode(), r[1]))
+    return pa.table({
+        "key": [r[0] for r in rows], "valid_from": [r[1] for r in rows], "valid_to": [r[2] for r in rows],
+        "value": [r[3] for r in rows], "tombstone": [r[3] is None for r in rows], "partition": [r[4] for r in rows],
+    }, schema=pa.schema([("key", pa.string()), ("valid_from", pa.int64()), ("valid_to", pa.int64()),
+                         ("value", pa.string()), ("tombstone", pa.bool_()), ("partition", pa.int32())]))
+
+
+def test_a_bucket_answers_what_its_rows_hold_collisions_included(tmp_path):
+    a, b = _colliding_keys()
+    assert zlib.crc32(a.encode()) == zlib.crc32(b.encode())
+    rows = [(a, 1, 5, "a1", 0), (a, 5, None, "a2", 0), (b, 3, None, None, 1), ("é", 2, None, "e", 2),
+            ("", 9, None, "empty key", 0)] + [(f"k{i:03d}", i, None, f"v{i}", 0) for i in range(200)]
+    directory = str(tmp_path / "b0")
+    index_files.write_bucket(directory, _resolved(rows))
+    bucket = index_files.open_bucket(directory)
+    assert bucket.key_count == 204 and bucket.row_count == 205
+    got = bucket.rows(a)
+    assert got is not None and len(got) == 2
+    assert [got.record(i).value for i in range(len(got))] == ["a1", "a2"]
+    assert got.record(0).valid_to == 5 and got.record(1).valid_to is None
+    tomb = bucket.rows(b)
+    assert tomb is not None and len(tomb) == 1 and tomb.is_tombstone(0) and tomb.partition == 1
+    assert bucket.rows("é") is not None and bucket.rows("") is not None
+    assert bucket.rows("missing") is None and bucket.rows("k2000") is None
+    # keys ascend in UTF-8 byte order, entered by binary search
+    keys = list(bucket.keys_from(0, chunk=7))
+    assert keys == sorted(keys) and len(keys) == 204 and keys[0] == ""
+    assert keys[bucket.first_at_or_after("k1")] == "k100"
+    assert keys[bucket.first_at_or_after("k100")] == "k100"
+    assert keys[bucket.first_at_or_after("k100", strictly_after=True)] == "k101"
+    assert bucket.first_at_or_after("\U0010ffff") == 204
+    # columns are views of the mapping (no copies)
+    assert not bucket.valid_from.flags.owndata and bucket.valid_to[bucket.rows("k005").start] == NULL_TS
+
+
+def test_an_empty_bucket_opens(tmp_path):
+    directory = str(tmp_path / "empty")
+    index_files.write_bucket(directory, _resolved([]))
+    bucket = index_files.open_bucket(directory)
+    assert bucket.key_count == 0 and bucket.rows("x") is None and list(bucket.keys_from(0)) == []
+
+
+def test_a_bucket_is_built_once_and_then_opened(tmp_path):
+    directory = index_files.bucket_directory(str(tmp_path / "store"), 3, index_files.bucket_digest("versioned", ["f"]))
+    built, was_built = index_files.open_or_build(directory, lambda: _resolved([("k", 1, None, "v", 0)]))
+    assert was_built and built.rows("k") is not None
+
+    def never() -> pa.Table:
+        raise AssertionError("the files exist: nothing to build")
+
+    opened, was_built = index_files.open_or_build(directory, never)
+    assert not was_built and opened.rows("k") is not None
+    assert [e for e in os.listdir(os.path.dirname(directory)) if e.startswith(".build-")] == []
+
+
+def test_the_digest_follows_the_kind_and_the_set_of_files():
+    d = index_files.bucket_digest
+    assert d("versioned", ["a", "b"]) == d("versioned", ["b", "a"])
+    assert len({d("versioned", ["a", "b"]), d("timestamped", ["a", "b"]), d("versioned", ["a"])}) == 3
+
+
+def test_engines_share_the_files_and_a_commit_builds_only_its_buckets(tmp_path, monkeypatch):
+    wh, cache = str(tmp_path / "wh"), str(tmp_path / "cache")
+    builder = StoreBuilder(wh, "s", buckets=8)
+    builder.apply([(f"k{i}", "1", 1) for i in range(40)])
+    first = Engine(wh, refresh_interval_s=3600, cache_dir=cache)
+    first.refresh()
+    store_dir = os.path.join(index_files.cache_dir(wh, cache), "s", f"v{index_files.FORMAT_VERSION}")
+    before = {e: os.stat(os.path.join(store_dir, e)).st_ino for e in os.listdir(store_dir) if not e.endswith(".lock")}
+    assert len(before) == 8
+
+    # A second engine (another worker, a restart) opens the same files: building would fail.
+    def no_build(*args, **kwargs):
+        raise AssertionError("built a bucket whose files exist")
+
+    monkeypatch.setattr(index_files, "write_bucket", no_build)
+    second = Engine(wh, refresh_interval_s=3600, cache_dir=cache)
+    second.refresh()
+    assert second.get("s", VersionedKeyQuery("k7")).record.value == "1"
+    monkeypatch.undo()
+
+    builder.apply([("k1", "2", 2)])
+    first.refresh()
+    after = {e: os.stat(os.path.join(store_dir, e)).st_ino for e in os.listdir(store_dir) if not e.endswith(".lock")}
+    changed = layout.bucket_of("k1", 8)
+    new = set(after) - set(before)
+    assert [name.split("-")[0] for name in new] == [f"b{changed}"]
+    assert first.get("s", VersionedKeyQuery("k1")).record.value == "2"
+    assert second.get("s", VersionedKeyQuery("k1")).record.value == "1"  # not refreshed yet: its mapping stands
+    second.refresh()
+    assert second.get("s", VersionedKeyQuery("k1")).record.value == "2"
+    first.close()
+    second.close()
+
+
+def test_stale_directories_of_a_bucket_are_removed(tmp_path, monkeypatch):
+    store = str(tmp_path / "store")
+    old = index_files.bucket_directory(store, 0, "old")
+    index_files.open_or_build(old, lambda: _resolved([("k", 1, None, "v", 0)]))
+    other_bucket = index_files.bucket_directory(store, 1, "other")
+    index_files.open_or_build(other_bucket, lambda: _resolved([("j", 1, None, "v", 0)]))
+    past = time.time() - index_files.STALE_AFTER_S - 5
+    os.utime(old, (past, past))
+    os.utime(other_bucket, (past, past))
+    recent = index_files.bucket_directory(store, 0, "recent")
+    index_files.open_or_build(recent, lambda: _resolved([("k", 1, None, "v2", 0)]))
+    fresh = index_files.bucket_directory(store, 0, "fresh")
+    index_files.open_or_build(fresh, lambda: _resolved([("k", 1, None, "v3", 0)]))
+    assert not os.path.exists(old)
+    assert os.path.exists(recent)  # not old enough: a process may be about to open it
+    assert os.path.exists(other_bucket)  # another bucket's current files
+
+
+@pytest.mark.parametrize("configured", [None, "/somewhere"])
+def test_the_cache_folder_is_per_warehouse(monkeypatch, configured):
+    monkeypatch.setenv("VERSIQ_CACHE_DIR", "/env-cache")
+    a, b = index_files.cache_dir("/wh/a", configured), index_files.cache_dir("s3://bucket/wh", configured)
+    assert a != b and a.startswith((configured or "/env-cache") + "/index/")
+    monkeypatch.delenv("VERSIQ_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", "/xdg")
+    assert index_files.cache_dir("/wh/a").startswith("/xdg/versiq/index/")
