@@ -85,10 +85,11 @@ def _horizon(view: StoreView, key: str, rows: reads.KeyRows | None) -> int | Non
 class Engine:
     """Answers versioned-store queries for every store of ``warehouse`` (see module docstring)."""
 
-    def __init__(self, warehouse: str, *, refresh_interval_s: float = 1.0, cache_dir: str | None = None) -> None:
+    def __init__(self, warehouse: str, *, refresh_interval_s: float = 1.0, cache_dir: str | None = None,
+                 watch_interval_s: float | None = None) -> None:
         self._snapshots = SnapshotCache()
         self.catalog = Catalog(warehouse, refresh_interval_s=refresh_interval_s, on_refresh=self._snapshots.retain,
-                               cache_dir=cache_dir)
+                               cache_dir=cache_dir, watch_interval_s=watch_interval_s)
         self.warehouse = self.catalog.warehouse
         self.refresh_interval_s = refresh_interval_s
         self._local = threading.local()

@@ -202,7 +202,8 @@ def create_app(engine_or_settings: Engine | Settings, *, settings: Settings | No
         if owns_engine:
             from versiq.query.engine import Engine as EngineImpl  # the app may be built before an engine exists
 
-            started = EngineImpl(settings.warehouse, refresh_interval_s=settings.refresh_interval_s)
+            started = EngineImpl(settings.warehouse, refresh_interval_s=settings.refresh_interval_s,
+                                 watch_interval_s=settings.watch_interval_s)
             await run_in_threadpool(started.start)
             service.engine = started
         try:

@@ -3,7 +3,10 @@
 Environment variables:
 
 - ``VERSIQ_WAREHOUSE``: warehouse directory (required).
-- ``VERSIQ_REFRESH_INTERVAL``: how often the engine looks for new commits (duration, default 1s).
+- ``VERSIQ_REFRESH_INTERVAL``: how often the engine looks for new, removed and failing stores
+  (a full pass; duration, default 1s).
+- ``VERSIQ_WATCH_INTERVAL``: how often it checks whether the next commit of each store it serves
+  has landed (duration; default 100ms, 500ms for a warehouse on S3, where a check is a HEAD).
 - ``VERSIQ_TOKEN_SECRET``: HMAC secret for page tokens. Unset: random per process, so set it
   whenever more than one process (workers, replicas) serves one address.
 - ``VERSIQ_PAGE_TOKEN_TTL``: page-token lifetime (duration: ``3600000``, ``1h``, ``PT1H``; default 1h).
@@ -18,10 +21,12 @@ import os
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from versiq.durations import parse_duration_ms
 
 DEFAULT_TOKEN_TTL_S = 3600.0
+_D = TypeVar("_D", float, None)
 
 
 class ConfigError(ValueError):
@@ -32,6 +37,7 @@ class ConfigError(ValueError):
 class Settings:
     warehouse: str
     refresh_interval_s: float = 1.0
+    watch_interval_s: float | None = None  # None: the engine's default for the warehouse
     token_secret: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False)
     token_ttl_s: float = DEFAULT_TOKEN_TTL_S
     api_tokens: frozenset[str] | None = field(default=None, repr=False)
@@ -47,6 +53,7 @@ class Settings:
         return cls(
             warehouse=warehouse,
             refresh_interval_s=_duration_s(env, "VERSIQ_REFRESH_INTERVAL", 1.0),
+            watch_interval_s=_duration_s(env, "VERSIQ_WATCH_INTERVAL", None),
             token_secret=secret.encode("utf-8") if secret else secrets.token_bytes(32),
             token_ttl_s=_duration_s(env, "VERSIQ_PAGE_TOKEN_TTL", DEFAULT_TOKEN_TTL_S),
             api_tokens=_api_tokens(env),
@@ -56,7 +63,7 @@ class Settings:
         )
 
 
-def _duration_s(env: Mapping[str, str], name: str, default: float) -> float:
+def _duration_s(env: Mapping[str, str], name: str, default: _D) -> float | _D:
     text = env.get(name)
     if not text:
         return default
