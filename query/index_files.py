@@ -118,7 +118,8 @@ class BucketFiles:
     def find(self, key: str) -> int | None:
         """The key's ordinal (its row in ``keys``), or None: a crc32 probe, then the key itself."""
         h = key_hash(key)
-        j = int(np.searchsorted(self.hashes, h, side="left"))
+        # A uint32 needle: a Python int would make numpy cast the whole column to int64 first.
+        j = int(self.hashes.searchsorted(np.uint32(h), side="left"))
         while j < len(self.hashes) and int(self.hashes[j]) == h:
             i = int(self.ordinals[j])
             if self.keys[i].as_py() == key:
