@@ -38,6 +38,7 @@ import bisect
 import contextlib
 import fcntl
 import hashlib
+import logging
 import os
 import shutil
 import tempfile
@@ -52,6 +53,8 @@ import pyarrow.compute as pc
 
 from versiq import storage
 from versiq.query import reads
+
+log = logging.getLogger("versiq.query")
 
 FORMAT_VERSION = 1
 #: The environment variable naming the local folder of serving indexes.
@@ -215,6 +218,8 @@ def open_bucket(directory: str) -> BucketFiles:
         column = batch.column(name)
         return column.to_numpy(zero_copy_only=True) if len(column) else np.zeros(0, column.type.to_pandas_dtype())
 
+    if keys.num_rows and int(keys.column("end")[keys.num_rows - 1].as_py()) != rows.num_rows:
+        raise ValueError(f"{directory}: keys.arrow and rows.arrow do not match")
     return BucketFiles(
         directory=directory,
         keys=keys.column("key"),
@@ -240,17 +245,34 @@ def _exclusive(lock_path: str) -> Iterator[None]:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
+def _open_if_sound(directory: str, repair: bool) -> BucketFiles | None:
+    """The bucket's files opened, or None when they are missing, or unreadable (a host that lost
+    power after the rename but before the data reached the disk; a cache folder edited by
+    hand): with ``repair`` (under the bucket's lock) such files are removed, to be built again."""
+    try:
+        return open_bucket(directory)
+    except FileNotFoundError:
+        return None
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        if repair:
+            log.warning("serving index files %s are unreadable (%s): building them again", directory, exc)
+            shutil.rmtree(directory, ignore_errors=True)
+        return None
+
+
 def open_or_build(directory: str, build: Callable[[], pa.Table]) -> tuple[BucketFiles, bool]:
     """The bucket at ``directory``: opened when its files exist, else built with ``build()``
     (the resolved rows as an Arrow table) by this process while others wait, then opened.
     Returns the bucket and whether this process built it."""
-    with contextlib.suppress(FileNotFoundError):
-        return open_bucket(directory), False
+    opened = _open_if_sound(directory, repair=False)
+    if opened is not None:
+        return opened, False
     parent = os.path.dirname(directory)
     os.makedirs(parent, exist_ok=True)
     with _exclusive(directory + ".lock"):
-        with contextlib.suppress(FileNotFoundError):
-            return open_bucket(directory), False  # another process built it while we waited
+        opened = _open_if_sound(directory, repair=True)
+        if opened is not None:
+            return opened, False  # another process built it while we waited
         temporary = tempfile.mkdtemp(prefix=".build-", dir=parent)
         try:
             write_bucket(os.path.join(temporary, "b"), build())

@@ -157,3 +157,16 @@ def test_the_cache_folder_is_per_warehouse(monkeypatch, configured):
     monkeypatch.delenv("VERSIQ_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", "/xdg")
     assert index_files.cache_dir("/wh/a").startswith("/xdg/versiq/index/")
+
+
+def test_unreadable_files_are_built_again(tmp_path):
+    """Files renamed into place whose data never reached the disk (or edited by hand) are not
+    served and do not make the store unavailable: they are removed and built again."""
+    directory = index_files.bucket_directory(str(tmp_path / "store"), 0, "d")
+    index_files.open_or_build(directory, lambda: _resolved([("k", 1, None, "v", 0)]))
+    with open(os.path.join(directory, "rows.arrow"), "r+b") as handle:
+        handle.truncate(10)
+    with pytest.raises(pa.ArrowInvalid):
+        index_files.open_bucket(directory)
+    rebuilt, was_built = index_files.open_or_build(directory, lambda: _resolved([("k", 1, None, "v2", 0)]))
+    assert was_built and rebuilt.rows("k").record(0).value == "v2"
