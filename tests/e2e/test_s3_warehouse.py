@@ -148,6 +148,11 @@ def test_an_s3_warehouse_equals_a_local_one_across_runs_maintain_and_http(spark,
         assert set(remote_engine.catalog.stores) == {"s"}
         before = _answers(local_url)
         assert _answers(remote_url) == before
+        # the serving index of the bucket's store is in this host's cache folder, never in the bucket
+        cached = [name for _dir, _subdirs, files in os.walk(remote_engine.catalog.cache_dir) for name in files]
+        assert "rows.arrow" in cached and not remote_engine.catalog.cache_dir.startswith("s3://")
+        in_bucket_files = storage.list_files(remote) or {}
+        assert in_bucket_files and not [key for key in in_bucket_files if key.endswith(".arrow")]
         # maintain on the bucket: compaction and vacuum answer the same, from a new snapshot
         result = maintain_store(remote, "s", 60, lambda: spark)
         maintain_store(local, "s", 60, lambda: spark)
