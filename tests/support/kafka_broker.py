@@ -270,8 +270,11 @@ class KafkaBroker(ServerProcess):
         return name
 
     def new_topic(self, prefix: str = "topic", partitions: int = 1, config: Mapping[str, str] | None = None) -> str:
-        """``create_topic`` under a fresh unique name (``prefix-<hex>``), which it returns."""
-        return self.create_topic(f"{prefix}-{uuid.uuid4().hex[:12]}", partitions, config)
+        """``create_topic`` under a fresh unique name (``prefix-<hex>``), which it returns.
+        Time-based retention is off unless ``config`` sets ``retention.ms``: tests produce records
+        stamped in 1970, which the broker's retention check (every second here) would delete."""
+        return self.create_topic(f"{prefix}-{uuid.uuid4().hex[:12]}", partitions,
+                                 {"retention.ms": "-1", **(config or {})})
 
     def delete_topic(self, name: str) -> None:
         """Delete topic ``name``."""
