@@ -1,7 +1,7 @@
 """Freshness benchmark (issue 17): a changelog file lands -> its record is served.
 
 ``versiq ingest --continuous --trigger-interval 1s`` watches a folder of JSONL files and writes a
-store; ``versiq serve`` (1 worker, default refresh and watch intervals) serves the same local
+store; ``versiq serve`` (1 worker, default refresh and watch intervals; ``query_bench.Server``) serves the same local
 warehouse. Every ``--every`` seconds the load generator (this process: one ``httpx.Client``
 polling every 20 ms) moves a one-record file into the folder (a rename: the file lands whole) and
 measures the time until ``GET /v1/stores/fresh/keys/<key>`` answers 200. Printed with the
@@ -19,7 +19,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,12 +27,9 @@ import time
 from datetime import UTC, datetime
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from query_bench import Server  # noqa: E402
 
 
 def _env() -> dict[str, str]:
@@ -69,24 +65,17 @@ def main() -> None:
             [sys.executable, "-m", "versiq.cli", "ingest", "--warehouse", warehouse, "--store", "fresh", "--source",
              source, "--continuous", "--trigger-interval", "1s"],
             env=_env(), stdout=log, stderr=log, start_new_session=True)
-    port = _free_port()
-    serve = None
+    serve: Server | None = None
     latencies: list[float] = []
     load_before = os.getloadavg()
     try:
         while not os.path.isdir(os.path.join(warehouse, "fresh", "_delta_log")):
             assert ingest.poll() is None, open(log_path).read()
             time.sleep(0.2)
-        serve = subprocess.Popen([sys.executable, "-m", "versiq.cli", "serve", "--warehouse", warehouse, "--port",
-                                  str(port)], env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                 start_new_session=True)
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5) as client:
-            while True:
-                try:
-                    if client.get("/v1/stores/fresh/keys/warmup").status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
+        serve = Server(warehouse, 1, os.path.join(work, "serve.log"))
+        serve.wait_ready()
+        with httpx.Client(base_url=serve.base, timeout=5) as client:
+            while client.get("/v1/stores/fresh/keys/warmup").status_code != 200:
                 time.sleep(0.2)
             for i in range(args.probes):
                 key = f"probe-{i}"
@@ -99,10 +88,10 @@ def main() -> None:
                 print(f"probe {i}: {latencies[-1]:.2f} s", flush=True)
                 time.sleep(max(0.0, args.every - latencies[-1]))
     finally:
-        for proc in (serve, ingest):
-            if proc is not None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(timeout=60)
+        if serve is not None:
+            serve.stop()
+        os.killpg(ingest.pid, signal.SIGTERM)
+        ingest.wait(timeout=60)
     runs = [float(s) for s in re.findall(r"store fresh: read \d+.*? in ([\d.]+)s", open(log_path).read())]
     shutil.rmtree(work, ignore_errors=True)
     latencies.sort()
