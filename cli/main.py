@@ -28,11 +28,16 @@ def warehouse_location(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _add_read_options(parser: argparse.ArgumentParser) -> None:
-    """Which snapshot answers (``--snapshot`` or ``--as-of-system-time``) and ``--iso``."""
+def _add_snapshot_options(parser: argparse.ArgumentParser) -> None:
+    """Which snapshot answers: ``--snapshot`` or ``--as-of-system-time``."""
     parser.add_argument("--snapshot", type=int, default=None, help="answer from this Delta version of the store")
     parser.add_argument("--as-of-system-time", default=None, metavar="T",
                         help="answer from the snapshot current at T (epoch ms or RFC 3339; not with --snapshot)")
+
+
+def _add_read_options(parser: argparse.ArgumentParser) -> None:
+    """Which snapshot answers (``_add_snapshot_options``) and ``--iso``."""
+    _add_snapshot_options(parser)
     parser.add_argument("--iso", action="store_true", help="print times as RFC 3339 (UTC) instead of epoch ms")
 
 
@@ -234,9 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     look.add_argument("--store", required=True, help="store name")
     look.add_argument("--input", required=True, help="the pairs: a .parquet file or an Arrow IPC file")
     look.add_argument("--output", required=True, help="where the answers go: .parquet, .arrow or .jsonl")
-    look.add_argument("--snapshot", type=int, default=None, help="answer from this Delta version of the store")
-    look.add_argument("--as-of-system-time", default=None, metavar="T",
-                      help="answer from the snapshot current at T (epoch ms or RFC 3339; not with --snapshot)")
+    _add_snapshot_options(look)
     _add_logging(look)
 
     sql = sub.add_parser(
