@@ -25,9 +25,7 @@ import time
 from dataclasses import dataclass, field
 
 import duckdb
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from versiq import layout, storage
@@ -74,16 +72,6 @@ def files_by_bucket(dt: DeltaTable, table_path: str) -> dict[int, list[DataFile]
     for files in out.values():
         files.sort(key=lambda f: f.path)
     return out
-
-
-def rows_from_table(tbl: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray, pa.Array, np.ndarray]:
-    vf = tbl.column("valid_from").to_numpy().astype(np.int64, copy=False)
-    vt = pc.fill_null(tbl.column("valid_to"), reads.NULL_TS).to_numpy().astype(np.int64, copy=False)
-    tomb = pc.fill_null(tbl.column("tombstone"), False).to_numpy().astype(bool, copy=False)
-    values = tbl.column("value").combine_chunks()
-    part = pc.fill_null(tbl.column("partition"), 0).to_numpy().astype(np.int32, copy=False)
-    return vf, vt, tomb, values, part
-
 
 
 @dataclass(frozen=True)

@@ -180,18 +180,25 @@ def _read(path: str) -> pa.RecordBatch:
     return reader.get_batch(0)
 
 
+def rows_from_table(tbl: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray, pa.Array, np.ndarray]:
+    """The read columns of resolved rows (valid_from, valid_to with ``reads.NULL_TS`` while valid,
+    tombstone, value, partition), as the serving index stores them and older snapshots read them."""
+    vf = tbl.column("valid_from").to_numpy().astype(np.int64, copy=False)
+    vt = pc.fill_null(tbl.column("valid_to"), reads.NULL_TS).to_numpy().astype(np.int64, copy=False)
+    tomb = pc.fill_null(tbl.column("tombstone"), False).to_numpy().astype(bool, copy=False)
+    values = tbl.column("value").combine_chunks()
+    part = pc.fill_null(tbl.column("partition"), 0).to_numpy().astype(np.int32, copy=False)
+    return vf, vt, tomb, values, part
+
+
 def write_bucket(directory: str, resolved: pa.Table) -> None:
     """Write the files of one bucket from its resolved rows (columns key, valid_from, valid_to,
     tombstone, partition, value; sorted by key, valid_from) into ``directory`` (created)."""
     os.makedirs(directory)
     n = resolved.num_rows
-    rows = pa.table({
-        "valid_from": resolved.column("valid_from").cast(pa.int64()),
-        "valid_to": pc.fill_null(resolved.column("valid_to").cast(pa.int64()), reads.NULL_TS),
-        "tombstone": pc.fill_null(resolved.column("tombstone"), False).cast(pa.uint8()),
-        "partition": pc.fill_null(resolved.column("partition").cast(pa.int32()), 0),
-        "value": resolved.column("value").cast(pa.large_string()),
-    }, schema=ROWS_SCHEMA)
+    vf, vt, tomb, values, part = rows_from_table(resolved)
+    rows = pa.table({"valid_from": vf, "valid_to": vt, "tombstone": tomb.view(np.uint8), "partition": part,
+                     "value": values.cast(pa.large_string())}, schema=ROWS_SCHEMA)
     keycol = resolved.column("key").combine_chunks()
     if n:
         neq = pc.not_equal(keycol.slice(1), keycol.slice(0, n - 1))
@@ -216,7 +223,7 @@ def open_bucket(directory: str) -> BucketFiles:
 
     def ints(batch: pa.RecordBatch, name: str) -> np.ndarray:
         column = batch.column(name)
-        return column.to_numpy(zero_copy_only=True) if len(column) else np.zeros(0, column.type.to_pandas_dtype())
+        return column.to_numpy(zero_copy_only=True)
 
     if keys.num_rows and int(keys.column("end")[keys.num_rows - 1].as_py()) != rows.num_rows:
         raise ValueError(f"{directory}: keys.arrow and rows.arrow do not match")

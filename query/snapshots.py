@@ -26,7 +26,8 @@ from versiq import layout, storage
 from versiq.query import reads
 from versiq.query.api import SnapshotGone, SnapshotNotFound
 from versiq.query.files import arrow, latest_version_on_disk
-from versiq.query.index import DataFile, StoreView, files_by_bucket, resolve_sql, rows_from_table
+from versiq.query.index import DataFile, StoreView, files_by_bucket, resolve_sql
+from versiq.query.index_files import rows_from_table
 from versiq.query.streams import StreamSnapshot, stream_files
 
 SNAPSHOT_CACHE_SIZE = 8
