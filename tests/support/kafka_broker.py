@@ -64,6 +64,19 @@ _CLIENT_LOG = logging.getLogger("tests.kafka_broker.client")
 
 
 
+def new_cluster_id() -> str:
+    """A random cluster id as Kafka's ``Uuid.randomUuid().toString()`` makes one.
+
+    URL-safe base64 of 16 random bytes, never starting with ``-``: Kafka regenerates such ids
+    because ``kafka-storage format -t -abc`` reads the id as an option (one in 64 ids did, and
+    failed a CI run with "argument --cluster-id/-t: expected one argument").
+    """
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode("ascii")
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
 class KafkaBrokerError(RuntimeError):
     """The broker could not be started, or a request to it failed."""
 
@@ -110,7 +123,7 @@ class KafkaBroker(ServerProcess):
         self.heap = heap
         self.extra_config = dict(extra_config or {})
         self.port, self.controller_port = free_ports(2)
-        self.cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode("ascii")
+        self.cluster_id = new_cluster_id()
 
     # -- process ------------------------------------------------------------------------------
 
@@ -182,7 +195,7 @@ class KafkaBroker(ServerProcess):
         # What bin/kafka-storage.sh format --standalone does for a single combined node (Kafka 4's
         # quickstart): a dynamic quorum whose only voter is this controller.
         command = self._java_command("kafka.tools.StorageTool", "format", "--standalone",
-                                     "-t", self.cluster_id, "-c", str(self.config_file))
+                                     f"--cluster-id={self.cluster_id}", "-c", str(self.config_file))
         try:
             done = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout,
                                   cwd=self.work_dir)
