@@ -19,7 +19,7 @@ DEV_STAMP := $(VENV)/.installed-dev
 DEMO_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: help demo test lint bench java clean-demo conformance
+.PHONY: help demo test lint bench java chromium clean-demo conformance
 
 help:
 	@echo "make demo   generate sample data, ingest it into ./warehouse, serve it on 127.0.0.1:8080"
@@ -44,6 +44,10 @@ $(DEV_STAMP): pyproject.toml | $(PY)
 
 java:
 	@bash scripts/ensure-java.sh
+
+# Debian's Chromium for the console's browser tests (driven by Playwright with the system browser).
+chromium:
+	@bash scripts/ensure-chromium.sh
 
 # The Kafka Streams side of the differential tests (tests/conformance): a small Maven project whose
 # artifacts are cached under .cache/m2 (git-ignored); rebuilt only when its sources change.
@@ -101,7 +105,7 @@ $(CLASS_ARCHIVE): $(BASE_STAMP) $(SPARK_JARS) | java
 demo: $(BASE_STAMP) java $(SPARK_JARS) $(CLASS_ARCHIVE)
 	$(VENV)/bin/versiq demo $(DEMO_ARGS)
 
-test: $(DEV_STAMP) java $(SPARK_JARS) $(CLASS_ARCHIVE) $(CONFORMANCE_JAR) $(KAFKA_BROKER)
+test: $(DEV_STAMP) java chromium $(SPARK_JARS) $(CLASS_ARCHIVE) $(CONFORMANCE_JAR) $(KAFKA_BROKER)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -81,3 +81,21 @@ def s3_server():
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """One headless Chromium (Debian's, tests/support/browser.py) driven by Playwright for the
+    session, started the first time a test asks for it (~1 s)."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.support.browser import INSTALL_HINT, chromium_present, launch_chromium
+
+    if not chromium_present():
+        pytest.fail(f"no Chromium for the browser tests: {INSTALL_HINT}", pytrace=False)
+    with sync_playwright() as playwright:
+        chromium = launch_chromium(playwright)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
