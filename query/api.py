@@ -125,6 +125,22 @@ class ChangesPage:
 
 
 @dataclass(frozen=True)
+class RejectedPage:
+    """One page of a store's rejected input records (``query.rejected``)."""
+
+    #: Records as ``versiq.rejected.record_dict`` gives them (place fields only when known).
+    records: list[dict[str, Any]]
+    #: The store snapshot listed: the rejections of the runs it committed.
+    snapshot: int
+    #: Rejected records per reason at this snapshot, over all reasons (the filter aside).
+    counts: dict[str, int]
+    #: Records matching the filter, on all pages.
+    total: int
+    #: The ordinal of the last record returned when more follow, else None.
+    resume_after: int | None
+
+
+@dataclass(frozen=True)
 class StoreInfo:
     name: str
     kind: str

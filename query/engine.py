@@ -53,6 +53,7 @@ from versiq.query.api import (
     KeysPage,
     KeysQuery,
     MultiVersionedKeyQuery,
+    RejectedPage,
     SnapshotGone,
     SnapshotNotFound,
     StoreInfo,
@@ -65,6 +66,7 @@ from versiq.query.catalog import Catalog, StoreHandle, StreamHandle
 from versiq.query.files import latest_version_on_disk
 from versiq.query.history import Commit
 from versiq.query.index import StoreView
+from versiq.query.rejected import RejectedTables, rejected_page
 from versiq.query.snapshots import SnapshotCache, store_snapshot, stream_snapshot
 from versiq.query.streams import (
     StreamInfo,
@@ -88,6 +90,7 @@ class Engine:
     def __init__(self, warehouse: str, *, refresh_interval_s: float = 1.0, cache_dir: str | None = None,
                  watch_interval_s: float | None = None) -> None:
         self._snapshots = SnapshotCache()
+        self._rejected = RejectedTables()
         self.catalog = Catalog(warehouse, refresh_interval_s=refresh_interval_s, on_refresh=self._snapshots.retain,
                                cache_dir=cache_dir, watch_interval_s=watch_interval_s)
         self.warehouse = self.catalog.warehouse
@@ -224,6 +227,16 @@ class Engine:
         page = out[:limit]
         more = len(out) > limit
         return ChangesPage(page, until, page[-1].position() if more else None)
+
+    def rejected(self, store: str, reason: str | None = None, *, snapshot: int | None = None,
+                 resume_after: int | None = None, limit: int = 100) -> RejectedPage:
+        """One page of the input records a store rejected, as of ``snapshot`` (default: current):
+        the rejections of the runs that snapshot committed, in (run, source, place) order
+        (``versiq.rejected``), only ``reason``'s when given, with the counts per reason."""
+        view = self._view(store, snapshot)
+        path = self.catalog.store_handle(store).path
+        table, counts = self._rejected.get(path, view.state.run)
+        return rejected_page(table, counts, view.snapshot, reason, resume_after, limit)
 
     def history(self, name: str, what: str = "store") -> list[Commit]:
         """The commits of a store or stream up to its current snapshot, newest first

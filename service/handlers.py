@@ -48,6 +48,7 @@ from versiq.service.render import (
     history_json,
     key_json,
     keys_json,
+    rejected_json,
     result_lines,
     store_info_json,
     stream_info_json,
@@ -60,6 +61,7 @@ from versiq.service.routes import (
     ROUTE_HISTORY,
     ROUTE_KEY,
     ROUTE_KEYS,
+    ROUTE_REJECTED,
     ROUTE_STORE,
     ROUTE_STORES,
     ROUTE_STREAM,
@@ -69,7 +71,7 @@ from versiq.service.routes import (
     Route,
 )
 from versiq.service.settings import Settings
-from versiq.service.tokens import CHANGES, KEYS, STREAM_RECORDS, PageQuery, PageTokens
+from versiq.service.tokens import CHANGES, KEYS, REJECTED, STREAM_RECORDS, PageQuery, PageTokens
 from versiq.timestamps import TimestampError, parse_timestamp
 
 if TYPE_CHECKING:
@@ -274,6 +276,7 @@ class Service:
             ROUTE_STORE: self._store,
             ROUTE_KEYS: self._keys,
             ROUTE_HISTORY: self._history,
+            ROUTE_REJECTED: self._rejected,
             ROUTE_CHANGES: self._changes,
             ROUTE_KEY: self._get,
             ROUTE_VERSIONS: self._versions,
@@ -464,6 +467,25 @@ class Service:
         engine = self.require_engine()
         commits = await self._call(store, None, engine.history, store)
         return history_json(store, commits)
+
+    async def _rejected(self, route: Route, query_string: bytes) -> bytes:
+        """``GET /v1/stores/{store}/rejected``: the input records the store's committed runs
+        rejected, filterable by reason, paged; the token pins the snapshot and the reason."""
+        store = _checked_name(route.store, "store")
+        params = parse_query(query_string, ("reason", "pageSize", "pageToken", "snapshot", "asOfSystemTime",
+                                            "minSnapshot"))
+        reason = params.get("reason")
+        page_size = page_size_param(params)
+        bound = PageQuery(store, reason, None, None, "asc", REJECTED)
+        snapshot, position = await self._resume(params, bound)
+        resume_after = None if position is None else position.resume_after
+        engine = self.require_engine()
+        page = await self._call(store, snapshot, engine.rejected, store, reason, snapshot=snapshot,
+                                resume_after=resume_after, limit=page_size)
+        next_token = None
+        if page.resume_after is not None:
+            next_token = self.tokens.issue(bound, page.snapshot, page.resume_after)
+        return rejected_json(store, page, next_token)
 
     async def _get(self, route: Route, query_string: bytes) -> bytes:
         store = _checked_name(route.store, "store")

@@ -9,7 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from versiq.query.api import ChangesPage, KeyEntry, KeyResult, KeysPage, StoreInfo, VersionsPage
+from versiq.query.api import ChangesPage, KeyEntry, KeyResult, KeysPage, RejectedPage, StoreInfo, VersionsPage
 from versiq.query.history import Commit
 from versiq.query.streams import StreamInfo, StreamRecordsPage
 
@@ -188,3 +188,15 @@ def history_json(store: str, commits: list[Commit]) -> bytes:
         {"snapshot": c.snapshot, "committedAt": c.committed_at, "operation": c.operation, "run": c.run,
          "counts": dict(c.counts), "files": list(c.files), **({"kafka": c.kafka} if c.kafka is not None else {})}
         for c in commits]})
+
+
+def rejected_json(store: str, page: RejectedPage, next_token: str | None) -> bytes:
+    """A page of ``GET /v1/stores/{store}/rejected``: the records as ``versiq rejected`` prints
+    them, with ``ingestedAt`` for the CLI's ``ingested_at``, the counts per reason and the total."""
+    records = []
+    for record in page.records:
+        out = dict(record)
+        out["ingestedAt"] = out.pop("ingested_at")
+        records.append(out)
+    return dumps({"store": store, "snapshot": page.snapshot, "counts": page.counts, "total": page.total,
+                  "records": records, "nextPageToken": next_token})

@@ -38,6 +38,7 @@ ROUTE_BATCH_GET = "/v1/stores/{store}/keys:batchGet"
 ROUTE_HISTORY = "/v1/stores/{store}/history"
 ROUTE_LOOKUPS = "/v1/stores/{store}/lookups"
 ROUTE_CHANGES = "/v1/stores/{store}/changes"
+ROUTE_REJECTED = "/v1/stores/{store}/rejected"
 ROUTE_KEY = "/v1/stores/{store}/keys/{key}"
 ROUTE_VERSIONS = "/v1/stores/{store}/keys/{key}/versions"
 ROUTE_STREAMS = "/v1/streams"
@@ -80,6 +81,8 @@ def match_v1(segments: list[bytes]) -> Route | None:
             return Route(ROUTE_LOOKUPS, store)
         if action == "changes":
             return Route(ROUTE_CHANGES, store)
+        if action == "rejected":
+            return Route(ROUTE_REJECTED, store)
         return Route(ROUTE_BATCH_GET, store) if action == "keys:batchGet" else None
     if segments[3] != b"keys" or n not in (5, 6):
         return None

@@ -36,7 +36,10 @@ KEYS = "keys"
 #: A store's change feed: ``from_time``/``to_time`` bind sinceSnapshot/untilSnapshot; the position
 #: is the last change returned, ``(snapshot, key, validFrom)``.
 CHANGES = "changes"
-_NAME_LABEL = {VERSIONS: "store", STREAM_RECORDS: "stream", KEYS: "store", CHANGES: "store"}
+#: A store's rejected records: ``key`` binds the reason filter (None: all); the position is the
+#: ordinal of the last record returned (``query.rejected``).
+REJECTED = "rejected"
+_NAME_LABEL = {VERSIONS: "store", STREAM_RECORDS: "stream", KEYS: "store", CHANGES: "store", REJECTED: "store"}
 
 
 @dataclass(frozen=True)
