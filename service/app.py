@@ -30,6 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from versiq.service.auth import authorized
 from versiq.service.bodies import media_type_of, read_body, read_json_body
+from versiq.service.console import CONSOLE_ROUTES, add_console_routes
 from versiq.service.errors import internal_error, method_not_allowed, problem_response, send_problem
 from versiq.service.errors import send as send_response
 from versiq.service.etags import etag_of, not_modified
@@ -89,7 +90,7 @@ class VersiqMiddleware:
                 template = await self._v1(scope, receive, raw_path, send_wrapper)
             else:
                 path = scope.get("path", "")
-                if path in _OPS_ROUTES:
+                if path in _OPS_ROUTES or path in CONSOLE_ROUTES:
                     template = path
                 if path == "/metrics":
                     problem = authorized(self.service.settings.api_tokens, scope)
@@ -243,6 +244,8 @@ def create_app(engine_or_settings: Engine | Settings, *, settings: Settings | No
     @app.get("/openapi.json")
     async def openapi() -> Response:
         return Response(openapi_bytes, media_type=JSON)
+
+    add_console_routes(app)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:

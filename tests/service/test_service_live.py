@@ -236,7 +236,9 @@ def test_odd_keys_round_trip(s_client: httpx.Client) -> None:
 
 def test_unknown_routes_and_methods(s_client: httpx.Client) -> None:
     for path in (
-        "/",
+        "/index.html",  # the console is "/" only, its assets /console/console.{js,css} only
+        "/console/",
+        "/console/index.html",
         "/v1",
         "/v1/",
         "/v1/store",
