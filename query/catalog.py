@@ -221,6 +221,7 @@ class Catalog:
                 del self._unavailable[gone]
                 log.info("store %s is no longer in the warehouse", gone)
             self._forget_removed(present)
+            index_files.remove_unlisted(self.cache_dir, present)
             self._ignored &= present
             for name, path in entries:
                 if not names.is_valid_store_name(name) or name not in present:

@@ -170,3 +170,26 @@ def test_unreadable_files_are_built_again(tmp_path):
         index_files.open_bucket(directory)
     rebuilt, was_built = index_files.open_or_build(directory, lambda: _resolved([("k", 1, None, "v2", 0)]))
     assert was_built and rebuilt.rows("k").record(0).value == "v2"
+
+
+def test_the_index_of_a_store_removed_from_the_warehouse_is_removed_once_stale(tmp_path):
+    import shutil
+
+    wh, cache = str(tmp_path / "wh"), str(tmp_path / "cache")
+    StoreBuilder(wh, "kept").apply([("k", "1", 1)])
+    StoreBuilder(wh, "dropped").apply([("k", "1", 1)])
+    engine = Engine(wh, refresh_interval_s=3600, cache_dir=cache)
+    engine.refresh()
+    folder = index_files.cache_dir(wh, cache)
+    assert sorted(os.listdir(folder)) == ["dropped", "kept"]
+    shutil.rmtree(os.path.join(wh, "dropped"))
+    engine.refresh()
+    # Gone from the warehouse but changed moments ago: another replica may still be reading it.
+    assert sorted(os.listdir(folder)) == ["dropped", "kept"]
+    past = time.time() - index_files.STALE_AFTER_S - 5
+    for path in (os.path.join(folder, "dropped"), os.path.join(folder, "dropped", f"v{index_files.FORMAT_VERSION}")):
+        os.utime(path, (past, past))
+    engine.refresh()
+    assert os.listdir(folder) == ["kept"]
+    assert engine.get("kept", VersionedKeyQuery("k")).record.value == "1"
+    engine.close()
