@@ -199,6 +199,13 @@ function provenance(inputs) {
     h("span", { class: "muted" }, ` @ snapshot ${snapshot}`)]));
 }
 
+/** A store's ``field`` per partition, folded away, when it has more than one partition. */
+function perPartition(store, field) {
+  if (store.partitionStreamTimes.length < 2) return null;
+  return h("details", { class: "partitions" }, h("summary", { class: "muted" }, "per partition"),
+    h("ul", {}, store.partitionStreamTimes.map((p) => h("li", {}, `${p.partition}: `, when(p[field])))));
+}
+
 async function overview(view) {
   const [stores, streams] = await Promise.all([api(["stores"]), api(["streams"])]);
   const rejected = await Promise.all(stores.stores.map((s) => rejectedCounts(s.name)));
@@ -212,8 +219,8 @@ async function overview(view) {
       h("td", {}, s.kind),
       h("td", {}, s.kind === "versioned" ? duration(s.historyRetentionMs) : "—"),
       h("td", { class: "num" }, s.partitions),
-      h("td", {}, when(s.streamTime)),
-      h("td", {}, when(s.oldestQueryableTimestamp)),
+      h("td", {}, when(s.streamTime), perPartition(s, "streamTime")),
+      h("td", {}, when(s.oldestQueryableTimestamp), perPartition(s, "oldestQueryableTimestamp")),
       h("td", { class: "num" }, s.snapshot),
       h("td", { class: "num" }, s.counts.keys ?? "—"),
       h("td", { class: "num" }, s.counts.versions ?? "—"),

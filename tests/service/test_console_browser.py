@@ -18,7 +18,9 @@ import pytest
 from deltalake import write_deltalake
 
 from tests.support.browser import PageWatch
+from tests.support.reference import ReferenceStore
 from tests.support.service import HIST_VERSIONS, HOUR, T0, Warehouse, build_warehouse, live_server
+from tests.support.storebuilder import StoreBuilder
 from versiq import layout
 from versiq.service.settings import Settings
 
@@ -42,6 +44,8 @@ def console_warehouse(tmp_path_factory: pytest.TempPathFactory) -> Warehouse:
     rejected records of ``prices``."""
     warehouse = build_warehouse(str(tmp_path_factory.mktemp("console-wh")))
     warehouse.live.apply([("k", '"late-news"', T0 + 7), ("k", None, T0 + 50)])
+    orders = StoreBuilder(warehouse.path, "orders", partitions=2, history_retention_ms=HOUR)
+    orders.apply([(f"o-{i}", str(i), T0 + i * HOUR) for i in range(8)])
     write_deltalake(str(Path(warehouse.path, "prices", layout.REJECTED_DIR)),
                     _rejected_table(), mode="append")
     return warehouse
@@ -155,6 +159,27 @@ def test_a_key_timeline_draws_each_version_as_a_bar_at_its_place(open_page, cons
     assert int(page.get_attribute("#timeline line.horizon", "data-horizon")) == first["horizon"] == T0 + 9 * HOUR
     assert int(page.get_attribute("#timeline line.stream-time", "data-stream-time")) == T0 + 10 * HOUR
     assert page.locator("#versions tbody tr").count() == 2
+
+
+def test_stream_time_and_horizon_per_partition(open_page, console_url):
+    page, _ = open_page("")
+    info = _api(console_url, "/v1/stores/orders")
+    assert len(info["partitionStreamTimes"]) == 2
+    row = page.locator('#stores tr[data-store="orders"]')
+    shown = row.locator("details.partitions").first.locator("time")
+    assert [int(t) for t in shown.evaluate_all("els => els.map(e => e.dataset.ms)")] == \
+        [p["streamTime"] for p in info["partitionStreamTimes"]]
+    # A key's timeline draws the stream time and horizon of the key's own partition.
+    by_partition = {p["partition"]: p for p in info["partitionStreamTimes"]}
+    model = ReferenceStore("versioned", HOUR, 2)
+    first_of = {model.partition_of_key(f"o-{i}"): f"o-{i}" for i in reversed(range(8))}
+    assert sorted(first_of) == [0, 1] and by_partition[0]["streamTime"] != by_partition[1]["streamTime"]
+    for partition, key in first_of.items():
+        page, _ = open_page(f"#/stores/orders/keys/{key}")
+        assert int(page.get_attribute("#timeline line.stream-time", "data-stream-time")) == \
+            by_partition[partition]["streamTime"], key
+        assert int(page.get_attribute("#timeline line.horizon", "data-horizon")) == \
+            by_partition[partition]["oldestQueryableTimestamp"], key
 
 
 def test_tombstones_and_long_histories(open_page, console_url):
