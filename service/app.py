@@ -5,7 +5,8 @@ Routes are thin: all query logic lives in ``versiq.query``. Everything under ``/
 on the raw path (``service.routes``) by ``VersiqMiddleware``, which also does metrics, bearer-token
 auth (``service.auth``) and problem+json errors (``service.errors``), then hands the route to its
 handler (``service.handlers``); FastAPI serves the operational endpoints (``/healthz``,
-``/readyz``, ``/metrics``, ``/openapi.json``).
+``/readyz``, ``/metrics``, ``/openapi.json``), the console (``service.console``) and the API docs
+(``/docs``, ``/redoc``: ``service.docs_pages``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from versiq.service.auth import authorized
 from versiq.service.bodies import media_type_of, read_body, read_json_body
 from versiq.service.console import CONSOLE_ROUTES, add_console_routes
+from versiq.service.docs_pages import DOCS_ROUTES, add_docs_routes
 from versiq.service.errors import internal_error, method_not_allowed, problem_response, send_problem
 from versiq.service.errors import send as send_response
 from versiq.service.etags import etag_of, not_modified
@@ -90,7 +92,7 @@ class VersiqMiddleware:
                 template = await self._v1(scope, receive, raw_path, send_wrapper)
             else:
                 path = scope.get("path", "")
-                if path in _OPS_ROUTES or path in CONSOLE_ROUTES:
+                if path in _OPS_ROUTES or path in CONSOLE_ROUTES or path in DOCS_ROUTES:
                     template = path
                 if path == "/metrics":
                     problem = authorized(self.service.settings.api_tokens, scope)
@@ -246,6 +248,7 @@ def create_app(engine_or_settings: Engine | Settings, *, settings: Settings | No
         return Response(openapi_bytes, media_type=JSON)
 
     add_console_routes(app)
+    add_docs_routes(app)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:

@@ -1,7 +1,8 @@
 """Bearer-token authentication: optional; on when ``VERSIQ_API_TOKENS`` (or the file) names tokens.
 
 Every ``/v1`` operation and ``/metrics`` need ``Authorization: Bearer <token>``; ``/healthz``,
-``/readyz`` (which then tells only whether the server is ready) and ``/openapi.json`` stay open.
+``/readyz`` (which then tells only whether the server is ready), ``/openapi.json`` and the pages
+without data (the console, ``/docs``, ``/redoc``) stay open.
 Tokens are compared in constant time.
 """
 
