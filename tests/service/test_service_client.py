@@ -31,10 +31,13 @@ from versiq.service.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository
 VENV_BIN = Path(sys.executable).parent
+EXAMPLE = ROOT / "tests" / "support" / "client_example.py"
 
 
 @pytest.fixture(scope="module")
-def s_generated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def s_generated_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding the generated package ``versiq_client`` and the README's example
+    (tests/support/client_example.py) beside it."""
     out = tmp_path_factory.mktemp("gen")
     generator = shutil.which("openapi-python-client", path=str(VENV_BIN)) or "openapi-python-client"
     env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
@@ -46,12 +49,19 @@ def s_generated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Warning" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
-    sys.path.insert(0, str(out))
+    shutil.copyfile(EXAMPLE, out / EXAMPLE.name)
+    return out
+
+
+@pytest.fixture(scope="module")
+def s_generated(s_generated_dir: Path) -> Iterator[Any]:
+    sys.path.insert(0, str(s_generated_dir))
     try:
         yield importlib.import_module("versiq_client")
     finally:
-        sys.path.remove(str(out))
-        for name in [m for m in sys.modules if m == "versiq_client" or m.startswith("versiq_client.")]:
+        sys.path.remove(str(s_generated_dir))
+        for name in [m for m in sys.modules
+                     if m in ("versiq_client", EXAMPLE.stem) or m.startswith("versiq_client.")]:
             del sys.modules[name]
 
 
@@ -228,3 +238,48 @@ def test_generated_client_issue_16_endpoints(s_generated: Any, s_wh: Warehouse) 
         assert isinstance(at, KeyValue) and at.snapshot == 0
         later = get_key.sync("prices", "p-1", client=client, min_snapshot=5)
         assert isinstance(later, Problem) and later.type_.endswith("/snapshot-not-found")
+
+
+def test_generated_client_types_under_mypy_strict(s_generated_dir: Path, tmp_path: Path) -> None:
+    """Auth is declared once for the whole API (``security: [{}, {bearerAuth: []}]``), so every
+    call takes a plain ``Client`` (a server without tokens) or an ``AuthenticatedClient``; the
+    package and the README's example pass ``mypy --strict``."""
+    api = s_generated_dir / "versiq_client" / "api"
+    calls = sorted(api.rglob("*.py"))
+    assert len([p for p in calls if p.name != "__init__.py"]) >= 17
+    only_authenticated = [str(p.relative_to(api)) for p in calls if "client: AuthenticatedClient,\n" in p.read_text()]
+    assert only_authenticated == [], "operations typed as needing a token: declare no per-operation security"
+    config = tmp_path / "mypy.ini"
+    config.write_text("[mypy]\n")  # none of the repository's settings
+    proc = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--config-file", str(config), "--cache-dir", str(tmp_path / "cache"),
+         "versiq_client", EXAMPLE.name],
+        cwd=s_generated_dir, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_client_example_with_auth_off_and_on(s_generated: Any, s_wh: Warehouse) -> None:
+    """The README's example: a plain ``Client`` against a server without tokens (an empty token
+    also means no token), an ``AuthenticatedClient`` against one with tokens."""
+    import client_example
+    from versiq_client import Client
+    from versiq_client.api.stores import list_stores
+    from versiq_client.models import Problem, StoreList
+
+    def check(url: str, token: str | None) -> None:
+        latest, history = client_example.latest_and_history(url, token)
+        assert latest.value == {"price": 2.0, "currency": "EUR"} and latest.valid_to is None
+        assert [(r.timestamp, r.valid_to) for r in history.records] == [(T0, latest.timestamp),
+                                                                       (latest.timestamp, None)]
+
+    with live_server(Settings(warehouse=s_wh.path)) as url:
+        check(url, None)
+        check(url, "")
+        assert isinstance(list_stores.sync(client=Client(base_url=url)), StoreList)
+    with live_server(Settings.from_env({"VERSIQ_WAREHOUSE": s_wh.path, "VERSIQ_API_TOKENS": "secret-1"})) as url:
+        check(url, "secret-1")
+        denied = list_stores.sync(client=Client(base_url=url))
+        assert isinstance(denied, Problem) and denied.status == 401
+        with pytest.raises(RuntimeError, match="no answer"):
+            client_example.latest_and_history(url)
