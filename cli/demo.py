@@ -1,8 +1,11 @@
 """``versiq demo``: sample data -> ingest -> example queries -> the HTTP service in the foreground.
 
 Every step goes through the same command line a user would type (``versiq.cli.main``), so the
-demo shows nothing the CLI cannot do. Rerunning it reuses the sample data and the warehouse: the
-ingest of files already ingested changes nothing.
+demo shows nothing the CLI cannot do. The ingest runs in a child process (``run_in_child``) that
+ends, with its Spark JVM, before the server starts. The answers printed beside the example curls
+are read from the store after the ingest with the serving engine, so they are the ones the server
+gives, also when a rerun reuses a sample and a warehouse (the ingest of files already ingested
+changes nothing).
 """
 
 from __future__ import annotations
@@ -10,13 +13,18 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 from versiq.cli.sample import SampleExample, SampleSummary, describe, generate, load_summary
+from versiq.query.api import KeyResult, MultiVersionedKeyQuery, QueryError, VersionedKeyQuery, VersionsPage
+from versiq.query.engine import Engine
 from versiq.timestamps import format_timestamp
 
 log = logging.getLogger(__name__)
@@ -25,35 +33,68 @@ STORE = "prices"
 HISTORY_RETENTION = "7d"
 
 
-def example_curls(base_url: str, example: SampleExample, store: str = STORE) -> list[tuple[str, str]]:
-    """(description, curl command) for latest, as-of and versions of one example key."""
+@dataclass(frozen=True)
+class ServedAnswers:
+    """What the demo store answers for one example key, read from the store after the ingest
+    (never taken from the sample's own prediction: a reused warehouse may hold other data)."""
+
+    latest: KeyResult
+    as_of: KeyResult
+    versions: VersionsPage
+
+
+def served_answers(warehouse: str, example: SampleExample, store: str = STORE) -> ServedAnswers | None:
+    """The example's three answers from the store as ``versiq serve`` will answer them (the same
+    engine, delta-rs and DuckDB: no JVM); None when the store cannot be read (nothing is promised)."""
+    with Engine(warehouse, refresh_interval_s=3600, watch_interval_s=3600) as engine:
+        try:
+            return ServedAnswers(
+                latest=engine.get(store, VersionedKeyQuery(example.key)),
+                as_of=engine.get(store, VersionedKeyQuery(example.key, example.as_of)),
+                versions=engine.versions(store, MultiVersionedKeyQuery(example.key, example.versions_from,
+                                                                       example.versions_to), limit=1000),
+            )
+        except QueryError as exc:
+            log.warning("cannot read store %s of %s for the example answers: %s", store, warehouse, exc)
+            return None
+
+
+def _expect(result: KeyResult) -> str:
+    record = result.record
+    if result.outcome != "ok" or record is None:
+        return f"expect {result.outcome}"
+    valid_to = "" if record.valid_to is None else f", validTo {record.valid_to} ({format_timestamp(record.valid_to)})"
+    return (f"expect price {_price(record.value)}, timestamp {record.timestamp} "
+            f"({format_timestamp(record.timestamp)}){valid_to}")
+
+
+def example_curls(base_url: str, example: SampleExample, answers: ServedAnswers | None,
+                  store: str = STORE) -> list[tuple[str, str]]:
+    """(description, curl command) for latest, as-of and versions of one example key, each with
+    the answer the served store gives (none without ``answers``)."""
     key_url = f"{base_url}/v1/stores/{quote(store, safe='')}/keys/{quote(example.key, safe='')}"
     as_of = format_timestamp(example.as_of)
     start, end = format_timestamp(example.versions_from), format_timestamp(example.versions_to)
+    if answers is None:
+        expect = ["", "", ""]
+    else:
+        records = len(answers.versions.records)
+        expect = [f" ({_expect(answers.latest)})", f" ({_expect(answers.as_of)})",
+                  f" (expect {records} record{'' if records == 1 else 's'})"]
     return [
-        (
-            f"latest value of {example.key} (expect price {_price(example.latest.value)}, "
-            f"timestamp {example.latest.timestamp})",
-            f"curl -s '{key_url}'",
-        ),
-        (
-            f"{example.key} as of {as_of} (expect price {_price(example.as_of_answer.value)}, "
-            f"validTo {example.as_of_answer.valid_to})",
-            f"curl -s '{key_url}?asOf={as_of}'",
-        ),
-        (
-            f"versions of {example.key} valid between {start} and {end} "
-            f"(expect {len(example.versions)} records)",
-            f"curl -s '{key_url}/versions?from={start}&to={end}'",
-        ),
+        (f"latest value of {example.key}{expect[0]}", f"curl -s '{key_url}'"),
+        (f"{example.key} as of {as_of}{expect[1]}", f"curl -s '{key_url}?asOf={as_of}'"),
+        (f"versions of {example.key} valid between {start} and {end}{expect[2]}",
+         f"curl -s '{key_url}/versions?from={start}&to={end}'"),
     ]
 
 
-def _price(value_text: str) -> str:
-    # Sample values are flat objects; show the number text as the API returns it.
+def _price(value: Any) -> str:
+    # Sample values are flat objects whose number text the API keeps: show it as the API returns it.
+    text = value if isinstance(value, str) else json.dumps(value)
     marker = '"price":'
-    start = value_text.find(marker) + len(marker)
-    return value_text[start:value_text.index(",", start)]
+    start = text.find(marker) + len(marker)
+    return text[start:text.index(",", start)].strip() if start >= len(marker) else text
 
 
 def _base_url(host: str, port: int) -> str:
@@ -75,24 +116,32 @@ def _sample(data: Path, keys: int) -> SampleSummary:
     return summary
 
 
-def _report_line(report_path: Path, warehouse: Path) -> str:
+def _rejected_hint(report_path: Path, warehouse: Path) -> str | None:
+    """Where to read the records the ingest rejected (its own summary, printed by the child
+    process, has the counts)."""
     try:
         report = json.loads(report_path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return "ingest finished (no report written)"
-    entry = report.get("stores", {}).get(STORE)
-    if entry is None:
-        return f"store {STORE!r} is up to date: nothing new to ingest"
-    rejected = ", ".join(f"{k} {v}" for k, v in entry.get("rejected", {}).items() if v) or "none"
-    return (
-        f"ingested {entry.get('read')} records into store {STORE!r}: "
-        f"{entry.get('accepted_latest')} latest, {entry.get('accepted_out_of_order')} out-of-order, "
-        f"rejected: {rejected} (list them with: versiq rejected --warehouse {warehouse} --store {STORE})"
-    )
+        return None
+    entry = report.get("stores", {}).get(STORE) or {}
+    if not any(entry.get("rejected", {}).values()):
+        return None
+    return (f"rejected records are kept with their reason: versiq rejected --warehouse {warehouse} --store {STORE} "
+            f"--format table, or the console's store page")
 
 
-def demo_command(args: argparse.Namespace, main: Callable[[list[str]], int]) -> int:
-    """Generate (once), ingest, print example queries, then serve unless ``--no-serve``."""
+def run_in_child(argv: list[str]) -> int:
+    """``versiq <argv>`` in a child process of the same interpreter, waited for: the ingest's
+    Spark JVM ends with it, so the demo serves without one (~1.3 GB less while serving)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return subprocess.run([sys.executable, "-m", "versiq.cli", *argv], stdin=subprocess.DEVNULL).returncode
+
+
+def demo_command(args: argparse.Namespace, main: Callable[[list[str]], int],
+                 child: Callable[[list[str]], int] = run_in_child) -> int:
+    """Generate (once), ingest in a child process, print the console URL and example queries with
+    the answers the store gives, then serve (in this process) unless ``--no-serve``."""
     from versiq.exits import EXIT_USAGE
 
     data = Path(args.data)
@@ -106,25 +155,30 @@ def demo_command(args: argparse.Namespace, main: Callable[[list[str]], int]) -> 
 
     with tempfile.TemporaryDirectory(prefix="versiq-demo-") as tmp:
         report = Path(tmp) / "report.json"
-        status = main([
+        status = child([
             "ingest", "--warehouse", str(warehouse), "--store", STORE, "--source", str(data),
             "--history-retention", HISTORY_RETENTION, "--report", str(report), *logging_args,
         ])
         if status != 0:
             print(f"versiq demo: the ingest failed (exit status {status})", file=sys.stderr)
             return status
-        print(_report_line(report, warehouse), flush=True)
+        hint = _rejected_hint(report, warehouse)
 
     base_url = _base_url(args.host, args.port)
-    lines = ["", "Example queries" + (" (start the server with: versiq serve --warehouse "
-                                       f"{warehouse})" if args.no_serve else f" against {base_url}:")]
-    for example in summary.examples[:1]:
-        for description, command in example_curls(base_url, example):
-            lines += [f"  # {description}", f"  {command}"]
+    example = summary.examples[0]
+    answers = served_answers(str(warehouse), example)
+    serve_hint = f" once served (versiq serve --warehouse {warehouse} --port {args.port})" if args.no_serve else ""
+    key_page = f"{base_url}/#/stores/{quote(STORE, safe='')}/keys/{quote(example.key, safe='')}"
+    lines = ["", f"Web console{serve_hint}: {base_url}/", f"  the timeline of {example.key}: {key_page}",
+             f"  API docs: {base_url}/docs", "", f"Example queries against {base_url}:"]
+    for description, command in example_curls(base_url, example, answers):
+        lines += [f"  # {description}", f"  {command}"]
     others = ", ".join(ex.key for ex in summary.examples[1:])
     if others:
         lines.append(f"  # other keys to try: {others}")
     lines += ["  # every store with its stream time and snapshot", f"  curl -s '{base_url}/v1/stores'"]
+    if hint:
+        lines += ["", hint]
     print("\n".join(lines) + "\n", flush=True)
     if args.no_serve:
         return 0

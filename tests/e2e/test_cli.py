@@ -269,7 +269,8 @@ def test_demo_drives_the_cli_contract(tmp_path: Path, monkeypatch: pytest.Monkey
 
     args = build_parser().parse_args(["demo", "--data", str(tmp_path / "d"), "--warehouse",
                                       str(tmp_path / "w"), "--keys", "200", "--port", "9123"])
-    assert demo_command(args, fake_main) == 0
+    # The ingest goes to the child runner (a process of its own), the server to main.
+    assert demo_command(args, fake_main, child=fake_main) == 0
     summary = load_summary(tmp_path / "d")
     assert summary is not None and summary.keys == 200
     assert [c[0] for c in calls] == ["ingest", "serve"]
@@ -282,10 +283,14 @@ def test_demo_drives_the_cli_contract(tmp_path: Path, monkeypatch: pytest.Monkey
     example = summary.examples[0]
     assert f"curl -s 'http://127.0.0.1:9123/v1/stores/prices/keys/{example.key}'" in out
     assert "?asOf=" in out and "/versions?from=" in out
+    assert "Web console: http://127.0.0.1:9123/\n" in out
+    assert f"http://127.0.0.1:9123/#/stores/prices/keys/{example.key}" in out
+    assert "expect" not in out  # the fake ingest wrote no store: no answer is promised
+    assert "versiq rejected --warehouse" in out and "..." not in out
 
     # A second run reuses the data (same summary) and ingests again (a no-op for the store).
     calls.clear()
-    assert demo_command(args, fake_main) == 0
+    assert demo_command(args, fake_main, child=fake_main) == 0
     assert load_summary(tmp_path / "d") == summary
     assert [c[0] for c in calls] == ["ingest", "serve"]
 

@@ -1,0 +1,146 @@
+"""A new user's first hour (issue 18, "done when"): ``versiq demo`` generates, ingests (in a child
+process whose Spark JVM has ended by the time the demo serves) and serves; the console URL it
+prints opens in a real browser (Debian's Chromium, Playwright), the demo key is found by its
+prefix, its timeline is drawn, the as-of cursor moved to the curl example's time reads the value
+the curl prints, and every answer the demo promised is the one the server gives."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.browser import PageWatch
+from tests.support.service import free_port
+from versiq.cli.sample import load_summary
+from versiq.timestamps import parse_timestamp
+
+pytestmark = pytest.mark.slow
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (from /proc: parents of all processes)."""
+    parent_of: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            parent_of[int(entry)] = int(fields[1])
+    found, frontier = [], [pid]
+    while frontier:
+        current = frontier.pop()
+        children = [p for p, parent in parent_of.items() if parent == current]
+        found += children
+        frontier += children
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _read_until(stream, pattern: str, deadline: float, seen: list[str]) -> None:
+    while time.monotonic() < deadline:
+        line = stream.readline()
+        if not line:
+            raise AssertionError("the demo's output ended early:\n" + "".join(seen))
+        seen.append(line)
+        if re.search(pattern, line):
+            return
+    raise AssertionError("timed out reading the demo's output:\n" + "".join(seen))
+
+
+def test_demo_then_console_then_cursor_reads_what_curl_prints(browser, tmp_path: Path) -> None:
+    port = free_port()
+    data, warehouse = tmp_path / "data", tmp_path / "warehouse"
+    script = Path(sys.executable).with_name("versiq")
+    entry = [str(script)] if script.exists() else [sys.executable, "-m", "versiq.cli"]
+    demo = subprocess.Popen([*entry, "demo", "--keys", "300", "--data", str(data), "--warehouse", str(warehouse),
+                             "--port", str(port)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=open(tmp_path / "demo.stderr", "wb"), text=True, bufsize=1)
+    out: list[str] = []
+    try:
+        assert demo.stdout is not None
+        _read_until(demo.stdout, r"curl -s '.*/v1/stores'$", time.monotonic() + 600, out)
+        text = "".join(out)
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            assert demo.poll() is None, "versiq demo exited:\n" + text + (tmp_path / "demo.stderr").read_text()
+            try:
+                if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the demo's server was not ready within 60 s"
+            time.sleep(0.25)
+
+        # Serving, and no JVM left: the ingest ran in a process that has ended.
+        java = [p for p in _descendants(demo.pid) if "java" in _cmdline(p)]
+        assert java == [], [_cmdline(p) for p in java]
+        assert text.count("store prices:") <= 1  # one summary per run
+
+        summary = load_summary(data)
+        assert summary is not None
+        example = summary.examples[0]
+        assert f"Web console: {base}/\n" in text
+        urls = re.findall(r"curl -s '([^']+)'", text)
+        latest_url, as_of_url, versions_url = urls[:3]
+
+        # Every promise printed beside a curl is what the server answers.
+        latest = httpx.get(latest_url, timeout=10).json()
+        promised = re.search(r"latest value of \S+ \(expect price (\S+), timestamp (\d+) \(", text)
+        assert promised is not None, text
+        assert (promised[1], int(promised[2])) == (json.dumps(latest["value"]["price"]), latest["timestamp"])
+        as_of = httpx.get(as_of_url, timeout=10).json()
+        promised = re.search(r"as of \S+ \(expect price (\S+), timestamp (\d+) \([^)]*\), validTo (\d+) ", text)
+        assert promised is not None, text
+        assert (promised[1], int(promised[2]), int(promised[3])) == (
+            json.dumps(as_of["value"]["price"]), as_of["timestamp"], as_of["validTo"])
+        versions = httpx.get(versions_url, timeout=10).json()["records"]
+        assert f"(expect {len(versions)} record" in text
+
+        # The console: find the key by its prefix, open its timeline, move the cursor.
+        context = browser.new_context(viewport={"width": 1400, "height": 900})
+        page = context.new_page()
+        watch = PageWatch.attach(page)
+        page.goto(f"{base}/")
+        page.wait_for_selector('#stores tr[data-store="prices"]')
+        page.click('#stores tr[data-store="prices"] a')
+        page.wait_for_selector("#key-prefix")
+        page.fill("#key-prefix", example.key)
+        page.wait_for_selector(f'#key-results li[data-key="{example.key}"]')
+        page.click(f'#key-results li[data-key="{example.key}"] a')
+        page.wait_for_selector("#timeline rect.bar")
+        bars = page.eval_on_selector_all("#timeline rect.bar", "els => els.map(e => Number(e.dataset.validFrom))")
+        history = httpx.get(versions_url.split("?")[0], params={"includeDeleted": "true", "pageSize": 1000},
+                            timeout=10).json()["records"]
+        assert bars == [r["timestamp"] for r in history]
+        at = parse_timestamp(re.search(r"\?asOf=([^']+)'", as_of_url + "'")[1])
+        page.fill("#cursor-time", str(at))
+        page.press("#cursor-time", "Enter")
+        page.wait_for_selector(f'#cursor-value[data-state="done"][data-at="{at}"]')
+        shown = json.loads(page.get_attribute("#cursor-json", "data-value"))
+        assert shown == as_of["value"]
+        page.screenshot(path=str(tmp_path / "first-hour.png"), full_page=True)
+        assert watch.errors == [] and watch.foreign_requests(base) == []
+        context.close()
+    finally:
+        demo.terminate()
+        try:
+            demo.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            demo.kill()
+            demo.wait(timeout=20)
