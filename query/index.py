@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import heapq
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 import duckdb
 import pyarrow as pa
@@ -96,6 +98,13 @@ class BucketIndex:
         return self.data.rows(key)
 
 
+def _tagged(data: index_files.BucketFiles, ordinal: int,
+            chunk: int) -> Iterator[tuple[str, int, index_files.BucketFiles]]:
+    """The bucket's ``(key, ordinal)`` from ``ordinal`` on, each with the bucket's files."""
+    for key, i in data.keys_from(ordinal, chunk):
+        yield key, i, data
+
+
 @dataclass(frozen=True)
 class StoreView:
     """A readable snapshot of a store (current index or older files)."""
@@ -133,21 +142,20 @@ class LoadedStore(StoreView):
 
     def key_rows(self, con: duckdb.DuckDBPyConnection, lo: str | None, hi: str | None, after: str | None,
                  limit: int) -> list[tuple[str, reads.KeyRows]]:
-        """A merge of the buckets' sorted key columns, each entered by binary search."""
+        """A merge of the buckets' sorted key columns, each entered by binary search; each key's
+        rows are taken at the ordinal its column gives (no probe: a key lives in one bucket)."""
         chunk = max(16, min(1024, 2 * limit // max(1, len(self.buckets)) + 1))
         streams = []
         for b in self.buckets.values():
             i = 0 if lo is None else b.data.first_at_or_after(lo)
             if after is not None:
                 i = max(i, b.data.first_at_or_after(after, strictly_after=True))
-            streams.append(b.data.keys_from(i, chunk))
+            streams.append(_tagged(b.data, i, chunk))
         out: list[tuple[str, reads.KeyRows]] = []
-        for key in heapq.merge(*streams):
+        for key, ordinal, data in heapq.merge(*streams, key=itemgetter(0)):
             if len(out) >= limit or (hi is not None and key >= hi):
                 break
-            rows = self.rows(con, key)
-            if rows is not None:
-                out.append((key, rows))
+            out.append((key, data.rows_at(ordinal)))
         return out
 
     def counts(self) -> dict[str, int]:

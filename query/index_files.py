@@ -38,6 +38,7 @@ import bisect
 import contextlib
 import fcntl
 import hashlib
+import itertools
 import logging
 import os
 import shutil
@@ -132,9 +133,11 @@ class BucketFiles:
 
     def rows(self, key: str) -> reads.KeyRows | None:
         i = self.find(key)
-        if i is None:
-            return None
-        s, e = int(self.starts[i]), int(self.ends[i])
+        return None if i is None else self.rows_at(i)
+
+    def rows_at(self, ordinal: int) -> reads.KeyRows:
+        """The resolved rows of the key at ``ordinal`` (a key listing knows it without a probe)."""
+        s, e = int(self.starts[ordinal]), int(self.ends[ordinal])
         return reads.KeyRows(self.valid_from, self.valid_to, self.tombstone, self.values, s, e,
                              int(self.partition[s]))
 
@@ -143,11 +146,11 @@ class BucketFiles:
         keys = _KeyColumn(self.keys)
         return (bisect.bisect_right if strictly_after else bisect.bisect_left)(keys, key)
 
-    def keys_from(self, ordinal: int, chunk: int = 256) -> Iterator[str]:
-        """Keys in ascending order from ``ordinal`` on, converted ``chunk`` at a time."""
+    def keys_from(self, ordinal: int, chunk: int = 256) -> Iterator[tuple[str, int]]:
+        """``(key, ordinal)`` in ascending key order from ``ordinal`` on, converted ``chunk`` at a time."""
         n = len(self.keys)
         while ordinal < n:
-            yield from self.keys.slice(ordinal, chunk).to_pylist()
+            yield from zip(self.keys.slice(ordinal, chunk).to_pylist(), itertools.count(ordinal))
             ordinal += chunk
 
 
