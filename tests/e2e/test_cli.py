@@ -299,9 +299,10 @@ def test_demo_drives_the_cli_contract(tmp_path: Path, monkeypatch: pytest.Monkey
 def test_demo_curls_answer_correctly(tmp_path: Path) -> None:
     """End to end: the demo's real ingest, then its printed curl URLs against a live server."""
     import socket
-    import time
 
     import httpx
+
+    from tests.support.processes import stop, wait_until_ready
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -321,16 +322,7 @@ def test_demo_curls_answer_correctly(tmp_path: Path) -> None:
                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert server.poll() is None, "versiq serve exited"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "the server was not ready within 60 s"
-            time.sleep(0.25)
+        wait_until_ready(server, f"http://127.0.0.1:{port}")
 
         example = summary.examples[0]
         latest, as_of, versions = (httpx.get(url, timeout=10) for url in urls[:3])
@@ -353,12 +345,7 @@ def test_demo_curls_answer_correctly(tmp_path: Path) -> None:
         assert [s["name"] for s in stores] == ["prices"]
         assert stores[0]["streamTime"] == summary.stream_time
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(timeout=15)
+        stop(server)
 
 
 def test_keys_lists_what_the_http_listing_answers(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from tests.support.browser import PageWatch
+from tests.support.processes import stop, wait_until_ready
 from tests.support.service import free_port
 from versiq.cli.sample import load_summary
 from versiq.timestamps import parse_timestamp
@@ -76,16 +77,7 @@ def test_demo_then_console_then_cursor_reads_what_curl_prints(browser, tmp_path:
         _read_until(demo.stdout, r"curl -s '.*/v1/stores'$", time.monotonic() + 600, out)
         text = "".join(out)
         base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            assert demo.poll() is None, "versiq demo exited:\n" + text + (tmp_path / "demo.stderr").read_text()
-            try:
-                if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "the demo's server was not ready within 60 s"
-            time.sleep(0.25)
+        wait_until_ready(demo, base, why=lambda: text + (tmp_path / "demo.stderr").read_text())
 
         # Serving, and no JVM left: the ingest ran in a process that has ended.
         java = [p for p in _descendants(demo.pid) if "java" in _cmdline(p)]
@@ -138,9 +130,4 @@ def test_demo_then_console_then_cursor_reads_what_curl_prints(browser, tmp_path:
         assert watch.errors == [] and watch.foreign_requests(base) == []
         context.close()
     finally:
-        demo.terminate()
-        try:
-            demo.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            demo.kill()
-            demo.wait(timeout=20)
+        stop(demo)
