@@ -18,6 +18,8 @@ DEV_STAMP := $(VENV)/.installed-dev
 
 DEMO_ARGS ?=
 PYTEST_ARGS ?=
+# pip prints ~180 lines per install: quiet unless `make V=1 ...`.
+PIP_QUIET := $(if $(V),,--quiet)
 
 .PHONY: help demo test lint bench java chromium clean-demo conformance
 
@@ -35,11 +37,11 @@ $(PY):
 	$(PY) -m pip install --quiet --upgrade pip
 
 $(BASE_STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install -e .
+	$(PY) -m pip install $(PIP_QUIET) -e .
 	@touch $@
 
 $(DEV_STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install -e '.[dev]'
+	$(PY) -m pip install $(PIP_QUIET) -e '.[dev]'
 	@touch $@ $(BASE_STAMP)
 
 java:

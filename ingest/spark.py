@@ -46,6 +46,7 @@ import contextlib
 import glob
 import hashlib
 import importlib.metadata
+import logging
 import os
 import shutil
 import subprocess
@@ -208,6 +209,18 @@ def _with_delta(builder: SparkSession.Builder) -> SparkSession.Builder:
     )
 
 
+#: Spark's log configuration for versiq runs: errors only (``ingest/log4j2.properties``).
+QUIET_LOG_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2.properties")
+
+
+def _quiet_log_option() -> str | None:
+    """The JVM option that gives Spark ``QUIET_LOG_CONFIG``, unless versiq logs at DEBUG (then
+    Spark's own default profile, WARN lines and all, shows what the JVM does)."""
+    if logging.getLogger("versiq").getEffectiveLevel() <= logging.DEBUG or not os.path.isfile(QUIET_LOG_CONFIG):
+        return None
+    return f"-Dlog4j2.configurationFile=file:{QUIET_LOG_CONFIG}"
+
+
 def get_spark(master: str | None = None, app_name: str = "versiq-ingest") -> SparkSession:
     """Create (or reuse) the session. Shuffle partitions are kept small: 2-core machines."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -226,7 +239,8 @@ def get_spark(master: str | None = None, app_name: str = "versiq-ingest") -> Spa
         .config("spark.executorEnv.PYSPARK_PYTHON", os.environ["PYSPARK_PYTHON"])
         .config("spark.python.worker.reuse", "true")
     )
-    java_options = " ".join(filter(None, [_class_archive_option(), os.environ.get(DRIVER_JAVA_OPTIONS_ENV)]))
+    java_options = " ".join(filter(None, [_class_archive_option(), _quiet_log_option(),
+                                          os.environ.get(DRIVER_JAVA_OPTIONS_ENV)]))
     if java_options:
         builder = builder.config("spark.driver.extraJavaOptions", java_options)
     spark = _with_delta(builder).getOrCreate()

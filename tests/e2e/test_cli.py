@@ -311,6 +311,10 @@ def test_demo_curls_answer_correctly(tmp_path: Path) -> None:
     result = versiq("demo", "--no-serve", "--keys", "300", "--data", str(data),
                     "--warehouse", str(warehouse), "--port", str(port), timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
+    # Quiet: Spark's start-up banner and WARN lines are not shown (ingest/log4j2.properties), and
+    # the ingest's summary is printed once.
+    assert not re.search(r"\bWARN\b|log4j2-defaults|Setting default log level", result.stderr), result.stderr
+    assert result.stderr.count("store prices: read ") == 1, result.stderr
     summary = load_summary(data)
     assert summary is not None
     urls = re.findall(r"curl -s '([^']+)'", result.stdout)
