@@ -1,0 +1,48 @@
+"""The project's documents cite only what the repository has (issue 18): every relative link of
+README.md and docs/**/*.md names a file or folder that exists, and no tracked file cites the
+upper-case SEMANTICS.md / CONTRACT.md of the proposals this project came from (its own rules are
+docs/semantics.md and docs/contract.md)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+#: ``[text](target)`` links; images too. The target ends at whitespace or ``)``.
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+FOREIGN_DOCUMENTS = re.compile(r"\b(SEMANTICS|CONTRACT)\.md\b")
+
+
+def _relative_links(document: Path) -> list[str]:
+    text = re.sub(r"```.*?```", "", document.read_text(encoding="utf-8"), flags=re.S)  # code blocks
+    text = re.sub(r"`[^`\n]*`", "", text)  # inline code
+    targets = [m.group(1) for m in LINK.finditer(text)]
+    return [t for t in targets if not re.match(r"^[a-z][a-z0-9+.-]*:|^#", t)]
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_names_something_that_exists(document: Path) -> None:
+    missing = [target for target in _relative_links(document)
+               if not (document.parent / target.split("#", 1)[0]).exists()]
+    assert missing == [], f"{document.relative_to(ROOT)} links to what the repository lacks: {missing}"
+
+
+def test_no_file_cites_documents_the_repository_does_not_have() -> None:
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    citing = []
+    for name in tracked.splitlines():
+        path = ROOT / name
+        if name.startswith("service/static/") or not path.is_file() or path.stat().st_size > 2_000_000:
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue
+        if name != "tests/test_docs_links.py" and FOREIGN_DOCUMENTS.search(text):
+            citing.append(name)
+    assert citing == [], f"these files cite documents the repository does not have: {citing}"
