@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
+from versiq.durations import format_duration
 from versiq.ingest.bucketing import by_bucket
 from versiq.ingest.order import POS_BITS
 from versiq.layout import StoreSettings, StoreState
@@ -237,14 +238,21 @@ def classify(spark: SparkSession, records: DataFrame, existing: DataFrame, ctx: 
         F.when(F.col("dup"), F.format_string(
             "offset %d of partition %d was already processed", F.col("offset"), F.col("p"))),
         F.when(F.col("late"), F.format_string(
-            "timestamp %d is older than stream time %d minus history retention %d ms (horizon %d)",
-            F.col("ts"), F.col("st_before"), F.lit(s.history_retention_ms),
-            F.col("st_before") - F.lit(s.history_retention_ms))),
+            "timestamp %s (%d) is older than stream time %s minus history retention %s (horizon %s)",
+            _rfc3339(F.col("ts")), F.col("ts"), _rfc3339(F.col("st_before")),
+            F.lit(format_duration(s.history_retention_ms)),
+            _rfc3339(F.col("st_before") - F.lit(s.history_retention_ms)))),
     )
     return df.select("seq", "key", "value", "ts", "part", "offset", "p", "ord0", "bucket",
                      outcome.alias("outcome"), detail.alias("detail"),
                      F.when(F.col("late"), F.col("st_before")).alias("st_before"), "latest", "replaced",
                      "final", "valid_to")
+
+
+def _rfc3339(millis: Column) -> Column:
+    """Epoch ms as the RFC 3339 UTC text of ``versiq.timestamps.format_timestamp`` (the session's
+    time zone is UTC), for details people read."""
+    return F.date_format(F.timestamp_millis(millis), "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'")
 
 
 def _with_stream_time(spark: SparkSession, df: DataFrame, ctx: RunContext, order: list[Column],

@@ -72,7 +72,7 @@ from versiq.service.routes import (
 )
 from versiq.service.settings import Settings
 from versiq.service.tokens import CHANGES, KEYS, REJECTED, STREAM_RECORDS, PageQuery, PageTokens
-from versiq.timestamps import TimestampError, parse_timestamp
+from versiq.timestamps import TimestampError, human_instant, parse_timestamp
 
 if TYPE_CHECKING:
     from versiq.query.engine import Engine
@@ -102,15 +102,20 @@ def _checked_name(name: str | None, what: str) -> str:
     return name
 
 
+def _human(millis: int | None) -> str:
+    """A time in a problem's detail: RFC 3339 with the epoch ms the fields carry (``+inf``: none)."""
+    return "+inf" if millis is None else human_instant(millis)
+
+
 def key_problem(store: str, key: str, as_of: int | None, result: KeyResult) -> Problem:
     """Why ``key`` has no value: the 404 of ``GET .../keys/{key}``, and the per-key problem of a
     ``keys:batchGet`` answer."""
-    when = "now (latest)" if as_of is None else f"as of {as_of}"
+    when = "now (latest)" if as_of is None else f"as of {human_instant(as_of)}"
     extra: dict[str, Any] = {"key": key, "snapshot": result.snapshot, "horizon": result.horizon}
     if result.outcome == "expired":
         return Problem(
             "expired",
-            f"asOf {as_of} is older than the history-retention horizon {result.horizon} "
+            f"asOf {_human(as_of)} is older than the history-retention horizon {_human(result.horizon)} "
             f"(stream time - historyRetentionMs of the key's partition) of store {store!r} at "
             f"snapshot {result.snapshot}; the latest version of key {key!r} is newer than "
             "that, so no answer can be given",
@@ -118,7 +123,7 @@ def key_problem(store: str, key: str, as_of: int | None, result: KeyResult) -> P
         )
     if result.deleted_at is not None:
         return Problem("not-found", f"key {key!r} has no value {when} in store {store!r} at snapshot "
-                       f"{result.snapshot}: it was deleted at {result.deleted_at} (a tombstone)",
+                       f"{result.snapshot}: it was deleted at {human_instant(result.deleted_at)} (a tombstone)",
                        **extra, deletedAt=result.deleted_at)
     return Problem("not-found", f"key {key!r} has no value {when} in store {store!r} at "
                    f"snapshot {result.snapshot}", **extra)
@@ -524,10 +529,10 @@ class Service:
         if page.expired:
             raise Problem(
                 "expired",
-                f"the range [{'-inf' if from_time is None else from_time}, {to_time}] lies wholly before the "
-                f"history-retention horizon {page.horizon} (stream time - historyRetentionMs of the key's "
-                f"partition) of store {store!r} at snapshot {page.snapshot}, and the latest version of key "
-                f"{key!r} is newer than {to_time}: no answer can be given",
+                f"the range [{'-inf' if from_time is None else _human(from_time)}, {_human(to_time)}] lies wholly "
+                f"before the history-retention horizon {_human(page.horizon)} (stream time - historyRetentionMs "
+                f"of the key's partition) of store {store!r} at snapshot {page.snapshot}, and the latest version "
+                f"of key {key!r} is newer than {_human(to_time)}: no answer can be given",
                 key=key, snapshot=page.snapshot, horizon=page.horizon,
             )
         next_token = None

@@ -52,3 +52,13 @@ def parse_duration_ms(text: str | int) -> int:
         f"{text!r} is not a duration: use milliseconds (604800000), a number with a unit "
         "(500ms, 30s, 5m, 12h, 7d, 2w) or ISO-8601 (P7D, PT12H)"
     )
+
+
+def format_duration(millis: int) -> str:
+    """A duration as a person writes it and ``parse_duration_ms`` reads it back: the largest unit
+    that divides it exactly, weeks left out (``7d``, ``36h``, ``90m``, ``15s``, ``1500ms``)."""
+    for unit in ("d", "h", "m", "s"):
+        size = _UNITS[unit]
+        if millis != 0 and millis % size == 0:
+            return f"{millis // size}{unit}"
+    return f"{millis}ms"

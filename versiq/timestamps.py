@@ -85,6 +85,12 @@ def format_timestamp(millis: int) -> str:
     return f"{year:04d}-{month:02d}-{day:02d}T{hour:02d}:{minute:02d}:{second:02d}.{milli:03d}Z"
 
 
+def human_instant(millis: int) -> str:
+    """An instant for a person who may also want to copy the number: ``2023-11-14T22:13:20.000Z
+    (1700000000000)``, as problem details and CLI messages write times."""
+    return f"{format_timestamp(millis)} ({millis})"
+
+
 # Proleptic Gregorian calendar arithmetic (H. Hinnant's days_from_civil / civil_from_days). The
 # standard library's calendar and datetime refuse year 0 and raise for instants outside their
 # range; plain integer arithmetic is total, so every text of the grammar either converts or is a

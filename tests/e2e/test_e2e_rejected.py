@@ -58,6 +58,10 @@ def test_the_listing_is_what_versiq_rejected_prints_with_counts_per_reason(rejec
         assert body == {"store": "s", "snapshot": second, "counts": {"late": 1, "malformed": 2, "missing_field": 1},
                         "total": 4, "records": expected, "nextPageToken": None}
         assert expected[1]["raw"] == RUN_1[2] and "key" in expected[1]["detail"]
+        # Details are for people: times in RFC 3339 (with the epoch ms), durations as written.
+        assert expected[2]["detail"] == (
+            "timestamp 2023-11-14T22:13:20.000Z (1700000000000) is older than stream time "
+            "2023-11-15T01:13:20.000Z minus history retention 1h (horizon 2023-11-15T00:13:20.000Z)")
 
         malformed = client.get("/v1/stores/s/rejected", params={"reason": "malformed"}).json()
         assert malformed["records"] == [r for r in expected if r["reason"] == "malformed"]
