@@ -206,7 +206,8 @@ def rejected_command(args: argparse.Namespace) -> int:
             for row in rows:
                 where = (f"line {row['line']}" if "line" in row else f"row {row['row']}" if "row" in row
                          else f"partition {row.get('partition')} offset {row.get('offset')}")
-                print(f"run {row['run']:>4}  {row['reason']:<18} {row['source']}:{where}  {row['detail']}")
+                print(f"run {row['run']:>4}  {row['ingested_at']}  {row['reason']:<18} {row['source']}:{where}  "
+                      f"{row['detail']}")
                 print(f"      {row['raw']}")
         else:
             for row in rows:
