@@ -22,6 +22,7 @@ from versiq.durations import DurationError, parse_duration_ms
 from versiq.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from versiq.ingest.errors import UsageError
 from versiq.ingest.store import LockTimeout
+from versiq.logs import counted
 
 log = logging.getLogger("versiq.ingest")
 
@@ -117,17 +118,12 @@ def print_summary(report: dict[str, Any]) -> None:
         rejected = {k: v for k, v in entry["rejected"].items() if v}
         print(
             f"store {name}: read {entry['read']}, accepted {entry['accepted_latest']} latest + "
-            f"{entry['accepted_out_of_order']} out-of-order ({_count(entry['tombstones'], 'tombstone')}, "
-            f"{_count(entry['replaced_same_timestamp'], 'same-timestamp replacement')}), rejected "
+            f"{entry['accepted_out_of_order']} out-of-order ({counted(entry['tombstones'], 'tombstone')}, "
+            f"{counted(entry['replaced_same_timestamp'], 'same-timestamp replacement')}), rejected "
             f"{sum(rejected.values())}{' ' + json.dumps(rejected) if rejected else ''} "
             f"-> snapshot {entry['snapshot']} in {entry['seconds']:.1f}s",
             file=sys.stderr,
         )
-
-
-def _count(n: int, noun: str) -> str:
-    """``1 tombstone``, ``2 tombstones``: summaries are read by people."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def ingest_command(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None) -> int:

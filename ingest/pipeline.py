@@ -49,6 +49,7 @@ from versiq.layout import (
     StoreSettings,
     StoreState,
 )
+from versiq.logs import counted
 from versiq.names import check_store_name
 
 log = logging.getLogger("versiq.ingest")
@@ -181,7 +182,7 @@ def ingest_store(spark: SparkSession, warehouse: str, spec: StoreSpec, lock_time
         run = handle.state.run + 1
         report.run = run
         report.files = len(new)
-        log.info("store %s: run %d over %d new file(s)", spec.name, run, len(new))
+        log.info("store %s: run %d over %s", spec.name, run, counted(len(new), "new file"))
         parsed = parse_files(spark, new, spec.format, handle.settings.partitions, future_bound(spec.max_future_ms))
         per_file = len(new) * handle.settings.partitions <= FILE_STATS_LIMIT
 
@@ -242,7 +243,7 @@ def _run_once(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, run: in
         if report.skipped:  # counted, neither records nor rejections (records.kafka_rows.SKIPPED)
             parsed = parsed.filter(F.col("reason").isNull() | (F.col("reason") != SKIPPED))
         good = parsed.filter(F.col("reason").isNull()).select("seq", "fst", "key", "value", "ts", "part", "offset")
-        log.info("store %s: parsed %d record(s)", spec.name, report.read)
+        log.info("store %s: parsed %s", spec.name, counted(report.read, "record"))
         keys = pa.table({"key": pa.array([], pa.string())})
         if handle.table is not None and handle.data_files():
             keys = good.select("key").distinct().toArrow()

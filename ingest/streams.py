@@ -31,6 +31,7 @@ from versiq.ingest.semantics import bucket_of
 from versiq.ingest.sources import check_readable, list_sources, log_ignored
 from versiq.ingest.store import StoreHandle, commit_store, open_store, writer_lock
 from versiq.layout import DEFAULT_BUCKETS, STREAM_KIND, StoreSettings, StoreState
+from versiq.logs import counted
 from versiq.names import check_store_name
 
 log = logging.getLogger("versiq.ingest")
@@ -134,4 +135,4 @@ def _append_run(handle: StoreHandle, spec: StreamSpec, run: int, report: StreamR
                                        state)
     finally:
         parsed.unpersist()
-    log.info("stream %s: run %d appended %d record(s)", spec.name, run, report.appended)
+    log.info("stream %s: run %d appended %s", spec.name, run, counted(report.appended, "record"))

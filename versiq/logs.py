@@ -41,3 +41,9 @@ def setup_logging(fmt: str = "text", level: str = "INFO") -> None:
     root.setLevel(level.upper())
     for noisy in ("py4j", "pyspark", "botocore", "boto3", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``1 record``, ``2 records`` (``plural`` for nouns that do not take an ``s``): messages
+    people read say their counts the way people do."""
+    return f"{n} {noun}" if n == 1 else f"{n} {plural or noun + 's'}"

@@ -61,6 +61,7 @@ from versiq.layout import (
     read_rule_sql,
     read_state,
 )
+from versiq.logs import counted
 
 log = logging.getLogger("versiq.ingest")
 
@@ -450,5 +451,5 @@ def _commit(spark: SparkSession, spec: TableSpec, handles: dict[str, StoreHandle
                          replaced_same_timestamp=c.replaced_same_timestamp, tombstones=c.tombstones,
                          snapshot=version, run=run, inputs=dict(state.inputs))
     report.rejected["late"] = c.late
-    log.info("table %s: run %d emitted %d result(s) -> snapshot %d", spec.name, run, c.emitted, version)
+    log.info("table %s: run %d emitted %s -> snapshot %d", spec.name, run, counted(c.emitted, "result"), version)
     return report
