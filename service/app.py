@@ -5,7 +5,7 @@ Routes are thin: all query logic lives in ``versiq.query``. Everything under ``/
 on the raw path (``service.routes``) by ``VersiqMiddleware``, which also does metrics, bearer-token
 auth (``service.auth``) and problem+json errors (``service.errors``), then hands the route to its
 handler (``service.handlers``); FastAPI serves the operational endpoints (``/healthz``,
-``/readyz``, ``/metrics``, ``/openapi.json``), the console (``service.console``) and the API docs
+``/readyz``, ``/metrics``, ``/openapi.json``), the console (``service.console_pages``) and the API docs
 (``/docs``, ``/redoc``: ``service.docs_pages``).
 """
 
@@ -31,7 +31,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from versiq.service.auth import authorized
 from versiq.service.bodies import media_type_of, read_body, read_json_body
-from versiq.service.console import CONSOLE_ROUTES, add_console_routes
+from versiq.service.console_pages import CONSOLE_ROUTES, add_console_routes
 from versiq.service.docs_pages import DOCS_ROUTES, add_docs_routes
 from versiq.service.errors import internal_error, method_not_allowed, problem_response, send_problem
 from versiq.service.errors import send as send_response

@@ -138,7 +138,10 @@ def test_assets_are_the_npm_files_and_the_wheel_carries_them() -> None:
     for name, digest in sums.items():
         assert hashlib.sha256((DOCS_DIR / name).read_bytes()).hexdigest() == digest, name
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    patterns = pyproject["tool"]["setuptools"]["package-data"]["versiq.service"]
+    # Each package's patterns, as paths below versiq/service ("versiq.service.static.docs": "static/docs/").
+    patterns = [("/".join(package.split(".")[2:] + [pattern]))
+                for package, globs in pyproject["tool"]["setuptools"]["package-data"].items()
+                if package == "versiq.service" or package.startswith("versiq.service.") for pattern in globs]
     service = DOCS_DIR.parents[1]
     for name in [*ASSETS, "README.md", "SHA256SUMS"]:
         relative = (DOCS_DIR / name).relative_to(service).as_posix()
