@@ -1,7 +1,7 @@
 """The project's documents cite only what the repository has (issue 18): every relative link of
-README.md and docs/**/*.md names a file or folder that exists, and no tracked file cites the
-upper-case SEMANTICS.md / CONTRACT.md of the proposals this project came from (its own rules are
-docs/semantics.md and docs/contract.md)."""
+README.md and docs/**/*.md names a file or folder that exists (and, with a #fragment, a heading
+of that document), and no tracked file cites the upper-case SEMANTICS.md / CONTRACT.md of the
+proposals this project came from (its own rules are docs/semantics.md and docs/contract.md)."""
 
 from __future__ import annotations
 
@@ -22,13 +22,34 @@ def _relative_links(document: Path) -> list[str]:
     text = re.sub(r"```.*?```", "", document.read_text(encoding="utf-8"), flags=re.S)  # code blocks
     text = re.sub(r"`[^`\n]*`", "", text)  # inline code
     targets = [m.group(1) for m in LINK.finditer(text)]
-    return [t for t in targets if not re.match(r"^[a-z][a-z0-9+.-]*:|^#", t)]
+    return [t for t in targets if not re.match(r"^[a-z][a-z0-9+.-]*:", t)]
+
+
+def _anchors(document: Path) -> set[str]:
+    """The ids GitHub gives the document's headings: lower case, punctuation dropped, spaces as
+    hyphens, repeats numbered -1, -2, ..."""
+    text = re.sub(r"```.*?```", "", document.read_text(encoding="utf-8"), flags=re.S)
+    seen: dict[str, int] = {}
+    anchors = set()
+    for heading in re.findall(r"^#{1,6}\s+(.+?)\s*#*\s*$", text, flags=re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.replace("`", "").strip().lower()).replace(" ", "-")
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        anchors.add(slug if count == 0 else f"{slug}-{count}")
+    return anchors
+
+
+def _resolves(document: Path, target: str) -> bool:
+    path, _, anchor = target.partition("#")
+    linked = document.parent / path if path else document
+    if not linked.exists():
+        return False
+    return not anchor or linked.suffix != ".md" or anchor in _anchors(linked)
 
 
 @pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_relative_link_names_something_that_exists(document: Path) -> None:
-    missing = [target for target in _relative_links(document)
-               if not (document.parent / target.split("#", 1)[0]).exists()]
+    missing = [target for target in _relative_links(document) if not _resolves(document, target)]
     assert missing == [], f"{document.relative_to(ROOT)} links to what the repository lacks: {missing}"
 
 
