@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.service.test_service_client import s_generated  # noqa: F401 - the generated-client fixture
+from tests.service.test_service_client import s_generated, s_generated_dir  # noqa: F401 - the generated-client fixtures
 from tests.support.e2e import IngestedStore, iso, model_versions_json, serve_engine, source_dir
 from tests.support.ingest import records_from
 
