@@ -1,6 +1,7 @@
 """The project's documents cite only what the repository has (issue 18): every relative link of
 README.md and docs/**/*.md names a file or folder that exists (and, with a #fragment, a heading
-of that document), and no tracked file cites the upper-case SEMANTICS.md / CONTRACT.md of the
+of that document), every rule these documents cite ("rule 7", "rules 13-18 and 23-30") is a rule
+of docs/semantics.md, and no tracked file cites the upper-case SEMANTICS.md / CONTRACT.md of the
 proposals this project came from (its own rules are docs/semantics.md and docs/contract.md)."""
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 #: ``[text](target)`` links; images too. The target ends at whitespace or ``)``.
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 FOREIGN_DOCUMENTS = re.compile(r"\b(SEMANTICS|CONTRACT)\.md\b")
+#: "rule 7", "rules 6–11, 22", "rules 13-18 and 23-30", "rules 9, 10 and 22" (across a line break too).
+_NUMBERS = r"\d+(?:\s*[–-]\s*\d+)?"
+RULE_CITATION = re.compile(rf"\b[Rr]ules? ({_NUMBERS}(?:(?:,\s*|,?\s+(?:and|or)\s+){_NUMBERS})*)")
 
 
 def _relative_links(document: Path) -> list[str]:
@@ -67,3 +71,19 @@ def test_no_file_cites_documents_the_repository_does_not_have() -> None:
         if name != "tests/test_docs_links.py" and FOREIGN_DOCUMENTS.search(text):
             citing.append(name)
     assert citing == [], f"these files cite documents the repository does not have: {citing}"
+
+
+def _cited_rules(text: str) -> set[int]:
+    cited: set[int] = set()
+    for citation in RULE_CITATION.finditer(text):
+        for low, high in re.findall(r"(\d+)(?:\s*[–-]\s*(\d+))?", citation.group(1)):
+            cited.update(range(int(low), int(high or low) + 1))
+    return cited
+
+
+def test_every_cited_rule_is_in_the_semantics() -> None:
+    semantics = (ROOT / "docs" / "semantics.md").read_text(encoding="utf-8")
+    rules = {int(n) for n in re.findall(r"^\*\*Rule (\d+) —", semantics, flags=re.M)}
+    unknown = {str(d.relative_to(ROOT)): sorted(_cited_rules(d.read_text(encoding="utf-8")) - rules)
+               for d in DOCUMENTS}
+    assert {d: n for d, n in unknown.items() if n} == {}, "rules cited that docs/semantics.md lacks"
