@@ -293,18 +293,17 @@ def open_or_build(directory: str, build: Callable[[], pa.Table]) -> tuple[Bucket
     return open_bucket(directory), True
 
 
-def remove_unlisted(warehouse_cache: str, present: set[str], now: float | None = None) -> list[str]:
+def remove_unlisted(warehouse_cache: str, present: set[str]) -> None:
     """Remove the index folders (``<warehouse_cache>/<store>``) of stores and streams that are no
     longer in the warehouse (``present``: the names with a Delta log), once nothing in them has
-    changed for ``STALE_AFTER_S``; the names removed. A store deleted from the warehouse would
+    changed for ``STALE_AFTER_S``. A store deleted from the warehouse would
     otherwise keep its files on the serving host for ever; one that comes back builds anew (its
     data files, and so the digests, are new)."""
-    removed: list[str] = []
     try:
         entries = list(os.scandir(warehouse_cache))
     except FileNotFoundError:
-        return removed
-    now = time.time() if now is None else now
+        return
+    now = time.time()
     for entry in entries:
         if entry.name in present or not entry.is_dir(follow_symlinks=False):
             continue
@@ -313,9 +312,7 @@ def remove_unlisted(warehouse_cache: str, present: set[str], now: float | None =
             changed = max([entry.stat().st_mtime] + ([os.stat(versions).st_mtime] if os.path.isdir(versions) else []))
             if now - changed > STALE_AFTER_S:
                 shutil.rmtree(entry.path, ignore_errors=True)
-                removed.append(entry.name)
                 log.info("removed the serving index of %s: it is no longer in the warehouse", entry.name)
-    return removed
 
 
 def _remove_stale(current: str) -> None:

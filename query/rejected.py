@@ -12,11 +12,9 @@ import threading
 from collections import OrderedDict
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from versiq.layout import REJECT_REASONS
 from versiq.query.api import InvalidQuery, RejectedPage
-from versiq.rejected import committed_rejected, counts_by_reason, record_dict
+from versiq.rejected import UnknownReason, committed_rejected, counts_by_reason, record_dict, with_reason
 
 #: How many (store, run) tables stay cached: a console pages through one or two stores at once.
 CACHED_TABLES = 4
@@ -50,12 +48,12 @@ def rejected_page(table: pa.Table, counts: dict[str, int], snapshot: int, reason
                   resume_after: int | None, limit: int) -> RejectedPage:
     """Up to ``limit`` records of ``table`` with ``reason`` (None: any) after ordinal
     ``resume_after`` (None: from the first); ordinals count the filtered records from 0."""
-    if reason is not None and reason not in REJECT_REASONS:
-        raise InvalidQuery(f"unknown reason {reason!r}; one of: {', '.join(REJECT_REASONS)}")
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise InvalidQuery(f"invalid page size {limit!r}")
-    if reason is not None:
-        table = table.filter(pc.equal(table.column("reason"), reason))
+    try:
+        table = with_reason(table, reason)
+    except UnknownReason as exc:
+        raise InvalidQuery(str(exc)) from None
     start = 0 if resume_after is None else resume_after + 1
     page = table.slice(start, limit)
     end = start + page.num_rows

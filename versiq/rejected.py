@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from versiq import storage
-from versiq.layout import REJECTED_DIR, REJECTED_SCHEMA
+from versiq.layout import REJECT_REASONS, REJECTED_DIR, REJECTED_SCHEMA
 
 #: The order rows are listed in: by run, then by where they were read (a file's line or a
 #: table's row; a Kafka partition and offset). Every rejected record has one distinct place.
@@ -37,6 +37,20 @@ def committed_rejected(store_path: str, committed_run: int) -> pa.Table:
     table = storage.delta_table(path).to_pyarrow_table()
     table = table.filter(pc.less_equal(table.column("run"), committed_run))
     return table.sort_by([(column, "ascending") for column in ORDER])
+
+
+class UnknownReason(ValueError):
+    """A reason filter that names no reason code; the message lists the codes."""
+
+
+def with_reason(table: pa.Table, reason: str | None) -> pa.Table:
+    """The rows of ``table`` rejected for ``reason`` (None: all of them); UnknownReason for a
+    code that is not one of ``REJECT_REASONS``."""
+    if reason is None:
+        return table
+    if reason not in REJECT_REASONS:
+        raise UnknownReason(f"unknown reason {reason!r}; one of: {', '.join(REJECT_REASONS)}")
+    return table.filter(pc.equal(table.column("reason"), reason))
 
 
 def counts_by_reason(table: pa.Table) -> dict[str, int]:

@@ -68,9 +68,10 @@ def test_demo_then_console_then_cursor_reads_what_curl_prints(browser, tmp_path:
     data, warehouse = tmp_path / "data", tmp_path / "warehouse"
     script = Path(sys.executable).with_name("versiq")
     entry = [str(script)] if script.exists() else [sys.executable, "-m", "versiq.cli"]
-    demo = subprocess.Popen([*entry, "demo", "--keys", "300", "--data", str(data), "--warehouse", str(warehouse),
-                             "--port", str(port)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=open(tmp_path / "demo.stderr", "wb"), text=True, bufsize=1)
+    with open(tmp_path / "demo.stderr", "wb") as stderr:  # the child holds its own copy of the file
+        demo = subprocess.Popen([*entry, "demo", "--keys", "300", "--data", str(data), "--warehouse",
+                                 str(warehouse), "--port", str(port)], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=stderr, text=True, bufsize=1)
     out: list[str] = []
     try:
         assert demo.stdout is not None
@@ -131,3 +132,4 @@ def test_demo_then_console_then_cursor_reads_what_curl_prints(browser, tmp_path:
         context.close()
     finally:
         stop(demo)
+        demo.stdout.close()
