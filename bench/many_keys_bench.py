@@ -6,7 +6,8 @@ Store: ``query_bench.ensure_store`` (``--keys`` keys x 10 versions, default 1M k
 versions, built by the real ingest or reused from ``--work``). Server: ``versiq serve
 --workers 1`` on 127.0.0.1 (``query_bench.Server``). Load generator: one persistent
 ``httpx.Client`` in this process, sequential requests; times are measured by the client (so they
-include the loopback HTTP and, for lookups, building the upload and reading the Arrow answer).
+include the loopback HTTP and, for lookups, building the upload and reading the Arrow answer),
+and the server's own time from its ``Server-Timing`` header beside them.
 The machine load (``uptime``) is recorded before and after. Prints a table and writes
 ``bench/results/many-keys-<date>.json``.
 
@@ -25,6 +26,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+import httpx
 import pyarrow as pa
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -39,15 +41,24 @@ from query_bench import STORE, Server, Workload, ensure_store, pct, sequential  
 ARROW = "application/vnd.apache.arrow.stream"
 
 
-def timed(fn: Any, n: int, warmup: int = 3) -> dict[str, float]:
+def server_ms(response: Any) -> float:
+    """The server's own time for a response (its ``Server-Timing: app;dur=<ms>`` header)."""
+    header = response.headers["server-timing"]
+    return float(header.split("dur=", 1)[1].split(";", 1)[0])
+
+
+def timed(fn: Any, n: int, warmup: int = 3) -> dict[str, Any]:
+    """Client time (request to last byte read, this process) and server time (``Server-Timing``)
+    of ``n`` calls of ``fn`` (which returns the response)."""
     for _ in range(warmup):
         fn()
-    samples = []
+    samples, server = [], []
     for _ in range(n):
         t = time.perf_counter_ns()
-        fn()
+        response = fn()
         samples.append(time.perf_counter_ns() - t)
-    return pct(samples)
+        server.append(int(server_ms(response) * 1e6))
+    return dict(pct(samples), server=pct(server))
 
 
 def main() -> None:
@@ -57,7 +68,6 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=200, help="requests per measured route")
     ap.add_argument("--results", default=os.path.join(HERE, "results"))
     args = ap.parse_args()
-    import httpx
 
     started = datetime.now(UTC)
     warehouse, info = ensure_store(args.work, args.keys)
@@ -75,11 +85,12 @@ def main() -> None:
             keys = [f"k{rng.randrange(args.keys):0{gen.KEY_WIDTH}d}" for _ in range(20_000)]
             as_of = wl.as_of
 
-            def batch_get() -> None:
+            def batch_get() -> httpx.Response:
                 start = rng.randrange(len(keys) - 1000)
                 r = client.post(f"/v1/stores/{STORE}/keys:batchGet",
                                 json={"keys": keys[start:start + 1000], "asOf": as_of[start]})
                 assert r.status_code == 200, r.text
+                return r
 
             result["batch_get_1000"] = timed(batch_get, args.n)
             pairs = pa.table({"key": [keys[i % len(keys)] for i in range(100_000)],
@@ -89,19 +100,21 @@ def main() -> None:
                 writer.write_table(pairs)
             upload = sink.getvalue()
 
-            def lookups() -> None:
+            def lookups() -> httpx.Response:
                 r = client.post(f"/v1/stores/{STORE}/lookups", content=upload,
                                 headers={"content-type": ARROW, "accept": ARROW})
                 assert r.status_code == 200, r.text
                 with pa.ipc.open_stream(r.content) as reader:
                     assert reader.read_all().num_rows == 100_000
+                return r
 
             result["lookups_100000_arrow"] = timed(lookups, max(3, args.n // 40), warmup=1)
 
-            def listing() -> None:
+            def listing() -> httpx.Response:
                 start = keys[rng.randrange(len(keys))]
                 r = client.get(f"/v1/stores/{STORE}/keys", params={"start": start, "pageSize": 1000})
                 assert r.status_code == 200, r.text
+                return r
 
             result["key_listing_page_1000"] = timed(listing, args.n)
             # the change feed: every change of the store (one run), paged by 1000, for ~20 s
@@ -139,7 +152,9 @@ def main() -> None:
           f"as-of {single['as_of']['p50_ms']:.3f}/{single['as_of']['p99_ms']:.3f} ms "
           f"(x{single['as_of']['p50_ms'] / single['healthz']['p50_ms']:.2f} healthz p50)")
     for name in ("batch_get_1000", "lookups_100000_arrow", "key_listing_page_1000"):
-        print(f"{name:28s} p50 {result[name]['p50_ms']:9.2f} ms  p99 {result[name]['p99_ms']:9.2f} ms")
+        figure, server = result[name], result[name]["server"]
+        print(f"{name:28s} client p50 {figure['p50_ms']:8.2f} ms  p99 {figure['p99_ms']:8.2f} ms; "
+              f"server p50 {server['p50_ms']:8.2f} ms  p99 {server['p99_ms']:8.2f} ms")
     for name in ("change_feed_pages_of_1000", "change_feed_ndjson"):
         feed = result[name]
         print(f"{name}: {feed['changes']:,} changes in {feed['seconds']} s = {feed['changes_per_s']:,}/s")

@@ -20,8 +20,9 @@ Usable as a library (no FastAPI)::
     engine.get_many("prices", ["k1", "k2"], as_of=1_700_000_000_000)  # many keys, one snapshot
     engine.close()
 
-Key listings and batches answer each key through the same ``_answer`` as ``get``, so a listed
-record is always what the single-key read of that snapshot answers.
+Key listings, batches and lookups answer through ``query.many``: the same rules in their batch
+form (``reads.answer_many``, tested equal to the per-key form ``get`` uses), so a listed record
+is always what the single-key read of that snapshot answers.
 
 Provenance: ``StoreInfo.inputs`` / ``.sources`` (and ``StreamInfo``'s) are ``StoreState.inputs`` /
 ``.sources`` of the answering snapshot: the snapshots of the inputs a derived table was computed
@@ -44,11 +45,10 @@ import pyarrow as pa
 
 from versiq import layout, storage
 from versiq.query import changes as changes_mod
-from versiq.query import history, lookups, reads
+from versiq.query import history, lookups, many, reads
 from versiq.query.api import (
     ChangesPage,
     InvalidQuery,
-    KeyEntry,
     KeyResult,
     KeysPage,
     KeysQuery,
@@ -303,27 +303,19 @@ class Engine:
         is given), in the order of ``keys``: each exactly what ``get`` answers for it."""
         view = self._view(store, snapshot)
         self._check_as_of(view, as_of)
-        con = self._con()
-        return view.snapshot, [self._answer(view, key, view.rows(con, key), as_of) for key in keys]
+        return view.snapshot, many.answer_pairs(view, self._con(), [(key, as_of) for key in keys])
 
     def lookup(self, store: str, pairs: list[tuple[str, int | None]],
                snapshot: int | None = None) -> tuple[int, list[KeyResult]]:
         """Point-in-time lookups (``query.lookups``): each ``(key, asOf)`` pair answered from one
         snapshot exactly as ``get`` answers it (``asOf`` None: latest), in the order of ``pairs``.
-        A key's versions are read once however many pairs name it."""
+        A key's versions are located once however many pairs name it."""
         if len(pairs) > lookups.MAX_LOOKUPS:
             raise InvalidQuery(f"{len(pairs)} pairs; at most {lookups.MAX_LOOKUPS} per lookup")
         view = self._view(store, snapshot)
         for _key, as_of in pairs:
             self._check_as_of(view, as_of)
-        con = self._con()
-        rows_of: dict[str, reads.KeyRows | None] = {}
-        out = []
-        for key, as_of in pairs:
-            if key not in rows_of:
-                rows_of[key] = view.rows(con, key)
-            out.append(self._answer(view, key, rows_of[key], as_of))
-        return view.snapshot, out
+        return view.snapshot, many.answer_pairs(view, self._con(), pairs)
 
     @staticmethod
     def _check_as_of(view: StoreView, as_of: int | None) -> None:
@@ -335,14 +327,8 @@ class Engine:
 
     @staticmethod
     def _answer(view: StoreView, key: str, rows: reads.KeyRows | None, as_of: int | None) -> KeyResult:
-        """The read rules for one key of ``view``: latest (rules 6, 12) or as of (7-8)."""
-        return Engine._answer_and_tombstone(view, key, rows, as_of)[0]
-
-    @staticmethod
-    def _answer_and_tombstone(view: StoreView, key: str, rows: reads.KeyRows | None,
-                              as_of: int | None) -> tuple[KeyResult, tuple[int, int | None] | None]:
-        """``_answer``, and for a not-found caused by a tombstone that tombstone's
-        ``(timestamp, validTo)`` (a key listing shows it as a deleted entry)."""
+        """The read rules for one key of ``view``: latest (rules 6, 12) or as of (7-8), with the
+        tombstone behind a not-found."""
         if view.settings.kind == "timestamped":
             outcome, record = reads.latest(rows)
             h = None
@@ -355,8 +341,7 @@ class Engine:
         tombstone = None
         if outcome == "not-found":
             tombstone = reads.tombstone_answer(rows, None if as_of is None else int(as_of), h)
-        deleted_at = None if tombstone is None else tombstone[0]
-        return KeyResult(outcome, record, view.snapshot, h, deleted_at), tombstone
+        return KeyResult(outcome, record, view.snapshot, h, None if tombstone is None else tombstone[0])
 
     def keys(self, store: str, query: KeysQuery, *, snapshot: int | None = None,
              resume_after: str | None = None, limit: int = 100) -> KeysPage:
@@ -375,32 +360,7 @@ class Engine:
         ends = [b for b in (query.end, None if query.prefix is None else reads.prefix_end(query.prefix))
                 if b is not None]
         hi = min(ends, default=None)
-        con = self._con()
-        entries: list[KeyEntry] = []
-        after = resume_after
-        while len(entries) <= limit:
-            batch = view.key_rows(con, lo, hi, after, max(64, limit + 1 - len(entries)))
-            for key, rows in batch:
-                entry = self._entry(view, key, rows, query)
-                if entry is not None:
-                    entries.append(entry)
-                    if len(entries) > limit:
-                        break
-            if len(batch) == 0 or len(entries) > limit:
-                break
-            after = batch[-1][0]
-        more = len(entries) > limit
-        entries = entries[:limit]
-        return KeysPage(entries, view.snapshot, entries[-1].key if more else None)
-
-    def _entry(self, view: StoreView, key: str, rows: reads.KeyRows, query: KeysQuery) -> KeyEntry | None:
-        result, tombstone = self._answer_and_tombstone(view, key, rows, query.as_of)
-        if result.outcome == "ok" and result.record is not None:
-            record = result.record
-            return KeyEntry(key, record.value, record.timestamp, record.valid_to)
-        if not query.include_deleted or tombstone is None:
-            return None
-        return KeyEntry(key, None, tombstone[0], tombstone[1], deleted=True)
+        return many.list_keys(view, self._con(), query, lo, hi, resume_after, limit)
 
     def versions(
         self,

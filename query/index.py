@@ -20,13 +20,11 @@ snapshot read from files (``query.snapshots``).
 
 from __future__ import annotations
 
-import heapq
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from operator import itemgetter
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 from deltalake import DeltaTable
 
@@ -98,11 +96,15 @@ class BucketIndex:
         return self.data.rows(key)
 
 
-def _tagged(data: index_files.BucketFiles, ordinal: int,
-            chunk: int) -> Iterator[tuple[str, int, index_files.BucketFiles]]:
-    """The bucket's ``(key, ordinal)`` from ``ordinal`` on, each with the bucket's files."""
-    for key, i in data.keys_from(ordinal, chunk):
-        yield key, i, data
+@dataclass(frozen=True)
+class KeyChunk:
+    """A run of a store's keys in ascending (UTF-8 byte) order with their resolved rows, from one
+    source of a key listing (a bucket of the serving index, or a query over older files).
+    ``exhausted``: no key of the listed range follows ``keys[-1]`` in that source."""
+
+    keys: list[str]
+    segments: reads.KeySegments
+    exhausted: bool
 
 
 @dataclass(frozen=True)
@@ -119,10 +121,18 @@ class StoreView:
     def rows(self, con: duckdb.DuckDBPyConnection, key: str) -> reads.KeyRows | None:  # pragma: no cover
         raise NotImplementedError
 
-    def key_rows(self, con: duckdb.DuckDBPyConnection, lo: str | None, hi: str | None, after: str | None,
-                 limit: int) -> list[tuple[str, reads.KeyRows]]:  # pragma: no cover
-        """Up to ``limit`` keys in ``[lo, hi)`` and above ``after``, ascending (UTF-8 byte order),
-        each with its resolved rows (None bounds: unbounded)."""
+    def segments(self, con: duckdb.DuckDBPyConnection, keys: list[str]) -> list[tuple[np.ndarray, reads.KeySegments]]:
+        """The resolved rows of many keys, in groups: ``(positions in keys, their segments)``;
+        every position is in exactly one group. By default a group per key (``rows``)."""
+        return [(np.array([i], dtype=np.int64), reads.KeySegments.of(self.rows(con, key)))
+                for i, key in enumerate(keys)]
+
+    def key_chunks(self, con: duckdb.DuckDBPyConnection, lo: str | None, hi: str | None, after: str | None,
+                   want: int) -> list[KeyChunk]:  # pragma: no cover
+        """Keys in ``[lo, hi)`` and above ``after`` (None bounds: unbounded) with their resolved
+        rows, from each source of the store: together at least the first ``want`` keys of the
+        range, or all of them. Every key below the smallest last key of a chunk that is not
+        ``exhausted`` is in some chunk (that is where a listing can trust the merge up to)."""
         raise NotImplementedError
 
     def counts(self) -> dict[str, int]:
@@ -140,23 +150,40 @@ class LoadedStore(StoreView):
         b = self.buckets.get(layout.bucket_of(key, self.settings.buckets))
         return None if b is None else b.rows(key)
 
-    def key_rows(self, con: duckdb.DuckDBPyConnection, lo: str | None, hi: str | None, after: str | None,
-                 limit: int) -> list[tuple[str, reads.KeyRows]]:
-        """A merge of the buckets' sorted key columns, each entered by binary search; each key's
-        rows are taken at the ordinal its column gives (no probe: a key lives in one bucket)."""
-        chunk = max(16, min(1024, 2 * limit // max(1, len(self.buckets)) + 1))
-        streams = []
+    def segments(self, con: duckdb.DuckDBPyConnection, keys: list[str]) -> list[tuple[np.ndarray, reads.KeySegments]]:
+        """A group per bucket: the keys' hashes (crc32, which also names the bucket) and probes
+        computed for the whole group at once (``index_files.BucketFiles.find_many``)."""
+        hashes = np.fromiter((index_files.key_hash(k) for k in keys), dtype=np.uint32, count=len(keys))
+        of_bucket = hashes % np.uint32(self.settings.buckets)
+        groups = []
+        for b in np.unique(of_bucket).tolist():
+            positions = np.flatnonzero(of_bucket == b)
+            bucket = self.buckets.get(b)
+            if bucket is None:  # no file in this bucket: none of its keys has rows
+                groups.append((positions, reads.KeySegments.absent(len(positions))))
+                continue
+            ordinals = bucket.data.find_many([keys[p] for p in positions], hashes[positions])
+            groups.append((positions, bucket.data.segments(ordinals)))
+        return groups
+
+    def key_chunks(self, con: duckdb.DuckDBPyConnection, lo: str | None, hi: str | None, after: str | None,
+                   want: int) -> list[KeyChunk]:
+        """A chunk per bucket, each entered by binary search: keys spread evenly over buckets
+        (crc32), so a bucket's share of ``want`` with a margin makes one round enough almost
+        always."""
+        share = -(-want * 5 // (4 * max(1, len(self.buckets)))) + 16
+        chunks = []
         for b in self.buckets.values():
-            i = 0 if lo is None else b.data.first_at_or_after(lo)
+            data = b.data
+            first = 0 if lo is None else data.first_at_or_after(lo)
             if after is not None:
-                i = max(i, b.data.first_at_or_after(after, strictly_after=True))
-            streams.append(_tagged(b.data, i, chunk))
-        out: list[tuple[str, reads.KeyRows]] = []
-        for key, ordinal, data in heapq.merge(*streams, key=itemgetter(0)):
-            if len(out) >= limit or (hi is not None and key >= hi):
-                break
-            out.append((key, data.rows_at(ordinal)))
-        return out
+                first = max(first, data.first_at_or_after(after, strictly_after=True))
+            end = data.key_count if hi is None else data.first_at_or_after(hi)
+            stop = min(end, first + share)
+            if stop > first:
+                chunks.append(KeyChunk(data.keys_between(first, stop), data.segments_range(first, stop),
+                                       exhausted=stop >= end))
+        return chunks
 
     def counts(self) -> dict[str, int]:
         return {

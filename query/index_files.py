@@ -38,7 +38,6 @@ import bisect
 import contextlib
 import fcntl
 import hashlib
-import itertools
 import logging
 import os
 import shutil
@@ -141,17 +140,56 @@ class BucketFiles:
         return reads.KeyRows(self.valid_from, self.valid_to, self.tombstone, self.values, s, e,
                              int(self.partition[s]))
 
+    def find_many(self, keys: list[str], hashes: np.ndarray) -> np.ndarray:
+        """``find`` of every key at once (``hashes``: their ``key_hash``, uint32): the ordinals,
+        -1 for a key the bucket does not hold. One ``searchsorted`` and one string comparison
+        for the batch; a key whose hash run starts with another key (a crc32 collision, a few
+        per million keys) is probed alone."""
+        out = np.full(len(keys), -1, dtype=np.int64)
+        n = len(self.hashes)
+        if n == 0 or not keys:
+            return out
+        j = np.minimum(self.hashes.searchsorted(hashes, side="left"), n - 1)
+        hit = self.hashes[j] == hashes
+        candidate = np.where(hit, self.ordinals[j], 0).astype(np.int64)
+        same = pc.equal(self.keys.take(pa.array(candidate)), pa.array(keys, pa.large_string()))
+        same_np = same.to_numpy(zero_copy_only=False)
+        out[hit & same_np] = candidate[hit & same_np]
+        for p in np.flatnonzero(hit & ~same_np):
+            found = self.find(keys[p])
+            out[p] = -1 if found is None else found
+        return out
+
+    def segments(self, ordinals: np.ndarray) -> reads.KeySegments:
+        """The resolved rows of the keys at ``ordinals`` (-1: a key without rows) as one batch."""
+        present = ordinals >= 0
+        at = np.where(present, ordinals, 0)
+        if self.key_count == 0:
+            start = end = np.zeros(len(ordinals), dtype=np.int64)
+        else:
+            start = np.where(present, self.starts[at], 0)
+            end = np.where(present, self.ends[at], 0)
+        return self._segments(start, end)
+
+    def segments_range(self, first: int, stop: int) -> reads.KeySegments:
+        """The resolved rows of the keys at ordinals ``[first, stop)`` (a key listing's run)."""
+        return self._segments(np.asarray(self.starts[first:stop], dtype=np.int64),
+                              np.asarray(self.ends[first:stop], dtype=np.int64))
+
+    def _segments(self, start: np.ndarray, end: np.ndarray) -> reads.KeySegments:
+        partition = (self.partition[np.minimum(start, self.row_count - 1)].astype(np.int64)
+                     if self.row_count else np.zeros(len(start), dtype=np.int64))
+        return reads.KeySegments(self.valid_from, self.valid_to, self.tombstone, self.values, start, end, partition)
+
+    def keys_between(self, first: int, stop: int) -> list[str]:
+        """The keys at ordinals ``[first, stop)``, ascending."""
+        keys: list[str] = self.keys.slice(first, max(0, stop - first)).to_pylist()
+        return keys
+
     def first_at_or_after(self, key: str, strictly_after: bool = False) -> int:
         """The ordinal of the first key >= ``key`` (> with ``strictly_after``), by binary search."""
         keys = _KeyColumn(self.keys)
         return (bisect.bisect_right if strictly_after else bisect.bisect_left)(keys, key)
-
-    def keys_from(self, ordinal: int, chunk: int = 256) -> Iterator[tuple[str, int]]:
-        """``(key, ordinal)`` in ascending key order from ``ordinal`` on, converted ``chunk`` at a time."""
-        n = len(self.keys)
-        while ordinal < n:
-            yield from zip(self.keys.slice(ordinal, chunk).to_pylist(), itertools.count(ordinal))
-            ordinal += chunk
 
 
 class _KeyColumn:
@@ -194,22 +232,25 @@ def rows_from_table(tbl: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
     return vf, vt, tomb, values, part
 
 
+def key_runs(keys: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Where each key's rows start and end (int64) in a column sorted by key."""
+    n = len(keys)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    changes = np.flatnonzero(pc.not_equal(keys.slice(1), keys.slice(0, n - 1)).to_numpy(zero_copy_only=False)) + 1
+    starts = np.concatenate([np.zeros(1, dtype=np.int64), changes.astype(np.int64)])
+    return starts, np.append(starts[1:], np.int64(n)).astype(np.int64)
+
+
 def write_bucket(directory: str, resolved: pa.Table) -> None:
     """Write the files of one bucket from its resolved rows (columns key, valid_from, valid_to,
     tombstone, partition, value; sorted by key, valid_from) into ``directory`` (created)."""
     os.makedirs(directory)
-    n = resolved.num_rows
     vf, vt, tomb, values, part = rows_from_table(resolved)
     rows = pa.table({"valid_from": vf, "valid_to": vt, "tombstone": tomb.view(np.uint8), "partition": part,
                      "value": values.cast(pa.large_string())}, schema=ROWS_SCHEMA)
     keycol = resolved.column("key").combine_chunks()
-    if n:
-        neq = pc.not_equal(keycol.slice(1), keycol.slice(0, n - 1))
-        changes = np.flatnonzero(neq.to_numpy(zero_copy_only=False)) + 1
-        starts = np.concatenate([np.zeros(1, dtype=np.int64), changes.astype(np.int64)])
-    else:
-        starts = np.zeros(0, dtype=np.int64)
-    ends = np.append(starts[1:], np.int64(n)).astype(np.int64) if n else np.zeros(0, dtype=np.int64)
+    starts, ends = key_runs(keycol)
     uniq = keycol.take(pa.array(starts)).cast(pa.large_string())
     hashes = np.fromiter((key_hash(k) for k in uniq.to_pylist()), dtype=np.uint32, count=len(uniq))
     order = np.argsort(hashes, kind="stable").astype(np.int32)

@@ -166,3 +166,126 @@ def range_indices(
     if resume_after is not None and len(idx):
         idx = idx[vf[idx] > resume_after] if ascending else idx[vf[idx] < resume_after]
     return idx if ascending else idx[::-1]
+
+
+# ----------------------------------------------------------------------------- many keys at once
+# The same rules over many keys in one pass of array operations: what batchGet, point-in-time
+# lookups and key listings answer with (issue 16's figures: a page of 1,000 keys in a few ms).
+# Each function below is the batch form of the per-key function it names, rule for rule;
+# tests/query/test_reads_batch.py checks on random histories that they answer alike.
+
+#: The horizon of a key whose partition has seen no record, in the int64 arrays of the batch
+#: reads: below every timestamp, so ``t < h`` never holds (as ``h is None`` in ``as_of``).
+NO_HORIZON = np.iinfo(np.int64).min
+
+#: Outcome codes of :class:`Answers` (indices into ``OUTCOMES``).
+OK, NOT_FOUND, EXPIRED = 0, 1, 2
+OUTCOMES: tuple[Outcome, ...] = ("ok", "not-found", "expired")
+
+
+@dataclass(frozen=True)
+class KeySegments:
+    """Many keys' resolved versions over shared column arrays: key ``i``'s versions are rows
+    ``[start[i], end[i])`` (empty: the key has none), ascending by timestamp. The batch form of
+    :class:`KeyRows`; ``partition[i]`` is that of the key's rows (meaningless when empty)."""
+
+    valid_from: np.ndarray  # int64
+    valid_to: np.ndarray  # int64, NULL_TS = still valid
+    tombstone: np.ndarray  # bool
+    values: pa.Array  # string (null for tombstones)
+    start: np.ndarray  # int64, per key
+    end: np.ndarray  # int64, per key
+    partition: np.ndarray  # int64, per key
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    @property
+    def present(self) -> np.ndarray:
+        """Per key: whether it has any resolved version."""
+        return self.end > self.start  # type: ignore[no-any-return]
+
+    def take(self, idx: np.ndarray) -> KeySegments:
+        """The keys at ``idx`` (in that order, repeats allowed), over the same columns."""
+        return KeySegments(self.valid_from, self.valid_to, self.tombstone, self.values,
+                           self.start[idx], self.end[idx], self.partition[idx])
+
+    @staticmethod
+    def absent(n: int) -> KeySegments:
+        """``n`` keys without rows."""
+        empty, none = np.zeros(0, dtype=np.int64), np.zeros(n, dtype=np.int64)
+        return KeySegments(empty, empty, np.zeros(0, dtype=bool), pa.array([], pa.string()), none, none, none)
+
+    @staticmethod
+    def of(rows: KeyRows | None) -> KeySegments:
+        """One key's rows as a batch of one (a key without rows: an empty segment)."""
+        if rows is None:
+            return KeySegments.absent(1)
+        return KeySegments(rows.valid_from, rows.valid_to, rows.tombstone, rows.values,
+                           np.array([rows.start], dtype=np.int64), np.array([rows.end], dtype=np.int64),
+                           np.array([rows.partition], dtype=np.int64))
+
+
+@dataclass(frozen=True)
+class Answers:
+    """What the single-key rules answer for each key of a :class:`KeySegments`.
+
+    ``outcome``: codes of ``OUTCOMES``. ``row``: the row of the answering version (``OK``), or of
+    the tombstone behind a not-found (what ``tombstone_answer`` reports), else -1.
+    ``valid_to_shown``: whether that row's ``validTo`` is part of the answer (never for latest
+    reads, rule 6, nor for a tombstone found past the horizon)."""
+
+    outcome: np.ndarray  # int8
+    row: np.ndarray  # int64
+    valid_to_shown: np.ndarray  # bool
+
+
+def last_at_or_before(valid_from: np.ndarray, start: np.ndarray, end: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Per segment, the row of its last version with timestamp <= ``t`` (``start - 1`` when none):
+    one binary search of every segment at once (``searchsorted(..., 'right') - 1`` of ``as_of``),
+    log2 of the longest segment steps."""
+    lo, hi = start.copy(), end.copy()
+    active = lo < hi
+    while active.any():
+        mid = (lo + hi) // 2
+        right = active & (valid_from[np.where(active, mid, lo[np.argmax(active)])] <= t)
+        lo = np.where(right, mid + 1, lo)
+        hi = np.where(active & ~right, mid, hi)
+        active = lo < hi
+    return lo - 1  # type: ignore[no-any-return]
+
+
+def answer_many(seg: KeySegments, t: np.ndarray, latest_read: np.ndarray, h: np.ndarray) -> Answers:
+    """``latest`` where ``latest_read`` (rule 6), else ``as_of`` at ``t`` with horizon ``h``
+    (``NO_HORIZON``: none) (rules 7-8, retention edges), with ``tombstone_answer``'s tombstone."""
+    n = len(seg)
+    outcome = np.full(n, NOT_FOUND, dtype=np.int8)
+    row = np.full(n, -1, dtype=np.int64)
+    shown = np.zeros(n, dtype=bool)
+    present = seg.present
+    if not present.any():
+        return Answers(outcome, row, shown)
+    last = seg.end - 1
+    last_c = np.where(present, last, int(last[np.argmax(present)]))
+    last_tomb = seg.tombstone[last_c]
+    # Latest (rule 6): the newest version, unless it is a tombstone; no validTo either way.
+    newest = present & latest_read
+    # As of t before the horizon: only the newest version may answer, if it is at or before t;
+    # otherwise the answer is expired (retention edges).
+    before_h = present & ~latest_read & (t < h)
+    fits = before_h & (seg.valid_from[last_c] <= t)
+    outcome[before_h & ~fits] = EXPIRED
+    for chosen, with_valid_to in ((newest, False), (fits, True)):
+        row[chosen] = last[chosen]
+        outcome[chosen & ~last_tomb] = OK
+        shown[chosen & ~last_tomb] = with_valid_to
+    # As of t at or after the horizon (rules 7-8): the version valid at t, unless a tombstone.
+    w = np.flatnonzero(present & ~latest_read & ~(t < h))
+    if len(w):
+        i = last_at_or_before(seg.valid_from, seg.start[w], seg.end[w], t[w])
+        found = i >= seg.start[w]
+        tomb = seg.tombstone[np.where(found, i, seg.start[w])] & found
+        outcome[w[found & ~tomb]] = OK
+        row[w[found]] = i[found]
+        shown[w[found]] = True
+    return Answers(outcome, row, shown)

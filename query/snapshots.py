@@ -20,14 +20,16 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import duckdb
+import numpy as np
+import pyarrow as pa
 from deltalake import DeltaTable
 
 from versiq import layout, storage
 from versiq.query import reads
 from versiq.query.api import SnapshotGone, SnapshotNotFound
 from versiq.query.files import arrow, latest_version_on_disk
-from versiq.query.index import DataFile, StoreView, files_by_bucket, resolve_sql
-from versiq.query.index_files import rows_from_table
+from versiq.query.index import DataFile, KeyChunk, StoreView, files_by_bucket, resolve_sql
+from versiq.query.index_files import key_runs, rows_from_table
 from versiq.query.streams import StreamSnapshot, stream_files
 
 SNAPSHOT_CACHE_SIZE = 8
@@ -59,15 +61,15 @@ class FilesSnapshot(StoreView):
         vf, vt, tomb, values, part = rows_from_table(tbl)
         return reads.KeyRows(vf, vt, tomb, values, 0, tbl.num_rows, int(part[0]))
 
-    def key_rows(self, con: duckdb.DuckDBPyConnection, lo: str | None, hi: str | None, after: str | None,
-                 limit: int) -> list[tuple[str, reads.KeyRows]]:
-        """One DuckDB query over every file of the snapshot: the first ``limit`` keys of the
-        range (``ORDER BY key``: byte order), then their resolved rows."""
+    def key_chunks(self, con: duckdb.DuckDBPyConnection, lo: str | None, hi: str | None, after: str | None,
+                   want: int) -> list[KeyChunk]:
+        """One chunk from one DuckDB query over every file of the snapshot: the first ``want``
+        keys of the range (``ORDER BY key``: byte order), then their resolved rows."""
         files = [f.path for fs in self.files.values() for f in fs
                  if hi is None or f.min_key is None or f.min_key < hi]
         if not files:
             return []
-        bounds, params = [], {"files": files, "limit": limit}
+        bounds, params = [], {"files": files, "limit": want}
         for name, op, value in (("lo", ">=", lo), ("hi", "<", hi), ("after", ">", after)):
             if value is not None:
                 bounds.append(f"key {op} ${name}")
@@ -87,15 +89,11 @@ class FilesSnapshot(StoreView):
         if tbl.num_rows == 0:
             return []
         vf, vt, tomb, values, part = rows_from_table(tbl)
-        keys = tbl.column("key").to_pylist()
-        out = []
-        start = 0
-        for i in range(1, len(keys) + 1):
-            if i == len(keys) or keys[i] != keys[start]:
-                out.append((keys[start], reads.KeyRows(vf, vt, tomb, values, start, i, int(part[start]))))
-                start = i
-        return out
-
+        column = tbl.column("key").combine_chunks()
+        starts, ends = key_runs(column)
+        keys = column.take(pa.array(starts)).to_pylist()
+        segments = reads.KeySegments(vf, vt, tomb, values, starts, ends, part[starts].astype(np.int64))
+        return [KeyChunk(keys, segments, exhausted=len(keys) < want)]
 
 
 class SnapshotCache:

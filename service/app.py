@@ -60,6 +60,13 @@ def openapi_document() -> dict[str, Any]:
     return doc
 
 
+def _server_timing(start: float) -> tuple[bytes, bytes]:
+    """``Server-Timing: app;dur=<ms>``: the time the server took up to the response's first
+    byte (the whole answer except a streamed body), so clients and benchmarks can tell it from
+    the network's (W3C Server Timing)."""
+    return b"server-timing", f"app;dur={(time.perf_counter() - start) * 1000:.3f}".encode()
+
+
 class VersiqMiddleware:
     """Metrics for every request, auth, and raw-path routing of ``/v1/...``."""
 
@@ -80,6 +87,7 @@ class VersiqMiddleware:
         async def send_wrapper(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status_box[0] = message["status"]
+                message = dict(message, headers=[*message.get("headers", []), _server_timing(start)])
             elif method == "HEAD" and message["type"] == "http.response.body":
                 message = {"type": "http.response.body", "body": b"", "more_body": message.get("more_body", False)}
             await send(message)

@@ -11,6 +11,7 @@ import string
 import time
 import zlib
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -61,12 +62,20 @@ def test_a_bucket_answers_what_its_rows_hold_collisions_included(tmp_path):
     assert bucket.rows("é") is not None and bucket.rows("") is not None
     assert bucket.rows("missing") is None and bucket.rows("k2000") is None
     # keys ascend in UTF-8 byte order, entered by binary search
-    keys = [key for key, _ordinal in bucket.keys_from(0, chunk=7)]
+    keys = bucket.keys_between(0, bucket.key_count)
     assert keys == sorted(keys) and len(keys) == 204 and keys[0] == ""
+    assert bucket.keys_between(5, 12) == keys[5:12]
     assert keys[bucket.first_at_or_after("k1")] == "k100"
     assert keys[bucket.first_at_or_after("k100")] == "k100"
     assert keys[bucket.first_at_or_after("k100", strictly_after=True)] == "k101"
     assert bucket.first_at_or_after("\U0010ffff") == 204
+    # a batch probe finds what the single probe finds (missing keys: -1), and hands out the rows
+    wanted = [a, "missing", b, "", "k199", "é", "k2000"]
+    ordinals = bucket.find_many(wanted, np.array([index_files.key_hash(k) for k in wanted], dtype=np.uint32))
+    assert [keys[o] if o >= 0 else None for o in ordinals] == [a, None, b, "", "k199", "é", None]
+    segments = bucket.segments(ordinals)
+    assert list(segments.present) == [True, False, True, True, True, True, False]
+    assert (segments.start[0], segments.end[0]) == (got.start, got.end) and segments.partition[2] == 1
     # columns are views of the mapping (no copies)
     assert not bucket.valid_from.flags.owndata and bucket.valid_to[bucket.rows("k005").start] == NULL_TS
 
@@ -75,7 +84,8 @@ def test_an_empty_bucket_opens(tmp_path):
     directory = str(tmp_path / "empty")
     index_files.write_bucket(directory, _resolved([]))
     bucket = index_files.open_bucket(directory)
-    assert bucket.key_count == 0 and bucket.rows("x") is None and list(bucket.keys_from(0)) == []
+    assert bucket.key_count == 0 and bucket.rows("x") is None and bucket.keys_between(0, 0) == []
+    assert list(bucket.find_many(["x"], np.array([1], dtype=np.uint32))) == [-1]
 
 
 def test_a_bucket_is_built_once_and_then_opened(tmp_path):
