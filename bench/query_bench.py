@@ -95,7 +95,8 @@ def ensure_store(work: str, keys: int) -> tuple[str, dict]:
     source = os.path.join(work, f"src-query-{keys}")
     shutil.rmtree(source, ignore_errors=True)
     tbl = gen.make_events(keys, VERSIONS, seed=1)
-    gen.write_changelog(tbl, source, "jsonl", files=16 if keys * VERSIONS > 1_000_000 else 8)
+    gen.write_changelog(tbl, source, "jsonl", files=max(8, min(64, keys * VERSIONS // 625_000)))
+    del tbl  # the events are on disk now; a 100M-event table would hold ~5 GB beside Spark
     with open(os.path.join(source, "jsonl", "zz-hot.jsonl"), "wb") as fh:
         fh.write(gen._jsonl_bytes(hot_keys_table(2)))
     spark = get_spark("local[*]")

@@ -20,6 +20,7 @@ snapshot read from files (``query.snapshots``).
 
 from __future__ import annotations
 
+import bisect
 import time
 from dataclasses import dataclass, field
 
@@ -105,6 +106,11 @@ class KeyChunk:
     keys: list[str]
     segments: reads.KeySegments
     exhausted: bool
+
+    def upto(self, bound: str) -> KeyChunk:
+        """The chunk's keys up to ``bound`` (inclusive)."""
+        n = bisect.bisect_right(self.keys, bound)
+        return KeyChunk(self.keys[:n], self.segments.head(n), self.exhausted and n == len(self.keys))
 
 
 @dataclass(frozen=True)

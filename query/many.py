@@ -52,8 +52,10 @@ def _answers(view: StoreView, keys: list[str], seg: reads.KeySegments, t: np.nda
 def _picked(seg: reads.KeySegments, ans: reads.Answers,
             idx: np.ndarray) -> tuple[list[str | None], list[int], list[int | None]]:
     """Value, timestamp and shown validTo of the rows ``ans`` picked for the keys at ``idx``
-    (each with a row)."""
-    rows = ans.row[idx]
+    (a key without a row reads row 0: the caller ignores it)."""
+    if len(seg.valid_from) == 0:
+        return [None] * len(idx), [0] * len(idx), [None] * len(idx)
+    rows = np.maximum(ans.row[idx], 0)
     valid_to = np.where(ans.valid_to_shown[idx], seg.valid_to[rows], reads.NULL_TS)
     values: list[str | None] = seg.values.take(pa.array(rows)).to_pylist()
     return values, seg.valid_from[rows].tolist(), [None if v == reads.NULL_TS else v for v in valid_to.tolist()]
@@ -61,19 +63,15 @@ def _picked(seg: reads.KeySegments, ans: reads.Answers,
 
 def _results(view: StoreView, seg: reads.KeySegments, ans: reads.Answers, h: np.ndarray) -> list[KeyResult]:
     """The ``KeyResult`` of every key of ``seg`` (``Engine.get``'s shape)."""
-    with_row = np.flatnonzero(ans.row >= 0)
-    values, timestamps, valid_tos = _picked(seg, ans, with_row)
-    at = dict(zip(with_row.tolist(), range(len(with_row)), strict=True))
+    values, timestamps, valid_tos = _picked(seg, ans, np.arange(len(seg)))
+    horizons = [None if v == reads.NO_HORIZON else v for v in h.tolist()]
     out = []
-    for i, (code, horizon) in enumerate(zip(ans.outcome.tolist(), h.tolist(), strict=True)):
-        shown_h = None if horizon == reads.NO_HORIZON else horizon
-        j = at.get(i)
-        if code == reads.OK and j is not None:
-            record = VersionedRecord(value=values[j], timestamp=timestamps[j], valid_to=valid_tos[j])
-            out.append(KeyResult("ok", record, view.snapshot, shown_h))
+    for code, has_row, value, ts, vt, horizon in zip(ans.outcome.tolist(), (ans.row >= 0).tolist(), values,
+                                                     timestamps, valid_tos, horizons, strict=True):
+        if code == reads.OK:
+            out.append(KeyResult("ok", VersionedRecord(value, ts, vt), view.snapshot, horizon))
         else:
-            deleted_at = timestamps[j] if j is not None else None
-            out.append(KeyResult(reads.OUTCOMES[code], None, view.snapshot, shown_h, deleted_at))
+            out.append(KeyResult(reads.OUTCOMES[code], None, view.snapshot, horizon, ts if has_row else None))
     return out
 
 
@@ -137,7 +135,9 @@ def list_keys(view: StoreView, con: duckdb.DuckDBPyConnection, query: KeysQuery,
     while True:
         chunks = view.key_chunks(con, lo, hi, after, max(MIN_ROUND, limit + 1 - len(entries)))
         bound = min((c.keys[-1] for c in chunks if not c.exhausted), default=None)
-        found = [e for c in chunks for e in _listed(view, c, query) if bound is None or e.key <= bound]
+        if bound is not None:  # keys above the bound are read again by the next round, if any
+            chunks = [c.upto(bound) for c in chunks]
+        found = [e for c in chunks for e in _listed(view, c, query)]
         found.sort(key=attrgetter("key"))
         entries.extend(found)
         if bound is None or len(entries) > limit:

@@ -210,6 +210,11 @@ class KeySegments:
         return KeySegments(self.valid_from, self.valid_to, self.tombstone, self.values,
                            self.start[idx], self.end[idx], self.partition[idx])
 
+    def head(self, n: int) -> KeySegments:
+        """The first ``n`` keys."""
+        return KeySegments(self.valid_from, self.valid_to, self.tombstone, self.values,
+                           self.start[:n], self.end[:n], self.partition[:n])
+
     @staticmethod
     def absent(n: int) -> KeySegments:
         """``n`` keys without rows."""

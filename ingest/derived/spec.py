@@ -39,7 +39,7 @@ _FIELDS = {
 
 @dataclass(frozen=True)
 class Aggregator:
-    """A custom table aggregate (KIP-904 semantics, docs/derived-tables.md "Aggregates").
+    """A custom table aggregate (KIP-904 semantics, docs/derived-tables.md "Values").
 
     ``aggregate: {init, add, subtract}`` is Kafka's ``aggregate(initializer, adder, subtractor)``;
     ``reduce: {add, subtract}`` is Kafka's ``reduce(adder, subtractor)`` (``init`` is None: a
