@@ -58,7 +58,13 @@ def make_events(keys: int, versions: int, seed: int, *, batch: int | None = None
         n = batch
         key_ids = rng.integers(0, keys, size=n, dtype=np.int64)
         step = step_ms_for(keys * versions)  # the time step of the changelog it continues
-    pos = np.arange(after_events, after_events + n, dtype=np.int64)
+    return _events(key_ids, np.arange(after_events, after_events + n, dtype=np.int64), step, rng)
+
+
+def _events(key_ids: np.ndarray, pos: np.ndarray, step: int, rng: np.random.Generator) -> pa.Table:
+    """Events for ``key_ids`` at processing positions ``pos``: timestamps ``START_MS + pos *
+    step``, with the out-of-order, late and tombstone shares drawn from ``rng``."""
+    n = len(key_ids)
     ts = START_MS + pos * step
     u = rng.random(n)
     late = u < LATE
@@ -79,6 +85,26 @@ def make_events(keys: int, versions: int, seed: int, *, batch: int | None = None
     value = pc.if_else(pa.array(tomb), pa.nulls(n, pa.string()), value)
     return pa.table({"key": key_arr, "value": value, "timestamp": pa.array(ts),
                      "is_late": pa.array(late)})
+
+
+def write_jsonl_in_slices(keys: int, versions: int, seed: int, folder: str, files: int) -> int:
+    """``make_events`` then ``write_changelog`` (JSONL) for changelogs too big for one Arrow
+    table (100M events): the keys are shuffled once, then each file's slice is made and written
+    alone. Same distribution as ``make_events``, not the same draws. Returns the late count."""
+    rng = np.random.default_rng(seed)
+    n = keys * versions
+    key_ids = np.repeat(np.arange(keys, dtype=np.int32), versions)
+    rng.shuffle(key_ids)
+    bounds = np.linspace(0, n, files + 1).astype(np.int64)
+    os.makedirs(folder, exist_ok=True)
+    late = 0
+    for i in range(files):
+        lo, hi = int(bounds[i]), int(bounds[i + 1])
+        part = _events(key_ids[lo:hi].astype(np.int64), np.arange(lo, hi, dtype=np.int64), step_ms_for(n), rng)
+        late += int(pc.sum(part["is_late"]).as_py() or 0)
+        with open(os.path.join(folder, f"part-{i:05d}.jsonl"), "wb") as fh:
+            fh.write(_jsonl_bytes(part.drop_columns(["is_late"])))
+    return late
 
 
 def _jsonl_bytes(tbl: pa.Table) -> bytes:

@@ -94,9 +94,11 @@ def ensure_store(work: str, keys: int) -> tuple[str, dict]:
     shutil.rmtree(warehouse, ignore_errors=True)
     source = os.path.join(work, f"src-query-{keys}")
     shutil.rmtree(source, ignore_errors=True)
-    tbl = gen.make_events(keys, VERSIONS, seed=1)
-    gen.write_changelog(tbl, source, "jsonl", files=max(8, min(64, keys * VERSIONS // 625_000)))
-    del tbl  # the events are on disk now; a 100M-event table would hold ~5 GB beside Spark
+    files = max(8, min(64, keys * VERSIONS // 625_000))
+    if keys * VERSIONS > 20_000_000:  # too big for one Arrow table: made and written file by file
+        gen.write_jsonl_in_slices(keys, VERSIONS, 1, os.path.join(source, "jsonl"), files)
+    else:
+        gen.write_changelog(gen.make_events(keys, VERSIONS, seed=1), source, "jsonl", files=files)
     with open(os.path.join(source, "jsonl", "zz-hot.jsonl"), "wb") as fh:
         fh.write(gen._jsonl_bytes(hot_keys_table(2)))
     spark = get_spark("local[*]")

@@ -34,8 +34,10 @@ from versiq.query import index_files, reads
 from versiq.query.files import arrow
 
 
-def resolve_sql(kind: str, one_key: bool) -> str:
-    where = "WHERE key = $key " if one_key else ""
+def resolve_sql(kind: str, keys: str | None) -> str:
+    """The resolved rows (read rule applied) of ``$files``, sorted by (key, valid_from): of every
+    key (``keys`` None), of ``$key`` (``"one"``) or of the keys of the list ``$keys`` (``"many"``)."""
+    where = {None: "", "one": "WHERE key = $key ", "many": "WHERE key IN (SELECT unnest($keys)) "}[keys]
     return (
         "SELECT key, valid_from, valid_to, value, tombstone, \"partition\" "
         f"FROM read_parquet($files, hive_partitioning = false) {where}"
@@ -89,7 +91,7 @@ class BucketIndex:
                       cache: str) -> BucketIndex:
         paths = [f.path for f in files]
         directory = index_files.bucket_directory(cache, bucket, index_files.bucket_digest(kind, paths))
-        data, _built = index_files.open_or_build(directory, lambda: arrow(con, resolve_sql(kind, False),
+        data, _built = index_files.open_or_build(directory, lambda: arrow(con, resolve_sql(kind, None),
                                                                             {"files": paths}))
         return BucketIndex(files=frozenset(paths), data=data, physical_rows=sum(f.num_records for f in files))
 

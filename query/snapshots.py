@@ -53,13 +53,42 @@ class FilesSnapshot(StoreView):
         if not files:
             return None
         try:
-            tbl = arrow(con, resolve_sql(self.settings.kind, True), {"files": files, "key": key})
+            tbl = arrow(con, resolve_sql(self.settings.kind, "one"), {"files": files, "key": key})
         except duckdb.IOException as exc:
             raise SnapshotGone(f"snapshot {self.snapshot} of store {self.name!r} is gone: {exc}") from exc
         if tbl.num_rows == 0:
             return None
         vf, vt, tomb, values, part = rows_from_table(tbl)
         return reads.KeyRows(vf, vt, tomb, values, 0, tbl.num_rows, int(part[0]))
+
+    def segments(self, con: duckdb.DuckDBPyConnection, keys: list[str]) -> list[tuple[np.ndarray, reads.KeySegments]]:
+        """A group per bucket: one DuckDB query for all of the bucket's keys (files pruned by
+        their key statistics), not one per key."""
+        of_bucket = np.array([layout.bucket_of(key, self.settings.buckets) for key in keys], dtype=np.int64)
+        groups = []
+        for b in np.unique(of_bucket).tolist():
+            positions = np.flatnonzero(of_bucket == b)
+            wanted = [keys[p] for p in positions]
+            files = [f.path for f in self.files.get(b, []) if any(f.may_contain(key) for key in wanted)]
+            if not files:
+                groups.append((positions, reads.KeySegments.absent(len(positions))))
+                continue
+            try:
+                tbl = arrow(con, resolve_sql(self.settings.kind, "many"), {"files": files, "keys": wanted})
+            except duckdb.IOException as exc:
+                raise SnapshotGone(f"snapshot {self.snapshot} of store {self.name!r} is gone: {exc}") from exc
+            vf, vt, tomb, values, part = rows_from_table(tbl)
+            column = tbl.column("key").combine_chunks()
+            starts, ends = key_runs(column)
+            run_of = {key: i for i, key in enumerate(column.take(pa.array(starts)).to_pylist())}
+            at = np.array([run_of.get(key, -1) for key in wanted], dtype=np.int64)
+            found = at >= 0
+            pick = np.where(found, at, 0)
+            start = np.where(found, starts[pick], 0) if len(starts) else np.zeros(len(wanted), dtype=np.int64)
+            end = np.where(found, ends[pick], 0) if len(starts) else np.zeros(len(wanted), dtype=np.int64)
+            partition = part[np.minimum(start, max(0, len(part) - 1))].astype(np.int64) if len(part) else start
+            groups.append((positions, reads.KeySegments(vf, vt, tomb, values, start, end, partition)))
+        return groups
 
     def key_chunks(self, con: duckdb.DuckDBPyConnection, lo: str | None, hi: str | None, after: str | None,
                    want: int) -> list[KeyChunk]:

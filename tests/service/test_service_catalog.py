@@ -40,6 +40,29 @@ def _truncate(path: str) -> bytes:
     return original
 
 
+def _commit_corrupted(builder: StoreBuilder, records: list[tuple[str, str | None, int]], scratch: str) -> None:
+    """Commit ``records`` to ``builder``'s store with the commit file cut in half, so that a
+    server watching the store never sees it whole: the commit is written in a copy of the store,
+    cut there, and its files moved in (the log entry last, by an atomic rename)."""
+    served = builder.path
+    shutil.copytree(served, scratch)
+    builder.path = scratch
+    try:
+        builder.apply(records)
+    finally:
+        builder.path = served
+    commit = os.path.relpath(_commit_file(scratch, builder.version), scratch)
+    _truncate(os.path.join(scratch, commit))
+    for folder, _dirs, files in os.walk(scratch):
+        for name in files:
+            relative = os.path.relpath(os.path.join(folder, name), scratch)
+            if relative != commit and not os.path.exists(os.path.join(served, relative)):
+                os.makedirs(os.path.dirname(os.path.join(served, relative)), exist_ok=True)
+                shutil.copy2(os.path.join(folder, name), os.path.join(served, relative))
+    shutil.copy2(os.path.join(scratch, commit), os.path.join(scratch, commit + ".moving"))
+    os.replace(os.path.join(scratch, commit + ".moving"), os.path.join(served, commit))
+
+
 def _problem(resp: httpx.Response, status: int, name: str) -> dict[str, Any]:
     assert resp.status_code == status, resp.text
     assert resp.headers["content-type"] == "application/problem+json"
@@ -85,14 +108,14 @@ def test_a_corrupt_store_is_unavailable_not_missing_and_comes_back_when_repaired
 
 
 def test_a_store_corrupted_while_served_keeps_its_last_good_snapshot(
-        two_stores: tuple[str, StoreBuilder, StoreBuilder], caplog: pytest.LogCaptureFixture) -> None:
+        two_stores: tuple[str, StoreBuilder, StoreBuilder], caplog: pytest.LogCaptureFixture, tmp_path: Any) -> None:
     wh, _p1, p2 = two_stores
     settings = Settings(warehouse=wh, refresh_interval_s=0.1)
     with caplog.at_level(logging.INFO, logger="versiq"), live_server(settings) as url, \
             httpx.Client(base_url=url) as c:
         _until(lambda: c.get("/readyz").status_code == 200)
-        p2.apply([("k", '"c"', T0 + 2)])
-        _truncate(_commit_file(p2.path, 2))
+        _commit_corrupted(p2, [("k", '"c"', T0 + 2)], str(tmp_path / "scratch"))
+        assert p2.version == 2
         _until(lambda: (c.get("/readyz").json()["stores"]["p2"]["error"] or "") != "")
         state = c.get("/readyz").json()
         assert state["ready"] is True and state["stores"]["p2"]["snapshot"] == 1
