@@ -310,10 +310,14 @@ class Service:
         return await self._batch_get(route, query_string, request)
 
     async def _call(self, name: str, at: int | None, fn: Callable[..., Any], *args: Any,
-                    what: str = "store", **kwargs: Any) -> Any:
-        """Run an engine call in the thread pool; its errors become problems about ``what``
-        (``store`` or ``stream``) ``name`` read at snapshot ``at``."""
+                    what: str = "store", inline: bool = False, **kwargs: Any) -> Any:
+        """Run an engine call in the thread pool (``inline``: on the event loop, for a read of
+        one key from the serving index, which takes microseconds and no I/O but mapped pages:
+        the thread hop would cost more than the read); its errors become problems about
+        ``what`` (``store`` or ``stream``) ``name`` read at snapshot ``at``."""
         try:
+            if inline:
+                return fn(*args, **kwargs)
             return await run_in_threadpool(fn, *args, **kwargs)
         except QueryError as exc:
             raise query_problem(exc, what, name, at, self.settings.refresh_interval_s) from None
@@ -502,7 +506,7 @@ class Service:
         snapshot = await self._snapshot(store, params)
         engine = self.require_engine()
         result = await self._call(store, snapshot, engine.get, store,
-                                  VersionedKeyQuery(key, as_of), snapshot=snapshot)
+                                  VersionedKeyQuery(key, as_of), snapshot=snapshot, inline=snapshot is None)
         if result.outcome == "ok" and result.record is not None:
             return key_json(key, result)
         raise key_problem(store, key, as_of, result)
@@ -524,7 +528,7 @@ class Service:
         page = await self._call(
             store, snapshot, engine.versions, store,
             MultiVersionedKeyQuery(key, from_time, to_time, order == "asc", include_deleted),
-            snapshot=snapshot, resume_after=resume_after, limit=page_size,
+            snapshot=snapshot, resume_after=resume_after, limit=page_size, inline=snapshot is None,
         )
         if page.expired:
             raise Problem(
