@@ -18,6 +18,7 @@ import sys
 import tempfile
 from typing import Any
 
+from versiq import layout
 from versiq.durations import DurationError, parse_duration_ms
 from versiq.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from versiq.ingest.errors import UsageError
@@ -151,7 +152,10 @@ def ingest_command(args: argparse.Namespace, parser: argparse.ArgumentParser | N
 
     spark = get_spark(args.master)  # continuous mode: one session for its whole life
     from versiq.ingest.continuous import run_continuous
+    from versiq.ingest.delta import StateAhead
     from versiq.ingest.maintain import compact_if_due
+
+    state_ahead = StateAhead(spark)
 
     def one_run() -> Any:
         return run_pipeline(spark, args.warehouse, pipeline, lock_timeout_s=lock_timeout)
@@ -168,11 +172,16 @@ def ingest_command(args: argparse.Namespace, parser: argparse.ArgumentParser | N
                 compact_if_due(args.warehouse, name, lock_timeout, lambda: spark)
             except Exception:  # noqa: BLE001 - maintenance failure must not stop ingest
                 log.exception("maintenance of %s failed", name)
+        # what the next micro-batch's commits need from Delta, computed while nothing waits for it
+        state_ahead.start([layout.table_path(args.warehouse, name)
+                           for group in ("stores", "streams", "tables") for name, entry in data.get(group, {}).items()
+                           if entry.get("run")])  # it committed: a new snapshot
 
     try:
         return run_continuous(spark, args.warehouse, pipeline, interval, one_run, after_run)
     finally:
         try:
+            state_ahead.wait()
             spark.stop()
         except Exception:  # noqa: BLE001 - the JVM may have been signalled with us
             log.debug("spark.stop() failed", exc_info=True)

@@ -450,7 +450,12 @@ class Service:
         found before the first line are problems; a commit whose files vanish mid-stream ends
         the stream early (logged)."""
         store = _checked_name(route.store, "store")
-        params = parse_query(query_string, ("sinceSnapshot", "untilSnapshot", "wait"))
+        params = parse_query(query_string, ("sinceSnapshot", "untilSnapshot", "wait", "pageSize", "pageToken"))
+        for name in ("pageSize", "pageToken"):  # accepted by the route, meaningless for a stream
+            if name in params:
+                raise bad_request(f"query parameter {name!r} pages the JSON answer; the NDJSON stream "
+                                  "(Accept: application/x-ndjson) sends the whole window in one answer: "
+                                  "leave it out, or page with Accept: application/json", parameter=name)
         since, until = _feed_params(params)
         if until is None:
             await self._wait_for_commit(store, since, _wait_param(params))

@@ -165,6 +165,10 @@ def test_the_change_feed_replayed_over_a_snapshot_gives_a_later_one(spark: Any, 
             assert streamed.headers["content-type"] == "application/x-ndjson"
             assert int(streamed.headers["versiq-snapshot"]) == head
             assert [json.loads(line) for line in streamed.text.splitlines()] == changes
+        for name, value in (("pageSize", "10"), ("pageToken", "x")):  # a stream is not paged: said precisely
+            refused = problem(client.get("/v1/stores/c/changes", params={"sinceSnapshot": -1, name: value},
+                                         headers={"accept": "application/x-ndjson"}), 400, "bad-request")
+            assert refused["parameter"] == name and "NDJSON stream" in refused["detail"], refused
         # a window: (first, second]
         window = client.get("/v1/stores/c/changes", params={"sinceSnapshot": snapshots[0],
                                                            "untilSnapshot": snapshots[1]}).json()
