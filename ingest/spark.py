@@ -238,6 +238,11 @@ def get_spark(master: str | None = None, app_name: str = "versiq-ingest") -> Spa
         .config("spark.driver.memory", os.environ.get("VERSIQ_DRIVER_MEMORY", "4g"))
         .config("spark.executorEnv.PYSPARK_PYTHON", os.environ["PYSPARK_PYTHON"])
         .config("spark.python.worker.reuse", "true")
+        # PySpark 4 records the Python call site of every DataFrame and Column call in the JVM
+        # (three py4j round trips each) for error messages: about 60% of the py4j calls of a
+        # run's plan, 0.55 -> 0.34 s per run of ``semantics.classify`` + ``rows_to_write``
+        # (docs/benchmarks.md, "PySpark's call-site capture"); our errors name their own context.
+        .config("spark.python.sql.dataFrameDebugging.enabled", "false")
     )
     java_options = " ".join(filter(None, [_class_archive_option(), _quiet_log_option(),
                                           os.environ.get(DRIVER_JAVA_OPTIONS_ENV)]))

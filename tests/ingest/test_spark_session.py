@@ -1,5 +1,6 @@
 """The driver JVM's class-data-sharing archive (ingest/spark.py): named per JDK and PySpark, used
-only under its final name, and used by the sessions of this checkout once `make` wrote it."""
+only under its final name, and used by the sessions of this checkout once `make` wrote it; and
+the session's other settings for small runs."""
 
 from __future__ import annotations
 
@@ -30,3 +31,12 @@ def test_the_sessions_of_this_checkout_map_the_archive(spark):
     if path is None or not os.path.isfile(path):
         pytest.skip("no class archive: run through `make test` (it writes one)")
     assert f"-XX:SharedArchiveFile={path}" in spark.conf.get("spark.driver.extraJavaOptions")
+
+
+def test_the_session_does_not_record_python_call_sites(spark):
+    """PySpark's call-site capture costs three py4j round trips per DataFrame or Column call,
+    most of the driver time of a small run's plan (ingest/spark.py)."""
+    from pyspark.errors.utils import is_debugging_enabled
+
+    assert spark.conf.get("spark.python.sql.dataFrameDebugging.enabled") == "false"
+    assert not is_debugging_enabled()
