@@ -162,8 +162,10 @@ def ingest_command(args: argparse.Namespace, parser: argparse.ArgumentParser | N
 
     def after_run(report: Any) -> None:
         data = report.to_json()
-        entries = [*data["stores"].values(), *data.get("streams", {}).values(), *data.get("tables", {}).values()]
-        if any(entry.get("run") for entry in entries) or report.failed:
+        # the tables this micro-batch committed to (one warehouse namespace: names are unique)
+        committed = [name for group in ("stores", "streams", "tables")
+                     for name, entry in data.get(group, {}).items() if entry.get("run")]
+        if committed or report.failed:
             print_summary(data)
             if args.report:
                 write_report(args.report, data)
@@ -173,9 +175,7 @@ def ingest_command(args: argparse.Namespace, parser: argparse.ArgumentParser | N
             except Exception:  # noqa: BLE001 - maintenance failure must not stop ingest
                 log.exception("maintenance of %s failed", name)
         # what the next micro-batch's commits need from Delta, computed while nothing waits for it
-        state_ahead.start([layout.table_path(args.warehouse, name)
-                           for group in ("stores", "streams", "tables") for name, entry in data.get(group, {}).items()
-                           if entry.get("run")])  # it committed: a new snapshot
+        state_ahead.start([layout.table_path(args.warehouse, name) for name in committed])
 
     try:
         return run_continuous(spark, args.warehouse, pipeline, interval, one_run, after_run)

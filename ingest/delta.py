@@ -115,13 +115,14 @@ class StateAhead:
     answers "which version of this id committed?" from the snapshot's computed state: a Spark
     job over the whole log (``Delta: Compute snapshot for version``), run once per table
     version, even when a ``.crc`` file holds the answer. In a small run that job and its
-    setup were about a third of the run (``bench/freshness_bench.py``: a one-record run 4.1 s
-    -> 2.7 s on a slow day). ``start`` is called after a micro-batch's commits and maintenance,
-    when the data is already visible; the computation runs in a thread so that a file landing
-    meanwhile starts its run at once. Delta computes a snapshot's state once (a lazy value):
-    a commit that comes while it is still running waits for it instead of computing it twice.
-    (Computed inside each run, beside its own jobs, it slowed them about as much on two
-    cores.) Best effort: a failure is logged, and the next commit computes the state itself."""
+    setup were about a quarter of the run (``bench/freshness_bench.py``: a one-record run
+    3.9-4.1 s -> 3.1-3.2 s on a slow day; docs/benchmarks.md). ``start`` is called after a
+    micro-batch's commits and maintenance, when the data is already visible; the computation
+    runs in a thread so that a file landing meanwhile starts its run at once. Delta computes a
+    snapshot's state once (a lazy value): a commit that comes while it is still running waits
+    for it instead of computing it twice. (Computed inside each run, beside its own jobs, it
+    slowed them about as much on two cores.) Best effort: a failure is logged, and the next
+    commit computes the state itself."""
 
     def __init__(self, spark: SparkSession) -> None:
         self.spark = spark
