@@ -126,12 +126,18 @@ def run_continuous(spark: Any, warehouse: str, pipeline: Any, interval_s: float,
                  .queryName(f"versiq-ingest-{storage.basename(checkpoint)}").start())
         while not state["stop"] and query.isActive:
             time.sleep(0.2)
-        with busy:  # let a running micro-batch finish its run
-            try:
-                query.stop()
-            except Exception:  # noqa: BLE001 - the JVM may already be gone (signal to the group)
-                log.warning("the file-stream query did not stop cleanly", exc_info=True)
-                return int(state["status"])
+        # Let a running micro-batch finish its run; one that starts from now on refuses at once
+        # (``stop`` is set). ``busy`` is not held across ``query.stop()``: that waits for the
+        # stream's thread, which may be calling ``on_batch`` for a new batch, and ``on_batch``
+        # waiting for ``busy`` would never return (a deadlock seen when a file was listed just
+        # as SIGTERM came).
+        with busy:
+            pass
+        try:
+            query.stop()
+        except Exception:  # noqa: BLE001 - the JVM may already be gone (signal to the group)
+            log.warning("the file-stream query did not stop cleanly", exc_info=True)
+            return int(state["status"])
         if state["fatal"] is not None:
             exc = state["fatal"]
             print(f"versiq ingest: error: {exc}", flush=True, file=sys.stderr)

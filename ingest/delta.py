@@ -145,6 +145,9 @@ class StateAhead:
     def _compute(self, paths: list[str]) -> None:
         from delta.tables import DeltaTable
 
+        # A group of its own: the thread inherits the micro-batch's, which stopping the
+        # streaming query cancels (a needless failure logged at every stop).
+        self.spark.sparkContext.setJobGroup("versiq-delta-state", "Delta state ahead of the next commit")
         for path in paths:
             if not has_delta_log(path):
                 continue
