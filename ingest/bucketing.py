@@ -60,10 +60,14 @@ def task_slots(tasks: int) -> tuple[int, ...]:
     return tuple(slots[t] for t in range(tasks))
 
 
+def slot_sql(bucket: str, tasks: int) -> str:
+    """The ``slot`` of a row whose bucket is the SQL expression ``bucket`` (``by_bucket``)."""
+    slots = ", ".join(str(v) for v in task_slots(tasks))
+    return f"element_at(array({slots}), pmod({bucket}, {int(tasks)}) + 1)"
+
+
 def by_bucket(frame: DataFrame, tasks: int) -> DataFrame:
     """``frame`` (with an int ``bucket`` column) in ``tasks`` partitions, bucket ``b`` in
     partition ``b mod tasks``, with the ``slot`` column it is hash-partitioned by (operators
     that must keep this partitioning, like a window, list ``slot`` among their keys)."""
-    slots = F.array(*(F.lit(v) for v in task_slots(tasks)))
-    return frame.withColumn("slot", F.element_at(slots, F.pmod(F.col("bucket"), F.lit(tasks)) + 1)).repartition(
-        tasks, "slot")
+    return frame.withColumn("slot", F.expr(slot_sql("bucket", tasks))).repartition(tasks, "slot")

@@ -18,7 +18,7 @@ import sys
 import tempfile
 from typing import Any
 
-from versiq import layout
+from versiq import layout, storage
 from versiq.durations import DurationError, parse_duration_ms
 from versiq.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from versiq.ingest.errors import UsageError
@@ -175,7 +175,9 @@ def ingest_command(args: argparse.Namespace, parser: argparse.ArgumentParser | N
             except Exception:  # noqa: BLE001 - maintenance failure must not stop ingest
                 log.exception("maintenance of %s failed", name)
         # what the next micro-batch's commits need from Delta, computed while nothing waits for it
-        state_ahead.start([layout.table_path(args.warehouse, name) for name in committed])
+        # (tables whose runs commit with a transaction id: on S3, ``delta.run_txn_needed``)
+        state_ahead.start([path for path in (layout.table_path(args.warehouse, name) for name in committed)
+                           if storage.is_s3(path)])
 
     try:
         return run_continuous(spark, args.warehouse, pipeline, interval, one_run, after_run)

@@ -77,13 +77,34 @@ def _properties(schema: pa.Schema) -> dict[str, str]:
 
 def _conform(frame: DataFrame, schema: pa.Schema) -> DataFrame:
     """``frame`` with exactly the table's columns, in order, cast to its types."""
-    return frame.select(*(F.col(f"`{f.name}`").cast(from_arrow_type(f.type)).alias(f.name) for f in schema))
+    return frame.selectExpr(*(f"CAST(`{f.name}` AS {from_arrow_type(f.type).simpleString()}) AS `{f.name}`"
+                              for f in schema))
+
+
+def run_txn_needed(path: str, has_rows: bool | None) -> bool:
+    """Whether a run's append to the table at ``path`` carries Delta's transaction id (app
+    ``versiq.ingest``, version = run).
+
+    A run commits at most once without it: the writer lock is held for the whole run, and the
+    run starts from the state of the table's newest commit, so a rerun after a crash, or the
+    next writer, starts after the committed run. On local disk that is the whole story:
+    ``flock`` is released only when its process ends, so two writers never overlap. On S3 the
+    lock is a lease, which a paused holder can lose without knowing (``versiq.ingest.lease``):
+    there the id is the fence, Delta refusing a second commit of the run. An append of no rows
+    carries it too, or Delta would skip the commit and with it the run's state.
+
+    Not everywhere, because delta-spark (4.4) answers "did this id commit?" from the snapshot's
+    computed state, a Spark job over the whole log (``Delta: Compute snapshot``) in every
+    commit: about 0.4 s of a one-record run (docs/benchmarks.md), for what the lock gives."""
+    return storage.is_s3(path) or not has_rows
 
 
 def commit_table(frame: DataFrame, path: str, schema: pa.Schema, *, run: int, state: StoreState,
-                 description: str, sort: tuple[str, ...], new_run: bool = True) -> None:
-    """Append a run's rows to the table at ``path`` (creating it) with its state. Idempotent
-    per run (Delta's txn), so a rerun after a crash never appends a run twice.
+                 description: str, sort: tuple[str, ...], new_run: bool = True,
+                 has_rows: bool | None = None) -> None:
+    """Append a run's rows to the table at ``path`` (creating it) with its state, in one commit,
+    at most once per run (``run_txn_needed``). ``has_rows``: whether ``frame`` has rows, when
+    the caller knows (unknown counts as maybe not).
     ``new_run=False``: a state-only commit between runs, under the transaction id
     ``STATE_APP_ID`` (``versiq.ingest`` would make Delta skip it as the run already committed;
     no transaction at all would make Delta skip it as an empty append)."""
@@ -100,8 +121,10 @@ def commit_table(frame: DataFrame, path: str, schema: pa.Schema, *, run: int, st
             # and no Delta log exists.
             writer.option("txnAppId", APP_ID).option("txnVersion", str(run)).createOrReplace()
         elif new_run:
-            rows.write.format("delta").mode("append").option("txnAppId", APP_ID) \
-                .option("txnVersion", str(run)).save(path)
+            append = rows.write.format("delta").mode("append")
+            if run_txn_needed(path, has_rows):
+                append = append.option("txnAppId", APP_ID).option("txnVersion", str(run))
+            append.save(path)
         else:  # Delta skips an empty append without a transaction: give it one of its own
             rows.write.format("delta").mode("append").option("txnAppId", STATE_APP_ID) \
                 .option("txnVersion", str(storage.delta_table(path).version() + 1)).save(path)
@@ -109,9 +132,9 @@ def commit_table(frame: DataFrame, path: str, schema: pa.Schema, *, run: int, st
 
 class StateAhead:
     """Has Delta compute the state of tables' newest snapshots in the background, between
-    runs, rather than in the next run's commit (continuous mode).
+    runs, rather than in the next run's commit (continuous mode, tables on S3).
 
-    Every run commits with a Delta transaction id (``commit_table``), and delta-spark (4.4)
+    A run on S3 commits with a Delta transaction id (``run_txn_needed``), and delta-spark (4.4)
     answers "which version of this id committed?" from the snapshot's computed state: a Spark
     job over the whole log (``Delta: Compute snapshot for version``), run once per table
     version, even when a ``.crc`` file holds the answer. In a small run that job and its

@@ -16,7 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from versiq import layout, storage
@@ -30,7 +30,7 @@ from versiq.ingest.parse import parse_files
 from versiq.ingest.records.kafka_rows import SKIPPED
 from versiq.ingest.rejections import write_rejected, write_source_rejected
 from versiq.ingest.reports import RunReport, StoreReport
-from versiq.ingest.semantics import RunContext, classify, default_partition_of, file_of, rows_to_write
+from versiq.ingest.semantics import RunContext, classify, crc32_mod_sql, file_of_sql, rows_to_write
 from versiq.ingest.sources import SourceError, check_readable, list_sources, log_ignored, source_error_in
 from versiq.ingest.store import (
     StoreHandle,
@@ -269,7 +269,9 @@ def _run_once(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, run: in
                     state.changelog_since = run
                 _write_changelog(classified, handle.path, state, ctx)
             log.info("store %s: committing run %d", spec.name, run)
-            version = commit_store(handle, rows_to_write(classified, existing, ctx, existing_empty=empty), state)
+            # every accepted record makes a version (a row), so the count says whether there are rows
+            version = commit_store(handle, rows_to_write(classified, existing, ctx, existing_empty=empty), state,
+                                   has_rows=report.accepted_latest + report.accepted_out_of_order > 0)
             report.snapshot = version
         finally:
             classified.unpersist()
@@ -314,13 +316,13 @@ def _parse_stats(parsed: DataFrame, report: StoreReport,
     flags = {"part": 0, "offset": 0}
     file_max: dict[tuple[int, int], int] | None = None if partitions is None else {}
     if partitions is None:
-        file, default_p = F.lit(None).cast("int"), F.lit(None).cast("int")
+        file, default_p = "CAST(NULL AS INT)", "CAST(NULL AS INT)"
     else:
-        file = file_of(F.col("seq"))
-        default_p = F.when(F.col("reason").isNull(), default_partition_of(F.col("key"), partitions))
-    rows = parsed.groupBy("reason", file.alias("file"), default_p.alias("p")).agg(
-        F.count(F.lit(1)).alias("n"), F.count("part").alias("part"), F.count("offset").alias("offset"),
-        F.max("ts").alias("max_ts"),
+        file = file_of_sql("seq")
+        default_p = f"CASE WHEN reason IS NULL THEN {crc32_mod_sql('key', partitions)} END"
+    rows = parsed.groupBy("reason", F.expr(f"{file} AS file"), F.expr(f"{default_p} AS p")).agg(
+        F.expr("count(1) AS n"), F.expr("count(part) AS part"), F.expr("count(`offset`) AS `offset`"),
+        F.expr("max(ts) AS max_ts"),
     ).collect()
     for row in rows:
         report.read += row["n"]
@@ -339,12 +341,9 @@ def _parse_stats(parsed: DataFrame, report: StoreReport,
 def _next_state(classified: DataFrame, state: StoreState, run: int, report: StoreReport) -> StoreState:
     """Outcome counts for the report and the store state after this run (without what the run
     read: the caller's ``advance``)."""
-    rows = classified.groupBy("outcome", "p").agg(
-        F.count(F.lit(1)).alias("n"),
-        F.sum(F.col("latest").cast("int")).alias("latest"),
-        F.sum(F.col("replaced").cast("int")).alias("replaced"),
-        F.sum(F.col("value").isNull().cast("int")).alias("tombstones"),
-        F.max("ts").alias("st"), F.max("offset").alias("off"),
+    rows = classified.groupBy("outcome", "p").agg(F.expr("count(1) AS n"), F.expr(
+        "sum(CAST(latest AS INT)) AS latest"), F.expr("sum(CAST(replaced AS INT)) AS replaced"), F.expr(
+        "sum(CAST(value IS NULL AS INT)) AS tombstones"), F.expr("max(ts) AS st"), F.expr("max(`offset`) AS off"),
     ).collect()
     stream_time = dict(state.stream_time)
     max_offset = dict(state.max_offset)
@@ -374,16 +373,15 @@ def _write_changelog(classified: DataFrame, store_path: str, state: StoreState, 
     k-th record of the partition takes the k-th (path, line/row) slot of that partition, which
     keeps every partition's own order (docs/semantics.md, rules 19-21) in one sequence.
     """
-    acc = classified.filter(F.col("outcome") == "accepted").select("key", "value", "ts", "p", "ord0", "seq")
+    acc = classified.filter("outcome = 'accepted'").select("key", "value", "ts", "p", "ord0", "seq")
     if ctx.any_offsets:
-        by_order = Window.partitionBy("p").orderBy(F.col("ord0").asc_nulls_first(), "seq")
-        records = acc.withColumn("k", F.row_number().over(by_order)).drop("seq")
-        slots = acc.select("p", "seq").withColumn("k", F.row_number().over(Window.partitionBy("p").orderBy("seq")))
+        records = acc.selectExpr("key", "value", "ts", "p", "ord0",
+                                 "row_number() OVER (PARTITION BY p ORDER BY ord0 ASC NULLS FIRST, seq) AS k")
+        slots = acc.selectExpr("p", "seq", "row_number() OVER (PARTITION BY p ORDER BY seq) AS k")
         acc = records.join(slots, ["p", "k"])
-    out = acc.select(
-        F.lit(state.run).cast("bigint").alias("run"),
-        F.row_number().over(Window.orderBy("seq")).cast("bigint").alias("seq"),
-        "key", "value", F.col("ts").alias("timestamp"), F.col("p").cast("int").alias("partition"),
+    out = acc.selectExpr(
+        f"CAST({int(state.run)} AS BIGINT) AS run", "CAST(row_number() OVER (ORDER BY seq) AS BIGINT) AS seq",
+        "key", "value", "ts AS timestamp", "CAST(p AS INT) AS `partition`",
     )
     commit_side(store_path, CHANGELOG_DIR, state, out.repartition(1).sortWithinPartitions("seq"))
 

@@ -51,11 +51,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from versiq.durations import format_duration
-from versiq.ingest.bucketing import by_bucket
+from versiq.ingest.bucketing import slot_sql
 from versiq.ingest.order import POS_BITS
 from versiq.layout import StoreSettings, StoreState
 
@@ -91,14 +91,38 @@ def _crc32_mod(key: Column, n: int) -> Column:
     return F.pmod(F.crc32(F.encode(key, "UTF-8")), F.lit(n)).cast("int")
 
 
+def crc32_mod_sql(column: str, n: int) -> str:
+    """``_crc32_mod`` as SQL text (the decisions below are built from SQL expressions)."""
+    return f"CAST(pmod(crc32(encode({column}, 'UTF-8')), {int(n)}) AS INT)"
+
+
+def sql_string(text: str) -> str:
+    """``text`` as a Spark SQL string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _x(sql: str) -> Column:
+    return F.expr(sql)
+
+
+#: Up to this many partitions with prior state, it is a ``CASE`` expression rather than a join
+#: (a broadcast join is a Spark job of its own; a ``CASE`` is a linear scan per row).
+PRIOR_STATE_CASE_MAX = 16
+
+
 def _with_prior_state(spark: SparkSession, frame: DataFrame, state: StoreState) -> DataFrame:
     """Add ``prev_st`` / ``prev_off``: the partition's stream time / highest offset from earlier
-    runs. A broadcast join, not a map literal: Spark looks a map up by a linear scan, which
-    costs rows x partitions (thousands of partitions made a run several times slower)."""
+    runs. For many partitions a broadcast join, not a map literal or a ``CASE``: Spark looks a
+    map up by a linear scan, which costs rows x partitions (thousands of partitions made a run
+    several times slower)."""
     parts = sorted(set(state.stream_time) | set(state.max_offset))
-    if not parts:
-        return frame.withColumn("prev_st", F.lit(None).cast("bigint")).withColumn(
-            "prev_off", F.lit(None).cast("bigint"))
+    if len(parts) <= PRIOR_STATE_CASE_MAX:
+        def by_partition(values: dict[int, int]) -> str:
+            cases = " ".join(f"WHEN {int(p)} THEN {int(v)}" for p, v in sorted(values.items()))
+            return f"CAST(CASE p {cases} END AS BIGINT)" if cases else "CAST(NULL AS BIGINT)"
+
+        return frame.withColumns({"prev_st": _x(by_partition(state.stream_time)),
+                                  "prev_off": _x(by_partition(state.max_offset))})
     prior = spark.createDataFrame(
         [(p, state.stream_time.get(p), state.max_offset.get(p)) for p in parts],
         "p int, prev_st bigint, prev_off bigint")
@@ -108,6 +132,10 @@ def _with_prior_state(spark: SparkSession, frame: DataFrame, state: StoreState) 
 def file_of(seq: Column) -> Column:
     """The file index of a ``seq`` (``ingest.order``): files are processed in index order."""
     return F.shiftright(seq, POS_BITS).cast("int")
+
+
+def file_of_sql(seq: str) -> str:
+    return f"CAST(shiftright({seq}, {POS_BITS}) AS INT)"
 
 
 def files_before(file_max: dict[tuple[int, int], int]) -> list[tuple[int, int, int]]:
@@ -124,172 +152,154 @@ def files_before(file_max: dict[tuple[int, int], int]) -> list[tuple[int, int, i
     return out
 
 
-def _null(kind: str) -> Column:
-    return F.lit(None).cast(kind)
+def _rfc3339(millis: str) -> str:
+    """Epoch ms as the RFC 3339 UTC text of ``versiq.timestamps.format_timestamp`` (the session's
+    time zone is UTC), for details people read."""
+    return f"""date_format(timestamp_millis({millis}), "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'")"""
+
+
+#: Processing order inside a partition (``ord0``: the offset when the partition is ordered by
+#: offsets; ``seq``: source file and position).
+ORDER = "ord0 ASC NULLS FIRST, seq ASC"
+BEFORE = "ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING"
 
 
 def classify(spark: SparkSession, records: DataFrame, existing: DataFrame, ctx: RunContext,
              existing_empty: bool = False) -> DataFrame:
     """Every record of the run with its ``outcome`` and, for accepted ones, the put decisions;
-    partitioned by write bucket into ``ctx.tasks`` partitions."""
-    s = ctx.settings
-    P = s.partitions
-    bad_part = F.col("part").isNotNull() & (F.col("part") >= P)
-    # A bad partition (any int64) must not reach the int cast: ANSI mode raises on overflow.
-    df = records.withColumn(
-        "p",
-        F.when(bad_part, F.lit(None).cast("int"))
-        .when(F.col("part").isNotNull(), F.col("part").cast("int")).otherwise(default_partition_of(F.col("key"), P)),
-    )
-    if existing_empty:
-        df = df.withColumn("home_stored", _null("int"))
-    else:
-        homes = existing.groupBy("key").agg(F.first("partition").alias("home_stored"))
-        df = df.join(homes, "key", "left")
-    if ctx.explicit_partitions:
-        w_first = Window.partitionBy("key").orderBy("seq").rowsBetween(
-            Window.unboundedPreceding, Window.unboundedFollowing)
-        df = df.withColumn("home_run", F.first(F.when(~bad_part, F.col("p")), ignorenulls=True).over(w_first))
-    else:  # every partition is crc32(key) mod P: a key's records all agree
-        df = df.withColumn("home_run", F.col("p"))
-    home = F.coalesce(F.col("home_stored"), F.col("home_run"))
-    conflict = ~bad_part & (F.col("p") != home)
-    df = df.withColumn(
-        "outcome0", F.when(bad_part, F.lit("bad_partition")).when(conflict, F.lit("partition_conflict"))
-    ).withColumn(
-        "detail0",
-        F.when(bad_part, F.format_string("partition %d is not in [0, %d)", F.col("part"), F.lit(P)))
-        .when(conflict, F.format_string("key belongs to partition %d, record names partition %d",
-                                        home, F.col("p"))),
-    ).withColumn("valid0", F.col("outcome0").isNull())
-    df = _with_prior_state(spark, df, ctx.state)
+    partitioned by write bucket into ``ctx.tasks`` partitions.
 
+    The decisions are SQL text, as few DataFrame steps as the window functions allow (a
+    window's input cannot hold another window): built from PySpark ``Column`` calls and a
+    ``withColumn`` each, they cost a py4j round trip per call and a plan analysis per step,
+    most of a small run's driver time."""
+    s = ctx.settings
+    P = int(s.partitions)
+    bad_part = f"(part IS NOT NULL AND part >= {P})"
+    # A bad partition (any int64) must not reach the int cast: ANSI mode raises on overflow.
+    df = records.withColumn("p", _x(
+        f"CASE WHEN {bad_part} THEN CAST(NULL AS INT) WHEN part IS NOT NULL THEN CAST(part AS INT) "
+        f"ELSE {crc32_mod_sql('key', P)} END"))
+    df = _with_prior_state(spark, df, ctx.state)
+    if not existing_empty:
+        # the key's stored home partition, its newest stored version, and stored timestamps
+        homes = existing.groupBy("key").agg(F.first("partition").alias("home_stored"),
+                                            F.max("valid_from").alias("stored_max"))
+        stored_ts = existing.selectExpr("key", "valid_from AS ts", "true AS stored_hit")
+        df = df.join(homes, "key", "left").join(stored_ts, ["key", "ts"], "left")
+    if ctx.explicit_partitions:
+        df = df.withColumn("home_run", _x(
+            f"first(CASE WHEN NOT {bad_part} THEN p END, true) OVER (PARTITION BY key ORDER BY seq "
+            "ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)"))
+        home_run = "home_run"
+    else:  # every partition is crc32(key) mod P: a key's records all agree
+        home_run = "p"
+    home = home_run if existing_empty else f"coalesce(home_stored, {home_run})"
+    conflict = f"(NOT {bad_part} AND p != {home})"
+    outcome0 = f"CASE WHEN {bad_part} THEN 'bad_partition' WHEN {conflict} THEN 'partition_conflict' END"
+    valid0 = f"(({outcome0}) IS NULL)"
+    first = {
+        "outcome0": _x(outcome0),
+        "detail0": _x(
+            f"CASE WHEN {bad_part} THEN format_string('partition %d is not in [0, %d)', part, {P}) "
+            f"WHEN {conflict} THEN format_string('key belongs to partition %d, record names partition %d', "
+            f"{home}, p) END"),
+        "valid0": _x(valid0),
+    }
     # Processing order inside a partition: by offset when every (valid) record of it has one.
     if ctx.any_offsets:
-        w_p = Window.partitionBy("p")
-        by_offset = F.count(F.when(F.col("valid0"), F.lit(1))).over(w_p) == \
-            F.count(F.when(F.col("valid0"), F.col("offset"))).over(w_p)
-        df = df.withColumn("ord0", F.when(by_offset, F.col("offset")))
+        df = df.withColumns(first).withColumn("ord0", _x(
+            "CASE WHEN count(CASE WHEN valid0 THEN 1 END) OVER (PARTITION BY p) = "
+            "count(CASE WHEN valid0 THEN `offset` END) OVER (PARTITION BY p) THEN `offset` END"))
+        dup = ("(valid0 AND `offset` IS NOT NULL AND ((prev_off IS NOT NULL AND `offset` <= prev_off) OR "
+               f"row_number() OVER (PARTITION BY p, `offset`, valid0 ORDER BY {ORDER}) > 1))")
+        df = df.withColumns({"dup": _x(dup), "valid1": _x(f"valid0 AND NOT {dup}")})
     else:
-        df = df.withColumn("ord0", _null("bigint"))
-    order = [F.col("ord0").asc_nulls_first(), F.col("seq")]
-
-    if ctx.any_offsets:
-        prev_max_off = F.col("prev_off")
-        w_off = Window.partitionBy("p", "offset", "valid0").orderBy(*order)
-        dup = F.col("valid0") & F.col("offset").isNotNull() & (
-            (prev_max_off.isNotNull() & (F.col("offset") <= prev_max_off)) | (F.row_number().over(w_off) > 1)
-        )
-        df = df.withColumn("dup", dup)
-    else:
-        df = df.withColumn("dup", F.lit(False))
-    df = df.withColumn("valid1", F.col("valid0") & ~F.col("dup"))
-    df = _with_stream_time(spark, df, ctx, order, existing_empty)
+        df = df.withColumns({**first, "ord0": _x("CAST(NULL AS BIGINT)"), "dup": _x("false"),
+                             "valid1": _x(valid0)})
+    df, st_before = _with_stream_time(spark, df, ctx, existing_empty)
+    st_before = f"(CASE WHEN valid1 THEN {st_before} END)"
     if s.kind == "versioned":
-        late = F.col("valid1") & F.col("st_before").isNotNull() & \
-            (F.col("ts") < F.col("st_before") - F.lit(s.history_retention_ms))
+        late = f"(valid1 AND {st_before} IS NOT NULL AND ts < {st_before} - {int(s.history_retention_ms)})"
     else:
-        late = F.lit(False)
-    df = df.withColumn("late", late).withColumn("accepted", F.col("valid1") & ~F.col("late"))
-
-    # Put outcomes of accepted records against the key's stored versions and earlier records.
-    if existing_empty:
-        df = df.withColumn("stored_max", _null("bigint")).withColumn("stored_hit", _null("boolean"))
-    else:
-        stored = existing.groupBy("key").agg(F.max("valid_from").alias("stored_max"))
-        stored_ts = existing.select("key", F.col("valid_from").alias("ts"), F.lit(True).alias("stored_hit"))
-        df = df.join(stored, "key", "left").join(stored_ts, ["key", "ts"], "left")
+        late = "false"
     # A key's accepted records share one partition (conflicts are rejected), so inside a key
     # processing order is the offset when the partition is ordered by offsets, else ``seq``.
-    df = by_bucket(df.withColumn("ord", F.coalesce(F.col("ord0"), F.col("seq"))).withColumn(
-        "bucket", bucket_of(F.col("key"), s.buckets)), ctx.tasks)
+    bucket = crc32_mod_sql("key", s.buckets)
+    decided = {"st_before": _x(st_before), "late": _x(late), "accepted": _x(f"valid1 AND NOT {late}"),
+               "ord": _x("coalesce(ord0, seq)"), "bucket": _x(bucket), "slot": _x(slot_sql(bucket, ctx.tasks))}
+    if existing_empty:
+        decided |= {"stored_max": _x("CAST(NULL AS BIGINT)"), "stored_hit": _x("CAST(NULL AS BOOLEAN)")}
+    df = df.withColumns(decided).repartition(ctx.tasks, "slot")  # ``bucketing.by_bucket``
+    # Put outcomes of accepted records against the key's stored versions and earlier records.
     # ``slot`` (a function of the key) keeps the bucket partitioning for the window. ``key``
     # first: Spark sorts by a prefix of the first sort column, and a task holds one bucket, so
     # a leading ``slot`` would make every comparison a full row comparison.
-    by_key = Window.partitionBy("key", "slot", "accepted")
+    by_key = "PARTITION BY key, slot, accepted"
     if s.kind == "timestamped":
-        w = by_key.orderBy("ord")
-        prev_ts = F.coalesce(F.lag("ts").over(w), F.col("stored_max"))
-        latest = prev_ts.isNull() | (F.col("ts") >= prev_ts)
-        replaced = F.lit(False)
-        final = F.lead("ord").over(w).isNull()
-        valid_to = _null("bigint")
+        w = f"({by_key} ORDER BY ord)"
+        prev_ts = f"coalesce(lag(ts) OVER {w}, stored_max)"
+        latest = f"({prev_ts} IS NULL OR ts >= {prev_ts})"
+        replaced = "false"
+        final = f"(lead(ord) OVER {w} IS NULL)"
+        valid_to = "CAST(NULL AS BIGINT)"
     else:
-        w = by_key.orderBy(F.col("ts").desc(), F.col("ord").desc())
-        processed_before = F.min("ord").over(w.rowsBetween(Window.unboundedPreceding, -1))
-        latest = (F.col("stored_max").isNull() | (F.col("ts") >= F.col("stored_max"))) & \
-            (processed_before.isNull() | (processed_before > F.col("ord")))
-        replaced = F.col("stored_hit").isNotNull() | F.coalesce(F.lead("ts").over(w) == F.col("ts"), F.lit(False))
-        newer = F.lag("ts").over(w)
-        final = newer.isNull() | (newer != F.col("ts"))
+        w = f"({by_key} ORDER BY ts DESC, ord DESC)"
+        processed_before = f"min(ord) OVER ({by_key} ORDER BY ts DESC, ord DESC {BEFORE})"
+        latest = (f"((stored_max IS NULL OR ts >= stored_max) AND "
+                  f"({processed_before} IS NULL OR {processed_before} > ord))")
+        replaced = f"(stored_hit IS NOT NULL OR coalesce(lead(ts) OVER {w} = ts, false))"
+        newer = f"lag(ts) OVER {w}"
+        final = f"({newer} IS NULL OR {newer} != ts)"
         valid_to = newer
-    df = df.withColumn("latest", F.when(F.col("accepted"), latest)).withColumn(
-        "replaced", F.when(F.col("accepted"), replaced)).withColumn(
-        "final", F.col("accepted") & final).withColumn("valid_to", F.when(F.col("final"), valid_to))
-
-    outcome = F.coalesce(
-        F.col("outcome0"),
-        F.when(F.col("dup"), F.lit("duplicate_offset")),
-        F.when(F.col("late"), F.lit("late")),
-        F.lit("accepted"),
-    )
-    detail = F.coalesce(
-        F.col("detail0"),
-        F.when(F.col("dup"), F.format_string(
-            "offset %d of partition %d was already processed", F.col("offset"), F.col("p"))),
-        F.when(F.col("late"), F.format_string(
-            "timestamp %s (%d) is older than stream time %s minus history retention %s (horizon %s)",
-            _rfc3339(F.col("ts")), F.col("ts"), _rfc3339(F.col("st_before")),
-            F.lit(format_duration(s.history_retention_ms)),
-            _rfc3339(F.col("st_before") - F.lit(s.history_retention_ms)))),
-    )
-    return df.select("seq", "key", "value", "ts", "part", "offset", "p", "ord0", "bucket",
-                     outcome.alias("outcome"), detail.alias("detail"),
-                     F.when(F.col("late"), F.col("st_before")).alias("st_before"), "latest", "replaced",
-                     "final", "valid_to")
+    retention = int(s.history_retention_ms)
+    outcome = ("coalesce(outcome0, CASE WHEN dup THEN 'duplicate_offset' END, CASE WHEN late THEN 'late' END, "
+               "'accepted')")
+    detail = (
+        "coalesce(detail0, "
+        "CASE WHEN dup THEN format_string('offset %d of partition %d was already processed', `offset`, p) END, "
+        "CASE WHEN late THEN format_string("
+        "'timestamp %s (%d) is older than stream time %s minus history retention %s (horizon %s)', "
+        f"{_rfc3339('ts')}, ts, {_rfc3339('st_before')}, {sql_string(format_duration(retention))}, "
+        f"{_rfc3339(f'st_before - {retention}')}) END)")
+    return df.selectExpr("seq", "key", "value", "ts", "part", "`offset`", "p", "ord0", "bucket",
+                         f"{outcome} AS outcome", f"{detail} AS detail",
+                         "CASE WHEN late THEN st_before END AS st_before",
+                         f"CASE WHEN accepted THEN {latest} END AS latest",
+                         f"CASE WHEN accepted THEN {replaced} END AS replaced",
+                         f"accepted AND {final} AS `final`",
+                         f"CASE WHEN accepted AND {final} THEN {valid_to} END AS valid_to")
 
 
-def _rfc3339(millis: Column) -> Column:
-    """Epoch ms as the RFC 3339 UTC text of ``versiq.timestamps.format_timestamp`` (the session's
-    time zone is UTC), for details people read."""
-    return F.date_format(F.timestamp_millis(millis), "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'")
-
-
-def _with_stream_time(spark: SparkSession, df: DataFrame, ctx: RunContext, order: list[Column],
-                      existing_empty: bool) -> DataFrame:
-    """Add ``st_before``: stream time before each valid record, the running max of the earlier
-    valid timestamps of its partition in processing order and of the partition's stream time
-    of earlier runs (``prev_st``)."""
-    valid_ts = F.when(F.col("valid1"), F.col("ts"))
+def _with_stream_time(spark: SparkSession, df: DataFrame, ctx: RunContext,
+                      existing_empty: bool) -> tuple[DataFrame, str]:
+    """``df`` (with what it needs joined) and the SQL of stream time before each valid record:
+    the running max of the earlier valid timestamps of its partition in processing order and of
+    the partition's stream time of earlier runs (``prev_st``)."""
+    valid_ts = "CASE WHEN valid1 THEN ts END"
     if ctx.any_offsets or not existing_empty:
-        w_part = Window.partitionBy("p").orderBy(*order).rowsBetween(Window.unboundedPreceding, -1)
-        st_before = F.greatest(F.col("prev_st"), F.max(valid_ts).over(w_part))
-    elif not ctx.explicit_partitions and ctx.file_max is not None:
+        return df, f"greatest(prev_st, max({valid_ts}) OVER (PARTITION BY p ORDER BY {ORDER} {BEFORE}))"
+    if not ctx.explicit_partitions and ctx.file_max is not None:
         # Every record's partition is its default one and order is (source, pos): the parser's
         # running max of the file (``fst``) and the earlier files' maxima, joined from the driver.
         # Not for runs touching stored keys: a stored key's home may be another partition, so
         # the parser's idea of which records are valid could be wrong.
         before = files_before(ctx.file_max)
-        if before:
-            earlier = spark.createDataFrame(before, "p int, file int, files_before bigint")
-            df = df.withColumn("file", file_of(F.col("seq"))).join(F.broadcast(earlier), ["p", "file"], "left")
-        else:
-            df = df.withColumn("files_before", _null("bigint"))
-        st_before = F.greatest(F.col("prev_st"), F.col("files_before"), F.col("fst"))
-    else:
-        # A first build with explicit partitions (or too many files to collect their maxima)
-        # and no offsets: processing order is (source, pos), and the prefix maximum is split in
-        # two so that one stream-time partition is not one Spark task (a single core sorting
-        # every record): within the file (a window per partition and file) and over the earlier
-        # files of the partition (a window over one row per partition and file).
-        df = df.withColumn("file", file_of(F.col("seq")))
-        w_file = Window.partitionBy("p", "file").orderBy("seq").rowsBetween(Window.unboundedPreceding, -1)
-        w_files = Window.partitionBy("p").orderBy("file").rowsBetween(Window.unboundedPreceding, -1)
-        earlier_files = df.groupBy("p", "file").agg(F.max(valid_ts).alias("file_max")).withColumn(
-            "files_before", F.max("file_max").over(w_files)).select("p", "file", "files_before")
-        df = df.join(earlier_files, ["p", "file"], "left")
-        st_before = F.greatest(F.col("prev_st"), F.col("files_before"), F.max(valid_ts).over(w_file))
-    return df.withColumn("st_before", F.when(F.col("valid1"), st_before))
+        if not before:
+            return df, "greatest(prev_st, fst)"
+        earlier = spark.createDataFrame(before, "p int, file int, files_before bigint")
+        df = df.withColumn("file", _x(file_of_sql("seq"))).join(F.broadcast(earlier), ["p", "file"], "left")
+        return df, "greatest(prev_st, files_before, fst)"
+    # A first build with explicit partitions (or too many files to collect their maxima)
+    # and no offsets: processing order is (source, pos), and the prefix maximum is split in
+    # two so that one stream-time partition is not one Spark task (a single core sorting
+    # every record): within the file (a window per partition and file) and over the earlier
+    # files of the partition (a window over one row per partition and file).
+    df = df.withColumn("file", _x(file_of_sql("seq")))
+    earlier_files = df.groupBy("p", "file").agg(F.max(_x(valid_ts)).alias("file_max")).selectExpr(
+        "p", "file", f"max(file_max) OVER (PARTITION BY p ORDER BY file {BEFORE}) AS files_before")
+    df = df.join(earlier_files, ["p", "file"], "left")
+    return df, f"greatest(prev_st, files_before, max({valid_ts}) OVER (PARTITION BY p, file ORDER BY seq {BEFORE}))"
 
 
 def rows_to_write(classified: DataFrame, existing: DataFrame, ctx: RunContext,
@@ -298,33 +308,27 @@ def rows_to_write(classified: DataFrame, existing: DataFrame, ctx: RunContext,
     partitioned by bucket into ``ctx.tasks`` partitions (whole buckets per task, the writer's
     input)."""
     s = ctx.settings
-    final = classified.filter(F.col("final"))
+    final = classified.filter("`final`")
+    run = f"CAST({int(ctx.run)} AS BIGINT) AS run"
     if s.kind == "timestamped":
-        return _finish(final.select(
-            "key", F.col("ts").alias("valid_from"), _null("bigint").alias("valid_to"), "value",
-            F.col("value").isNull().alias("tombstone"), F.col("p").alias("partition"), "bucket"), ctx)
+        return final.selectExpr("key", "ts AS valid_from", "CAST(NULL AS BIGINT) AS valid_to", "value",
+                                "value IS NULL AS tombstone", "p AS `partition`", "bucket", run)
     if existing_empty:  # a first build: the classified rows are the versions, already in place
-        return _finish(final.select(
-            "key", F.col("ts").alias("valid_from"), "valid_to", "value", F.col("value").isNull().alias("tombstone"),
-            F.col("p").alias("partition"), "bucket"), ctx)
-    new = final.select(
-        "key", F.col("ts").alias("valid_from"), "value", F.col("value").isNull().alias("tombstone"),
-        F.col("p").alias("partition"), "bucket", F.lit(1).alias("src"), _null("bigint").alias("old_valid_to"))
-    old = existing.select("key", "valid_from", "value", "tombstone", "partition",
-                          bucket_of(F.col("key"), s.buckets).alias("bucket"), F.lit(0).alias("src"),
-                          F.col("valid_to").alias("old_valid_to"))
-    merged = by_bucket(new.unionByName(old), ctx.tasks)
+        return final.selectExpr("key", "ts AS valid_from", "valid_to", "value", "value IS NULL AS tombstone",
+                                "p AS `partition`", "bucket", run)
+    bucket = crc32_mod_sql("key", s.buckets)
+    new = final.selectExpr(
+        "key", "ts AS valid_from", "value", "value IS NULL AS tombstone", "p AS `partition`", "bucket",
+        f"{slot_sql('bucket', ctx.tasks)} AS slot", "1 AS src", "CAST(NULL AS BIGINT) AS old_valid_to")
+    old = existing.selectExpr("key", "valid_from", "value", "tombstone", "CAST(`partition` AS INT) AS `partition`",
+                              f"{bucket} AS bucket", f"{slot_sql(bucket, ctx.tasks)} AS slot", "0 AS src",
+                              "valid_to AS old_valid_to")
+    merged = new.unionByName(old).repartition(ctx.tasks, "slot")  # ``bucketing.by_bucket``
     # a new version replaces the stored one at the same (key, valid_from): it sorts first
-    w_dedupe = Window.partitionBy("key", "slot").orderBy("valid_from", F.col("src").desc())
-    merged = merged.withColumn("prev_from", F.lag("valid_from").over(w_dedupe)).filter(
-        F.col("prev_from").isNull() | (F.col("prev_from") != F.col("valid_from")))
     merged = merged.withColumn(
-        "valid_to", F.lead("valid_from").over(Window.partitionBy("key", "slot").orderBy("valid_from")))
-    changed = (F.col("src") == 1) | ~F.col("valid_to").eqNullSafe(F.col("old_valid_to"))
-    return _finish(merged.filter(changed).select("key", "valid_from", "valid_to", "value", "tombstone",
-                                                 F.col("partition").cast("int"), "bucket"), ctx)
-
-
-def _finish(rows: DataFrame, ctx: RunContext) -> DataFrame:
-    return rows.withColumn("partition", F.col("partition").cast("int")).withColumn(
-        "run", F.lit(ctx.run).cast("bigint"))
+        "prev_from", _x("lag(valid_from) OVER (PARTITION BY key, slot ORDER BY valid_from, src DESC)")).filter(
+        "prev_from IS NULL OR prev_from != valid_from")
+    merged = merged.withColumn(
+        "valid_to", _x("lead(valid_from) OVER (PARTITION BY key, slot ORDER BY valid_from)"))
+    return merged.filter("src = 1 OR NOT (valid_to <=> old_valid_to)").selectExpr(
+        "key", "valid_from", "valid_to", "value", "tombstone", "`partition`", "bucket", run)

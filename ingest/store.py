@@ -1,8 +1,8 @@
 """Writer-side access to one store: lock, settings, state, existing versions, Delta commits.
 
 Every Delta write goes through Delta's Spark connector (``versiq.ingest.delta``): a run's
-side-table rows first, then its table commit, which carries the store state and whose Delta
-``txn`` (app ``versiq.ingest``, version = run) makes the run idempotent. Reading (the snapshot a
+side-table rows first, then its table commit, which carries the store state; the writer lock
+(and on S3 the run's Delta ``txn``, ``delta.run_txn_needed``) makes a run commit at most once. Reading (the snapshot a
 run starts from, its existing versions) is delta-rs and DuckDB, as in the service.
 """
 
@@ -68,8 +68,9 @@ def writer_lock(store_path: str, timeout_s: float) -> Iterator[None]:
     the process dies. S3 warehouse: a lease object at the same place, written with conditional
     puts and renewed in the background (``versiq.ingest.lease``): a second writer on any machine
     waits for it, and one whose lease was lost stops before its commit (``check_still_writer``).
-    Either way the commit protocol is the last line: a run's Delta transaction id and, on S3,
-    versiq's conditional-put LogStore make two writers unable to both commit on one snapshot."""
+    On S3 the commit protocol is the last line: a run's Delta transaction id and versiq's
+    conditional-put LogStore make two writers unable to both commit on one snapshot; on local
+    disk the lock itself is (``delta.run_txn_needed``)."""
     if storage.is_s3(store_path):
         from versiq.ingest.lease import s3_lease
 
@@ -239,16 +240,18 @@ def table_sort(kind: str) -> tuple[str, ...]:
 SIDE_TABLES = {REJECTED_DIR: REJECTED_SCHEMA, CHANGELOG_DIR: CHANGELOG_SCHEMA, EMITTED_DIR: EMITTED_SCHEMA}
 
 
-def commit_store(handle: StoreHandle, rows: DataFrame, state: StoreState, new_run: bool = True) -> int:
-    """Commit the run's rows and state in one Delta transaction; returns the new version.
+def commit_store(handle: StoreHandle, rows: DataFrame, state: StoreState, new_run: bool = True,
+                 has_rows: bool | None = None) -> int:
+    """Commit the run's rows and state in one Delta commit; returns the new version.
 
     ``rows`` are the table's columns, partitioned as the files are to be cut (whole buckets per
-    task). A run already committed (a rerun after a crash past the commit) is not appended
-    twice: Delta skips the transaction. ``new_run=False``: a commit of state only, between runs."""
+    task); ``has_rows`` says whether there are any, when the caller knows. A run is committed at
+    most once (``delta.run_txn_needed``). ``new_run=False``: a commit of state only, between runs."""
     kind = handle.settings.kind
     check_still_writer(handle.path)
     commit_table(rows, handle.path, table_schema(kind), run=state.run, state=state,
-                 description=handle.settings.to_description(), sort=table_sort(kind), new_run=new_run)
+                 description=handle.settings.to_description(), sort=table_sort(kind), new_run=new_run,
+                 has_rows=has_rows)
     handle.table = storage.delta_table(handle.path)
     handle.state = state
     return handle.table.version()

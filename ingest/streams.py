@@ -132,7 +132,7 @@ def _append_run(handle: StoreHandle, spec: StreamSpec, run: int, report: StreamR
         )
         rejections(kept, state, sum(report.rejected.values()))
         report.snapshot = commit_store(handle, by_bucket(rows, write_tasks(handle.settings.buckets, report.read)),
-                                       state)
+                                       state, has_rows=report.appended > 0)
     finally:
         parsed.unpersist()
     log.info("stream %s: run %d appended %s", spec.name, run, counted(report.appended, "record"))

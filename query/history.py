@@ -5,11 +5,13 @@ Every commit of a versiq table is one snapshot (``versiq.layout``), so "what did
 T1 about the value at T2?" is a read of the newest snapshot committed at or before T1
 (``snapshot_at``) as of T2. The log is the only source: each ``_delta_log/N.json`` holds the
 commit's time (``commitInfo.timestamp``, the writer's clock, epoch ms), the store state versiq
-put in it (``userMetadata``: run, done files, Kafka position) and the Delta transaction that
-says which writer made it. A commit is
+put in it (``userMetadata``: run, done files, Kafka position) and what kind of write it was. A
+commit is
 
-- ``ingest``: a run of a source store or stream (transaction ``versiq.ingest``);
-- ``derive``: a run of a derived table (the same transaction, on a table with a definition);
+- ``ingest``: a run of a source store or stream: an append carrying versiq's state (Delta's
+  ``WRITE`` in ``Append`` mode; the transaction ``versiq.ingest`` where a run has one,
+  ``versiq.ingest.delta.run_txn_needed``);
+- ``derive``: a run of a derived table (the same, on a table with a definition);
 - ``settings``: a commit of state only, between runs (transaction ``versiq.state``: a changelog
   turned on, a Kafka topic's new partitions);
 - ``maintain``: anything else (compaction, vacuum, table properties), which changes no answer.
@@ -66,6 +68,8 @@ class _Parsed:
     removed: int
     #: The data files the commit added (their paths as the log has them).
     add_paths: tuple[str, ...] = ()
+    #: A plain append (Delta's ``WRITE`` in ``Append`` mode): versiq appends only for runs.
+    append: bool = False
 
 
 _cache: dict[tuple[str, int], _Parsed] = {}
@@ -95,8 +99,9 @@ def _parse(text: str) -> _Parsed:
             removed += 1
     text_state = info.get(layout.STATE_KEY, info.get(layout.LEGACY_STATE_KEY))
     state = layout.StoreState.from_json(text_state) if text_state else None
+    append = info.get("operation") == "WRITE" and (info.get("operationParameters") or {}).get("mode") == "Append"
     return _Parsed(int(info.get("timestamp", 0)), info.get("operation"), frozenset(app_ids), state, rows, added,
-                   removed, tuple(add_paths))
+                   removed, tuple(add_paths), append)
 
 
 def _commit(table_path: str, version: int) -> _Parsed:
@@ -112,10 +117,10 @@ def _commit(table_path: str, version: int) -> _Parsed:
 
 
 def _operation(parsed: _Parsed, derived: bool) -> str:
-    if layout.APP_ID in parsed.app_ids:
-        return DERIVE if derived else INGEST
     if layout.STATE_APP_ID in parsed.app_ids:
         return SETTINGS
+    if layout.APP_ID in parsed.app_ids or (parsed.append and parsed.state is not None):
+        return DERIVE if derived else INGEST
     return MAINTAIN
 
 

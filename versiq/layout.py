@@ -81,10 +81,11 @@ member ``userMetadata`` (Delta's own field for it): last run number, per-partiti
 and highest offset, the source files already done, and for derived tables the source
 runs/snapshots (``sources``) and direct input snapshots (``inputs``) the snapshot was computed
 from. The state of snapshot V is the one in the newest commit <= V that has it
-(``read_state``). Data and state are thus one atomic Delta commit. Each run's commit also
-records the Delta transaction ``(appId="versiq.ingest", version=run)``, so Delta skips a run
-that is already committed; a commit of state only, between runs, records
-``(appId="versiq.state", version=the table version it creates)``.
+(``read_state``). Data and state are thus one atomic Delta commit, a plain append (Delta's
+``WRITE``, mode ``Append``; nothing else versiq commits is one). A run's commit records the Delta
+transaction ``(appId="versiq.ingest", version=run)`` where the run needs it (on S3, and when it
+appends no rows: ``versiq.ingest.delta.run_txn_needed``); a commit of state only, between runs,
+records ``(appId="versiq.state", version=the table version it creates)``.
 """
 
 from __future__ import annotations

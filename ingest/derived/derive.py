@@ -13,7 +13,8 @@ Derived batches ("passes") are what make derived tables incremental and crash-sa
   date, e.g. committed just before a crash) are recomputed in memory from their snapshot at the
   pass's starting point and not written again.
 - Each writer then appends its changed rows, its ``_emitted`` results and its late results
-  (``_rejected``) in one atomic, idempotent commit (txn ``versiq.ingest``, its own run number).
+  (``_rejected``) in atomic commits, the table's last, at most once per run
+  (``versiq.ingest.delta.run_txn_needed``).
 """
 
 from __future__ import annotations
@@ -444,7 +445,7 @@ def _commit(spark: SparkSession, spec: TableSpec, handles: dict[str, StoreHandle
     commit_side(handle.path, EMITTED_DIR, state, local_frame(spark, emitted), empty=emitted.num_rows == 0)
     late = _late_table(run, node)
     commit_side(handle.path, REJECTED_DIR, state, local_frame(spark, late), empty=late.num_rows == 0)
-    version = commit_store(handle, local_frame(spark, rows), state)
+    version = commit_store(handle, local_frame(spark, rows), state, has_rows=rows.num_rows > 0)
     c = node.counts
     report = TableReport(kind=spec.kind, emitted=c.emitted, accepted_latest=c.accepted_latest,
                          accepted_out_of_order=c.accepted_out_of_order,

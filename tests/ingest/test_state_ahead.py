@@ -36,7 +36,8 @@ def test_state_ahead_of_a_store_then_the_next_run_commits_and_a_broken_table_is_
         ahead.wait()
     warned = [r.getMessage() for r in caplog.records if "ahead of its next commit" in r.getMessage()]
     assert warned == [f"computing the Delta state of {broken} ahead of its next commit failed"], warned
-    # a run started while a computation is under way commits as usual: the txn check waits for it
+    # a run started while a computation is under way commits as usual (where its commit checks a
+    # transaction id, that check waits for the computation)
     write_jsonl(source, "b.jsonl", [_record("k1", 3000)])
     ahead.start([path])
     second = run_ingest(spark, warehouse, [spec]).stores["s"]

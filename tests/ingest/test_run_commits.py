@@ -1,0 +1,64 @@
+"""How a run commits (``ingest.delta.run_txn_needed``): on local disk a run with rows is a plain
+append without Delta's transaction id (the writer lock makes it commit once, and delta-spark
+would check the id with a Spark job over the whole log); a run with no rows to append carries
+the id, or Delta would skip the commit and the run's state with it; on S3 every run carries it.
+``/history`` (and so the change feed) tells runs from maintenance either way."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from tests.support.ingest import store_versions, write_jsonl
+from versiq import layout
+from versiq.ingest.delta import run_txn_needed
+from versiq.ingest.pipeline import StoreSpec, run_ingest
+from versiq.layout import read_state
+from versiq.query.history import INGEST, MAINTAIN, commits
+
+
+def _record(key: str, ts: int) -> str:
+    return json.dumps({"key": key, "value": {"n": ts}, "timestamp": ts})
+
+
+def _app_ids(path: str, version: int) -> set[str]:
+    with open(layout.log_file(path, version), encoding="utf-8") as handle:
+        actions = [json.loads(line) for line in handle if line.strip()]
+    return {a["txn"]["appId"] for a in actions if "txn" in a}
+
+
+def test_which_runs_carry_a_transaction_id() -> None:
+    assert run_txn_needed("s3://bucket/wh/s", True) and run_txn_needed("s3a://bucket/wh/s", True)
+    assert not run_txn_needed("/data/wh/s", True)
+    assert run_txn_needed("/data/wh/s", False) and run_txn_needed("/data/wh/s", None)
+
+
+def test_local_runs_append_without_a_transaction_id_and_a_run_of_no_rows_still_commits(
+        spark: Any, tmp_path: Any) -> None:
+    source, warehouse = str(tmp_path / "src"), str(tmp_path / "wh")
+    spec = StoreSpec(name="s", source=source, history_retention_ms=1000)
+    path = layout.table_path(warehouse, "s")
+    write_jsonl(source, "a.jsonl", [_record("k1", 10_000), _record("k2", 20_000)])
+    first = run_ingest(spark, warehouse, [spec]).stores["s"]
+    write_jsonl(source, "b.jsonl", [_record("k1", 30_000)])
+    second = run_ingest(spark, warehouse, [spec]).stores["s"]
+    # only a late record: nothing to append, but the run (its file done, its rejection) commits
+    write_jsonl(source, "c.jsonl", [_record("k2", 1_000)])
+    third = run_ingest(spark, warehouse, [spec]).stores["s"]
+    again = run_ingest(spark, warehouse, [spec]).stores["s"]
+
+    assert first.snapshot == 0 and second.snapshot == 1 and third.snapshot == 2
+    assert third.rejected["late"] == 1 and third.accepted_latest == 0
+    assert again.snapshot == 2 and again.run is None  # nothing new: no commit
+    assert _app_ids(path, 0) == {layout.APP_ID}  # the table's creation
+    assert _app_ids(path, 1) == set()  # a run with rows: a plain append
+    assert _app_ids(path, 2) == {layout.APP_ID}  # a run of no rows
+    state = read_state(path, 2)
+    assert state.run == 3 and set(state.done_files) == {"a.jsonl", "b.jsonl", "c.jsonl"}
+    assert [v.timestamp for v in store_versions(path)["k1"]] == [10_000, 30_000]
+    history = commits(path, 2)
+    assert [(c.snapshot, c.operation, c.run) for c in history] == [(2, INGEST, 3), (1, INGEST, 2), (0, INGEST, 1)]
+    assert history[1].files == ("b.jsonl",)
+    assert not os.path.exists(layout.log_file(path, 3))
+    assert MAINTAIN not in {c.operation for c in history}
