@@ -60,11 +60,11 @@ def test_crash_between_derived_commits_is_completed_by_the_next_run(
     real_commit = derived_run.commit_store
     calls = {"f": 0}
 
-    def crash_on_f(handle: Any, adds: Any, state: Any) -> int:
+    def crash_on_f(handle: Any, adds: Any, state: Any, **options: Any) -> int:
         if os.path.basename(handle.path) == "f" and calls["f"] == 0:
             calls["f"] += 1
             raise OSError("disk full (simulated) while committing f")
-        return int(real_commit(handle, adds, state))
+        return int(real_commit(handle, adds, state, **options))
 
     monkeypatch.setattr(derived_run, "commit_store", crash_on_f)
     report = real.run_once()
