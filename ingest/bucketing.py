@@ -70,4 +70,9 @@ def by_bucket(frame: DataFrame, tasks: int) -> DataFrame:
     """``frame`` (with an int ``bucket`` column) in ``tasks`` partitions, bucket ``b`` in
     partition ``b mod tasks``, with the ``slot`` column it is hash-partitioned by (operators
     that must keep this partitioning, like a window, list ``slot`` among their keys)."""
-    return frame.withColumn("slot", F.expr(slot_sql("bucket", tasks))).repartition(tasks, "slot")
+    return by_slot(frame.withColumn("slot", F.expr(slot_sql("bucket", tasks))), tasks)
+
+
+def by_slot(frame: DataFrame, tasks: int) -> DataFrame:
+    """``frame`` (with the ``slot`` column of ``slot_sql``) in ``tasks`` partitions, as ``by_bucket``."""
+    return frame.repartition(tasks, "slot")

@@ -18,7 +18,7 @@ import sys
 import tempfile
 from typing import Any
 
-from versiq import layout, storage
+from versiq import layout
 from versiq.durations import DurationError, parse_duration_ms
 from versiq.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from versiq.ingest.errors import UsageError
@@ -152,7 +152,7 @@ def ingest_command(args: argparse.Namespace, parser: argparse.ArgumentParser | N
 
     spark = get_spark(args.master)  # continuous mode: one session for its whole life
     from versiq.ingest.continuous import run_continuous
-    from versiq.ingest.delta import StateAhead
+    from versiq.ingest.delta import StateAhead, run_txn_needed
     from versiq.ingest.maintain import compact_if_due
 
     state_ahead = StateAhead(spark)
@@ -175,9 +175,9 @@ def ingest_command(args: argparse.Namespace, parser: argparse.ArgumentParser | N
             except Exception:  # noqa: BLE001 - maintenance failure must not stop ingest
                 log.exception("maintenance of %s failed", name)
         # what the next micro-batch's commits need from Delta, computed while nothing waits for it
-        # (tables whose runs commit with a transaction id: on S3, ``delta.run_txn_needed``)
+        # (tables whose runs commit with a transaction id)
         state_ahead.start([path for path in (layout.table_path(args.warehouse, name) for name in committed)
-                           if storage.is_s3(path)])
+                           if run_txn_needed(path, has_rows=True)])
 
     try:
         return run_continuous(spark, args.warehouse, pipeline, interval, one_run, after_run)

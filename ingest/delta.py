@@ -34,6 +34,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema, from_arrow_type
 
 from versiq import storage
+from versiq.ingest.sqltext import sql_string
 from versiq.layout import (
     APP_ID,
     DELTA_STATS_COLUMNS,
@@ -183,9 +184,8 @@ class StateAhead:
 def set_description(spark: SparkSession, path: str, description: str, state: StoreState) -> None:
     """Change the table's settings (its Delta ``description``) in a commit of its own, which
     carries the unchanged ``state`` like every commit (``commit_metadata``)."""
-    literal = description.replace("\\", "\\\\").replace("'", "\\'")
     with commit_metadata(spark, state):
-        spark.sql(f"COMMENT ON TABLE delta.`{path}` IS '{literal}'")
+        spark.sql(f"COMMENT ON TABLE delta.`{path}` IS {sql_string(description)}")
 
 
 def local_frame(spark: SparkSession, table: pa.Table) -> DataFrame:

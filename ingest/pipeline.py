@@ -30,8 +30,9 @@ from versiq.ingest.parse import parse_files
 from versiq.ingest.records.kafka_rows import SKIPPED
 from versiq.ingest.rejections import write_rejected, write_source_rejected
 from versiq.ingest.reports import RunReport, StoreReport
-from versiq.ingest.semantics import RunContext, classify, crc32_mod_sql, file_of_sql, rows_to_write
+from versiq.ingest.semantics import RunContext, classify, rows_to_write
 from versiq.ingest.sources import SourceError, check_readable, list_sources, log_ignored, source_error_in
+from versiq.ingest.sqltext import crc32_mod_sql, file_of_sql
 from versiq.ingest.store import (
     StoreHandle,
     commit_side,

@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 from versiq.ingest.delta import local_frame
 from versiq.ingest.order import MAX_POS, file_seq_base, split_seq
 from versiq.ingest.records import BATCH_ROWS, format_of, raw_texts
-from versiq.ingest.semantics import file_of
+from versiq.ingest.sqltext import file_of_sql
 from versiq.ingest.store import commit_side
 from versiq.layout import REJECTED_DIR, REJECTED_SCHEMA, StoreState
 
@@ -76,11 +76,11 @@ def write_rejected(parsed: DataFrame, classified: DataFrame | None, store_path: 
     names = spark.createDataFrame([(index, rel, files[index][1] == "parquet") for index, rel in enumerate(sources)],
                                   "file int, source string, is_row boolean")
     if later is not None:
-        texts = later.select("seq", file_of(F.col("seq")).alias("file")).repartition("file").mapInArrow(
+        texts = later.select("seq", F.expr(file_of_sql("seq")).alias("file")).repartition("file").mapInArrow(
             _text_reader(files), "seq bigint, raw string")
         rejected = rejected.unionByName(later.join(texts, "seq"))
     pos_col = F.col("seq").bitwiseAND(F.lit(MAX_POS))
-    frame = rejected.withColumn("file", file_of(F.col("seq"))).join(F.broadcast(names), "file").select(
+    frame = rejected.withColumn("file", F.expr(file_of_sql("seq"))).join(F.broadcast(names), "file").select(
         "seq",
         F.lit(run).cast("bigint").alias("run"),
         "source",

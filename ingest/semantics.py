@@ -55,8 +55,8 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from versiq.durations import format_duration
-from versiq.ingest.bucketing import slot_sql
-from versiq.ingest.order import POS_BITS
+from versiq.ingest.bucketing import by_slot, slot_sql
+from versiq.ingest.sqltext import crc32_mod_sql, file_of_sql, sql_string
 from versiq.layout import StoreSettings, StoreState
 
 
@@ -75,30 +75,6 @@ class RunContext:
     file_max: dict[tuple[int, int], int] | None = None
     #: Spark tasks of the key window and of the writer (each holds whole buckets).
     tasks: int = 1
-
-
-def bucket_of(key: Column, buckets: int) -> Column:
-    """``versiq.layout.bucket_of`` in Spark: CRC-32 of the key's UTF-8 bytes modulo buckets."""
-    return _crc32_mod(key, buckets)
-
-
-def default_partition_of(key: Column, partitions: int) -> Column:
-    """``versiq.layout.default_partition_of`` in Spark (a record that names no partition)."""
-    return _crc32_mod(key, partitions)
-
-
-def _crc32_mod(key: Column, n: int) -> Column:
-    return F.pmod(F.crc32(F.encode(key, "UTF-8")), F.lit(n)).cast("int")
-
-
-def crc32_mod_sql(column: str, n: int) -> str:
-    """``_crc32_mod`` as SQL text (the decisions below are built from SQL expressions)."""
-    return f"CAST(pmod(crc32(encode({column}, 'UTF-8')), {int(n)}) AS INT)"
-
-
-def sql_string(text: str) -> str:
-    """``text`` as a Spark SQL string literal."""
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _x(sql: str) -> Column:
@@ -127,15 +103,6 @@ def _with_prior_state(spark: SparkSession, frame: DataFrame, state: StoreState) 
         [(p, state.stream_time.get(p), state.max_offset.get(p)) for p in parts],
         "p int, prev_st bigint, prev_off bigint")
     return frame.join(F.broadcast(prior), "p", "left")
-
-
-def file_of(seq: Column) -> Column:
-    """The file index of a ``seq`` (``ingest.order``): files are processed in index order."""
-    return F.shiftright(seq, POS_BITS).cast("int")
-
-
-def file_of_sql(seq: str) -> str:
-    return f"CAST(shiftright({seq}, {POS_BITS}) AS INT)"
 
 
 def files_before(file_max: dict[tuple[int, int], int]) -> list[tuple[int, int, int]]:
@@ -230,7 +197,7 @@ def classify(spark: SparkSession, records: DataFrame, existing: DataFrame, ctx: 
                "ord": _x("coalesce(ord0, seq)"), "bucket": _x(bucket), "slot": _x(slot_sql(bucket, ctx.tasks))}
     if existing_empty:
         decided |= {"stored_max": _x("CAST(NULL AS BIGINT)"), "stored_hit": _x("CAST(NULL AS BOOLEAN)")}
-    df = df.withColumns(decided).repartition(ctx.tasks, "slot")  # ``bucketing.by_bucket``
+    df = by_slot(df.withColumns(decided), ctx.tasks)
     # Put outcomes of accepted records against the key's stored versions and earlier records.
     # ``slot`` (a function of the key) keeps the bucket partitioning for the window. ``key``
     # first: Spark sorts by a prefix of the first sort column, and a task holds one bucket, so
@@ -323,7 +290,7 @@ def rows_to_write(classified: DataFrame, existing: DataFrame, ctx: RunContext,
     old = existing.selectExpr("key", "valid_from", "value", "tombstone", "CAST(`partition` AS INT) AS `partition`",
                               f"{bucket} AS bucket", f"{slot_sql(bucket, ctx.tasks)} AS slot", "0 AS src",
                               "valid_to AS old_valid_to")
-    merged = new.unionByName(old).repartition(ctx.tasks, "slot")  # ``bucketing.by_bucket``
+    merged = by_slot(new.unionByName(old), ctx.tasks)
     # a new version replaces the stored one at the same (key, valid_from): it sorts first
     merged = merged.withColumn(
         "prev_from", _x("lag(valid_from) OVER (PARTITION BY key, slot ORDER BY valid_from, src DESC)")).filter(

@@ -27,8 +27,8 @@ from versiq.ingest.parse import parse_files
 from versiq.ingest.records.kafka_rows import SKIPPED
 from versiq.ingest.rejections import write_rejected, write_source_rejected
 from versiq.ingest.reports import StreamReport
-from versiq.ingest.semantics import bucket_of
 from versiq.ingest.sources import check_readable, list_sources, log_ignored
+from versiq.ingest.sqltext import crc32_mod_sql
 from versiq.ingest.store import StoreHandle, commit_store, open_store, writer_lock
 from versiq.layout import DEFAULT_BUCKETS, STREAM_KIND, StoreSettings, StoreState
 from versiq.logs import counted
@@ -126,7 +126,7 @@ def _append_run(handle: StoreHandle, spec: StreamSpec, run: int, report: StreamR
         kept = parsed.filter(F.col("reason").isNull() | (F.col("reason") != SKIPPED)) if report.skipped else parsed
         good = kept.filter(F.col("reason").isNull())
         rows = good.select(
-            bucket_of(F.col("key"), handle.settings.buckets).alias("bucket"),
+            F.expr(crc32_mod_sql("key", handle.settings.buckets)).alias("bucket"),
             "key", "value", F.col("ts").alias("timestamp"), F.lit(run).cast("bigint").alias("run"),
             F.row_number().over(Window.orderBy("seq")).cast("bigint").alias("seq"),
         )
