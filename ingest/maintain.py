@@ -70,7 +70,7 @@ SparkFactory = Callable[[], SparkSession]
 def _new_spark() -> SparkSession:
     from versiq.ingest.spark import get_spark
 
-    return get_spark(app_name="versiq-maintain")
+    return get_spark(app_name="versiq-maintain", short_lived=True)  # `versiq maintain`: one process, one run
 
 
 def maintain_store(warehouse: str, store: str, lock_timeout_s: float = 60.0,

@@ -221,8 +221,29 @@ def _quiet_log_option() -> str | None:
     return f"-Dlog4j2.configurationFile=file:{QUIET_LOG_CONFIG}"
 
 
-def get_spark(master: str | None = None, app_name: str = "versiq-ingest") -> SparkSession:
-    """Create (or reuse) the session. Shuffle partitions are kept small: 2-core machines."""
+#: The driver JVM's option for a process that ends after one run (``short_lived``): compile with
+#: C1 only. HotSpot's optimising compiler (C2) pays off only in long-lived processes; in a run of
+#: seconds its compilations take CPU from the run's own threads (two cores here). Measured on the
+#: 2-core machine (``versiq ingest`` CLI, docs/benchmarks.md "C1 for one-shot runs"): a one-record
+#: run 18 -> 13 s, 300,000 events 25.6 -> 19.7 s, 1,000,000 events equal (35 s). Continuous mode,
+#: the tests' session and the benchmarks keep the full JIT. ``VERSIQ_DRIVER_JAVA_OPTIONS`` comes
+#: after it, so ``-XX:TieredStopAtLevel=4`` there turns it off.
+SHORT_LIVED_JIT_OPTION = "-XX:TieredStopAtLevel=1"
+
+
+def driver_java_options(short_lived: bool) -> str:
+    """The driver JVM's options: the class archive, Spark's quiet logging, C1 only for a
+    ``short_lived`` process, then ``VERSIQ_DRIVER_JAVA_OPTIONS`` last (the JVM takes the last of
+    a repeated option, so the user's win)."""
+    return " ".join(filter(None, [_class_archive_option(), _quiet_log_option(),
+                                  SHORT_LIVED_JIT_OPTION if short_lived else None,
+                                  os.environ.get(DRIVER_JAVA_OPTIONS_ENV)]))
+
+
+def get_spark(master: str | None = None, app_name: str = "versiq-ingest", *,
+              short_lived: bool = False) -> SparkSession:
+    """Create (or reuse) the session. Shuffle partitions are kept small: 2-core machines.
+    ``short_lived``: the process ends after this session's one run (``SHORT_LIVED_JIT_OPTION``)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     url = master_url(master)
@@ -244,8 +265,8 @@ def get_spark(master: str | None = None, app_name: str = "versiq-ingest") -> Spa
         # (docs/benchmarks.md, "PySpark's call-site capture"); our errors name their own context.
         .config("spark.python.sql.dataFrameDebugging.enabled", "false")
     )
-    java_options = " ".join(filter(None, [_class_archive_option(), _quiet_log_option(),
-                                          os.environ.get(DRIVER_JAVA_OPTIONS_ENV)]))
+    java_options = driver_java_options(short_lived)
+    logging.getLogger("versiq.ingest").debug("driver JVM options: %s", java_options)
     if java_options:
         builder = builder.config("spark.driver.extraJavaOptions", java_options)
     spark = _with_delta(builder).getOrCreate()
@@ -281,20 +302,17 @@ class SparkOnDemand:
     with nothing new, or one refused for a setting, ends before any JVM starts; the first use of
     an attribute (``spark.read``, ``spark.sparkContext``, ...) starts the session, after which
     this object behaves as the session itself. It is also the factory ``maintain`` takes
-    (``spark()`` returns the session)."""
+    (``spark()`` returns the session). The process ends after the run (the demo stops the session
+    before it serves), so its JVM is ``short_lived``."""
 
     def __init__(self, master: str | None = None, app_name: str = "versiq-ingest") -> None:
         self._master = master
         self._app_name = app_name
         self._session: SparkSession | None = None
 
-    @property
-    def started(self) -> bool:
-        return self._session is not None
-
     def __call__(self) -> SparkSession:
         if self._session is None:
-            self._session = get_spark(self._master, self._app_name)
+            self._session = get_spark(self._master, self._app_name, short_lived=True)
         return self._session
 
     def __getattr__(self, name: str) -> Any:
@@ -322,9 +340,48 @@ class SparkOnDemand:
 # exits; later JVMs map it with ``-XX:SharedArchiveFile``. A truncated archive crashes the JVM
 # (SIGBUS), so an archive is only ever used under its final name, which it gets by a rename once
 # the JVM that wrote it has exited (``write_class_archive``, run by ``make``). Its name carries the
-# Java binary and PySpark's version: another JDK or Spark gets another file, never a stale one.
-# Without an archive (a wheel installed elsewhere, or a JVM that cannot write one) Spark starts
-# as before.
+# Java binary, PySpark's version and ``CLASS_ARCHIVE_RECIPE``: another JDK, Spark or recipe gets
+# another file, never a stale one. Without an archive (a wheel installed elsewhere, or a JVM that
+# cannot write one) Spark starts as before.
+#
+# The JVM that writes it runs two small ingest runs (recipe 2): the classes of Delta's commit,
+# Parquet's writer, the Python workers' Arrow exchange and the run's side tables are archived too
+# (17,200 of a one-record CLI run's 25,800 classes come from the archive instead of 13,500; the run
+# 15.2 -> 13.7 s, docs/benchmarks.md "C1 for one-shot runs").
+
+#: The archive's contents change with what the writing JVM runs: a new recipe, a new file.
+CLASS_ARCHIVE_RECIPE = 2
+
+#: What the archive's JVM runs (in a child process, so nothing here imports the pipeline): a new
+#: store with a changelog and a rejected line, then a second run with a tombstone.
+_CLASS_ARCHIVE_SCRIPT = """
+import json, os, tempfile
+from versiq.ingest.pipeline import StoreSpec, run_ingest
+from versiq.ingest.spark import get_spark
+
+def write(path, records, extra=''):
+    with open(path, 'w') as f:
+        f.writelines(json.dumps(record) + '\\n' for record in records)
+        f.write(extra)
+
+spark = get_spark('local[1]', 'versiq-class-archive')
+with tempfile.TemporaryDirectory(prefix='versiq-class-archive-') as folder:
+    source, warehouse = os.path.join(folder, 'src'), os.path.join(folder, 'wh')
+    os.mkdir(source)
+    spec = StoreSpec('s', source, changelog=True, max_future_ms=None)
+    write(os.path.join(source, 'a.jsonl'),
+          [{'key': f'k{i % 5}', 'value': {'n': i}, 'timestamp': 1000 + i} for i in range(20)], 'not json\\n')
+    assert not run_ingest(spark, warehouse, [spec]).failed
+    write(os.path.join(source, 'b.jsonl'), [{'key': 'k1', 'value': None, 'timestamp': 5000}])
+    assert not run_ingest(spark, warehouse, [spec]).failed
+gateway = spark.sparkContext._gateway
+spark.stop()
+proc = gateway.proc
+gateway.shutdown()
+proc.stdin.close()  # the JVM exits when its stdin closes; it writes the archive as it exits
+proc.wait(timeout=120)
+"""
+
 
 
 def _java_identity() -> str:
@@ -346,7 +403,7 @@ def class_archive_path() -> str | None:
         return None
     root = os.path.dirname(os.path.dirname(os.path.realpath(versiq.__file__ or "")))
     folder = os.environ.get(CLASS_ARCHIVE_DIR_ENV) or os.path.join(root, ".cache", "jvm")
-    digest = hashlib.sha256(f"{identity}\0{pyspark.__version__}".encode()).hexdigest()[:16]
+    digest = hashlib.sha256(f"{identity}\0{pyspark.__version__}\0{CLASS_ARCHIVE_RECIPE}".encode()).hexdigest()[:16]
     return os.path.join(folder, f"spark-driver-{digest}.jsa")
 
 
@@ -356,7 +413,7 @@ def _class_archive_option() -> str | None:
 
 
 def write_class_archive() -> str | None:
-    """Write the archive (when missing) from a JVM that starts a session and runs one job, in a
+    """Write the archive (when missing) from a JVM that runs ``_CLASS_ARCHIVE_SCRIPT``, in a
     child process; returns its path, or None when it could not be written (Spark then starts
     without one). The child waits for its JVM to exit, so the file is whole before its rename."""
     path = class_archive_path()
@@ -364,22 +421,14 @@ def write_class_archive() -> str | None:
         return path
     os.makedirs(os.path.dirname(path), exist_ok=True)
     partial = f"{path}.{os.getpid()}.partial"
-    script = (
-        "from versiq.ingest.spark import get_spark\n"
-        "spark = get_spark('local[1]', 'versiq-class-archive')\n"
-        "spark.range(100).selectExpr('id % 7 AS k').groupBy('k').count().collect()\n"
-        "gateway = spark.sparkContext._gateway\n"
-        "spark.stop()\n"
-        "proc = gateway.proc\n"
-        "gateway.shutdown()\n"
-        "proc.stdin.close()\n"  # the JVM exits when its stdin closes; it writes the archive as it exits
-        "proc.wait(timeout=120)\n"
-    )
     env = {**os.environ, DRIVER_JAVA_OPTIONS_ENV: f"-XX:ArchiveClassesAtExit={partial}",
            CLASS_ARCHIVE_DIR_ENV: os.path.join(os.path.dirname(path), "none")}  # not the archive being written
     try:
-        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+        done = subprocess.run([sys.executable, "-c", _CLASS_ARCHIVE_SCRIPT], env=env, capture_output=True,
+                              text=True, timeout=300)
         if done.returncode != 0 or not os.path.isfile(partial) or os.path.getsize(partial) == 0:
+            print(f"the JVM class archive could not be written (exit {done.returncode}):\n{done.stderr[-2000:]}",
+                  file=sys.stderr)
             return None
         os.replace(partial, path)
         return path

@@ -12,6 +12,7 @@ import base64
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import time
@@ -524,6 +525,8 @@ def test_client_settings_are_used_and_never_logged_or_reported(kafka_broker, tmp
                         text=True, timeout=300)
     assert ok.returncode == 0, ok.stderr
     assert "s3cr3t" not in ok.stderr + ok.stdout + report.read_text()
+    # a one-shot run's JVM ends with the run: C1 only (ingest/spark.py, SHORT_LIVED_JIT_OPTION)
+    assert re.search(r"driver JVM options: .*-XX:TieredStopAtLevel=1", ok.stderr), ok.stderr
     bad = subprocess.run(args, env={**_env(), "VERSIQ_KAFKA_SECURITY_PROTOCOL": "s3cr3t-protocol"},
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 1 and "store s: FAILED" in bad.stderr, bad.stderr

@@ -26,11 +26,28 @@ def test_the_archive_is_named_for_the_jdk_and_used_only_when_whole(tmp_path, mon
 
 
 def test_the_sessions_of_this_checkout_map_the_archive(spark):
-    """`make test` writes the archive before the tests (Makefile, CLASS_ARCHIVE)."""
+    """`make test` writes the archive before the tests (Makefile, CLASS_ARCHIVE) from a JVM that
+    ran two ingest runs (``_CLASS_ARCHIVE_SCRIPT``): in CI a missing one is a broken recipe."""
     path = spark_module.class_archive_path()
     if path is None or not os.path.isfile(path):
+        if os.environ.get("CI"):
+            pytest.fail("`make test` wrote no JVM class archive: its recipe failed (see make's output)")
         pytest.skip("no class archive: run through `make test` (it writes one)")
     assert f"-XX:SharedArchiveFile={path}" in spark.conf.get("spark.driver.extraJavaOptions")
+
+
+def test_a_short_lived_driver_compiles_with_c1_only_and_the_users_options_come_last(spark, monkeypatch):
+    """One-shot runs (``SparkOnDemand``, ``versiq maintain``) end with their run: C1 only. A
+    long-lived session (continuous mode, this test session) keeps the full JIT. The user's
+    ``VERSIQ_DRIVER_JAVA_OPTIONS`` come last, so ``-XX:TieredStopAtLevel=4`` there wins."""
+    monkeypatch.delenv(spark_module.DRIVER_JAVA_OPTIONS_ENV, raising=False)
+    assert spark_module.SHORT_LIVED_JIT_OPTION in spark_module.driver_java_options(short_lived=True).split()
+    assert "-XX:TieredStopAtLevel" not in spark_module.driver_java_options(short_lived=False)
+    assert "-XX:TieredStopAtLevel" not in spark.conf.get("spark.driver.extraJavaOptions", "")
+    monkeypatch.setenv(spark_module.DRIVER_JAVA_OPTIONS_ENV, "-XX:TieredStopAtLevel=4 -Xss4m")
+    options = spark_module.driver_java_options(short_lived=True).split()
+    assert options[-2:] == ["-XX:TieredStopAtLevel=4", "-Xss4m"]
+    assert options.index(spark_module.SHORT_LIVED_JIT_OPTION) < options.index("-XX:TieredStopAtLevel=4")
 
 
 def test_the_session_does_not_record_python_call_sites(spark):

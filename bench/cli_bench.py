@@ -1,0 +1,139 @@
+"""``versiq ingest`` through the CLI, a process per run (issue 17: small runs are cheap), with the
+driver JVM's JIT setting as the variable and the full JIT as the baseline of the same run.
+
+A one-shot run's JVM compiles with C1 only (``ingest.spark.SHORT_LIVED_JIT_OPTION``); the
+baseline adds ``-XX:TieredStopAtLevel=4`` (``VERSIQ_DRIVER_JAVA_OPTIONS``, which comes last), the
+JIT every JVM had before. Both map the class-data-sharing archive ``make`` writes. Runs alternate
+between the two settings so that the machine's load falls on both alike.
+
+- **one record**: a one-line JSONL file into a small store (``--repeat`` runs each);
+- **10k into 2M**: a 10,000-event batch (``gen_changelog.make_events``, random existing keys)
+  into a store of 200,000 keys x 10 versions (built once by the CLI, not timed), ``--repeat``
+  runs each; the store grows by a batch per run;
+- **1M new store**: 1,000,000 events (100,000 keys x 10, 8 JSONL files) into a new store, once each.
+
+The load generator is this process starting ``versiq ingest`` one at a time (``subprocess``); wall
+time per process is the figure. The machine's load average is recorded before and after.
+
+    .venv/bin/python bench/cli_bench.py [--repeat 3] [--skip-1m] [--results bench/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import gen_changelog as gen  # noqa: E402
+
+#: The two settings: the one-shot default, and the full JIT (the baseline).
+SETTINGS = {"c1": "", "full_jit": "-XX:TieredStopAtLevel=4"}
+VERSIQ = [sys.executable, "-m", "versiq.cli", "ingest"]
+
+
+def _ingest(warehouse: str, source: str, java_options: str) -> float:
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    if java_options:
+        env["VERSIQ_DRIVER_JAVA_OPTIONS"] = java_options
+    started = time.monotonic()
+    done = subprocess.run([*VERSIQ, "--warehouse", warehouse, "--store", "s", "--source", source,
+                           "--max-future", "none"], env=env, capture_output=True, text=True)
+    seconds = time.monotonic() - started
+    if done.returncode != 0:
+        raise SystemExit(f"versiq ingest failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return seconds
+
+
+def one_record(work: str, repeat: int) -> dict[str, list[float]]:
+    source, warehouse = os.path.join(work, "one-src"), os.path.join(work, "one-wh")
+    os.makedirs(source)
+    with open(os.path.join(source, "0000.jsonl"), "w") as f:
+        f.writelines(json.dumps({"key": f"k{i}", "value": i, "timestamp": 1_000 + i}) + "\n" for i in range(100))
+    _ingest(warehouse, source, "")
+    times: dict[str, list[float]] = {name: [] for name in SETTINGS}
+    n = 0
+    for _ in range(repeat):
+        for name, options in SETTINGS.items():
+            n += 1
+            with open(os.path.join(source, f"{n:04d}.jsonl"), "w") as f:
+                f.write(json.dumps({"key": f"k{n % 100}", "value": n, "timestamp": 10_000 + n}) + "\n")
+            times[name].append(_ingest(warehouse, source, options))
+            print(f"one record, {name}: {times[name][-1]:.1f} s", flush=True)
+    return times
+
+
+def batch_into_store(work: str, repeat: int, keys: int) -> dict[str, list[float]]:
+    folder, warehouse = os.path.join(work, "big-src"), os.path.join(work, "big-wh")
+    source = os.path.join(folder, "jsonl")  # where write_changelog puts JSONL files
+    gen.write_changelog(gen.make_events(keys, 10, seed=42), folder, "jsonl", 8)
+    print(f"building the {keys * 10:,}-version store (not timed)", flush=True)
+    _ingest(warehouse, source, "")
+    times: dict[str, list[float]] = {name: [] for name in SETTINGS}
+    after = keys * 10
+    for _ in range(repeat):
+        for name, options in SETTINGS.items():
+            batch = gen.make_events(keys, 10, seed=42, batch=10_000, after_events=after)
+            gen.write_changelog(batch, folder, "jsonl", 1, prefix=f"x-batch-{after:010d}")
+            after += 10_000
+            times[name].append(_ingest(warehouse, source, options))
+            print(f"10k into {keys * 10:,}, {name}: {times[name][-1]:.1f} s", flush=True)
+    return times
+
+
+def new_store(work: str) -> dict[str, list[float]]:
+    gen.write_changelog(gen.make_events(100_000, 10, seed=7), os.path.join(work, "m-src"), "jsonl", 8)
+    source = os.path.join(work, "m-src", "jsonl")
+    times: dict[str, list[float]] = {}
+    for name, options in SETTINGS.items():
+        times[name] = [_ingest(os.path.join(work, f"m-wh-{name}"), source, options)]
+        print(f"1M new store, {name}: {times[name][-1]:.1f} s", flush=True)
+    return times
+
+
+def _summary(times: dict[str, list[float]]) -> dict[str, object]:
+    median = {name: round(statistics.median(values), 2) for name, values in times.items()}
+    return {"seconds": {name: [round(v, 2) for v in values] for name, values in times.items()},
+            "median_s": median, "c1_over_full_jit": round(median["c1"] / median["full_jit"], 3)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--keys", type=int, default=200_000, help="keys of the store the 10k batches go into (x 10)")
+    ap.add_argument("--skip-1m", action="store_true")
+    ap.add_argument("--results", default=os.path.join(HERE, "results"))
+    args = ap.parse_args()
+    work = tempfile.mkdtemp(prefix="versiq-cli-bench-")
+    load_before = os.getloadavg()
+    try:
+        result: dict[str, object] = {
+            "date": datetime.now(UTC).isoformat(timespec="seconds"),
+            "load_generator": "this process, one `versiq ingest` subprocess at a time",
+            "baseline": "the same runs with -XX:TieredStopAtLevel=4 (full JIT), alternating",
+            "one_record": _summary(one_record(work, args.repeat)),
+            f"10k_into_{args.keys * 10}": _summary(batch_into_store(work, args.repeat, args.keys)),
+        }
+        if not args.skip_1m:
+            result["1m_new_store"] = _summary(new_store(work))
+        result["load_before"], result["load_after"] = load_before, os.getloadavg()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps(result, indent=2))
+    os.makedirs(args.results, exist_ok=True)
+    with open(os.path.join(args.results, f"cli-{datetime.now(UTC).date()}.json"), "w") as handle:
+        json.dump(result, handle, indent=2)
+        handle.write("\n")
+
+
+if __name__ == "__main__":
+    main()
