@@ -32,6 +32,7 @@ from versiq.ingest.rejections import write_rejected, write_source_rejected
 from versiq.ingest.reports import RunReport, StoreReport
 from versiq.ingest.semantics import RunContext, classify, rows_to_write
 from versiq.ingest.sources import SourceError, check_readable, list_sources, log_ignored, source_error_in
+from versiq.ingest.spark import plans_for_input
 from versiq.ingest.sqltext import crc32_mod_sql, file_of_sql
 from versiq.ingest.store import (
     StoreHandle,
@@ -177,21 +178,23 @@ def ingest_store(spark: SparkSession, warehouse: str, spec: StoreSpec, lock_time
         done = set(handle.state.done_files)
         new = {rel: full for rel, full in listing.files.items() if rel not in done}
         report = StoreReport(ignored=log_ignored("store", spec.name, listing.ignored))
-        check_readable(new)
+        input_bytes = check_readable(new)
         if not new and handle.table is not None:
             return _nothing_new(spark, handle, spec, report, "no new files")
         run = handle.state.run + 1
         report.run = run
         report.files = len(new)
         log.info("store %s: run %d over %s", spec.name, run, counted(len(new), "new file"))
-        parsed = parse_files(spark, new, spec.format, handle.settings.partitions, future_bound(spec.max_future_ms))
         per_file = len(new) * handle.settings.partitions <= FILE_STATS_LIMIT
 
         def rejections(parsed: DataFrame, classified: DataFrame, state: StoreState, decided: int, total: int) -> None:
             write_rejected(parsed, classified, handle.path, state, new, spec.format, decided=decided, total=total)
 
-        _run_once(spark, handle, spec, run, report, parsed, per_file, rejections,
-                  lambda state: replace(state, done_files=sorted(done | set(new))))
+        with plans_for_input(spark, input_bytes):
+            parsed = parse_files(spark, new, spec.format, handle.settings.partitions,
+                                 future_bound(spec.max_future_ms))
+            _run_once(spark, handle, spec, run, report, parsed, per_file, rejections,
+                      lambda state: replace(state, done_files=sorted(done | set(new))))
         return report
 
 

@@ -143,23 +143,30 @@ def source_error_in(exc: BaseException) -> SourceError | None:
     return SourceError(found[-1].strip()) if found else None
 
 
-def check_readable(files: dict[str, str]) -> None:
+def check_readable(files: dict[str, str]) -> int | None:
     """Open every file about to be read (non-blocking, so a file replaced by a FIFO since the
     listing cannot hang the run): a file that cannot be opened fails the run on the driver, with
     a clear message, before any Spark work. Parse tasks re-raise read errors as well (the only
-    check for S3 objects, which the listing has just seen and which cannot be FIFOs)."""
+    check for S3 objects, which the listing has just seen and which cannot be FIFOs).
+    Returns the files' bytes (``spark.plans_for_input``), None when some are S3 objects."""
+    total: int | None = 0
     for full in files.values():
         if _is_s3(full):
+            total = None
             continue
         try:
             fd = os.open(full, os.O_RDONLY | os.O_NONBLOCK)
         except OSError as exc:
             raise SourceError(f"cannot read source file {full}: {exc.strerror or exc}") from None
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
                 raise SourceError(f"source file {full} is no longer a regular file")
+            if total is not None:
+                total += info.st_size
         finally:
             os.close(fd)
+    return total
 
 
 def log_ignored(what: str, name: str, ignored: list[dict[str, str]]) -> list[dict[str, str]]:

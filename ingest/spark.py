@@ -53,7 +53,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pyspark
@@ -229,6 +229,48 @@ def _quiet_log_option() -> str | None:
 #: the tests' session and the benchmarks keep the full JIT. ``VERSIQ_DRIVER_JAVA_OPTIONS`` comes
 #: after it, so ``-XX:TieredStopAtLevel=4`` there turns it off.
 SHORT_LIVED_JIT_OPTION = "-XX:TieredStopAtLevel=1"
+
+
+#: New input (bytes of new files) up to which a run in a short-lived driver evaluates Spark's
+#: expressions interpreted, without generating Java for them and compiling it (Janino). In a cold
+#: JVM those compilations cost more than they save on little data (docs/benchmarks.md "C1 for
+#: one-shot runs"). Larger runs, Kafka and S3 sources (their size is not known up front) and
+#: long-lived sessions keep code generation. ``VERSIQ_INTERPRETED_RUN_BYTES`` overrides it (0: never).
+INTERPRETED_RUN_BYTES = 4 << 20
+INTERPRETED_RUN_BYTES_ENV = "VERSIQ_INTERPRETED_RUN_BYTES"
+_INTERPRETED = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
+
+
+def is_short_lived(spark: SparkSession) -> bool:
+    """Whether the session's driver JVM was started ``short_lived`` (the last
+    ``-XX:TieredStopAtLevel`` of its options is ``SHORT_LIVED_JIT_OPTION``): fixed when the JVM
+    starts, so a session reused by a later ``get_spark`` keeps what it was."""
+    options = (spark.sparkContext.getConf().get("spark.driver.extraJavaOptions") or "").split()
+    levels = [option for option in options if option.startswith("-XX:TieredStopAtLevel=")]
+    return bool(levels) and levels[-1] == SHORT_LIVED_JIT_OPTION
+
+
+@contextlib.contextmanager
+def plans_for_input(spark: SparkSession, input_bytes: int | None) -> Iterator[None]:
+    """The run inside runs with interpreted expressions (``INTERPRETED_RUN_BYTES``) when its
+    session is short-lived and its new input small; the session's settings are restored after."""
+    limit = int(os.environ.get(INTERPRETED_RUN_BYTES_ENV) or INTERPRETED_RUN_BYTES)
+    if input_bytes is None or input_bytes > limit or not is_short_lived(spark):
+        yield
+        return
+    conf = spark.conf
+    previous = {key: conf.get(key, None) for key in _INTERPRETED}
+    logging.getLogger("versiq.ingest").debug("%d bytes of new input: expressions interpreted", input_bytes)
+    for key, value in _INTERPRETED.items():
+        conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, old in previous.items():
+            if old is None:
+                conf.unset(key)
+            else:
+                conf.set(key, old)
 
 
 def driver_java_options(short_lived: bool) -> str:

@@ -28,6 +28,7 @@ from versiq.ingest.records.kafka_rows import SKIPPED
 from versiq.ingest.rejections import write_rejected, write_source_rejected
 from versiq.ingest.reports import StreamReport
 from versiq.ingest.sources import check_readable, list_sources, log_ignored
+from versiq.ingest.spark import plans_for_input
 from versiq.ingest.sqltext import crc32_mod_sql
 from versiq.ingest.store import StoreHandle, commit_store, open_store, writer_lock
 from versiq.layout import DEFAULT_BUCKETS, STREAM_KIND, StoreSettings, StoreState
@@ -95,16 +96,17 @@ def ingest_stream(spark: SparkSession, warehouse: str, spec: StreamSpec, lock_ti
         listing = list_sources(spec.source)
         new = {rel: full for rel, full in listing.files.items() if rel not in done}
         report = StreamReport(ignored=log_ignored("stream", spec.name, listing.ignored))
-        check_readable(new)
+        input_bytes = check_readable(new)
         if not new and handle.table is not None:
             report.snapshot = handle.version
             return report
         run = handle.state.run + 1
         report.files = len(new)
-        _append_run(handle, spec, run, report, parse_files(spark, new, spec.format, None, bound),
-                    StoreState(run=run, done_files=sorted(done | set(new))),
-                    lambda parsed, state, total: write_rejected(parsed, None, handle.path, state, new, spec.format,
-                                                                total=total))
+        with plans_for_input(spark, input_bytes):
+            _append_run(handle, spec, run, report, parse_files(spark, new, spec.format, None, bound),
+                        StoreState(run=run, done_files=sorted(done | set(new))),
+                        lambda parsed, state, total: write_rejected(parsed, None, handle.path, state, new,
+                                                                    spec.format, total=total))
         return report
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -188,8 +189,12 @@ def test_kill_9_then_rerun_equals_an_uninterrupted_run(spark, tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
         result = versiq("ingest", "--warehouse", wh, "--store", "k", "--source", str(src),
-                        "--history-retention", "3000")
+                        "--history-retention", "3000", "--log-level", "debug")
         assert result.returncode == 0, result.stderr
+        # the CLI's short-lived JVM ran this small run with interpreted expressions, the reference
+        # (a long-lived session) with generated code: the same store either way (spark.plans_for_input)
+        assert re.search(r"driver JVM options: .*-XX:TieredStopAtLevel=1", result.stderr), result.stderr
+        assert "bytes of new input: expressions interpreted" in result.stderr, result.stderr
         path = os.path.join(wh, "k")
         assert store_versions(path) == store_versions(ref)
         assert stream_times(path) == stream_times(ref)

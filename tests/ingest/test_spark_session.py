@@ -43,7 +43,9 @@ def test_a_short_lived_driver_compiles_with_c1_only_and_the_users_options_come_l
     monkeypatch.delenv(spark_module.DRIVER_JAVA_OPTIONS_ENV, raising=False)
     assert spark_module.SHORT_LIVED_JIT_OPTION in spark_module.driver_java_options(short_lived=True).split()
     assert "-XX:TieredStopAtLevel" not in spark_module.driver_java_options(short_lived=False)
-    assert "-XX:TieredStopAtLevel" not in spark.conf.get("spark.driver.extraJavaOptions", "")
+    # the options this session's JVM started with (a later get_spark's builder may have set the
+    # session's runtime copy of the setting; the JVM keeps what it started with)
+    assert "-XX:TieredStopAtLevel" not in (spark.sparkContext.getConf().get("spark.driver.extraJavaOptions") or "")
     monkeypatch.setenv(spark_module.DRIVER_JAVA_OPTIONS_ENV, "-XX:TieredStopAtLevel=4 -Xss4m")
     options = spark_module.driver_java_options(short_lived=True).split()
     assert options[-2:] == ["-XX:TieredStopAtLevel=4", "-Xss4m"]
@@ -57,3 +59,14 @@ def test_the_session_does_not_record_python_call_sites(spark):
 
     assert spark.conf.get("spark.python.sql.dataFrameDebugging.enabled") == "false"
     assert not is_debugging_enabled()
+
+
+def test_a_long_lived_session_keeps_generated_code_for_small_runs(spark):
+    """Interpreted expressions are for small runs of a short-lived driver only (a cold JVM's
+    compilations cost more than they save); this long-lived session keeps its settings. The
+    short-lived path is checked through the CLI (test_ingest_cli, the kill -9 rerun)."""
+    before = spark.conf.get("spark.sql.codegen.wholeStage")
+    assert not spark_module.is_short_lived(spark)
+    with spark_module.plans_for_input(spark, 10):
+        assert spark.conf.get("spark.sql.codegen.wholeStage") == before
+    assert spark.conf.get("spark.sql.codegen.wholeStage") == before
