@@ -224,10 +224,11 @@ def _quiet_log_option() -> str | None:
 #: The driver JVM's option for a process that ends after one run (``short_lived``): compile with
 #: C1 only. HotSpot's optimising compiler (C2) pays off only in long-lived processes; in a run of
 #: seconds its compilations take CPU from the run's own threads (two cores here). Measured on the
-#: 2-core machine (``versiq ingest`` CLI, docs/benchmarks.md "C1 for one-shot runs"): a one-record
-#: run 18 -> 13 s, 300,000 events 25.6 -> 19.7 s, 1,000,000 events equal (35 s). Continuous mode,
-#: the tests' session and the benchmarks keep the full JIT. ``VERSIQ_DRIVER_JAVA_OPTIONS`` comes
-#: after it, so ``-XX:TieredStopAtLevel=4`` there turns it off.
+#: 2-core machine (``bench/cli_bench.py``, docs/benchmarks.md "C1 for one-shot runs"): a one-record
+#: run 17.4 -> 13.9 s, 10k events into a 2M-version store 23.7 -> 18.6 s, 1M events into a new
+#: store 34.5 -> 31.9 s. In a long-lived session it is slower (a test session's 159 s -> 191 s), so
+#: continuous mode, the tests' session and the benchmarks keep the full JIT.
+#: ``VERSIQ_DRIVER_JAVA_OPTIONS`` comes after it, so ``-XX:TieredStopAtLevel=4`` there turns it off.
 SHORT_LIVED_JIT_OPTION = "-XX:TieredStopAtLevel=1"
 
 
@@ -423,7 +424,6 @@ gateway.shutdown()
 proc.stdin.close()  # the JVM exits when its stdin closes; it writes the archive as it exits
 proc.wait(timeout=120)
 """
-
 
 
 def _java_identity() -> str:
