@@ -198,8 +198,9 @@ def local_frame(spark: SparkSession, table: pa.Table) -> DataFrame:
 
 def _has_run(path: str, run: int) -> bool:
     """Whether the side table at ``path`` holds rows of run ``run`` or later (from its files'
-    statistics: an earlier attempt of this run that crashed before the table's commit)."""
-    if not has_delta_log(path):
+    statistics: an earlier attempt of this run that crashed before the table's commit). A log
+    without a commit (a first commit killed midway) is no table yet."""
+    if not has_delta_log(path) or not storage.is_delta_table(path):
         return False
     adds = pa.table(storage.delta_table(path).get_add_actions(flatten=True))
     if adds.num_rows == 0 or "max.run" not in adds.column_names:
@@ -224,7 +225,7 @@ def replace_run(frame: DataFrame, path: str, schema: pa.Schema, *, run: int, sta
             writer = rows.write.format("delta").mode("overwrite").option("replaceWhere", f"run >= {run}")
         else:  # the usual case: nothing to replace, a plain append (no scan of the table)
             writer = rows.write.format("delta").mode("append")
-        if not has_delta_log(path):
+        if not has_delta_log(path) or not storage.is_delta_table(path):  # a new table (or a killed first commit)
             for name, value in _properties(schema).items():
                 writer = writer.option(name, value)
         writer.save(path)
