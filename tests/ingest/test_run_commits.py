@@ -62,3 +62,16 @@ def test_local_runs_append_without_a_transaction_id_and_a_run_of_no_rows_still_c
     assert history[1].files == ("b.jsonl",)
     assert not os.path.exists(layout.log_file(path, 3))
     assert MAINTAIN not in {c.operation for c in history}
+
+
+def test_a_side_table_whose_first_commit_was_killed_is_created_by_the_rerun(spark, tmp_path):
+    """A kill inside a side table's first commit leaves its ``_delta_log`` without a commit: the
+    rerun treats it as no table (ingest.delta._has_run), writes it and equals a clean run."""
+    src, wh = str(tmp_path / "src"), str(tmp_path / "wh")
+    write_jsonl(src, "a.jsonl", [_record("a", 1), "not json"])
+    for side in (layout.REJECTED_DIR, layout.CHANGELOG_DIR):
+        os.makedirs(os.path.join(wh, "s", side, "_delta_log"))
+    report = run_ingest(spark, wh, [StoreSpec("s", src, changelog=True)])
+    assert not report.failed, report.to_json()
+    assert sum(report.stores["s"].rejected.values()) == 1
+    assert set(store_versions(os.path.join(wh, "s"))) == {"a"}
