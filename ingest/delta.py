@@ -198,10 +198,8 @@ def local_frame(spark: SparkSession, table: pa.Table) -> DataFrame:
 
 def _has_run(path: str, run: int) -> bool:
     """Whether the side table at ``path`` holds rows of run ``run`` or later (from its files'
-    statistics: an earlier attempt of this run that crashed before the table's commit). A log
-    without a commit (a first commit killed midway) is no table yet."""
-    if not has_delta_log(path) or not storage.is_delta_table(path):
-        return False
+    statistics: an earlier attempt of this run that crashed before the table's commit); the
+    caller has seen that the table exists."""
     adds = pa.table(storage.delta_table(path).get_add_actions(flatten=True))
     if adds.num_rows == 0 or "max.run" not in adds.column_names:
         return adds.num_rows > 0
@@ -217,7 +215,9 @@ def replace_run(frame: DataFrame, path: str, schema: pa.Schema, *, run: int, sta
     rows = _conform(frame, schema)
     if empty is None:
         empty = rows.isEmpty()
-    earlier_attempt = _has_run(path, run)
+    # a log without a commit (a first commit killed midway) is no table yet: the commit below creates it
+    exists = storage.is_delta_table(path)
+    earlier_attempt = exists and _has_run(path, run)
     if empty and not earlier_attempt:
         return
     with commit_metadata(frame.sparkSession, state):
@@ -225,7 +225,7 @@ def replace_run(frame: DataFrame, path: str, schema: pa.Schema, *, run: int, sta
             writer = rows.write.format("delta").mode("overwrite").option("replaceWhere", f"run >= {run}")
         else:  # the usual case: nothing to replace, a plain append (no scan of the table)
             writer = rows.write.format("delta").mode("append")
-        if not has_delta_log(path) or not storage.is_delta_table(path):  # a new table (or a killed first commit)
+        if not exists:
             for name, value in _properties(schema).items():
                 writer = writer.option(name, value)
         writer.save(path)
