@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -60,22 +61,33 @@ def _ingest(warehouse: str, source: str, setting: dict[str, str]) -> float:
     return seconds
 
 
+def _alternate(what: str, repeat: int, warehouse: str, source: str,
+               land: Callable[[int], None]) -> dict[str, list[float]]:
+    """``repeat`` rounds of one run per setting; before each run ``land(n)`` (n = 1, 2, ...) adds
+    its new input to ``source``."""
+    times: dict[str, list[float]] = {name: [] for name in SETTINGS}
+    n = 0
+    for _ in range(repeat):
+        for name, setting in SETTINGS.items():
+            n += 1
+            land(n)
+            times[name].append(_ingest(warehouse, source, setting))
+            print(f"{what}, {name}: {times[name][-1]:.1f} s", flush=True)
+    return times
+
+
 def one_record(work: str, repeat: int) -> dict[str, list[float]]:
     source, warehouse = os.path.join(work, "one-src"), os.path.join(work, "one-wh")
     os.makedirs(source)
     with open(os.path.join(source, "0000.jsonl"), "w") as f:
         f.writelines(json.dumps({"key": f"k{i}", "value": i, "timestamp": 1_000 + i}) + "\n" for i in range(100))
     _ingest(warehouse, source, {})
-    times: dict[str, list[float]] = {name: [] for name in SETTINGS}
-    n = 0
-    for _ in range(repeat):
-        for name, options in SETTINGS.items():
-            n += 1
-            with open(os.path.join(source, f"{n:04d}.jsonl"), "w") as f:
-                f.write(json.dumps({"key": f"k{n % 100}", "value": n, "timestamp": 10_000 + n}) + "\n")
-            times[name].append(_ingest(warehouse, source, options))
-            print(f"one record, {name}: {times[name][-1]:.1f} s", flush=True)
-    return times
+
+    def land(n: int) -> None:
+        with open(os.path.join(source, f"{n:04d}.jsonl"), "w") as f:
+            f.write(json.dumps({"key": f"k{n % 100}", "value": n, "timestamp": 10_000 + n}) + "\n")
+
+    return _alternate("one record", repeat, warehouse, source, land)
 
 
 def batch_into_store(work: str, repeat: int, keys: int) -> dict[str, list[float]]:
@@ -84,16 +96,13 @@ def batch_into_store(work: str, repeat: int, keys: int) -> dict[str, list[float]
     gen.write_changelog(gen.make_events(keys, 10, seed=42), folder, "jsonl", 8)
     print(f"building the {keys * 10:,}-version store (not timed)", flush=True)
     _ingest(warehouse, source, {})
-    times: dict[str, list[float]] = {name: [] for name in SETTINGS}
-    after = keys * 10
-    for _ in range(repeat):
-        for name, options in SETTINGS.items():
-            batch = gen.make_events(keys, 10, seed=42, batch=10_000, after_events=after)
-            gen.write_changelog(batch, folder, "jsonl", 1, prefix=f"x-batch-{after:010d}")
-            after += 10_000
-            times[name].append(_ingest(warehouse, source, options))
-            print(f"10k into {keys * 10:,}, {name}: {times[name][-1]:.1f} s", flush=True)
-    return times
+
+    def land(n: int) -> None:
+        after = keys * 10 + (n - 1) * 10_000
+        batch = gen.make_events(keys, 10, seed=42, batch=10_000, after_events=after)
+        gen.write_changelog(batch, folder, "jsonl", 1, prefix=f"x-batch-{after:010d}")
+
+    return _alternate(f"10k into {keys * 10:,}", repeat, warehouse, source, land)
 
 
 def new_store(work: str) -> dict[str, list[float]]:
