@@ -46,7 +46,7 @@ from versiq.ingest.kafka import KafkaSource
 from versiq.ingest.pipeline import StoreSpec
 from versiq.ingest.records.kafka_rows import KafkaFormat
 from versiq.ingest.streams import StreamSpec
-from versiq.layout import STREAM_KIND, StoreSettings, has_delta_log
+from versiq.layout import STREAM_KIND, StoreSettings, has_table
 
 _STORE_FIELDS = {"name", "source", "format", "kind", "history_retention", "partitions", "buckets", "global",
                  "max_future"}
@@ -117,7 +117,7 @@ def _check_existing_table(warehouse: str, table: TableSpec) -> None:
     """A derived table that exists must have been computed from the same definition: results
     of a changed filter or join applied to new records only would silently mix two tables."""
     path = layout.table_path(warehouse, table.name)
-    if not has_delta_log(path):
+    if not has_table(path):
         return
 
     from versiq.layout import read_state

@@ -101,25 +101,28 @@ def run_txn_needed(path: str, has_rows: bool | None) -> bool:
 
 
 def commit_table(frame: DataFrame, path: str, schema: pa.Schema, *, run: int, state: StoreState,
-                 description: str, sort: tuple[str, ...], new_run: bool = True,
+                 description: str, sort: tuple[str, ...], create: bool, new_run: bool = True,
                  has_rows: bool | None = None) -> None:
-    """Append a run's rows to the table at ``path`` (creating it) with its state, in one commit,
-    at most once per run (``run_txn_needed``). ``has_rows``: whether ``frame`` has rows, when
-    the caller knows (unknown counts as maybe not).
+    """Append a run's rows to the table at ``path`` with its state, in one commit, at most once
+    per run (``run_txn_needed``). ``create``: the run found no table there (``layout.has_table``:
+    no ``_delta_log``, or one without a commit, which a process killed inside the table's first
+    commit leaves), so this commit creates it, partitioned and with its properties; an append
+    would create it too, but without either. ``has_rows``: whether ``frame`` has rows, when the
+    caller knows (unknown counts as maybe not).
     ``new_run=False``: a state-only commit between runs, under the transaction id
     ``STATE_APP_ID`` (``versiq.ingest`` would make Delta skip it as the run already committed;
     no transaction at all would make Delta skip it as an empty append)."""
     spark = frame.sparkSession
     rows = _conform(frame, schema).sortWithinPartitions(*STORE_PARTITION_COLUMNS, *sort)
     with commit_metadata(spark, state):
-        if not has_delta_log(path):
+        if create:
             writer = rows.writeTo(f"delta.`{path}`").using("delta").tableProperty("comment", description)
             for name, value in _properties(schema).items():
                 writer = writer.tableProperty(name, value)
             writer = writer.partitionedBy(*(F.col(name) for name in STORE_PARTITION_COLUMNS))
             # "or replace" only because the directory is not empty (its side tables are
-            # written first); there is no table to replace: the caller holds the writer lock
-            # and no Delta log exists.
+            # written first, and a killed first commit may have left a log without a commit);
+            # there is no table to replace: the caller holds the writer lock and found none.
             writer.option("txnAppId", APP_ID).option("txnVersion", str(run)).createOrReplace()
         elif new_run:
             append = rows.write.format("delta").mode("append")

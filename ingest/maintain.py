@@ -45,7 +45,6 @@ from versiq.ingest.store import (
     StoreHandle,
     check_still_writer,
     existing_store_path,
-    is_store,
     open_store,
     writer_lock,
 )
@@ -55,6 +54,7 @@ from versiq.layout import (
     STORE_SORT,
     STREAM_KIND,
     StoreSettings,
+    has_table,
     read_rule_sql,
 )
 
@@ -80,7 +80,7 @@ def maintain_store(warehouse: str, store: str, lock_timeout_s: float = 60.0,
         table = storage.delta_table(path)
         handle = open_store(path, StoreSettings.from_description(table.metadata().description), set())
         plan = plan_compaction(handle)
-        tables = [path] + [storage.join(path, side) for side in SIDE_TABLES if is_store(storage.join(path, side))]
+        tables = [path] + [storage.join(path, side) for side in SIDE_TABLES if has_table(storage.join(path, side))]
         to_vacuum = {t: len(_vacuum_candidates(t)) for t in tables}
         result: dict[str, Any] = {"store": store, "buckets_rewritten": len(plan.buckets),
                                   "rows_before": plan.rows_before, "rows_after": plan.rows_after}
@@ -130,7 +130,7 @@ def compact_if_due(warehouse: str, store: str, lock_timeout_s: float, spark: Spa
                    ) -> dict[str, Any] | None:
     """Compact when the store has accumulated several files per bucket (continuous mode)."""
     path = layout.table_path(warehouse, store)
-    if not is_store(path):
+    if not has_table(path):
         return None
     table = storage.delta_table(path)
     settings = StoreSettings.from_description(table.metadata().description)

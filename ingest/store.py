@@ -43,7 +43,7 @@ from versiq.layout import (
     STREAM_SORT,
     StoreSettings,
     StoreState,
-    has_delta_log,
+    has_table,
     read_rule_sql,
     read_state,
 )
@@ -145,10 +145,6 @@ def _local_lock(store_path: str, timeout_s: float) -> Iterator[None]:
         handle.close()
 
 
-def is_store(path: str) -> bool:
-    return has_delta_log(path) and storage.is_delta_table(path)
-
-
 def existing_store_path(warehouse: str, store: str) -> str:
     """The path of an existing store; UsageError for an invalid name or a missing store."""
     try:
@@ -156,7 +152,7 @@ def existing_store_path(warehouse: str, store: str) -> str:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     path = layout.table_path(warehouse, store)
-    if not is_store(path):
+    if not has_table(path):
         raise UsageError(f"no store {store!r} in warehouse {warehouse}")
     return path
 
@@ -180,7 +176,7 @@ class StoreHandle:
 
 def open_store(path: str, requested: StoreSettings, explicit: set[str]) -> StoreHandle:
     """Open (or plan to create) a store; settings named in ``explicit`` must match a store's."""
-    if not is_store(path):
+    if not has_table(path):
         return StoreHandle(path, requested, None, StoreState())
     table = storage.delta_table(path)
     try:
@@ -250,7 +246,8 @@ def commit_store(handle: StoreHandle, rows: DataFrame, state: StoreState, new_ru
     kind = handle.settings.kind
     check_still_writer(handle.path)
     commit_table(rows, handle.path, table_schema(kind), run=state.run, state=state,
-                 description=handle.settings.to_description(), sort=table_sort(kind), new_run=new_run,
+                 description=handle.settings.to_description(), sort=table_sort(kind), create=handle.table is None,
+                 new_run=new_run,
                  has_rows=has_rows)
     handle.table = storage.delta_table(handle.path)
     handle.state = state

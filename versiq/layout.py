@@ -433,3 +433,10 @@ def delta_log(table_path: str) -> str:
 def has_delta_log(path: str) -> bool:
     """Whether ``path`` is a table directory (it has a Delta log), readable or not."""
     return storage.isdir(delta_log(path))
+
+
+def has_table(path: str) -> bool:
+    """Whether ``path`` holds a Delta table: a Delta log with at least one commit. A log without
+    one is what a writer killed inside the table's first commit leaves; the table does not exist
+    yet, and the rerun's first commit creates it."""
+    return has_delta_log(path) and storage.is_delta_table(path)

@@ -63,7 +63,7 @@ def connect(warehouse: str, snapshots: Mapping[str, int] | None = None) -> duckd
     con = storage.duckdb_connect()
     found: set[str] = set()
     for name, path in storage.subdirectories(warehouse):
-        if not names.is_valid_store_name(name) or not layout.has_delta_log(path):
+        if not names.is_valid_store_name(name) or not layout.has_table(path):
             continue
         try:
             table = storage.delta_table(path, pinned.get(name))

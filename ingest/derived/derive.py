@@ -44,7 +44,6 @@ from versiq.ingest.store import (
     StoreHandle,
     commit_side,
     commit_store,
-    is_store,
     open_store,
     writer_lock,
 )
@@ -59,6 +58,7 @@ from versiq.layout import (
     StoreSettings,
     StoreState,
     bucket_of,
+    has_table,
     read_rule_sql,
     read_state,
 )
@@ -102,7 +102,7 @@ def _table_settings(spec: TableSpec) -> StoreSettings:
 
 def _source_info(warehouse: str, name: str) -> SourceInfo:
     path = layout.table_path(warehouse, name)
-    if not is_store(path):
+    if not has_table(path):
         raise DeriveError(f"input {name!r} has no table in the warehouse (its ingest failed?)")
     table = storage.delta_table(path)
     settings = StoreSettings.from_description(table.metadata().description)
@@ -225,7 +225,7 @@ def _find_snapshot(path: str, current: int | None, start: dict[str, int]) -> int
 def _read_records(path: str, after: int, upto: int, is_stream: bool) -> list[SourceRecord]:
     """Records of runs (after, upto] of a stream table or a store's ``_changelog``, in order."""
     table_path = path if is_stream else storage.join(path, CHANGELOG_DIR)
-    if upto <= after or not is_store(table_path):
+    if upto <= after or not has_table(table_path):
         return []
     files = list(storage.delta_table(table_path).file_uris())
     if not files:

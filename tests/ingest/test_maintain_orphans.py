@@ -19,15 +19,15 @@ from tests.support.derived import RealPipeline
 from tests.support.derived_reference import InputDef, Rec
 from tests.support.ingest import store_versions, write_jsonl
 from versiq.ingest.pipeline import StoreSpec, run_ingest
-from versiq.ingest.store import SIDE_TABLES, LockTimeout, is_store, writer_lock
-from versiq.layout import STREAM_KIND, StoreSettings
+from versiq.ingest.store import SIDE_TABLES, LockTimeout, writer_lock
+from versiq.layout import STREAM_KIND, StoreSettings, has_table
 
 THREE_HOURS_AGO = time.time() - 3 * 3600  # older than the default 1-hour retention
 
 
 def _tables(path: str) -> list[str]:
     """Every Delta table of a store: the store itself and its side tables."""
-    return [path, *(os.path.join(path, side) for side in SIDE_TABLES if is_store(os.path.join(path, side)))]
+    return [path, *(os.path.join(path, side) for side in SIDE_TABLES if has_table(os.path.join(path, side)))]
 
 
 def _what_readers_see(table: str) -> Any:

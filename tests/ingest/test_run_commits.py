@@ -75,3 +75,43 @@ def test_a_side_table_whose_first_commit_was_killed_is_created_by_the_rerun(spar
     assert not report.failed, report.to_json()
     assert sum(report.stores["s"].rejected.values()) == 1
     assert set(store_versions(os.path.join(wh, "s"))) == {"a"}
+
+
+def _layout_of(path: str) -> tuple[list[str], dict[str, str], str]:
+    """A table's partition columns, the table properties versiq sets (``ingest.delta``) and its
+    description (the store's settings)."""
+    from deltalake import DeltaTable
+
+    meta = DeltaTable(path).metadata()
+    return list(meta.partition_columns), dict(meta.configuration), meta.description
+
+
+def test_a_store_and_a_derived_table_whose_first_commit_was_killed_are_created_by_the_rerun(spark, tmp_path):
+    """The same for the store's own table and a derived table: a ``_delta_log`` without a commit
+    is no table (``layout.has_table``). The rerun creates each as a clean run does, partitioned
+    by bucket with its properties and settings (an append would have created it without them),
+    and the pipeline file's check of an existing derived table does not trip over it."""
+    from versiq.ingest.config import load_config
+    from versiq.ingest.run import run_pipeline
+
+    src = str(tmp_path / "src")
+    write_jsonl(src, "a.jsonl", [_record("a", 1), _record("b", 2)])
+    layouts: list[list[Any]] = []
+    for name, killed in (("clean", False), ("killed", True)):
+        wh = str(tmp_path / name)
+        config = tmp_path / f"{name}.yaml"
+        config.write_text(f"stores:\n  - {{name: s, source: {src}, buckets: 4}}\n"
+                          "tables:\n  - {name: t, from: s, filter: 'value.n > 1'}\n")
+        if killed:
+            for table in ("s", "t"):
+                os.makedirs(os.path.join(wh, table, "_delta_log"))
+        report = run_pipeline(spark, wh, load_config(str(config), wh))
+        assert not report.failed, report.to_json()
+        assert (report.stores["s"].snapshot, report.tables["t"].snapshot) == (0, 0)
+        layouts.append([(_layout_of(os.path.join(wh, table)), store_versions(os.path.join(wh, table)))
+                        for table in ("s", "t")])
+    (store_layout, store_data), (_, table_data) = layouts[0]
+    assert store_layout[0] == ["bucket"] and "delta.dataSkippingStatsColumns" in store_layout[1]
+    assert set(store_data) == {"a", "b"}
+    assert table_data["b"][-1].value is not None
+    assert layouts[1] == layouts[0]
