@@ -2,13 +2,21 @@
 
 ``versiq ingest --continuous --trigger-interval 1s`` watches a folder of JSONL files and writes a
 store; ``versiq serve`` (1 worker, default refresh and watch intervals; ``query_bench.Server``) serves the same local
-warehouse. Every ``--every`` seconds the load generator (this process: one ``httpx.Client``
-polling every 20 ms) moves a one-record file into the folder (a rename: the file lands whole) and
-measures the time until ``GET /v1/stores/fresh/keys/<key>`` answers 200. Printed with the
-ingest's own time per micro-batch (from its summary lines: the part of the latency that is the
-Spark run) as the baseline of the same run, and the machine load before and after.
+warehouse. Every ``--every`` seconds plus a random part of the trigger interval (so a file lands
+at any moment of the trigger's period, not always at the same one) the load generator (this
+process: one ``httpx.Client`` polling every 20 ms) moves a one-record file into the folder (a
+rename: the file lands whole) and measures the time until ``GET /v1/stores/fresh/keys/<key>``
+answers 200 (after ``WARMUP_PROBES`` uncounted ones). Printed with the ingest's own time per
+micro-batch (from its summary lines: the part of the latency that is the Spark run), and the
+machine load before and after.
 
-    .venv/bin/python bench/freshness_bench.py [--probes 20] [--every 3]
+The same probes run in each mode, ``--rounds`` times in alternating order (A B, B A: whichever
+ran first measured slower), each time with its own ingest, service and warehouse; the figures
+pool the rounds. Modes: ``generated_code`` (``VERSIQ_INTERPRETED_RUN_BYTES=0``: every micro-batch
+compiles generated code for its plan, the baseline) and ``default`` (small micro-batches
+evaluate expressions interpreted, ``ingest.spark.plans_for_input``).
+
+    .venv/bin/python bench/freshness_bench.py [--probes 20] [--every 3] [--rounds 2] [--modes generated_code,default]
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -46,14 +55,19 @@ def _land(source: str, staging: str, name: str, key: str) -> None:
     os.rename(path, os.path.join(source, name))
 
 
-def main() -> None:
+#: mode -> the ingest's extra environment (module docstring)
+MODES = {"generated_code": {"VERSIQ_INTERPRETED_RUN_BYTES": "0"}, "default": {}}
+TRIGGER_S = 1.0
+#: probes landed and timed but not counted: a new ingest's first micro-batches are slower (its JIT
+#: warms up), and what a user sees is a long-running ingest
+WARMUP_PROBES = 3
+
+
+def measure(mode: str, probes: int, every: float, rng: random.Random) -> tuple[list[float], list[float], tuple]:
+    """One ingest + service pair in ``mode``: each probe's latency, each micro-batch's run time (from
+    the ingest's summary lines) and the machine load before and after."""
     import httpx
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--probes", type=int, default=20)
-    ap.add_argument("--every", type=float, default=3.0)
-    ap.add_argument("--results", default=os.path.join(HERE, "results"))
-    args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="versiq-fresh-")
     source, staging, warehouse = (os.path.join(work, d) for d in ("src", "staging", "wh"))
     os.makedirs(source)
@@ -63,8 +77,8 @@ def main() -> None:
     with open(log_path, "w") as log:
         ingest = subprocess.Popen(
             [sys.executable, "-m", "versiq.cli", "ingest", "--warehouse", warehouse, "--store", "fresh", "--source",
-             source, "--continuous", "--trigger-interval", "1s"],
-            env=_env(), stdout=log, stderr=log, start_new_session=True)
+             source, "--continuous", "--trigger-interval", f"{TRIGGER_S:g}s"],
+            env={**_env(), **MODES[mode]}, stdout=log, stderr=log, start_new_session=True)
     serve: Server | None = None
     latencies: list[float] = []
     load_before = os.getloadavg()
@@ -77,16 +91,18 @@ def main() -> None:
         with httpx.Client(base_url=serve.base, timeout=5) as client:
             while client.get("/v1/stores/fresh/keys/warmup").status_code != 200:
                 time.sleep(0.2)
-            for i in range(args.probes):
+            for i in range(-WARMUP_PROBES, probes):
                 key = f"probe-{i}"
                 landed = time.monotonic()
                 _land(source, staging, f"probe-{i:04d}.jsonl", key)
                 while client.get(f"/v1/stores/fresh/keys/{key}").status_code != 200:
                     assert time.monotonic() - landed < 120, "a probe was not served within 120 s"
                     time.sleep(0.02)
-                latencies.append(time.monotonic() - landed)
-                print(f"probe {i}: {latencies[-1]:.2f} s", flush=True)
-                time.sleep(max(0.0, args.every - latencies[-1]))
+                latency = time.monotonic() - landed
+                if i >= 0:
+                    latencies.append(latency)
+                print(f"{mode} probe {i}: {latency:.2f} s", flush=True)
+                time.sleep(max(0.0, every + rng.uniform(0, TRIGGER_S) - latency))
     finally:
         if serve is not None:
             serve.stop()
@@ -94,19 +110,58 @@ def main() -> None:
         ingest.wait(timeout=60)
     runs = [float(s) for s in re.findall(r"store fresh: read \d+.*? in ([\d.]+)s", open(log_path).read())]
     shutil.rmtree(work, ignore_errors=True)
-    latencies.sort()
-    result = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "load_generator": "httpx.Client in the bench process, polling every 20 ms",
-        "trigger_interval_s": 1.0, "probes": len(latencies),
+    return latencies, runs, (load_before, os.getloadavg())
+
+
+def summary(latencies: list[float], runs: list[float], loads: list[tuple]) -> dict[str, object]:
+    latencies = sorted(latencies)
+    return {
+        "probes": len(latencies),
         "p50_s": round(statistics.median(latencies), 2),
         "p99_s": round(latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))], 2),
         "max_s": round(latencies[-1], 2),
         "ingest_run_s_median": round(statistics.median(runs), 2) if runs else None,
-        "load_before": load_before, "load_after": os.getloadavg(),
+        "load_before_after": loads,
     }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--probes", type=int, default=20)
+    ap.add_argument("--every", type=float, default=3.0)
+    ap.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
+    ap.add_argument("--rounds", type=int, default=2, help="each mode's probes run this many times, order alternating")
+    ap.add_argument("--seed", type=int, default=17, help="of the landing moments' random part")
+    ap.add_argument("--results", default=os.path.join(HERE, "results"))
+    args = ap.parse_args()
+    modes = [m for m in args.modes.split(",") if m]
+    unknown = set(modes) - set(MODES)
+    if unknown:
+        ap.error(f"unknown mode(s): {', '.join(sorted(unknown))}")
+    rng = random.Random(args.seed)
+    # rounds alternate the order (A B, B A, ...): the first pair of a run measured slower either way
+    pooled: dict[str, tuple[list[float], list[float], list[tuple]]] = {m: ([], [], []) for m in modes}
+    for round_ in range(args.rounds):
+        for mode in (modes if round_ % 2 == 0 else modes[::-1]):
+            latencies, runs, load = measure(mode, args.probes, args.every, rng)
+            pooled[mode][0].extend(latencies)
+            pooled[mode][1].extend(runs)
+            pooled[mode][2].append(load)
+    result: dict[str, object] = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "load_generator": "httpx.Client in the bench process, polling every 20 ms",
+        "trigger_interval_s": TRIGGER_S, "every_s": args.every, "rounds": args.rounds,
+        "modes": {mode: summary(*pooled[mode]) for mode in modes},
+    }
+    figures = result["modes"]
+    assert isinstance(figures, dict)
+    if "generated_code" in figures and "default" in figures:
+        result["p50_ratio_default_vs_generated_code"] = round(
+            figures["default"]["p50_s"] / figures["generated_code"]["p50_s"], 2)
     print(json.dumps(result, indent=2))
-    with open(os.path.join(args.results, f"freshness-{datetime.now(UTC).date()}.json"), "w") as handle:
+    os.makedirs(args.results, exist_ok=True)
+    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H%M")
+    with open(os.path.join(args.results, f"freshness-{stamp}.json"), "w") as handle:
         json.dump(result, handle, indent=2)
         handle.write("\n")
 

@@ -1,5 +1,6 @@
 """``make bench``: the ingest benchmark, the query benchmark, the derived-tables benchmark, the
-Kafka benchmark, the S3 warehouse benchmark, then the CLI benchmark (results in bench/results/).
+Kafka benchmark, the S3 warehouse benchmark, the CLI benchmark, then the freshness benchmark
+(results in bench/results/).
 
 Arguments after ``--`` are not parsed; use the environment instead:
 ``BENCH_BIG=1`` adds the 10M-event ingest scale, ``BENCH_QUERY_KEYS`` sets the query store's
@@ -33,7 +34,8 @@ def main() -> int:
           "--events", os.environ.get("BENCH_S3_EVENTS", "1000000"),
           "--versions", os.environ.get("BENCH_S3_VERSIONS", "1000000,10000000")]
     cli = [sys.executable, os.path.join(HERE, "cli_bench.py")]
-    for cmd in (ingest, query, derived, kafka, s3, cli):
+    freshness = [sys.executable, os.path.join(HERE, "freshness_bench.py")]
+    for cmd in (ingest, query, derived, kafka, s3, cli, freshness):
         print("+", " ".join(cmd), flush=True)
         rc = subprocess.call(cmd)
         if rc:

@@ -177,7 +177,7 @@ def ingest_command(args: argparse.Namespace, parser: argparse.ArgumentParser | N
         # what the next micro-batch's commits need from Delta, computed while nothing waits for it
         # (tables whose runs commit with a transaction id)
         state_ahead.start([path for path in (layout.table_path(args.warehouse, name) for name in committed)
-                           if run_txn_needed(path, has_rows=True)])
+                           if run_txn_needed(path)])
 
     try:
         return run_continuous(spark, args.warehouse, pipeline, interval, one_run, after_run)

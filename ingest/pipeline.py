@@ -273,9 +273,7 @@ def _run_once(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, run: in
                     state.changelog_since = run
                 _write_changelog(classified, handle.path, state, ctx)
             log.info("store %s: committing run %d", spec.name, run)
-            # every accepted record makes a version (a row), so the count says whether there are rows
-            version = commit_store(handle, rows_to_write(classified, existing, ctx, existing_empty=empty), state,
-                                   has_rows=report.accepted_latest + report.accepted_out_of_order > 0)
+            version = commit_store(handle, rows_to_write(classified, existing, ctx, existing_empty=empty), state)
             report.snapshot = version
         finally:
             classified.unpersist()

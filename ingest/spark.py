@@ -199,6 +199,10 @@ def _with_delta(builder: SparkSession.Builder) -> SparkSession.Builder:
         # The .crc file Delta writes beside each commit only speeds up Delta's own snapshot
         # checks (delta-rs does not read it); computing it costs about a third of a small commit.
         .config("spark.databricks.delta.writeChecksumFile.enabled", "false")
+        # A run's append of no rows (every record late, a derived table with no change) is still
+        # a commit: it carries the run's state. Delta would drop it as empty; recorded, it needs no
+        # transaction id to count (ingest.delta.run_txn_needed).
+        .config("spark.databricks.delta.skipRecordingEmptyCommits", "false")
         # VACUUM lists a table's directories with this many tasks (Spark's default: 10,000).
         .config("spark.sql.sources.parallelPartitionDiscovery.parallelism", "4")
         # versiq keeps removed files for its own (short) retention (versiq.ingest.maintain).
@@ -232,31 +236,24 @@ def _quiet_log_option() -> str | None:
 SHORT_LIVED_JIT_OPTION = "-XX:TieredStopAtLevel=1"
 
 
-#: New input (bytes of new files) up to which a run in a short-lived driver evaluates Spark's
-#: expressions interpreted, without generating Java for them and compiling it (Janino). In a cold
-#: JVM those compilations cost more than they save on little data (docs/benchmarks.md "C1 for
-#: one-shot runs"). Larger runs, Kafka and S3 sources (their size is not known up front) and
-#: long-lived sessions keep code generation. ``VERSIQ_INTERPRETED_RUN_BYTES`` overrides it (0: never).
+#: New input (bytes of new files) up to which a run evaluates Spark's expressions interpreted,
+#: without generating Java for them and compiling it (Janino). On little data those compilations
+#: cost more than they save: in a cold JVM (a one-shot run, docs/benchmarks.md "C1 for one-shot
+#: runs"), and in continuous mode too, where every micro-batch's plan embeds its own literals
+#: (run number, files, stream time) and so is compiled afresh each time (docs/benchmarks.md
+#: "Interpreted micro-batches"). Larger runs and Kafka and S3 sources (their size is not known up
+#: front) keep code generation. ``VERSIQ_INTERPRETED_RUN_BYTES`` overrides it (0: never).
 INTERPRETED_RUN_BYTES = 4 << 20
 INTERPRETED_RUN_BYTES_ENV = "VERSIQ_INTERPRETED_RUN_BYTES"
 _INTERPRETED = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
 
 
-def is_short_lived(spark: SparkSession) -> bool:
-    """Whether the session's driver JVM was started ``short_lived`` (the last
-    ``-XX:TieredStopAtLevel`` of its options is ``SHORT_LIVED_JIT_OPTION``): fixed when the JVM
-    starts, so a session reused by a later ``get_spark`` keeps what it was."""
-    options = (spark.sparkContext.getConf().get("spark.driver.extraJavaOptions") or "").split()
-    levels = [option for option in options if option.startswith("-XX:TieredStopAtLevel=")]
-    return bool(levels) and levels[-1] == SHORT_LIVED_JIT_OPTION
-
-
 @contextlib.contextmanager
 def plans_for_input(spark: SparkSession, input_bytes: int | None) -> Iterator[None]:
-    """The run inside runs with interpreted expressions (``INTERPRETED_RUN_BYTES``) when its
-    session is short-lived and its new input small; the session's settings are restored after."""
+    """The run inside runs with interpreted expressions (``INTERPRETED_RUN_BYTES``) when its new
+    input is small; the session's settings are restored after."""
     limit = int(os.environ.get(INTERPRETED_RUN_BYTES_ENV) or INTERPRETED_RUN_BYTES)
-    if input_bytes is None or input_bytes > limit or not is_short_lived(spark):
+    if input_bytes is None or input_bytes > limit:
         yield
         return
     conf = spark.conf
@@ -387,20 +384,25 @@ class SparkOnDemand:
 # another file, never a stale one. Without an archive (a wheel installed elsewhere, or a JVM that
 # cannot write one) Spark starts as before.
 #
-# The JVM that writes it runs two small ingest runs (recipe 2): the classes of Delta's commit,
-# Parquet's writer, the Python workers' Arrow exchange and the run's side tables are archived too
-# (17,200 of a one-record CLI run's 25,800 classes come from the archive instead of 13,500; the run
-# 15.2 -> 13.7 s, docs/benchmarks.md "C1 for one-shot runs").
+# The JVM that writes it runs two small ingest runs: the classes of Delta's commit, Parquet's
+# writer, the Python workers' Arrow exchange and the run's side tables are archived too (recipe 2:
+# 17,200 of a one-record CLI run's 25,800 classes come from the archive instead of 13,500; the run
+# 15.2 -> 13.7 s, docs/benchmarks.md "C1 for one-shot runs"). Recipe 3: the first run evaluates
+# expressions interpreted, as every small run does (``plans_for_input``), the second through
+# generated code, as larger runs do; recipe 2 archived the generated-code path only.
 
 #: The archive's contents change with what the writing JVM runs: a new recipe, a new file.
-CLASS_ARCHIVE_RECIPE = 2
+CLASS_ARCHIVE_RECIPE = 3
 
 #: What the archive's JVM runs (in a child process, so nothing here imports the pipeline): a new
-#: store with a changelog and a rejected line, then a second run with a tombstone.
+#: store with a changelog and a rejected line (interpreted), then a second run with a tombstone
+#: (generated code).
 _CLASS_ARCHIVE_SCRIPT = """
 import json, os, tempfile
 from versiq.ingest.pipeline import StoreSpec, run_ingest
-from versiq.ingest.spark import get_spark
+from versiq.ingest.spark import INTERPRETED_RUN_BYTES_ENV, get_spark
+
+os.environ.pop(INTERPRETED_RUN_BYTES_ENV, None)
 
 def write(path, records, extra=''):
     with open(path, 'w') as f:
@@ -416,6 +418,7 @@ with tempfile.TemporaryDirectory(prefix='versiq-class-archive-') as folder:
           [{'key': f'k{i % 5}', 'value': {'n': i}, 'timestamp': 1000 + i} for i in range(20)], 'not json\\n')
     assert not run_ingest(spark, warehouse, [spec]).failed
     write(os.path.join(source, 'b.jsonl'), [{'key': 'k1', 'value': None, 'timestamp': 5000}])
+    os.environ[INTERPRETED_RUN_BYTES_ENV] = '0'
     assert not run_ingest(spark, warehouse, [spec]).failed
 gateway = spark.sparkContext._gateway
 spark.stop()

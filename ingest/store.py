@@ -236,19 +236,17 @@ def table_sort(kind: str) -> tuple[str, ...]:
 SIDE_TABLES = {REJECTED_DIR: REJECTED_SCHEMA, CHANGELOG_DIR: CHANGELOG_SCHEMA, EMITTED_DIR: EMITTED_SCHEMA}
 
 
-def commit_store(handle: StoreHandle, rows: DataFrame, state: StoreState, new_run: bool = True,
-                 has_rows: bool | None = None) -> int:
+def commit_store(handle: StoreHandle, rows: DataFrame, state: StoreState, new_run: bool = True) -> int:
     """Commit the run's rows and state in one Delta commit; returns the new version.
 
     ``rows`` are the table's columns, partitioned as the files are to be cut (whole buckets per
-    task); ``has_rows`` says whether there are any, when the caller knows. A run is committed at
-    most once (``delta.run_txn_needed``). ``new_run=False``: a commit of state only, between runs."""
+    task). A run is committed at most once (``delta.run_txn_needed``). ``new_run=False``: a
+    commit of state only, between runs."""
     kind = handle.settings.kind
     check_still_writer(handle.path)
     commit_table(rows, handle.path, table_schema(kind), run=state.run, state=state,
                  description=handle.settings.to_description(), sort=table_sort(kind), create=handle.table is None,
-                 new_run=new_run,
-                 has_rows=has_rows)
+                 new_run=new_run)
     handle.table = storage.delta_table(handle.path)
     handle.state = state
     return handle.table.version()

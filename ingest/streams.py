@@ -134,7 +134,7 @@ def _append_run(handle: StoreHandle, spec: StreamSpec, run: int, report: StreamR
         )
         rejections(kept, state, sum(report.rejected.values()))
         report.snapshot = commit_store(handle, by_bucket(rows, write_tasks(handle.settings.buckets, report.read)),
-                                       state, has_rows=report.appended > 0)
+                                       state)
     finally:
         parsed.unpersist()
     log.info("stream %s: run %d appended %s", spec.name, run, counted(report.appended, "record"))

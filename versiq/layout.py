@@ -83,9 +83,10 @@ runs/snapshots (``sources``) and direct input snapshots (``inputs``) the snapsho
 from. The state of snapshot V is the one in the newest commit <= V that has it
 (``read_state``). Data and state are thus one atomic Delta commit, a plain append (Delta's
 ``WRITE``, mode ``Append``; nothing else versiq commits is one). A run's commit records the Delta
-transaction ``(appId="versiq.ingest", version=run)`` where the run needs it (on S3, and when it
-appends no rows: ``versiq.ingest.delta.run_txn_needed``); a commit of state only, between runs,
-records ``(appId="versiq.state", version=the table version it creates)``.
+transaction ``(appId="versiq.ingest", version=run)`` where the run needs it (on S3:
+``versiq.ingest.delta.run_txn_needed``; a run that appends no rows is a commit all the same); a
+commit of state only, between runs, records ``(appId="versiq.state", version=the table version
+it creates)``.
 """
 
 from __future__ import annotations

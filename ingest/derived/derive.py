@@ -445,7 +445,7 @@ def _commit(spark: SparkSession, spec: TableSpec, handles: dict[str, StoreHandle
     commit_side(handle.path, EMITTED_DIR, state, local_frame(spark, emitted), empty=emitted.num_rows == 0)
     late = _late_table(run, node)
     commit_side(handle.path, REJECTED_DIR, state, local_frame(spark, late), empty=late.num_rows == 0)
-    version = commit_store(handle, local_frame(spark, rows), state, has_rows=rows.num_rows > 0)
+    version = commit_store(handle, local_frame(spark, rows), state)
     c = node.counts
     report = TableReport(kind=spec.kind, emitted=c.emitted, accepted_latest=c.accepted_latest,
                          accepted_out_of_order=c.accepted_out_of_order,

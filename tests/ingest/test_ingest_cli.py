@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from tests.support.ingest import rejected_rows, store_versions, stream_times, write_jsonl
+from tests.support.ingest import expressions, rejected_rows, store_versions, stream_times, write_jsonl
 from versiq.ingest.pipeline import StoreSpec, run_ingest
 
 VERSIQ = [sys.executable, "-m", "versiq.cli"]
@@ -176,7 +176,8 @@ def test_kill_9_then_rerun_equals_an_uninterrupted_run(spark, tmp_path):
     src = tmp_path / "src"
     make_changelog(src, files=4, keys=400, per_key=5)
     reference_wh = str(tmp_path / "ref")
-    run_ingest(spark, reference_wh, [StoreSpec("k", str(src), history_retention_ms=3000)])
+    with expressions(generated=True):
+        run_ingest(spark, reference_wh, [StoreSpec("k", str(src), history_retention_ms=3000)])
     ref = os.path.join(reference_wh, "k")
     for delay in (9.0,):
         wh = str(tmp_path / f"wh-{delay}")
@@ -191,8 +192,8 @@ def test_kill_9_then_rerun_equals_an_uninterrupted_run(spark, tmp_path):
         result = versiq("ingest", "--warehouse", wh, "--store", "k", "--source", str(src),
                         "--history-retention", "3000", "--log-level", "debug")
         assert result.returncode == 0, result.stderr
-        # the CLI's short-lived JVM ran this small run with interpreted expressions, the reference
-        # (a long-lived session) with generated code: the same store either way (spark.plans_for_input)
+        # the CLI's JVM ran this small run with interpreted expressions, the reference with
+        # generated code: the same store either way (spark.plans_for_input)
         assert re.search(r"driver JVM options: .*-XX:TieredStopAtLevel=1", result.stderr), result.stderr
         assert "bytes of new input: expressions interpreted" in result.stderr, result.stderr
         path = os.path.join(wh, "k")

@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.support.ingest import (
+    expressions,
     model_versions,
     record_line,
     rejected_rows,
@@ -50,7 +51,8 @@ def batch(draw):
     logs = [draw(changelog(i, draw(st.booleans()))) for i in range(count)]
     retention = draw(st.sampled_from([0, 5, 20, 1000]))
     kind = draw(st.sampled_from(["versioned", "versioned", "timestamped"]))
-    return logs, retention, kind
+    generated_code = draw(st.lists(st.booleans(), min_size=3, max_size=3))  # per run
+    return logs, retention, kind, generated_code
 
 
 def _chunks(n: int, cuts: list[int]) -> list[tuple[int, int]]:
@@ -63,7 +65,9 @@ def _chunks(n: int, cuts: list[int]) -> list[tuple[int, int]]:
 @settings(max_examples=5)
 @given(batch())
 def test_ingest_matches_reference_model(spark, tmp_path_factory, data):
-    logs, retention, kind = data
+    """Each run evaluates Spark's expressions either interpreted (small runs: every run here) or
+    through generated code (larger runs), at random: both code paths must agree with the model."""
+    logs, retention, kind, generated_code = data
     root = tmp_path_factory.mktemp("prop")
     src, wh = str(root / "src"), str(root / "wh")
     os.makedirs(src)
@@ -85,8 +89,9 @@ def test_ingest_matches_reference_model(spark, tmp_path_factory, data):
             ]
             write_jsonl(src, source, [record_line(x) for x in recs])
             run_records += recs
-        report = run_ingest(spark, wh, [StoreSpec("p", src, kind=kind, history_retention_ms=retention,
-                                                  partitions=partitions)])
+        with expressions(generated=generated_code[r]):
+            report = run_ingest(spark, wh, [StoreSpec("p", src, kind=kind, history_retention_ms=retention,
+                                                      partitions=partitions)])
         entry = report.stores["p"]
         assert entry.error is None, entry.error
         counts = model.run(run_records)

@@ -1,7 +1,8 @@
-"""How a run commits (``ingest.delta.run_txn_needed``): on local disk a run with rows is a plain
-append without Delta's transaction id (the writer lock makes it commit once, and delta-spark
-would check the id with a Spark job over the whole log); a run with no rows to append carries
-the id, or Delta would skip the commit and the run's state with it; on S3 every run carries it.
+"""How a run commits (``ingest.delta.run_txn_needed``): on local disk a run is a plain append
+without Delta's transaction id (the writer lock makes it commit once, and delta-spark would
+check the id with a Spark job over the whole log), also when it has no rows to append (the
+session records empty commits, so the run's state is committed all the same); on S3 every run
+carries it.
 ``/history`` (and so the change feed) tells runs from maintenance either way."""
 
 from __future__ import annotations
@@ -29,9 +30,8 @@ def _app_ids(path: str, version: int) -> set[str]:
 
 
 def test_which_runs_carry_a_transaction_id() -> None:
-    assert run_txn_needed("s3://bucket/wh/s", True) and run_txn_needed("s3a://bucket/wh/s", True)
-    assert not run_txn_needed("/data/wh/s", True)
-    assert run_txn_needed("/data/wh/s", False) and run_txn_needed("/data/wh/s", None)
+    assert run_txn_needed("s3://bucket/wh/s") and run_txn_needed("s3a://bucket/wh/s")
+    assert not run_txn_needed("/data/wh/s")
 
 
 def test_local_runs_append_without_a_transaction_id_and_a_run_of_no_rows_still_commits(
@@ -53,7 +53,7 @@ def test_local_runs_append_without_a_transaction_id_and_a_run_of_no_rows_still_c
     assert again.snapshot == 2 and again.run is None  # nothing new: no commit
     assert _app_ids(path, 0) == {layout.APP_ID}  # the table's creation
     assert _app_ids(path, 1) == set()  # a run with rows: a plain append
-    assert _app_ids(path, 2) == {layout.APP_ID}  # a run of no rows
+    assert _app_ids(path, 2) == set()  # a run of no rows: an empty append, recorded all the same
     state = read_state(path, 2)
     assert state.run == 3 and set(state.done_files) == {"a.jsonl", "b.jsonl", "c.jsonl"}
     assert [v.timestamp for v in store_versions(path)["k1"]] == [10_000, 30_000]

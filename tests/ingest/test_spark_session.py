@@ -61,12 +61,26 @@ def test_the_session_does_not_record_python_call_sites(spark):
     assert not is_debugging_enabled()
 
 
-def test_a_long_lived_session_keeps_generated_code_for_small_runs(spark):
-    """Interpreted expressions are for small runs of a short-lived driver only (a cold JVM's
-    compilations cost more than they save); this long-lived session keeps its settings. The
-    short-lived path is checked through the CLI (test_ingest_cli, the kill -9 rerun)."""
-    before = spark.conf.get("spark.sql.codegen.wholeStage")
-    assert not spark_module.is_short_lived(spark)
+def test_small_runs_interpret_expressions_and_the_session_gets_its_settings_back(spark, monkeypatch):
+    """A run over at most ``INTERPRETED_RUN_BYTES`` of new input evaluates expressions interpreted,
+    in any session (a one-shot CLI run's or continuous mode's); a larger one, one of unknown size
+    (Kafka, S3) and any run with ``VERSIQ_INTERPRETED_RUN_BYTES=0`` keep generated code; the
+    session's own settings come back after each. (That both paths write the same store is
+    checked by the ingest property test and the CLI kill -9 test.)"""
+    monkeypatch.delenv(spark_module.INTERPRETED_RUN_BYTES_ENV, raising=False)
+    keys = list(spark_module._INTERPRETED)
+    before = [spark.conf.get(key, None) for key in keys]
+
+    def settings() -> list[str | None]:
+        return [spark.conf.get(key, None) for key in keys]
+
+    with spark_module.plans_for_input(spark, spark_module.INTERPRETED_RUN_BYTES):
+        assert settings() == ["false", "NO_CODEGEN"]
+    assert settings() == before
+    for size in (spark_module.INTERPRETED_RUN_BYTES + 1, None):
+        with spark_module.plans_for_input(spark, size):
+            assert settings() == before
+    monkeypatch.setenv(spark_module.INTERPRETED_RUN_BYTES_ENV, "0")
     with spark_module.plans_for_input(spark, 10):
-        assert spark.conf.get("spark.sql.codegen.wholeStage") == before
-    assert spark.conf.get("spark.sql.codegen.wholeStage") == before
+        assert settings() == before
+    assert settings() == before

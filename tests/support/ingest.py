@@ -7,8 +7,10 @@ engine), so ingest tests check the on-disk contract itself.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from tests.support.reference import InRecord
@@ -34,6 +36,24 @@ def write_jsonl(folder: str, name: str, lines: list[str]) -> str:
     with open(path, "w", encoding="utf-8") as handle:
         handle.write("\n".join(lines) + "\n")
     return path
+
+
+@contextlib.contextmanager
+def expressions(*, generated: bool) -> Iterator[None]:
+    """Runs inside evaluate Spark's expressions through generated code (``generated``), or as a
+    small run does by default, interpreted (``ingest.spark.plans_for_input``): both code paths
+    must write the same store."""
+    from versiq.ingest.spark import INTERPRETED_RUN_BYTES_ENV
+
+    before = os.environ.pop(INTERPRETED_RUN_BYTES_ENV, None)
+    if generated:
+        os.environ[INTERPRETED_RUN_BYTES_ENV] = "0"
+    try:
+        yield
+    finally:
+        os.environ.pop(INTERPRETED_RUN_BYTES_ENV, None)
+        if before is not None:
+            os.environ[INTERPRETED_RUN_BYTES_ENV] = before
 
 
 def records_from(source: str, specs: list[tuple]) -> list[InRecord]:
