@@ -22,8 +22,8 @@ import versiq.ingest.maintain as maintain
 from tests.support.derived import RealPipeline
 from tests.support.derived_reference import InputDef, Rec
 from tests.support.ingest import write_jsonl
-from versiq.ingest.store import SIDE_TABLES, is_store
-from versiq.layout import TABLE_PROPERTIES, StoreSettings, read_state
+from versiq.ingest.store import SIDE_TABLES
+from versiq.layout import TABLE_PROPERTIES, StoreSettings, has_table, read_state
 
 
 def _canonical(rows: list[dict[str, Any]]) -> list[str]:
@@ -56,9 +56,9 @@ def _tables(warehouse: str) -> list[str]:
     out = []
     for name in sorted(os.listdir(warehouse)):
         path = os.path.join(warehouse, name)
-        if is_store(path):
+        if has_table(path):
             out.append(path)
-            out += [os.path.join(path, side) for side in SIDE_TABLES if is_store(os.path.join(path, side))]
+            out += [os.path.join(path, side) for side in SIDE_TABLES if has_table(os.path.join(path, side))]
     return out
 
 
@@ -98,7 +98,7 @@ def test_every_table_reads_the_same_through_delta_spark_delta_rs_and_duckdb(spar
     real.run_all()
     expected = {"A": {"_rejected", "_changelog"}, "S": {"_rejected"}, "f": {"_emitted"}, "sa": {"_emitted"}}
     for name, sides in expected.items():
-        present = {side for side in SIDE_TABLES if is_store(os.path.join(real.warehouse, name, side))}
+        present = {side for side in SIDE_TABLES if has_table(os.path.join(real.warehouse, name, side))}
         assert present >= sides, name
 
     before = _snapshots(spark, real.warehouse)

@@ -99,3 +99,23 @@ def test_the_cli_runs_queries_and_a_shell(wh: Warehouse) -> None:
     bad = _versiq("sql", "--warehouse", wh.path, "-c", "SELECT * FROM nowhere")
     assert bad.returncode == 2 and "nowhere" in bad.stderr
     assert _versiq("sql", "--warehouse", wh.path, "--snapshot-of", "clicks", "-c", "SELECT 1").returncode == 2
+
+
+def test_a_table_whose_first_commit_was_killed_is_no_view(wh: Warehouse) -> None:
+    """A ``_delta_log`` without a commit (a writer killed inside a table's first commit) is not a
+    table yet (``layout.has_table``): no view, and the other tables' views are unaffected."""
+    import os
+    import shutil
+
+    def views() -> set[str]:
+        con = sql.connect(wh.path)
+        return {name for (name,) in con.sql("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
+
+    before = views()
+    assert {"prices", "clicks"} <= before
+    half = os.path.join(wh.path, "half_written")
+    os.makedirs(os.path.join(half, "_delta_log"))
+    try:
+        assert views() == before
+    finally:
+        shutil.rmtree(half)
