@@ -44,6 +44,7 @@ from query_bench import Server  # noqa: E402
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYSPARK_PYTHON"] = sys.executable
+    env.pop("VERSIQ_INTERPRETED_RUN_BYTES", None)  # each mode sets its own (MODES)
     env.setdefault("VERSIQ_SHUFFLE_PARTITIONS", "2")
     return env
 
@@ -108,7 +109,9 @@ def measure(mode: str, probes: int, every: float, rng: random.Random) -> tuple[l
             serve.stop()
         os.killpg(ingest.pid, signal.SIGTERM)
         ingest.wait(timeout=60)
+    # one micro-batch per landed file: the store's creation (warmup.jsonl) and the warm-up probes first
     runs = [float(s) for s in re.findall(r"store fresh: read \d+.*? in ([\d.]+)s", open(log_path).read())]
+    runs = runs[1 + WARMUP_PROBES:]
     shutil.rmtree(work, ignore_errors=True)
     return latencies, runs, (load_before, os.getloadavg())
 
@@ -118,6 +121,7 @@ def summary(latencies: list[float], runs: list[float], loads: list[tuple]) -> di
     return {
         "probes": len(latencies),
         "p50_s": round(statistics.median(latencies), 2),
+        # with fewer than 100 probes this is the largest latency but one at most (40: the largest)
         "p99_s": round(latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))], 2),
         "max_s": round(latencies[-1], 2),
         "ingest_run_s_median": round(statistics.median(runs), 2) if runs else None,
@@ -138,12 +142,12 @@ def main() -> None:
     unknown = set(modes) - set(MODES)
     if unknown:
         ap.error(f"unknown mode(s): {', '.join(sorted(unknown))}")
-    rng = random.Random(args.seed)
-    # rounds alternate the order (A B, B A, ...): the first pair of a run measured slower either way
+    # rounds alternate the order (A B, B A, ...): the first pair of a run measured slower either way;
+    # within a round every mode gets the same landing moments (one seed per round)
     pooled: dict[str, tuple[list[float], list[float], list[tuple]]] = {m: ([], [], []) for m in modes}
     for round_ in range(args.rounds):
         for mode in (modes if round_ % 2 == 0 else modes[::-1]):
-            latencies, runs, load = measure(mode, args.probes, args.every, rng)
+            latencies, runs, load = measure(mode, args.probes, args.every, random.Random(args.seed + round_))
             pooled[mode][0].extend(latencies)
             pooled[mode][1].extend(runs)
             pooled[mode][2].append(load)

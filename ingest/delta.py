@@ -51,6 +51,10 @@ log = logging.getLogger("versiq.ingest")
 USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
 
 
+#: Delta's setting that drops a commit without actions (``commit_metadata`` turns it off).
+RECORD_EMPTY_COMMITS_CONF = "spark.databricks.delta.skipRecordingEmptyCommits"
+
+
 @contextlib.contextmanager
 def commit_metadata(spark: SparkSession, state: StoreState) -> Iterator[None]:
     """Every Delta commit made inside the block carries ``state`` (maintenance commits too, so
@@ -60,14 +64,21 @@ def commit_metadata(spark: SparkSession, state: StoreState) -> Iterator[None]:
     run's decisions, already partitioned by bucket, then the write) re-plans around every
     stage and costs about 0.5 s more per commit, a third of a small run's commit (measured:
     ``bench/write_paths.py``); the partitioning is versiq's own (``bucketing``), so AQE has
-    nothing to improve there."""
+    nothing to improve there.
+
+    Empty commits are recorded inside the block (``skipRecordingEmptyCommits`` off): a run's
+    append of no rows (every record late, a derived table its inputs did not change) is still a
+    commit, carrying the run's state, and so needs no transaction id to count
+    (``run_txn_needed``); Delta would drop it as empty otherwise."""
     adaptive = spark.conf.get("spark.sql.adaptive.enabled")
     spark.conf.set(USER_METADATA_CONF, state.to_json())
     spark.conf.set("spark.sql.adaptive.enabled", "false")
+    spark.conf.set(RECORD_EMPTY_COMMITS_CONF, "false")
     try:
         yield
     finally:
         spark.conf.unset(USER_METADATA_CONF)
+        spark.conf.unset(RECORD_EMPTY_COMMITS_CONF)
         spark.conf.set("spark.sql.adaptive.enabled", adaptive or "true")
 
 
@@ -92,8 +103,8 @@ def run_txn_needed(path: str) -> bool:
     ``flock`` is released only when its process ends, so two writers never overlap. On S3 the
     lock is a lease, which a paused holder can lose without knowing (``versiq.ingest.lease``):
     there the id is the fence, Delta refusing a second commit of the run. An append of no rows
-    needs none either: the session records empty commits (``skipRecordingEmptyCommits`` off,
-    ``ingest.spark``), so the run's state is committed all the same.
+    needs none either: empty commits are recorded (``commit_metadata``), so the run's state is
+    committed all the same.
 
     Not everywhere, because delta-spark (4.4) answers "did this id commit?" from the snapshot's
     computed state, a Spark job over the whole log (``Delta: Compute snapshot``) in every
@@ -111,8 +122,8 @@ def commit_table(frame: DataFrame, path: str, schema: pa.Schema, *, run: int, st
     commit leaves), so this commit creates it, partitioned and with its properties; an append
     would create it too, but without either.
     ``new_run=False``: a state-only commit between runs, under the transaction id
-    ``STATE_APP_ID`` (``versiq.ingest`` would make Delta skip it as the run already committed;
-    no transaction at all would make Delta skip it as an empty append)."""
+    ``STATE_APP_ID``, which marks it as one (``query.history``: ``settings``, not a run);
+    ``versiq.ingest`` would make Delta skip it as the run already committed."""
     spark = frame.sparkSession
     rows = _conform(frame, schema).sortWithinPartitions(*STORE_PARTITION_COLUMNS, *sort)
     with commit_metadata(spark, state):

@@ -199,10 +199,6 @@ def _with_delta(builder: SparkSession.Builder) -> SparkSession.Builder:
         # The .crc file Delta writes beside each commit only speeds up Delta's own snapshot
         # checks (delta-rs does not read it); computing it costs about a third of a small commit.
         .config("spark.databricks.delta.writeChecksumFile.enabled", "false")
-        # A run's append of no rows (every record late, a derived table with no change) is still
-        # a commit: it carries the run's state. Delta would drop it as empty; recorded, it needs no
-        # transaction id to count (ingest.delta.run_txn_needed).
-        .config("spark.databricks.delta.skipRecordingEmptyCommits", "false")
         # VACUUM lists a table's directories with this many tasks (Spark's default: 10,000).
         .config("spark.sql.sources.parallelPartitionDiscovery.parallelism", "4")
         # versiq keeps removed files for its own (short) retention (versiq.ingest.maintain).
@@ -253,7 +249,7 @@ def plans_for_input(spark: SparkSession, input_bytes: int | None) -> Iterator[No
     """The run inside runs with interpreted expressions (``INTERPRETED_RUN_BYTES``) when its new
     input is small; the session's settings are restored after."""
     limit = int(os.environ.get(INTERPRETED_RUN_BYTES_ENV) or INTERPRETED_RUN_BYTES)
-    if input_bytes is None or input_bytes > limit:
+    if limit <= 0 or input_bytes is None or input_bytes > limit:
         yield
         return
     conf = spark.conf

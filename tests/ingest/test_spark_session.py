@@ -81,6 +81,7 @@ def test_small_runs_interpret_expressions_and_the_session_gets_its_settings_back
         with spark_module.plans_for_input(spark, size):
             assert settings() == before
     monkeypatch.setenv(spark_module.INTERPRETED_RUN_BYTES_ENV, "0")
-    with spark_module.plans_for_input(spark, 10):
-        assert settings() == before
+    for size in (10, 0):  # 0: never, even for a run with no bytes of new input
+        with spark_module.plans_for_input(spark, size):
+            assert settings() == before
     assert settings() == before

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from tests.support.reference import InRecord
 from versiq import storage
-from versiq.layout import has_delta_log, read_state
+from versiq.layout import has_table, read_state
 
 
 def record_line(r: InRecord) -> str:
@@ -116,7 +116,7 @@ def stream_times(path: str) -> dict[int, int]:
 
 def rejected_rows(path: str) -> list[dict]:
     rej = storage.join(path, "_rejected")
-    if not has_delta_log(rej):
+    if not has_table(rej):
         return []
     return storage.delta_table(rej).to_pyarrow_table().to_pylist()
 
