@@ -42,18 +42,18 @@ def write_jsonl(folder: str, name: str, lines: list[str]) -> str:
 def expressions(*, generated: bool) -> Iterator[None]:
     """Runs inside evaluate Spark's expressions through generated code (``generated``), or as a
     small run does by default, interpreted (``ingest.spark.plans_for_input``): both code paths
-    must write the same store."""
+    must write the same store. (pytest's ``monkeypatch`` fixture is per test; hypothesis
+    examples need a scope of their own.)"""
+    import pytest
+
     from versiq.ingest.spark import INTERPRETED_RUN_BYTES_ENV
 
-    before = os.environ.pop(INTERPRETED_RUN_BYTES_ENV, None)
-    if generated:
-        os.environ[INTERPRETED_RUN_BYTES_ENV] = "0"
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        if generated:
+            patch.setenv(INTERPRETED_RUN_BYTES_ENV, "0")
+        else:
+            patch.delenv(INTERPRETED_RUN_BYTES_ENV, raising=False)
         yield
-    finally:
-        os.environ.pop(INTERPRETED_RUN_BYTES_ENV, None)
-        if before is not None:
-            os.environ[INTERPRETED_RUN_BYTES_ENV] = before
 
 
 def records_from(source: str, specs: list[tuple]) -> list[InRecord]:
