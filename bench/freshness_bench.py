@@ -12,11 +12,13 @@ machine load before and after.
 
 The same probes run in each mode, ``--rounds`` times in alternating order (A B, B A: whichever
 ran first measured slower), each time with its own ingest, service and warehouse; the figures
-pool the rounds. Modes: ``generated_code`` (``VERSIQ_INTERPRETED_RUN_BYTES=0``: every micro-batch
-compiles generated code for its plan, the baseline) and ``default`` (small micro-batches
-evaluate expressions interpreted, ``ingest.spark.plans_for_input``).
+pool the rounds. Modes (``MODES``): ``trigger_only`` (``--watch-interval 1s``: the folder is
+checked once per trigger interval, as every continuous ingest did before the watch interval; the
+baseline), ``default`` (checked every 100 ms, a run at most every second:
+``ingest.continuous.watch_interval``) and ``generated_code`` (the default with
+``VERSIQ_INTERPRETED_RUN_BYTES=0``: every micro-batch compiles generated code for its plan).
 
-    .venv/bin/python bench/freshness_bench.py [--probes 20] [--every 3] [--rounds 2] [--modes generated_code,default]
+    .venv/bin/python bench/freshness_bench.py [--probes 20] [--every 3] [--rounds 2] [--modes trigger_only,default]
 """
 
 from __future__ import annotations
@@ -56,9 +58,14 @@ def _land(source: str, staging: str, name: str, key: str) -> None:
     os.rename(path, os.path.join(source, name))
 
 
-#: mode -> the ingest's extra environment (module docstring)
-MODES = {"generated_code": {"VERSIQ_INTERPRETED_RUN_BYTES": "0"}, "default": {}}
 TRIGGER_S = 1.0
+#: mode -> the ingest's extra environment and arguments (module docstring)
+MODES: dict[str, tuple[dict[str, str], list[str]]] = {
+    "trigger_only": ({}, ["--watch-interval", f"{TRIGGER_S:g}s"]),
+    "default": ({}, []),
+    "generated_code": ({"VERSIQ_INTERPRETED_RUN_BYTES": "0"}, []),
+}
+BASELINE = "trigger_only"
 #: probes landed and timed but not counted: a new ingest's first micro-batches are slower (its JIT
 #: warms up), and what a user sees is a long-running ingest
 WARMUP_PROBES = 3
@@ -78,8 +85,8 @@ def measure(mode: str, probes: int, every: float, rng: random.Random) -> tuple[l
     with open(log_path, "w") as log:
         ingest = subprocess.Popen(
             [sys.executable, "-m", "versiq.cli", "ingest", "--warehouse", warehouse, "--store", "fresh", "--source",
-             source, "--continuous", "--trigger-interval", f"{TRIGGER_S:g}s"],
-            env={**_env(), **MODES[mode]}, stdout=log, stderr=log, start_new_session=True)
+             source, "--continuous", "--trigger-interval", f"{TRIGGER_S:g}s", *MODES[mode][1]],
+            env={**_env(), **MODES[mode][0]}, stdout=log, stderr=log, start_new_session=True)
     serve: Server | None = None
     latencies: list[float] = []
     load_before = os.getloadavg()
@@ -133,7 +140,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--probes", type=int, default=20)
     ap.add_argument("--every", type=float, default=3.0)
-    ap.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
+    ap.add_argument("--modes", default="trigger_only,default", help=f"comma-separated, of {', '.join(MODES)}")
     ap.add_argument("--rounds", type=int, default=2, help="each mode's probes run this many times, order alternating")
     ap.add_argument("--seed", type=int, default=17, help="of the landing moments' random part")
     ap.add_argument("--results", default=os.path.join(HERE, "results"))
@@ -159,9 +166,11 @@ def main() -> None:
     }
     figures = result["modes"]
     assert isinstance(figures, dict)
-    if "generated_code" in figures and "default" in figures:
-        result["p50_ratio_default_vs_generated_code"] = round(
-            figures["default"]["p50_s"] / figures["generated_code"]["p50_s"], 2)
+    if BASELINE in figures:
+        for mode in modes:
+            if mode != BASELINE:
+                result[f"p50_ratio_{mode}_vs_{BASELINE}"] = round(
+                    figures[mode]["p50_s"] / figures[BASELINE]["p50_s"], 2)
     print(json.dumps(result, indent=2))
     os.makedirs(args.results, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H%M")

@@ -130,8 +130,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="keep running and ingest new files as they land (a Spark Structured Streaming "
                           "file source triggers one run per micro-batch)")
     ing.add_argument("--trigger-interval", default="5s",
-                     help="continuous mode: the streaming trigger interval, how often to look for new "
-                          "files (default 5s)")
+                     help="continuous mode: the least time between the starts of two runs that "
+                          "committed something (default 5s)")
+    ing.add_argument("--watch-interval", default=None,
+                     help="continuous mode: how often the sources are checked for new input (default "
+                          "100ms for local folders and Kafka topics, longer when checks get costly, e.g. a "
+                          "folder of many files; S3 sources: --trigger-interval, a check is a LIST request)")
     ing.add_argument("--lock-timeout", default="60s",
                      help="how long to wait for another writer of the same store (default 60s)")
     _add_logging(ing)

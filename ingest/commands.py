@@ -134,6 +134,7 @@ def ingest_command(args: argparse.Namespace, parser: argparse.ArgumentParser | N
             spec.validate()
         lock_timeout = _seconds(args.lock_timeout, "--lock-timeout")
         interval = _seconds(args.trigger_interval, "--trigger-interval")
+        watch = None if args.watch_interval is None else _seconds(args.watch_interval, "--watch-interval")
     except (UsageError, ValueError) as exc:
         print(f"versiq ingest: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -162,9 +163,7 @@ def ingest_command(args: argparse.Namespace, parser: argparse.ArgumentParser | N
 
     def after_run(report: Any) -> None:
         data = report.to_json()
-        # the tables this micro-batch committed to (one warehouse namespace: names are unique)
-        committed = [name for group in ("stores", "streams", "tables")
-                     for name, entry in data.get(group, {}).items() if entry.get("run")]
+        committed = report.committed
         if committed or report.failed:
             print_summary(data)
             if args.report:
@@ -180,7 +179,7 @@ def ingest_command(args: argparse.Namespace, parser: argparse.ArgumentParser | N
                            if run_txn_needed(path)])
 
     try:
-        return run_continuous(spark, args.warehouse, pipeline, interval, one_run, after_run)
+        return run_continuous(spark, args.warehouse, pipeline, interval, one_run, after_run, watch)
     finally:
         try:
             state_ahead.wait()

@@ -2,10 +2,26 @@
 
 One streaming query watches every source of the pipeline (the ``binaryFile`` file source,
 recursive, only the ``path`` column so file contents are not read by the stream; for a Kafka
-topic Spark's Kafka source, whose micro-batch rows are never read either: ``ingest.kafka``)
-with a ``processingTime`` trigger of ``--trigger-interval``. Each micro-batch the file source reports
-(new files landed) runs one pipeline run (``run_pipeline``): every store and stream ingests the
-files it has not done yet, then the derived tables catch up, each commit atomic and idempotent.
+topic Spark's Kafka source, whose micro-batch rows are never read either: ``ingest.kafka``).
+Each micro-batch the sources report (new files landed, new offsets) runs one pipeline run
+(``run_pipeline``): every store and stream ingests the files it has not done yet, then the
+derived tables catch up, each commit atomic and idempotent.
+
+Two intervals. The query's ``processingTime`` trigger is how often the sources are *checked*
+(``--watch-interval``, ``watch_interval``): by default every ``WATCH_INTERVAL_S`` (100 ms) for
+local folders and Kafka topics, so a file that lands after a quiet spell starts a run at once.
+``--trigger-interval`` is the least time between the starts of two runs that committed
+something, so a steady flow of files is still taken in runs at most that often (a run's fixed
+cost, one Delta commit per table per run). Before, the trigger was ``--trigger-interval``
+itself: Spark fires on multiples of it, so a file waited half an interval on average (2.5 s with
+the default 5 s) before its run even started (docs/benchmarks.md, "Freshness: watch fast, run at
+most every interval").
+
+A check lists the folders whole, so a folder of many files costs more per check: by default the
+watch interval grows until checking takes at most ``WATCH_BUDGET`` (a tenth) of a core, judged
+from Spark's own timing of the checks (``adapted_watch``; the query is restarted with the new
+interval between micro-batches). An S3 source is checked every ``--trigger-interval`` unless
+``--watch-interval`` is given (each check is a LIST request, which is billed).
 
 Two checkpoints exist and cannot disagree in a harmful way: the streaming query's own checkpoint
 (``<warehouse>/_versiq/continuous/<id>/``) only decides *when* to run, while the set of files
@@ -45,6 +61,18 @@ log = logging.getLogger("versiq.ingest")
 
 BINARY_FILE_SCHEMA = "path string, modificationTime timestamp, length bigint, content binary"
 
+#: How often local folders and Kafka topics are checked for new input (a directory listing, an
+#: offsets request to the broker): the wait of a file that lands between runs.
+WATCH_INTERVAL_S = 0.1
+#: The share of a core that checking the sources may take by default (``adapted_watch``). A check
+#: lists the folders whole: measured, a folder of 10,000 files took 0.14-0.2 s per check, so
+#: checking it every 100 ms kept a core busy (98%) while nothing landed.
+WATCH_BUDGET = 0.1
+#: How often Spark reports the progress of a query that finds nothing new (default 10 s), and how
+#: often ``_watch`` reads the newest report.
+IDLE_PROGRESS_CONF = "spark.sql.streaming.noDataProgressEventInterval"
+_LOOK_S = 2.0
+
 
 class RunFailed(RuntimeError):
     """A micro-batch's run reported a failed store/stream/table (the batch will be replayed)."""
@@ -72,6 +100,72 @@ def _identity(spec: Any) -> str:
     return storage.normalize(spec.source)
 
 
+def watch_interval(specs: list[Any], interval_s: float, watch_s: float | None = None) -> float:
+    """How often the streaming query checks the sources: ``watch_s`` (``--watch-interval``) when
+    given; else ``WATCH_INTERVAL_S``, or the trigger interval when a source is on S3 (a LIST
+    request per check). Never less often than the trigger interval."""
+    if watch_s is None:
+        on_s3 = any(spec.kafka is None and storage.is_s3(spec.source) for spec in specs)
+        watch_s = interval_s if on_s3 else WATCH_INTERVAL_S
+    return min(interval_s, watch_s)
+
+
+def adapted_watch(check_s: float, watch_s: float, interval_s: float) -> float | None:
+    """The watch interval at which a check of ``check_s`` seconds (Spark's ``latestOffset``
+    time) takes ``WATCH_BUDGET`` of a core, between ``WATCH_INTERVAL_S`` and the trigger
+    interval; None while it is within a factor of 1.5 above or 2 below ``watch_s`` (a new
+    interval restarts the streaming query)."""
+    wanted = round(min(interval_s, max(WATCH_INTERVAL_S, check_s / WATCH_BUDGET)), 3)  # the trigger's ms
+    if wanted > 1.5 * watch_s or wanted < watch_s / 2:
+        return wanted
+    return None
+
+
+def _check_seconds(query: Any) -> tuple[str, float] | None:
+    """The newest progress report's time and how long its check of the sources took."""
+    progress = query.lastProgress
+    if not progress or "latestOffset" not in progress.get("durationMs", {}):
+        return None
+    return str(progress["timestamp"]), progress["durationMs"]["latestOffset"] / 1000.0
+
+
+def _wait_until(deadline: float, stopping: Callable[[], bool]) -> bool:
+    """Sleep until ``deadline`` (``time.monotonic``); False as soon as ``stopping()`` (checked
+    every 50 ms)."""
+    while not stopping():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return True
+        time.sleep(min(left, 0.05))
+    return False
+
+
+def _watch(query: Any, state: dict[str, Any], watch_s: float, interval_s: float, adaptive: bool) -> float | None:
+    """Wait while the query runs and nothing asks it to stop; every ``_LOOK_S`` (``adaptive``)
+    look at its newest progress report and return a new watch interval when the sources' checks
+    cost more, or much less, than ``WATCH_BUDGET`` of a core (``adapted_watch``). The first
+    report of a query is not used: its check is a cold one."""
+    seen: set[str] = set()
+    look = time.monotonic() + _LOOK_S
+    while not state["stop"] and query.isActive:
+        time.sleep(0.2)
+        if not adaptive or time.monotonic() < look:
+            continue
+        look = time.monotonic() + _LOOK_S
+        sample = _check_seconds(query)
+        if sample is None or sample[0] in seen:
+            continue
+        seen.add(sample[0])
+        if len(seen) == 1:
+            continue
+        wanted = adapted_watch(sample[1], watch_s, interval_s)
+        if wanted is not None:
+            log.info("a check of the sources took %.0f ms: checking every %.1fs from now on", sample[1] * 1000,
+                     wanted)
+            return wanted
+    return None
+
+
 def checkpoint_dir(warehouse: str, sources: list[str]) -> str:
     """The streaming query's checkpoint: one per set of watched sources (paths, or
     ``kafka://bootstrap/topic``), inside the warehouse's private ``_versiq`` directory (never
@@ -81,11 +175,13 @@ def checkpoint_dir(warehouse: str, sources: list[str]) -> str:
 
 
 def run_continuous(spark: Any, warehouse: str, pipeline: Any, interval_s: float,
-                   one_run: Callable[[], Any], after_run: Callable[[Any], None]) -> int:
+                   one_run: Callable[[], Any], after_run: Callable[[Any], None],
+                   watch_s: float | None = None) -> int:
     """Run until SIGTERM/SIGINT (finishing the current micro-batch); returns the exit status.
 
     ``one_run()`` runs the pipeline once and returns its ``RunReport``; ``after_run(report)``
-    prints/writes it and does maintenance.
+    prints/writes it and does maintenance. ``interval_s``: ``--trigger-interval``; ``watch_s``:
+    ``--watch-interval`` (None: ``watch_interval``'s default).
     """
     from versiq.ingest.kafka import trigger_frame
 
@@ -96,18 +192,32 @@ def run_continuous(spark: Any, warehouse: str, pipeline: Any, interval_s: float,
     checkpoint = checkpoint_dir(warehouse, [_identity(spec) for spec in specs])
     storage.ensure_dir(checkpoint)
     busy = threading.Lock()
-    state: dict[str, Any] = {"stop": False, "status": EXIT_OK, "fatal": None}
+    # next_run: the earliest start of the next run (``--trigger-interval`` after the start of the
+    # last one that committed something)
+    # pause: the query is being replaced by one with another watch interval (batches refuse)
+    state: dict[str, Any] = {"stop": False, "pause": False, "status": EXIT_OK, "fatal": None, "next_run": 0.0}
+    adaptive = watch_s is None  # --watch-interval given: the user's, kept as it is
+    watch_s = watch_interval(specs, interval_s, watch_s)
+    log.info("watching %d source(s) every %.1fs; a run at most every %.1fs", len(specs), watch_s, interval_s)
+    if adaptive and spark.conf.get(IDLE_PROGRESS_CONF, None) is None:
+        spark.conf.set(IDLE_PROGRESS_CONF, f"{int(_LOOK_S * 1000)}ms")  # an idle query's checks timed every 2 s
+
+    def refusing() -> bool:
+        return bool(state["stop"] or state["pause"])
 
     def on_batch(batch: Any, batch_id: int) -> None:
         with busy:
-            if state["stop"]:
-                raise RunFailed("stopping: the batch is left for the next start")
+            if not _wait_until(state["next_run"], refusing):
+                raise RunFailed("stopping or restarting: the batch is left for the next start")
+            started = time.monotonic()
             try:
                 report = one_run()
             except (UsageError, LockTimeout) as exc:
                 state["fatal"] = exc
                 state["stop"] = True
                 raise
+            if report.committed:
+                state["next_run"] = started + interval_s
             after_run(report)
             state["status"] = EXIT_FAILED if report.failed else EXIT_OK
             if report.failed:
@@ -122,15 +232,15 @@ def run_continuous(spark: Any, warehouse: str, pipeline: Any, interval_s: float,
     signal.signal(signal.SIGINT, _stop)
     while not state["stop"]:
         query = (frame.writeStream.foreachBatch(on_batch).option("checkpointLocation", storage.spark_path(checkpoint))
-                 .trigger(processingTime=f"{max(1, int(interval_s * 1000))} milliseconds")
+                 .trigger(processingTime=f"{max(1, int(watch_s * 1000))} milliseconds")
                  .queryName(f"versiq-ingest-{storage.basename(checkpoint)}").start())
-        while not state["stop"] and query.isActive:
-            time.sleep(0.2)
+        retune = _watch(query, state, watch_s, interval_s, adaptive)
         # Let a running micro-batch finish its run; one that starts from now on refuses at once
-        # (``stop`` is set). ``busy`` is not held across ``query.stop()``: that waits for the
-        # stream's thread, which may be calling ``on_batch`` for a new batch, and ``on_batch``
-        # waiting for ``busy`` would never return (a deadlock seen when a file was listed just
-        # as SIGTERM came).
+        # (``stop`` or ``pause`` is set). ``busy`` is not held across ``query.stop()``: that waits
+        # for the stream's thread, which may be calling ``on_batch`` for a new batch, and
+        # ``on_batch`` waiting for ``busy`` would never return (a deadlock seen when a file was
+        # listed just as SIGTERM came).
+        state["pause"] = retune is not None
         with busy:
             pass
         try:
@@ -138,14 +248,16 @@ def run_continuous(spark: Any, warehouse: str, pipeline: Any, interval_s: float,
         except Exception:  # noqa: BLE001 - the JVM may already be gone (signal to the group)
             log.warning("the file-stream query did not stop cleanly", exc_info=True)
             return int(state["status"])
+        state["pause"] = False
         if state["fatal"] is not None:
             exc = state["fatal"]
             print(f"versiq ingest: error: {exc}", flush=True, file=sys.stderr)
             return EXIT_USAGE if isinstance(exc, UsageError) else EXIT_FAILED
+        if retune is not None:
+            watch_s = retune
+            continue
         if not state["stop"]:
             error = query.exception()
             log.warning("the file-stream query stopped (%s); restarting in %.1fs", error, interval_s)
-            deadline = time.monotonic() + interval_s
-            while not state["stop"] and time.monotonic() < deadline:
-                time.sleep(0.2)
+            _wait_until(time.monotonic() + interval_s, lambda: bool(state["stop"]))
     return int(state["status"])

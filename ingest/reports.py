@@ -107,6 +107,13 @@ class RunReport:
         entries = [*self.stores.values(), *self.streams.values(), *self.tables.values()]
         return any(r.error is not None for r in entries)
 
+    @property
+    def committed(self) -> list[str]:
+        """The stores, streams and tables this run committed to (one warehouse namespace: the
+        names are unique)."""
+        return [name for group in (self.stores, self.streams, self.tables)
+                for name, entry in group.items() if entry.run is not None]
+
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"stores": {name: r.to_json() for name, r in self.stores.items()}}
         if self.streams:

@@ -26,7 +26,7 @@ from versiq.timestamps import TimestampError, parse_timestamp
 CONTRACT_FLAGS = {
     "ingest": ["--warehouse", "--store", "--source", "--config", "--format", "--kind",
                "--history-retention", "--partitions", "--master", "--report", "--continuous",
-               "--log-format"],
+               "--trigger-interval", "--watch-interval", "--log-format"],
     "serve": ["--warehouse", "--host", "--port", "--workers", "--log-format"],
     "maintain": ["--warehouse", "--store", "--log-format"],
     "rejected": ["--warehouse", "--store", "--reason", "--format", "--log-format"],

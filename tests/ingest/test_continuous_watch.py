@@ -1,0 +1,173 @@
+"""Continuous mode's two intervals (``ingest.continuous``): the sources are checked every
+``WATCH_INTERVAL_S``, so a file that lands after a quiet spell starts a run at once, and
+``--trigger-interval`` is the least time between the starts of two runs that committed
+something. ``run_continuous`` runs in this process with the tests' session (a real streaming
+query over a real folder, real runs); a helper thread lands the files and sends SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.support.ingest import store_versions, write_jsonl
+from versiq import layout
+from versiq.exits import EXIT_OK
+from versiq.ingest import continuous
+from versiq.ingest.config import Pipeline
+from versiq.ingest.continuous import IDLE_PROGRESS_CONF, WATCH_INTERVAL_S, adapted_watch, run_continuous, watch_interval
+from versiq.ingest.kafka import KafkaSource
+from versiq.ingest.pipeline import StoreSpec
+from versiq.ingest.run import run_pipeline
+from versiq.ingest.streams import StreamSpec
+
+#: The trigger interval of the test: an hour. Spark's trigger fires on multiples of its interval,
+#: so a query triggered every hour would start the first file's run at the next full hour.
+HOUR_S = 3600.0
+
+
+@pytest.fixture
+def idle_reports(spark: Any) -> Iterator[str]:
+    """Spark's setting of how often an idle query reports its progress (continuous mode sets it
+    in its session), restored after the test: the session is the suite's."""
+    before = spark.conf.get(IDLE_PROGRESS_CONF, None)
+    yield IDLE_PROGRESS_CONF
+    if before is None:
+        spark.conf.unset(IDLE_PROGRESS_CONF)
+    else:
+        spark.conf.set(IDLE_PROGRESS_CONF, before)
+
+
+def _record(key: str, ts: int) -> str:
+    return json.dumps({"key": key, "value": {"n": ts}, "timestamp": ts})
+
+
+def _wait(condition: Any, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_a_file_after_a_quiet_spell_starts_a_run_at_once_and_the_next_run_waits_for_the_interval(
+        spark: Any, tmp_path: Any, idle_reports: str) -> None:
+    source, warehouse = tmp_path / "src", str(tmp_path / "wh")
+    source.mkdir()
+    pipeline = Pipeline(stores=[StoreSpec(name="w", source=str(source), max_future_ms=None)])
+    store = layout.table_path(warehouse, "w")
+    starts: list[float] = []
+    landed: dict[str, float] = {}
+    seen: dict[str, Any] = {}
+
+    def one_run() -> Any:
+        starts.append(time.monotonic())
+        return run_pipeline(spark, warehouse, pipeline)
+
+    def files() -> None:
+        try:
+            # the query is up and has found nothing to do: from now on it only checks the folder
+            _wait(lambda: any("Waiting" in q.status["message"] for q in spark.streams.active), 120,
+                  "the streaming query to wait for data")
+            landed["a"] = time.monotonic()
+            write_jsonl(str(source), "a.jsonl", [_record("a", 1)])
+            _wait(lambda: layout.has_table(store) and "a" in store_versions(store), 120, "the first run")
+            write_jsonl(str(source), "b.jsonl", [_record("b", 2)])
+            landed["b"] = time.monotonic()
+            time.sleep(3 + 20 * WATCH_INTERVAL_S)  # checked 20 times over: b is seen, its run waits
+            seen["starts"] = list(starts)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test body
+            seen["error"] = exc
+        finally:
+            os.kill(os.getpid(), signal.SIGTERM)  # run_continuous stops after the current batch
+
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    helper = threading.Thread(target=files, daemon=True)
+    helper.start()
+    try:
+        code = run_continuous(spark, warehouse, pipeline, HOUR_S, one_run, lambda report: None)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        for query in spark.streams.active:
+            query.stop()
+        helper.join(timeout=60)
+    assert "error" not in seen, seen.get("error")
+    assert code == EXIT_OK
+    first, *later = seen["starts"]
+    # a's run started as soon as the folder was next checked, not at the next full hour
+    assert first - landed["a"] < 60, first - landed["a"]
+    # b was listed within 100 ms, but its run waits an hour after the start of a's
+    assert later == [], [t - landed["b"] for t in later]
+    assert set(store_versions(store)) == {"a"}
+
+
+def test_sources_are_checked_every_100ms_except_on_s3_unless_a_watch_interval_is_given() -> None:
+    local = StoreSpec(name="f", source="/data/in")
+    topic = StoreSpec(name="k", source="", kafka=KafkaSource("127.0.0.1:9092", "t"))
+    s3 = StreamSpec(name="s", source="s3://bucket/in")
+    assert watch_interval([local, topic], 5.0) == WATCH_INTERVAL_S == 0.1
+    assert watch_interval([local], 0.05) == 0.05  # a shorter trigger interval is checked as often
+    assert watch_interval([local, s3], 5.0) == 5.0  # a LIST request per check
+    assert watch_interval([local, s3], 5.0, 0.5) == 0.5  # --watch-interval: the user's choice
+    assert watch_interval([local], 5.0, 30.0) == 5.0
+
+
+def test_the_watch_interval_keeps_checks_to_a_tenth_of_a_core_between_100ms_and_the_trigger_interval() -> None:
+    assert adapted_watch(0.005, 0.1, 5.0) is None  # 50 ms a second: within budget
+    assert adapted_watch(0.15, 0.1, 5.0) == 1.5  # 10,000 files: 0.15 s a check
+    assert adapted_watch(0.15, 0.1, 1.0) == 1.0  # never longer than the trigger interval
+    assert adapted_watch(0.2, 1.5, 5.0) is None  # 2.0 s wanted: within a factor 1.5 of 1.5 s
+    assert adapted_watch(0.01, 1.5, 5.0) == WATCH_INTERVAL_S  # the folder was emptied
+    assert adapted_watch(2.0, 5.0, 5.0) is None
+
+
+def test_costly_checks_restart_the_query_with_a_longer_watch_interval_and_runs_go_on(
+        spark: Any, tmp_path: Any, monkeypatch: Any, caplog: Any, idle_reports: str) -> None:
+    """Every check counts as costly (a budget of a millionth of a core), so the first report
+    after the query's cold one restarts it checking every trigger interval; a file that lands
+    after that is ingested by the new query."""
+    source, warehouse = tmp_path / "src", str(tmp_path / "wh")
+    source.mkdir()
+    pipeline = Pipeline(stores=[StoreSpec(name="r", source=str(source), max_future_ms=None)])
+    store = layout.table_path(warehouse, "r")
+    monkeypatch.setattr(continuous, "WATCH_BUDGET", 1e-6)
+    spark.conf.set(idle_reports, "200ms")  # an idle query's checks timed every 200 ms
+    seen: dict[str, Any] = {}
+
+    def retuned() -> bool:
+        return any("checking every 2.0s from now on" in r.getMessage() for r in caplog.records)
+
+    def files() -> None:
+        try:
+            _wait(retuned, 120, "the watch interval to grow")
+            write_jsonl(str(source), "a.jsonl", [_record("a", 1)])
+            _wait(lambda: layout.has_table(store) and "a" in store_versions(store), 120, "a run of the new query")
+        except BaseException as exc:  # noqa: BLE001 - reported by the test body
+            seen["error"] = exc
+        finally:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    helper = threading.Thread(target=files, daemon=True)
+    helper.start()
+    try:
+        with caplog.at_level(logging.INFO, logger="versiq.ingest"):
+            code = run_continuous(spark, warehouse, pipeline, 2.0, lambda: run_pipeline(spark, warehouse, pipeline),
+                                  lambda report: None)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        for query in spark.streams.active:
+            query.stop()
+        helper.join(timeout=60)
+    assert "error" not in seen, seen.get("error")
+    assert code == EXIT_OK
+    assert set(store_versions(store)) == {"a"}
