@@ -133,9 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="continuous mode: the least time between the starts of two runs that "
                           "committed something (default 5s)")
     ing.add_argument("--watch-interval", default=None,
-                     help="continuous mode: how often the sources are checked for new input (default "
-                          "100ms for local folders and Kafka topics, longer when checks get costly, e.g. a "
-                          "folder of many files; S3 sources: --trigger-interval, a check is a LIST request)")
+                     help="continuous mode: how often the sources are checked for new input, at most "
+                          "--trigger-interval (default 100ms for local folders and Kafka topics, adapted to "
+                          "what a check costs, e.g. for a folder of many files; S3 sources: "
+                          "--trigger-interval, a check being a LIST request)")
     ing.add_argument("--lock-timeout", default="60s",
                      help="how long to wait for another writer of the same store (default 60s)")
     _add_logging(ing)

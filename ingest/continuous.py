@@ -44,9 +44,11 @@ import hashlib
 import logging
 import os
 import signal
+import statistics
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from functools import reduce
 from typing import Any
@@ -72,6 +74,7 @@ WATCH_BUDGET = 0.1
 #: often ``_watch`` reads the newest report.
 IDLE_PROGRESS_CONF = "spark.sql.streaming.noDataProgressEventInterval"
 _LOOK_S = 2.0
+_SAMPLES = 3
 
 
 class RunFailed(RuntimeError):
@@ -110,23 +113,42 @@ def watch_interval(specs: list[Any], interval_s: float, watch_s: float | None = 
     return min(interval_s, watch_s)
 
 
+def watch_adapts(specs: list[Any], interval_s: float, watch_s: float | None) -> bool:
+    """Whether the watch interval adapts to what checks cost (``adapted_watch``): only the
+    default one below the trigger interval. A ``--watch-interval`` is the user's, kept as it is,
+    and S3 sources are checked every trigger interval (LIST requests), never more often."""
+    return watch_s is None and watch_interval(specs, interval_s) < interval_s
+
+
 def adapted_watch(check_s: float, watch_s: float, interval_s: float) -> float | None:
     """The watch interval at which a check of ``check_s`` seconds (Spark's ``latestOffset``
     time) takes ``WATCH_BUDGET`` of a core, between ``WATCH_INTERVAL_S`` and the trigger
-    interval; None while it is within a factor of 1.5 above or 2 below ``watch_s`` (a new
-    interval restarts the streaming query)."""
+    interval; None while it is within a factor of 1.5 of ``watch_s`` either way (a new interval
+    restarts the streaming query)."""
     wanted = round(min(interval_s, max(WATCH_INTERVAL_S, check_s / WATCH_BUDGET)), 3)  # the trigger's ms
-    if wanted > 1.5 * watch_s or wanted < watch_s / 2:
+    if wanted > 1.5 * watch_s or wanted * 1.5 < watch_s:
         return wanted
     return None
 
 
 def _check_seconds(query: Any) -> tuple[str, float] | None:
-    """The newest progress report's time and how long its check of the sources took."""
-    progress = query.lastProgress
+    """The newest progress report's time and how long its check of the sources took (None
+    without one, or when the JVM is gone: a signal to the process group)."""
+    try:
+        progress = query.lastProgress
+    except Exception:  # noqa: BLE001 - the caller's loop ends on the query's state
+        return None
     if not progress or "latestOffset" not in progress.get("durationMs", {}):
         return None
     return str(progress["timestamp"]), progress["durationMs"]["latestOffset"] / 1000.0
+
+
+def _active(query: Any) -> bool:
+    """Whether the query runs; False when the JVM is gone (a signal to the process group)."""
+    try:
+        return bool(query.isActive)
+    except Exception:  # noqa: BLE001 - stopping it then says so
+        return False
 
 
 def _wait_until(deadline: float, stopping: Callable[[], bool]) -> bool:
@@ -143,25 +165,28 @@ def _wait_until(deadline: float, stopping: Callable[[], bool]) -> bool:
 def _watch(query: Any, state: dict[str, Any], watch_s: float, interval_s: float, adaptive: bool) -> float | None:
     """Wait while the query runs and nothing asks it to stop; every ``_LOOK_S`` (``adaptive``)
     look at its newest progress report and return a new watch interval when the sources' checks
-    cost more, or much less, than ``WATCH_BUDGET`` of a core (``adapted_watch``). The first
-    report of a query is not used: its check is a cold one."""
-    seen: set[str] = set()
+    cost more, or much less, than ``WATCH_BUDGET`` of a core (``adapted_watch``), judged on the
+    median of its last ``_SAMPLES`` reports (one slow check on a busy machine is not a trend).
+    The first report of a query is not used: its check is a cold one."""
+    last, reports = "", 0
+    checks: deque[float] = deque(maxlen=_SAMPLES)
     look = time.monotonic() + _LOOK_S
-    while not state["stop"] and query.isActive:
+    while not state["stop"] and _active(query):
         time.sleep(0.2)
         if not adaptive or time.monotonic() < look:
             continue
         look = time.monotonic() + _LOOK_S
         sample = _check_seconds(query)
-        if sample is None or sample[0] in seen:
+        if sample is None or sample[0] == last:
             continue
-        seen.add(sample[0])
-        if len(seen) == 1:
+        last, reports = sample[0], reports + 1
+        if reports == 1:
             continue
-        wanted = adapted_watch(sample[1], watch_s, interval_s)
+        checks.append(sample[1])
+        wanted = adapted_watch(statistics.median(checks), watch_s, interval_s) if len(checks) == _SAMPLES else None
         if wanted is not None:
-            log.info("a check of the sources took %.0f ms: checking every %.1fs from now on", sample[1] * 1000,
-                     wanted)
+            log.info("a check of the sources took %.0f ms (median of %d): checking every %.1fs from now on",
+                     statistics.median(checks) * 1000, _SAMPLES, wanted)
             return wanted
     return None
 
@@ -196,7 +221,7 @@ def run_continuous(spark: Any, warehouse: str, pipeline: Any, interval_s: float,
     # last one that committed something)
     # pause: the query is being replaced by one with another watch interval (batches refuse)
     state: dict[str, Any] = {"stop": False, "pause": False, "status": EXIT_OK, "fatal": None, "next_run": 0.0}
-    adaptive = watch_s is None  # --watch-interval given: the user's, kept as it is
+    adaptive = watch_adapts(specs, interval_s, watch_s)
     watch_s = watch_interval(specs, interval_s, watch_s)
     log.info("watching %d source(s) every %.1fs; a run at most every %.1fs", len(specs), watch_s, interval_s)
     if adaptive and spark.conf.get(IDLE_PROGRESS_CONF, None) is None:
@@ -255,7 +280,8 @@ def run_continuous(spark: Any, warehouse: str, pipeline: Any, interval_s: float,
             return EXIT_USAGE if isinstance(exc, UsageError) else EXIT_FAILED
         if retune is not None:
             watch_s = retune
-            continue
+            if state["status"] == EXIT_OK:
+                continue  # no failed run to retry after a pause: the new query starts at once
         if not state["stop"]:
             error = query.exception()
             log.warning("the file-stream query stopped (%s); restarting in %.1fs", error, interval_s)

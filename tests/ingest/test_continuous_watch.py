@@ -22,7 +22,14 @@ from versiq import layout
 from versiq.exits import EXIT_OK
 from versiq.ingest import continuous
 from versiq.ingest.config import Pipeline
-from versiq.ingest.continuous import IDLE_PROGRESS_CONF, WATCH_INTERVAL_S, adapted_watch, run_continuous, watch_interval
+from versiq.ingest.continuous import (
+    IDLE_PROGRESS_CONF,
+    WATCH_INTERVAL_S,
+    adapted_watch,
+    run_continuous,
+    watch_adapts,
+    watch_interval,
+)
 from versiq.ingest.kafka import KafkaSource
 from versiq.ingest.pipeline import StoreSpec
 from versiq.ingest.run import run_pipeline
@@ -57,6 +64,48 @@ def _wait(condition: Any, seconds: float, what: str) -> None:
         time.sleep(0.05)
 
 
+def _run_continuous_with(spark: Any, warehouse: str, pipeline: Pipeline, interval_s: float, one_run: Any,
+                         beside: Any) -> int:
+    """``run_continuous`` in this (the main) thread while ``beside()`` runs in a helper thread,
+    which then sends SIGTERM (run_continuous stops after its current batch). An error of
+    ``beside`` is raised here; SIGTERM is never sent once run_continuous has returned (the
+    test's signal handlers are back by then)."""
+    outcome: dict[str, BaseException] = {}
+    returned = threading.Event()
+    lock = threading.Lock()
+
+    def helper() -> None:
+        try:
+            beside()
+        except BaseException as exc:  # noqa: BLE001 - raised in the test's thread
+            outcome["error"] = exc
+        finally:
+            with lock:
+                if not returned.is_set():
+                    os.kill(os.getpid(), signal.SIGTERM)
+
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    thread = threading.Thread(target=helper, daemon=True)
+    thread.start()
+    try:
+        code = run_continuous(spark, warehouse, pipeline, interval_s, one_run, lambda report: None)
+    finally:
+        with lock:
+            returned.set()
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        for query in spark.streams.active:
+            query.stop()
+        thread.join(timeout=60)
+    if "error" in outcome:
+        raise outcome["error"]
+    return code
+
+
+def _batch_in_progress(spark: Any) -> bool:
+    return any(q.status["isTriggerActive"] for q in spark.streams.active)
+
+
 def test_a_file_after_a_quiet_spell_starts_a_run_at_once_and_the_next_run_waits_for_the_interval(
         spark: Any, tmp_path: Any, idle_reports: str) -> None:
     source, warehouse = tmp_path / "src", str(tmp_path / "wh")
@@ -72,40 +121,27 @@ def test_a_file_after_a_quiet_spell_starts_a_run_at_once_and_the_next_run_waits_
         return run_pipeline(spark, warehouse, pipeline)
 
     def files() -> None:
-        try:
-            # the query is up and has found nothing to do: from now on it only checks the folder
-            _wait(lambda: any("Waiting" in q.status["message"] for q in spark.streams.active), 120,
-                  "the streaming query to wait for data")
-            landed["a"] = time.monotonic()
-            write_jsonl(str(source), "a.jsonl", [_record("a", 1)])
-            _wait(lambda: layout.has_table(store) and "a" in store_versions(store), 120, "the first run")
-            write_jsonl(str(source), "b.jsonl", [_record("b", 2)])
-            landed["b"] = time.monotonic()
-            time.sleep(3 + 20 * WATCH_INTERVAL_S)  # checked 20 times over: b is seen, its run waits
-            seen["starts"] = list(starts)
-        except BaseException as exc:  # noqa: BLE001 - reported by the test body
-            seen["error"] = exc
-        finally:
-            os.kill(os.getpid(), signal.SIGTERM)  # run_continuous stops after the current batch
+        # the query is up and has found nothing to do: from now on it only checks the folder
+        _wait(lambda: any("Waiting" in q.status["message"] for q in spark.streams.active), 120,
+              "the streaming query to wait for data")
+        landed["a"] = time.monotonic()
+        write_jsonl(str(source), "a.jsonl", [_record("a", 1)])
+        _wait(lambda: layout.has_table(store) and "a" in store_versions(store), 120, "the first run")
+        write_jsonl(str(source), "b.jsonl", [_record("b", 2)])
+        landed["b"] = time.monotonic()
+        # b is listed: its micro-batch is under way, held until an hour after a's run started
+        _wait(lambda: _batch_in_progress(spark) and len(starts) == 1, 60, "the micro-batch of b")
+        time.sleep(2)
+        seen["starts"] = list(starts)
+        seen["held"] = _batch_in_progress(spark)
 
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    helper = threading.Thread(target=files, daemon=True)
-    helper.start()
-    try:
-        code = run_continuous(spark, warehouse, pipeline, HOUR_S, one_run, lambda report: None)
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
-        for query in spark.streams.active:
-            query.stop()
-        helper.join(timeout=60)
-    assert "error" not in seen, seen.get("error")
+    code = _run_continuous_with(spark, warehouse, pipeline, HOUR_S, one_run, files)
     assert code == EXIT_OK
     first, *later = seen["starts"]
     # a's run started as soon as the folder was next checked, not at the next full hour
     assert first - landed["a"] < 60, first - landed["a"]
-    # b was listed within 100 ms, but its run waits an hour after the start of a's
-    assert later == [], [t - landed["b"] for t in later]
+    # b's micro-batch began within moments, but its run waits an hour after the start of a's
+    assert later == [] and seen["held"], [t - landed["b"] for t in later]
     assert set(store_versions(store)) == {"a"}
 
 
@@ -118,6 +154,11 @@ def test_sources_are_checked_every_100ms_except_on_s3_unless_a_watch_interval_is
     assert watch_interval([local, s3], 5.0) == 5.0  # a LIST request per check
     assert watch_interval([local, s3], 5.0, 0.5) == 0.5  # --watch-interval: the user's choice
     assert watch_interval([local], 5.0, 30.0) == 5.0
+    # only the default interval adapts, and never on S3 (it would check more often than the trigger)
+    assert watch_adapts([local, topic], 5.0, None)
+    assert not watch_adapts([local, s3], 5.0, None)
+    assert not watch_adapts([local], 5.0, 0.1)
+    assert not watch_adapts([local], 0.1, None)
 
 
 def test_the_watch_interval_keeps_checks_to_a_tenth_of_a_core_between_100ms_and_the_trigger_interval() -> None:
@@ -125,49 +166,37 @@ def test_the_watch_interval_keeps_checks_to_a_tenth_of_a_core_between_100ms_and_
     assert adapted_watch(0.15, 0.1, 5.0) == 1.5  # 10,000 files: 0.15 s a check
     assert adapted_watch(0.15, 0.1, 1.0) == 1.0  # never longer than the trigger interval
     assert adapted_watch(0.2, 1.5, 5.0) is None  # 2.0 s wanted: within a factor 1.5 of 1.5 s
-    assert adapted_watch(0.01, 1.5, 5.0) == WATCH_INTERVAL_S  # the folder was emptied
+    assert adapted_watch(0.09, 1.5, 5.0) == 0.9  # checks got cheaper by more than 1.5 times
+    assert adapted_watch(0.01, 0.2, 5.0) == WATCH_INTERVAL_S  # the folder was emptied
+    assert adapted_watch(0.01, 0.15, 5.0) is None
     assert adapted_watch(2.0, 5.0, 5.0) is None
 
 
 def test_costly_checks_restart_the_query_with_a_longer_watch_interval_and_runs_go_on(
         spark: Any, tmp_path: Any, monkeypatch: Any, caplog: Any, idle_reports: str) -> None:
-    """Every check counts as costly (a budget of a millionth of a core), so the first report
-    after the query's cold one restarts it checking every trigger interval; a file that lands
-    after that is ingested by the new query."""
+    """Every check counts as costly (a budget of a millionth of a core), so the reports after
+    the query's cold one restart it checking every trigger interval; a file that lands after
+    that is ingested by the new query. The folder holds 300 files, so that a check (Spark
+    times it in whole milliseconds) never takes 0 ms."""
     source, warehouse = tmp_path / "src", str(tmp_path / "wh")
-    source.mkdir()
+    for i in range(300):
+        write_jsonl(str(source), f"old-{i:03d}.jsonl", [_record(f"old{i}", 1)])
     pipeline = Pipeline(stores=[StoreSpec(name="r", source=str(source), max_future_ms=None)])
     store = layout.table_path(warehouse, "r")
     monkeypatch.setattr(continuous, "WATCH_BUDGET", 1e-6)
+    monkeypatch.setattr(continuous, "_LOOK_S", 0.3)
     spark.conf.set(idle_reports, "200ms")  # an idle query's checks timed every 200 ms
-    seen: dict[str, Any] = {}
 
     def retuned() -> bool:
         return any("checking every 2.0s from now on" in r.getMessage() for r in caplog.records)
 
     def files() -> None:
-        try:
-            _wait(retuned, 120, "the watch interval to grow")
-            write_jsonl(str(source), "a.jsonl", [_record("a", 1)])
-            _wait(lambda: layout.has_table(store) and "a" in store_versions(store), 120, "a run of the new query")
-        except BaseException as exc:  # noqa: BLE001 - reported by the test body
-            seen["error"] = exc
-        finally:
-            os.kill(os.getpid(), signal.SIGTERM)
+        _wait(retuned, 120, "the watch interval to grow")
+        write_jsonl(str(source), "a.jsonl", [_record("a", 1)])
+        _wait(lambda: layout.has_table(store) and "a" in store_versions(store), 120, "a run of the new query")
 
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    helper = threading.Thread(target=files, daemon=True)
-    helper.start()
-    try:
-        with caplog.at_level(logging.INFO, logger="versiq.ingest"):
-            code = run_continuous(spark, warehouse, pipeline, 2.0, lambda: run_pipeline(spark, warehouse, pipeline),
-                                  lambda report: None)
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
-        for query in spark.streams.active:
-            query.stop()
-        helper.join(timeout=60)
-    assert "error" not in seen, seen.get("error")
+    with caplog.at_level(logging.INFO, logger="versiq.ingest"):
+        code = _run_continuous_with(spark, warehouse, pipeline, 2.0,
+                                    lambda: run_pipeline(spark, warehouse, pipeline), files)
     assert code == EXIT_OK
-    assert set(store_versions(store)) == {"a"}
+    assert set(store_versions(store)) == {"a"} | {f"old{i}" for i in range(300)}
