@@ -334,15 +334,19 @@ def test_vacuumed_snapshot_and_expired_token_are_gone(tmp_path: Any) -> None:
         expiring = c.get(path, params={"pageSize": 5}).json()["nextPageToken"]
         dt = DeltaTable(s.path)
         dt.optimize.compact()
+        compacted = DeltaTable(s.path).version()
         dt.vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
         latest = DeltaTable(s.path).version()  # compaction and vacuum commit too
         body = problem(c.get(path, params={"snapshot": "0"}), 410, "gone")
         assert body["stream"] == "vac" and body["snapshot"] == 0
         problem(c.get(path, params={"pageToken": token}), 410, "gone")
         problem(c.get(path, params={"snapshot": "1"}), 410, "gone")
-        # the current snapshot's files are gone too: answered from the newest snapshot at once
+        # the current snapshot's files are gone too: answered from the newest snapshot at once, or
+        # from the compaction's, whose files the vacuum kept, when the service's 100 ms watch had
+        # already moved there (the vacuum's own commits change no data)
         now = c.get(path, params={"pageSize": 100}).json()
-        assert now["snapshot"] == latest and [r["value"] for r in now["records"]] == list(range(40))
+        assert compacted <= now["snapshot"] <= latest, (now["snapshot"], compacted, latest)
+        assert [r["value"] for r in now["records"]] == list(range(40))
         time.sleep(0.6)
         body = problem(c.get(path, params={"pageToken": expiring}), 410, "gone")
         assert "expired" in body["detail"]
