@@ -184,10 +184,13 @@ def _watch(query: Any, state: dict[str, Any], watch_s: float, interval_s: float,
         if reports == 1:
             continue
         checks.append(sample[1])
-        wanted = adapted_watch(statistics.median(checks), watch_s, interval_s) if len(checks) == _SAMPLES else None
+        if len(checks) < _SAMPLES:
+            continue
+        check_s = statistics.median(checks)
+        wanted = adapted_watch(check_s, watch_s, interval_s)
         if wanted is not None:
             log.info("a check of the sources took %.0f ms (median of %d): checking every %.1fs from now on",
-                     statistics.median(checks) * 1000, _SAMPLES, wanted)
+                     check_s * 1000, _SAMPLES, wanted)
             return wanted
     return None
 

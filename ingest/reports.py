@@ -102,17 +102,19 @@ class RunReport:
     #: Derived tables and stream outputs (``ingest.derived.report.TableReport``).
     tables: dict[str, Any] = field(default_factory=dict)
 
+    def _entries(self) -> list[tuple[str, Any]]:
+        """Every store's, stream's and table's report by name (one warehouse namespace: the
+        names are unique)."""
+        return [*self.stores.items(), *self.streams.items(), *self.tables.items()]
+
     @property
     def failed(self) -> bool:
-        entries = [*self.stores.values(), *self.streams.values(), *self.tables.values()]
-        return any(r.error is not None for r in entries)
+        return any(entry.error is not None for _name, entry in self._entries())
 
     @property
     def committed(self) -> list[str]:
-        """The stores, streams and tables this run committed to (one warehouse namespace: the
-        names are unique)."""
-        return [name for group in (self.stores, self.streams, self.tables)
-                for name, entry in group.items() if entry.run is not None]
+        """The stores, streams and tables this run committed to."""
+        return [name for name, entry in self._entries() if entry.run is not None]
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"stores": {name: r.to_json() for name, r in self.stores.items()}}
