@@ -17,6 +17,9 @@ checked once per trigger interval, as every continuous ingest did before the wat
 baseline), ``default`` (checked every 100 ms, a run at most every second:
 ``ingest.continuous.watch_interval``) and ``generated_code`` (the default with
 ``VERSIQ_INTERPRETED_RUN_BYTES=0``: every micro-batch compiles generated code for its plan).
+With ``--baseline-checkout DIR`` (a checkout of an earlier commit, e.g. ``git worktree add DIR
+HEAD~1``), mode ``previous`` is the default mode run by that checkout's code (its directory
+first on ``PYTHONPATH``, the same JVM class archive) and becomes the baseline.
 
     .venv/bin/python bench/freshness_bench.py [--probes 20] [--every 3] [--rounds 2] [--modes trigger_only,default]
 """
@@ -66,6 +69,7 @@ MODES: dict[str, tuple[dict[str, str], list[str]]] = {
     "generated_code": ({"VERSIQ_INTERPRETED_RUN_BYTES": "0"}, []),
 }
 BASELINE = "trigger_only"
+PREVIOUS = "previous"
 #: probes landed and timed but not counted: a new ingest's first micro-batches are slower (its JIT
 #: warms up), and what a user sees is a long-running ingest
 WARMUP_PROBES = 3
@@ -144,7 +148,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="each mode's probes run this many times, order alternating")
     ap.add_argument("--seed", type=int, default=17, help="of the landing moments' random part")
     ap.add_argument("--results", default=os.path.join(HERE, "results"))
+    ap.add_argument("--baseline-checkout", help=f"a checkout of an earlier commit: mode {PREVIOUS!r} runs its code")
     args = ap.parse_args()
+    baseline = BASELINE
+    if args.baseline_checkout:
+        checkout = os.path.abspath(args.baseline_checkout)
+        if not os.path.isdir(os.path.join(checkout, "versiq")):
+            ap.error(f"{checkout} is not a checkout of versiq")
+        archive = os.environ.get("VERSIQ_JVM_ARCHIVE_DIR") or os.path.join(os.path.dirname(HERE), ".cache", "jvm")
+        MODES[PREVIOUS] = ({"PYTHONPATH": checkout, "VERSIQ_JVM_ARCHIVE_DIR": archive}, [])
+        baseline = PREVIOUS
     modes = [m for m in args.modes.split(",") if m]
     unknown = set(modes) - set(MODES)
     if unknown:
@@ -162,15 +175,17 @@ def main() -> None:
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "load_generator": "httpx.Client in the bench process, polling every 20 ms",
         "trigger_interval_s": TRIGGER_S, "every_s": args.every, "rounds": args.rounds,
+        "baseline_checkout": args.baseline_checkout and subprocess.run(
+            ["git", "-C", args.baseline_checkout, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
         "modes": {mode: summary(*pooled[mode]) for mode in modes},
     }
     figures = result["modes"]
     assert isinstance(figures, dict)
-    if BASELINE in figures:
+    if baseline in figures:
         for mode in modes:
-            if mode != BASELINE:
-                result[f"p50_ratio_{mode}_vs_{BASELINE}"] = round(
-                    figures[mode]["p50_s"] / figures[BASELINE]["p50_s"], 2)
+            if mode != baseline:
+                result[f"p50_ratio_{mode}_vs_{baseline}"] = round(
+                    figures[mode]["p50_s"] / figures[baseline]["p50_s"], 2)
     print(json.dumps(result, indent=2))
     os.makedirs(args.results, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H%M")

@@ -32,7 +32,7 @@ from versiq.ingest.rejections import write_rejected, write_source_rejected
 from versiq.ingest.reports import RunReport, StoreReport
 from versiq.ingest.semantics import RunContext, classify, rows_to_write
 from versiq.ingest.sources import SourceError, check_readable, list_sources, log_ignored, source_error_in
-from versiq.ingest.spark import plans_for_input
+from versiq.ingest.spark import plans_for_input, small_run
 from versiq.ingest.sqltext import crc32_mod_sql, file_of_sql
 from versiq.ingest.store import (
     StoreHandle,
@@ -194,7 +194,7 @@ def ingest_store(spark: SparkSession, warehouse: str, spec: StoreSpec, lock_time
             parsed = parse_files(spark, new, spec.format, handle.settings.partitions,
                                  future_bound(spec.max_future_ms))
             _run_once(spark, handle, spec, run, report, parsed, per_file, rejections,
-                      lambda state: replace(state, done_files=sorted(done | set(new))))
+                      lambda state: replace(state, done_files=sorted(done | set(new))), small=small_run(input_bytes))
         return report
 
 
@@ -235,21 +235,25 @@ WriteRejections = Callable[[DataFrame, DataFrame, StoreState, int, int], None]
 
 def _run_once(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, run: int, report: StoreReport,
               parsed: DataFrame, per_file: bool, rejections: WriteRejections,
-              advance: Callable[[StoreState], StoreState]) -> None:
+              advance: Callable[[StoreState], StoreState], small: bool = False) -> None:
     """Decide and commit one run over ``parsed`` (``order.RUN_SCHEMA`` rows of the new input):
     ``per_file`` collects per-file stream-time maxima (file sources of few files),
     ``rejections(parsed, classified, state, decided, total)`` writes ``_rejected``, and
-    ``advance(state)`` adds what the run read to the store's state (files done, offsets)."""
+    ``advance(state)`` adds what the run read to the store's state (files done, offsets).
+    ``small``: a small run (``spark.small_run``), whose keys come back with the parse statistics
+    instead of in a Spark job of their own."""
     settings = handle.settings
+    has_versions = handle.table is not None and bool(handle.data_files())
     parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        flags, file_max = _parse_stats(parsed, report, settings.partitions if per_file else None)
+        flags, file_max, new_keys = _parse_stats(parsed, report, settings.partitions if per_file else None,
+                                                 keys=small and has_versions)
         if report.skipped:  # counted, neither records nor rejections (records.kafka_rows.SKIPPED)
             parsed = parsed.filter(F.col("reason").isNull() | (F.col("reason") != SKIPPED))
         good = parsed.filter(F.col("reason").isNull()).select("seq", "fst", "key", "value", "ts", "part", "offset")
         log.info("store %s: parsed %s", spec.name, counted(report.read, "record"))
-        keys = pa.table({"key": pa.array([], pa.string())})
-        if handle.table is not None and handle.data_files():
+        keys = pa.table({"key": pa.array(sorted(new_keys or ()), pa.string())})
+        if has_versions and new_keys is None:
             keys = good.select("key").distinct().toArrow()
         existing_arrow = existing_versions(handle, keys)
         existing = spark.createDataFrame(existing_arrow) if existing_arrow.num_rows else \
@@ -307,11 +311,12 @@ def _existing_ddl() -> str:
     return ", ".join(f"`{f.name}` {names[str(f.type)]}" for f in STORE_SCHEMA if f.name != "bucket")
 
 
-def _parse_stats(parsed: DataFrame, report: StoreReport,
-                 partitions: int | None) -> tuple[dict[str, int], dict[tuple[int, int], int] | None]:
+def _parse_stats(parsed: DataFrame, report: StoreReport, partitions: int | None, keys: bool = False
+                 ) -> tuple[dict[str, int], dict[tuple[int, int], int] | None, set[str] | None]:
     """Fill ``read`` and the parse-stage rejections; count records naming partitions/offsets;
-    and the largest valid timestamp per (default partition, file index), for
-    ``RunContext.file_max``.
+    the largest valid timestamp per (default partition, file index), for
+    ``RunContext.file_max``; and with ``keys`` (a small run) the keys of the valid records
+    (else None).
     One aggregation, the run's first action (it parses and caches every file); its result has
     a row per reason, file and partition (the caller bounds files x partitions; with
     ``partitions`` None only a row per reason, and no maxima)."""
@@ -322,11 +327,15 @@ def _parse_stats(parsed: DataFrame, report: StoreReport,
     else:
         file = file_of_sql("seq")
         default_p = f"CASE WHEN reason IS NULL THEN {crc32_mod_sql('key', partitions)} END"
+    key_set: set[str] | None = set() if keys else None
+    aggregates = ["count(1) AS n", "count(part) AS part", "count(`offset`) AS `offset`", "max(ts) AS max_ts"]
+    if keys:
+        aggregates.append("collect_set(CASE WHEN reason IS NULL THEN key END) AS keys")
     rows = parsed.groupBy("reason", F.expr(f"{file} AS file"), F.expr(f"{default_p} AS p")).agg(
-        F.expr("count(1) AS n"), F.expr("count(part) AS part"), F.expr("count(`offset`) AS `offset`"),
-        F.expr("max(ts) AS max_ts"),
-    ).collect()
+        *(F.expr(a) for a in aggregates)).collect()
     for row in rows:
+        if key_set is not None:
+            key_set.update(row["keys"])
         report.read += row["n"]
         if row["reason"] == SKIPPED:
             report.skipped[row["reason"]] = report.skipped.get(row["reason"], 0) + row["n"]
@@ -337,7 +346,7 @@ def _parse_stats(parsed: DataFrame, report: StoreReport,
             flags["offset"] += row["offset"]
             if file_max is not None:
                 file_max[(row["p"], row["file"])] = row["max_ts"]
-    return flags, file_max
+    return flags, file_max, key_set
 
 
 def _next_state(classified: DataFrame, state: StoreState, run: int, report: StoreReport) -> StoreState:

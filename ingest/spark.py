@@ -232,30 +232,56 @@ def _quiet_log_option() -> str | None:
 SHORT_LIVED_JIT_OPTION = "-XX:TieredStopAtLevel=1"
 
 
-#: New input (bytes of new files) up to which a run evaluates Spark's expressions interpreted,
-#: without generating Java for them and compiling it (Janino). On little data those compilations
-#: cost more than they save: in a cold JVM (a one-shot run, docs/benchmarks.md "C1 for one-shot
-#: runs"), and in continuous mode too, where every micro-batch's plan embeds its own literals
-#: (run number, files, stream time) and so is compiled afresh each time (docs/benchmarks.md
-#: "Interpreted micro-batches"). Larger runs and Kafka and S3 sources (their size is not known up
-#: front) keep code generation. ``VERSIQ_INTERPRETED_RUN_BYTES`` overrides it (0: never).
+#: New input (bytes of new files) up to which a run is a *small run* and plans for little data
+#: (``_SMALL_RUN``):
+#:
+#: - Spark's expressions are evaluated interpreted, without generating Java for them and
+#:   compiling it (Janino). On little data those compilations cost more than they save: in a cold
+#:   JVM (a one-shot run, docs/benchmarks.md "C1 for one-shot runs"), and in continuous mode too,
+#:   where every micro-batch's plan embeds its own literals (run number, files, stream time) and
+#:   so is compiled afresh each time (docs/benchmarks.md "Interpreted micro-batches").
+#: - No adaptive query execution, and one shuffle partition per core (at most the session's
+#:   own number): adaptive execution re-plans each stage of each of a run's ~8 jobs from its
+#:   shuffle statistics, which on a few records costs more than any plan it could pick saves
+#:   (a one-record run in a warm session 0.78 -> 0.69 s, 10k events into a 1M-version store
+#:   unchanged, docs/benchmarks.md "Small runs plan for little data"); without it the shuffle
+#:   partitions are not coalesced, hence fewer of them.
+#:
+#: Larger runs and Kafka and S3 sources (their size is not known up front) keep code generation
+#: and adaptive execution. ``VERSIQ_INTERPRETED_RUN_BYTES`` overrides it (0: never).
 INTERPRETED_RUN_BYTES = 4 << 20
 INTERPRETED_RUN_BYTES_ENV = "VERSIQ_INTERPRETED_RUN_BYTES"
-_INTERPRETED = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
+_SMALL_RUN = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+              "spark.sql.adaptive.enabled": "false"}
+_SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
+
+
+def small_run_settings(spark: SparkSession) -> dict[str, str]:
+    """The session settings of a small run (``INTERPRETED_RUN_BYTES``)."""
+    partitions = min(int(spark.conf.get(_SHUFFLE_PARTITIONS) or "200"), spark.sparkContext.defaultParallelism)
+    return {**_SMALL_RUN, _SHUFFLE_PARTITIONS: str(max(1, partitions))}
+
+
+def small_run(input_bytes: int | None) -> bool:
+    """Whether a run over ``input_bytes`` of new input (None: not known) is a small run
+    (``INTERPRETED_RUN_BYTES``)."""
+    limit = int(os.environ.get(INTERPRETED_RUN_BYTES_ENV) or INTERPRETED_RUN_BYTES)
+    return limit > 0 and input_bytes is not None and input_bytes <= limit
 
 
 @contextlib.contextmanager
 def plans_for_input(spark: SparkSession, input_bytes: int | None) -> Iterator[None]:
-    """The run inside runs with interpreted expressions (``INTERPRETED_RUN_BYTES``) when its new
-    input is small; the session's settings are restored after."""
-    limit = int(os.environ.get(INTERPRETED_RUN_BYTES_ENV) or INTERPRETED_RUN_BYTES)
-    if limit <= 0 or input_bytes is None or input_bytes > limit:
+    """The run inside plans for little data (``INTERPRETED_RUN_BYTES``, ``small_run_settings``)
+    when its new input is small; the session's settings are restored after."""
+    if not small_run(input_bytes):
         yield
         return
     conf = spark.conf
-    previous = {key: conf.get(key, None) for key in _INTERPRETED}
-    logging.getLogger("versiq.ingest").debug("%d bytes of new input: expressions interpreted", input_bytes)
-    for key, value in _INTERPRETED.items():
+    settings = small_run_settings(spark)
+    previous = {key: conf.get(key, None) for key in settings}
+    logging.getLogger("versiq.ingest").debug(
+        "%d bytes of new input: a small run (expressions interpreted, no adaptive execution)", input_bytes)
+    for key, value in settings.items():
         conf.set(key, value)
     try:
         yield
@@ -265,6 +291,29 @@ def plans_for_input(spark: SparkSession, input_bytes: int | None) -> Iterator[No
                 conf.unset(key)
             else:
                 conf.set(key, old)
+
+
+@contextlib.contextmanager
+def active_on_this_thread(spark: SparkSession) -> Iterator[None]:
+    """``spark`` is the JVM thread's active session inside (the previous one after).
+
+    Spark reads many settings (adaptive execution, code generation) from the calling thread's
+    active session, not from the session a DataFrame belongs to. ``foreachBatch`` calls back
+    on the streaming query's own thread, whose active session is the query's clone of the
+    session, made when the query started: settings changed on the session later, such as a small
+    run's (``plans_for_input``), were not seen by the runs of continuous mode (measured: its
+    micro-batches planned with adaptive execution and generated code while the session said
+    otherwise)."""
+    jvm_session = spark._jvm.org.apache.spark.sql.SparkSession  # type: ignore[union-attr]
+    previous = jvm_session.getActiveSession()
+    jvm_session.setActiveSession(spark._jsparkSession)
+    try:
+        yield
+    finally:
+        if previous.isDefined():
+            jvm_session.setActiveSession(previous.get())
+        else:
+            jvm_session.clearActiveSession()
 
 
 def driver_java_options(short_lived: bool) -> str:

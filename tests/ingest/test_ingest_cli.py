@@ -195,7 +195,7 @@ def test_kill_9_then_rerun_equals_an_uninterrupted_run(spark, tmp_path):
         # the CLI's JVM ran this small run with interpreted expressions, the reference with
         # generated code: the same store either way (spark.plans_for_input)
         assert re.search(r"driver JVM options: .*-XX:TieredStopAtLevel=1", result.stderr), result.stderr
-        assert "bytes of new input: expressions interpreted" in result.stderr, result.stderr
+        assert "bytes of new input: a small run (expressions interpreted" in result.stderr, result.stderr
         path = os.path.join(wh, "k")
         assert store_versions(path) == store_versions(ref)
         assert stream_times(path) == stream_times(ref)

@@ -61,21 +61,26 @@ def test_the_session_does_not_record_python_call_sites(spark):
     assert not is_debugging_enabled()
 
 
-def test_small_runs_interpret_expressions_and_the_session_gets_its_settings_back(spark, monkeypatch):
+def test_small_runs_plan_for_little_data_and_the_session_gets_its_settings_back(spark, monkeypatch):
     """A run over at most ``INTERPRETED_RUN_BYTES`` of new input evaluates expressions interpreted,
-    in any session (a one-shot CLI run's or continuous mode's); a larger one, one of unknown size
-    (Kafka, S3) and any run with ``VERSIQ_INTERPRETED_RUN_BYTES=0`` keep generated code; the
-    session's own settings come back after each. (That both paths write the same store is
-    checked by the ingest property test and the CLI kill -9 test.)"""
+    without adaptive execution and with one shuffle partition per core at most, in any session
+    (a one-shot CLI run's or continuous mode's); a larger one, one of unknown size (Kafka, S3)
+    and any run with ``VERSIQ_INTERPRETED_RUN_BYTES=0`` keep the session's plans (generated code,
+    adaptive execution); the session's own settings come back after each. (That both paths write
+    the same store is checked by the ingest property test and the CLI kill -9 test.)"""
     monkeypatch.delenv(spark_module.INTERPRETED_RUN_BYTES_ENV, raising=False)
-    keys = list(spark_module._INTERPRETED)
+    keys = ["spark.sql.codegen.wholeStage", "spark.sql.codegen.factoryMode", "spark.sql.adaptive.enabled",
+            "spark.sql.shuffle.partitions"]
+    assert sorted(spark_module.small_run_settings(spark)) == sorted(keys)
     before = [spark.conf.get(key, None) for key in keys]
+    assert before[2] == "true"
 
     def settings() -> list[str | None]:
         return [spark.conf.get(key, None) for key in keys]
 
+    partitions = str(min(int(before[3] or 200), spark.sparkContext.defaultParallelism))
     with spark_module.plans_for_input(spark, spark_module.INTERPRETED_RUN_BYTES):
-        assert settings() == ["false", "NO_CODEGEN"]
+        assert settings() == ["false", "NO_CODEGEN", "false", partitions]
     assert settings() == before
     for size in (spark_module.INTERPRETED_RUN_BYTES + 1, None):
         with spark_module.plans_for_input(spark, size):
