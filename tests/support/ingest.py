@@ -40,8 +40,10 @@ def write_jsonl(folder: str, name: str, lines: list[str]) -> str:
 
 @contextlib.contextmanager
 def expressions(*, generated: bool) -> Iterator[None]:
-    """Runs inside evaluate Spark's expressions through generated code (``generated``), or as a
-    small run does by default, interpreted (``ingest.spark.plans_for_input``): both code paths
+    """Runs inside plan as a large run does (``generated``: generated code, adaptive execution,
+    the session's shuffle partitions, the run's keys in a job of their own), or as a small run
+    does by default (``ingest.spark.plans_for_input``: interpreted expressions, no adaptive
+    execution, a shuffle partition per core, the keys with the parse statistics): both paths
     must write the same store. (pytest's ``monkeypatch`` fixture is per test; hypothesis
     examples need a scope of their own.)"""
     import pytest
