@@ -3,6 +3,8 @@
 - Full build: a fresh store from a generated changelog of ``keys x 10`` events, once from
   Parquet and once from JSONL (8 files each); events/s = events read / run seconds.
   Default 1M events (100k keys x 10 versions); ``--big`` adds 10M (1M keys x 10).
+- Baseline of the JSONL build (issue 17): right after it, one DuckDB query builds the versions
+  of the same JSONL files (``duckdb_build``); the ratio of the two is printed.
 - Incremental: after a full build, a 10k-event JSONL batch (random existing keys, 10% out of
   order, 1% tombstones, 0.1% late) is ingested ``--batches`` times into the same store; the
   median is the figure, for the 1M-version store and (``--big``) the 10M-version store, and the
@@ -145,6 +147,48 @@ def full_build(spark, work: str, keys: int, fmt: str) -> dict:  # type: ignore[n
     return out
 
 
+def duckdb_build(work: str, keys: int) -> dict:
+    """The baseline of a full build from JSONL (issue 17: "a one-query DuckDB window-function
+    build of the same file, same run"): one DuckDB query reads the same JSONL files, takes each
+    file's stream time as the running maximum of its timestamps in line order, drops records
+    later than the grace period behind it, keeps the last record per (key, timestamp), computes
+    each version's end with ``lead`` per key and writes the versions to one Parquet file. It is
+    what a store's build does at its core, without its rules' details (per-partition stream
+    time, rejection reasons, tombstone rules, raw text kept for rejects, buckets, Delta), so it
+    bounds from below what a build could cost on this machine."""
+    import duckdb
+
+    src = os.path.join(ensure_changelog(work, keys), "jsonl")
+    out = os.path.join(work, "duckdb-baseline")
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    load_before = loadavg()
+    t0 = time.perf_counter()
+    con = duckdb.connect()
+    con.execute(f"""
+        COPY (
+          WITH raw AS (
+            SELECT key, value::VARCHAR AS value, "timestamp" AS ts, filename, row_number() OVER () AS seq
+            FROM read_json('{src}/*.jsonl', format = 'newline_delimited', filename = true,
+                           columns = {{key: 'VARCHAR', value: 'JSON', "timestamp": 'BIGINT'}})),
+          timed AS (
+            SELECT *, max(ts) OVER (PARTITION BY filename ORDER BY seq ROWS UNBOUNDED PRECEDING) AS stream_time
+            FROM raw),
+          kept AS (
+            SELECT * FROM timed WHERE ts >= stream_time - {gen.GRACE_MS}
+            QUALIFY row_number() OVER (PARTITION BY key, ts ORDER BY seq DESC) = 1)
+          SELECT key, value, ts AS valid_from, lead(ts) OVER (PARTITION BY key ORDER BY ts) AS valid_to FROM kept
+        ) TO '{out}/versions.parquet' (FORMAT parquet)""")
+    seconds = time.perf_counter() - t0
+    versions = con.sql(f"SELECT count(*) FROM '{out}/versions.parquet'").fetchall()[0][0]
+    con.close()
+    out_info = {"events": keys * VERSIONS, "seconds": round(seconds, 2), "versions": versions,
+                "duckdb": duckdb.__version__, "load_before": load_before, "load_after": loadavg()}
+    print(f"DuckDB one-query build {keys * VERSIONS:>10,} events: {seconds:7.2f} s ({versions:,} versions; "
+          f"load {load_before} -> {out_info['load_after']})", flush=True)
+    return out_info
+
+
 def incremental(spark, work: str, keys: int, fmt: str, batches: int, profile: bool) -> dict:  # type: ignore[no-untyped-def]
     """Batches into the store that ``full_build(keys, fmt)`` left behind."""
     events = keys * VERSIONS
@@ -225,6 +269,10 @@ def main() -> None:
             if keys == 1_000_000 and args.reuse_big:
                 continue
             result["full_build"].append(full_build(spark, args.work, keys, fmt))
+            if fmt == "jsonl":  # the baseline of the same files, right after the build
+                baseline = duckdb_build(args.work, keys)
+                baseline["ratio"] = round(result["full_build"][-1]["seconds"] / baseline["seconds"], 2)
+                result.setdefault("duckdb_baseline", []).append(baseline)
         # batches go into the store built from the last format (the 10M store of an earlier run
         # with --reuse-big: it was built from JSONL)
         inc_fmt = "jsonl" if (keys == 1_000_000 and args.reuse_big) else formats[-1]
@@ -242,6 +290,9 @@ def main() -> None:
     for fb in result["full_build"]:
         print(f"{'full build ' + fb['format'] + ' ' + format(fb['events'], ','):48s} {fb['seconds']:9.1f} "
               f"{fb['events_per_s']:>10,} ev/s")
+    for base in result.get("duckdb_baseline", []):
+        print(f"{'DuckDB one-query build ' + format(base['events'], ','):48s} {base['seconds']:9.2f} "
+              f"{'JSONL build ' + str(base['ratio']) + 'x':>16s}")
     for inc in result["incremental"]:
         label = f"incremental {inc['batch_events']:,} into {inc['store_versions']:,} versions (median)"
         print(f"{label:48s} {inc['median_s']:9.2f} {'':>16s}")

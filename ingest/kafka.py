@@ -84,6 +84,11 @@ RECORDS_PER_TASK = 1_000_000
 #: The Kafka clients' timeouts unless the options set them (an admin client refuses an API
 #: timeout below its request timeout).
 CLIENT_TIMEOUTS = {"default.api.timeout.ms": str(METADATA_TIMEOUT_S * 1000), "request.timeout.ms": "10000"}
+#: Offsets count records, not bytes: a run's input size, which decides whether it plans as a
+#: small run (``ingest.spark.small_run``), is taken as its records times this (a JSON value of a
+#: few fields with its key; a Debezium envelope is larger, so its small runs end sooner in
+#: records, never later than the files' limit in bytes would put them).
+RECORD_BYTES_ESTIMATE = 256
 
 
 class KafkaSourceError(SourceError):
@@ -172,6 +177,16 @@ class KafkaRead:
         return all(start >= end for start, end in self.ranges.values())
 
     @property
+    def records(self) -> int:
+        """How many records the run reads (at most: a compacted topic has holes in its offsets)."""
+        return sum(max(0, end - start) for start, end in self.ranges.values())
+
+    @property
+    def input_bytes(self) -> int:
+        """The run's input size for the small-run decision (``RECORD_BYTES_ESTIMATE``)."""
+        return self.records * RECORD_BYTES_ESTIMATE
+
+    @property
     def advances(self) -> bool:
         """Whether the run moves the position: records to read, or an allowed gap to record."""
         return not self.empty or bool(self.gaps)
@@ -247,8 +262,7 @@ def read_report(source: KafkaSource, read: KafkaRead) -> dict[str, Any]:
 
 
 def describe_read(source: KafkaSource, read: KafkaRead) -> str:
-    records = sum(max(0, end - start) for start, end in read.ranges.values())
-    return f"{source.name} offsets {read.ranges} (at most {records} record(s))"
+    return f"{source.name} offsets {read.ranges} (at most {read.records} record(s))"
 
 
 # ---------------------------------------------------------------- the broker, through the JVM

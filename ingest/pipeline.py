@@ -218,14 +218,15 @@ def _ingest_topic(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, sou
     run = handle.state.run + 1
     report.run = run
     log.info("store %s: run %d over %s", spec.name, run, describe_read(source, read))
-    parsed = read_records(spark, source, read, future_bound(spec.max_future_ms))
 
     def rejections(parsed: DataFrame, classified: DataFrame, state: StoreState, decided: int, total: int) -> None:
         write_source_rejected(parsed, classified, handle.path, state, source.name, decided=decided, total=total)
 
-    with read_errors(source):
+    with read_errors(source), plans_for_input(spark, read.input_bytes):
+        parsed = read_records(spark, source, read, future_bound(spec.max_future_ms))
         _run_once(spark, handle, spec, run, report, parsed, False, rejections,
-                  lambda state: replace(state, kafka=read.position(position, source.topic, run)))
+                  lambda state: replace(state, kafka=read.position(position, source.topic, run)),
+                  small=small_run(read.input_bytes))
     return report
 
 

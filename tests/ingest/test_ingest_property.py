@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.support.ingest import (
+    StoredVersion,
     expressions,
     model_versions,
     record_line,
@@ -52,7 +53,17 @@ def batch(draw):
     retention = draw(st.sampled_from([0, 5, 20, 1000]))
     kind = draw(st.sampled_from(["versioned", "versioned", "timestamped"]))
     generated_code = draw(st.lists(st.booleans(), min_size=3, max_size=3))  # per run
-    return logs, retention, kind, generated_code
+    # after each run; a merge needs a bucket with files of three runs, so mostly after the last
+    compactions = [draw(st.sampled_from(("none", *COMPACTIONS))) for _ in range(2)]
+    compactions.append(draw(st.sampled_from(("merge", *COMPACTIONS[1:]))))
+    buckets = draw(st.sampled_from([1, 1, 16]))  # one bucket: several runs' files to merge in it
+    return logs, retention, kind, generated_code, compactions, buckets
+
+
+#: What follows a run: nothing; continuous mode's compaction (``maintain.compact_if_due``'s
+#: merge of recent files, or a bucket rewritten whole when they are large); the same forced to
+#: merge wherever a merge is exact; ``versiq maintain`` (every bucket whole).
+COMPACTIONS = ("none", "recent", "merge", "whole")
 
 
 def _chunks(n: int, cuts: list[int]) -> list[tuple[int, int]]:
@@ -66,8 +77,10 @@ def _chunks(n: int, cuts: list[int]) -> list[tuple[int, int]]:
 @given(batch())
 def test_ingest_matches_reference_model(spark, tmp_path_factory, data):
     """Each run evaluates Spark's expressions either interpreted (small runs: every run here) or
-    through generated code (larger runs), at random: both code paths must agree with the model."""
-    logs, retention, kind, generated_code = data
+    through generated code (larger runs), at random: both code paths must agree with the model.
+    A run may be followed by a compaction (``COMPACTIONS``), which must not change what a query
+    can return (rule 22: history that ended at or before the horizon may go)."""
+    logs, retention, kind, generated_code, compactions, buckets = data
     root = tmp_path_factory.mktemp("prop")
     src, wh = str(root / "src"), str(root / "wh")
     os.makedirs(src)
@@ -91,7 +104,7 @@ def test_ingest_matches_reference_model(spark, tmp_path_factory, data):
             run_records += recs
         with expressions(generated=generated_code[r]):
             report = run_ingest(spark, wh, [StoreSpec("p", src, kind=kind, history_retention_ms=retention,
-                                                      partitions=partitions)])
+                                                      partitions=partitions, buckets=buckets)])
         entry = report.stores["p"]
         assert entry.error is None, entry.error
         counts = model.run(run_records)
@@ -104,11 +117,15 @@ def test_ingest_matches_reference_model(spark, tmp_path_factory, data):
             expected["rejected." + reason] += counts.rejected[reason]
         # the report's counts agree with the model run by run
         assert {k: v for k, v in totals.items() if v} == {k: v for k, v in expected.items() if v}
+        _compact(spark, wh, compactions[r], kind, retention)
 
     path = os.path.join(wh, "p")
     keys = {f"e{i}-k{j}" for i in range(partitions) for j in range(3)}
-    if kind == "versioned":
+    if kind == "versioned" and set(compactions) == {"none"}:
         assert store_versions(path) == model_versions(model, keys)
+    elif kind == "versioned":
+        horizons = {p: t - retention for p, t in model.stream_time.items()}
+        assert _answerable(store_versions(path), horizons) == _answerable(model_versions(model, keys), horizons)
     else:
         from tests.support.ingest import timestamped_values
 
@@ -117,3 +134,33 @@ def test_ingest_matches_reference_model(spark, tmp_path_factory, data):
     got = Counter((row["reason"], row["source"], row["line"]) for row in rejected_rows(path))
     want = Counter((reason, rec.source, rec.pos) for reason, rec in model.rejected)
     assert got == want
+
+
+def _answerable(versions: dict[str, list[StoredVersion]], horizons: dict[int, int]) -> dict[str, list[StoredVersion]]:
+    """The versions a query can return: not those that ended at or before their partition's
+    horizon (the keys of changelog ``i``, ``e<i>-k<j>``, live in partition ``i``)."""
+    out = {}
+    for key, vs in versions.items():
+        horizon = horizons.get(int(key[1:].split("-")[0]))
+        kept = [v for v in vs if v.valid_to is None or horizon is None or v.valid_to > horizon]
+        if kept:
+            out[key] = kept
+    return out
+
+
+def _compact(spark, warehouse: str, how: str, kind: str, retention: int) -> None:  # type: ignore[no-untyped-def]
+    """Compact store ``p`` as ``how`` says (``COMPACTIONS``); what a query can return is the same after."""
+    from tests.support.ingest import timestamped_values
+    from versiq.ingest import maintain
+
+    path = os.path.join(warehouse, "p")
+    if how == "none" or not os.path.isdir(os.path.join(path, "_delta_log")):
+        return
+    horizons = {p: t - retention for p, t in stream_times(path).items()}
+    before = store_versions(path) if kind == "versioned" else timestamped_values(path)
+    maintain.maintain_store(warehouse, "p", spark=lambda: spark, recent_only=how != "whole",
+                            rewrite_share=1e9 if how == "merge" else maintain.REWRITE_SHARE)
+    if kind == "versioned":
+        assert _answerable(store_versions(path), horizons) == _answerable(before, horizons)
+    else:
+        assert timestamped_values(path) == before

@@ -216,6 +216,67 @@ def test_maintain_compacts_prunes_expired_history_and_keeps_old_snapshots(spark,
     assert rep.rejected["late"] == 1 and rep.replaced_same_timestamp == 1
 
 
+@pytest.mark.rule(22)
+def test_continuous_compaction_merges_a_buckets_recent_files_and_rewrites_it_whole_later(spark, tmp_path):
+    """Continuous mode's compaction costs what arrived, not the store: the recent files of a
+    bucket are merged (superseded rows dropped) while its oldest file stays as it is; an expired
+    row is kept by a merge, since it hides an older row of the oldest file from the read rule;
+    once the recent files hold a quarter of the oldest file's rows, the bucket is rewritten
+    whole and expired history goes."""
+    from deltalake import DeltaTable
+
+    from versiq.ingest import maintain
+
+    filler = [(f"f{i:03d}", "0", 5) for i in range(80)]
+    runs = [[("a.jsonl", lines([*filler, ("k", "1", 10)]))],
+            [("b.jsonl", lines([("k", "2", 20), ("j", "1", 20)], "b.jsonl"))],
+            [("c.jsonl", lines([("j", "2", 20), ("k", "3", 100)], "c.jsonl"))]]  # horizon 100 - 30
+    path, _ = ingest(spark, tmp_path, "c", runs, history_retention_ms=30, buckets=1)
+    oldest = min(_add_actions(path), key=lambda a: a["max.run"])
+    before = store_versions(path)
+    assert [v.valid_to for v in before["k"]] == [20, 100, None]  # k@10 ended at 20, before the horizon
+    result = maintain.maintain_store(str(tmp_path / "wh"), "c", spark=lambda: spark, recent_only=True)
+    assert (result["buckets_merged"], result["buckets_rewritten"]) == (1, 0)
+    assert (result["rows_before"], result["rows_after"]) == (6, 4)  # j@20, k@20 of run 2 superseded by run 3
+    files = _add_actions(path)
+    assert len(files) == 2 and oldest["path"] in [f["path"] for f in files]
+    assert store_versions(path) == before  # k@10 of run 1 (validTo NULL) stays hidden
+
+    run4 = [("d.jsonl", lines([(f"f{i:03d}", "1", 110) for i in range(30)], "d.jsonl"))]
+    path, _ = ingest(spark, tmp_path, "c", [run4], history_retention_ms=30, buckets=1)
+    before = store_versions(path)
+    result = maintain.maintain_store(str(tmp_path / "wh"), "c", spark=lambda: spark, recent_only=True)
+    assert (result["buckets_merged"], result["buckets_rewritten"]) == (0, 1)
+    assert len(DeltaTable(path).file_uris()) == 1
+    assert store_versions(path) == {k: [v for v in vs if v.valid_to is None or v.valid_to > 110 - 30]
+                                    for k, vs in before.items()}
+    assert [v.timestamp for v in store_versions(path)["k"]] == [20, 100]
+
+
+def _add_actions(path: str) -> list[dict]:
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    return pa.table(DeltaTable(path).get_add_actions(flatten=True)).to_pylist()
+
+
+def test_a_bucket_whose_runs_interleave_or_lack_statistics_is_rewritten_whole() -> None:
+    """A merge of a bucket's recent files is exact only when all their runs follow its oldest
+    file's (``maintain.recent_files``); otherwise, or without statistics, the bucket is
+    rewritten whole, as it is when the recent files are a quarter of the oldest or more."""
+    from versiq.ingest.maintain import recent_files
+
+    def file(rows: int, low: int | None, high: int | None) -> dict:
+        return {"num_records": rows, "min.run": low, "max.run": high}
+
+    oldest, a, b = file(100, 1, 5), file(10, 6, 6), file(5, 7, 7)
+    assert recent_files([a, oldest, b], 0.25) == (5, [a, b])
+    assert recent_files([oldest, a, b], 0.15) is None  # 15 rows >= 0.15 x 100
+    assert recent_files([oldest, file(10, 5, 6), b], 0.25) is None  # run 5 in both
+    assert recent_files([file(100, None, None), a, b], 0.25) is None
+    assert recent_files([oldest, file(10, None, None)], 0.25) is None
+
+
 def test_every_commit_after_maintain_carries_the_store_state(spark, tmp_path, monkeypatch):
     """Vacuum writes commits of its own (VACUUM START/END): they carry the state too, so the
     newest commit of a store always has it, whatever log cleanup removed before."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import random
 import re
@@ -28,12 +29,13 @@ from hypothesis import strategies as st
 from tests.ingest.test_ingest_cli import VERSIQ
 from tests.ingest.test_ingest_cli import env as _env
 from tests.support.e2e import model_key_json, serve_engine
-from tests.support.ingest import model_versions, rejected_rows, store_versions, stream_times
+from tests.support.ingest import expressions, model_versions, rejected_rows, store_versions, stream_times
 from tests.support.processes import run_then_kill
 from tests.support.reference import InRecord, ReferenceStore
-from versiq.ingest.kafka import KafkaSource
+from versiq.ingest.kafka import RECORD_BYTES_ESTIMATE, KafkaSource
 from versiq.ingest.pipeline import StoreSpec, run_ingest
 from versiq.ingest.records.kafka_rows import KafkaFormat
+from versiq.ingest.spark import INTERPRETED_RUN_BYTES_ENV
 from versiq.layout import read_state
 
 H = 50  # history retention (ms) of the model tests: some records are late
@@ -202,7 +204,9 @@ def test_random_changelogs_split_into_random_runs_agree_with_the_model(spark, ka
         kafka_broker.produce(topic, [{"key": k, "value": None if v is None else str(v),
                                       "partition": _partition(k, partitions), "timestamp_ms": ts}
                                      for k, v, ts in chunk])
-        report = run_ingest(spark, wh, [spec]).stores["p"]
+        # a run of a few records plans as a small run; as a large one it must write the same store
+        with expressions(generated=data.draw(st.booleans(), label="generated code")):
+            report = run_ingest(spark, wh, [spec]).stores["p"]
         assert report.error is None, report.error
         for name, value in (("read", report.read), ("latest", report.accepted_latest),
                             ("out_of_order", report.accepted_out_of_order), ("tombstones", report.tombstones),
@@ -216,6 +220,30 @@ def test_random_changelogs_split_into_random_runs_agree_with_the_model(spark, ka
     path = os.path.join(wh, "p")
     assert store_versions(path) == model_versions(model, {k for k, _v, _t in records})
     assert stream_times(path) == model.stream_time
+
+
+def test_a_run_of_few_records_plans_as_a_small_run(spark, kafka_broker, tmp_path, caplog, monkeypatch):
+    """Offsets count records, not bytes: a run's size is its records times
+    ``RECORD_BYTES_ESTIMATE``, so a micro-batch of a few thousand records plans as a small run
+    (``ingest.spark.plans_for_input``: measured, continuous mode's runs of 3-5k records took
+    3.0-3.5 s instead of 4.8-5 s), and one beyond the limit as a large run."""
+    monkeypatch.delenv(INTERPRETED_RUN_BYTES_ENV, raising=False)
+    topic = new_topic(kafka_broker, "small", 1)
+    wh = str(tmp_path / "wh")
+    spec = _spec("s", kafka_broker, topic)
+    kafka_broker.produce(topic, [{"key": f"k{i}", "value": str(i), "timestamp_ms": 1000 + i} for i in range(10)])
+    with caplog.at_level(logging.DEBUG, logger="versiq.ingest"):
+        assert run_ingest(spark, wh, [spec]).stores["s"].error is None
+    assert f"{10 * RECORD_BYTES_ESTIMATE} bytes of new input: a small run" in caplog.text
+    assert spark.conf.get("spark.sql.adaptive.enabled") == "true"  # the session's own, after the run
+    caplog.clear()
+    monkeypatch.setenv(INTERPRETED_RUN_BYTES_ENV, str(5 * RECORD_BYTES_ESTIMATE))  # 10 records are beyond it
+    kafka_broker.produce(topic, [{"key": f"k{i}", "value": "70", "timestamp_ms": 2000 + i} for i in range(10)])
+    with caplog.at_level(logging.DEBUG, logger="versiq.ingest"):
+        report = run_ingest(spark, wh, [spec]).stores["s"]
+    assert report.error is None and report.read == 10 and report.accepted_latest == 10
+    assert "a small run" not in caplog.text
+    assert [v.value for v in store_versions(os.path.join(wh, "s"))["k3"]] == ["3", "70"]
 
 
 def _compacted(broker: Any, topic: str, produced: int, timeout: float = 90) -> list[dict[str, Any]]:
