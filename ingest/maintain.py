@@ -24,8 +24,8 @@
   an older row of the oldest file from the read rule. The commit replaces exactly those rows
   (``replaceWhere "bucket = b AND run > r"``, which Delta carries out as a delete of the
   matching rows: the oldest file, none of whose rows match, is not rewritten; measured, the
-  commit's ``numCopiedRows`` is 0). A merge
-  still grows with the recent rows of its bucket, up to a quarter of the oldest file; a
+  commit's ``numCopiedRows`` is 0). One commit may merge some buckets and rewrite others whole.
+  A merge still grows with the recent rows of its bucket, up to a quarter of the oldest file; a
   compaction in tiers would bound it further, at the price of more files between compactions.
 - **Checkpoints** are Delta's: the connector writes one every 50 commits
   (``layout.TABLE_PROPERTIES``), so readers load the log quickly without a separate step.
