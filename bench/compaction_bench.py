@@ -43,7 +43,7 @@ from versiq import storage  # noqa: E402
 from versiq.ingest import maintain  # noqa: E402
 from versiq.ingest.pipeline import StoreSpec, run_ingest  # noqa: E402
 from versiq.ingest.spark import get_spark  # noqa: E402
-from versiq.layout import read_state  # noqa: E402
+from versiq.layout import answerable_sql, read_rule_sql, read_state  # noqa: E402
 
 POLICIES = {"merge_recent": True, "whole_buckets": False}
 
@@ -68,13 +68,11 @@ def _answers(path: str) -> tuple[int, int]:
     ended at or before its partition's horizon (a whole rewrite drops it, a merge keeps it)."""
     table = storage.delta_table(path)
     state = read_state(path, table.version())
-    horizon = " ".join(f"WHEN {p} THEN {t - gen.GRACE_MS}" for p, t in sorted(state.stream_time.items()))
     con = storage.duckdb_connect(path)
     try:
         row = con.sql("SELECT count(*), sum(hash(key, valid_from, valid_to, value)) FROM (SELECT * FROM "
-                      "read_parquet($files, hive_partitioning = false) QUALIFY row_number() OVER "
-                      "(PARTITION BY key, valid_from ORDER BY run DESC) = 1) WHERE valid_to IS NULL "
-                      f'OR valid_to > CASE "partition" {horizon} END',
+                      f"read_parquet($files, hive_partitioning = false) {read_rule_sql('versioned')}) "
+                      f"WHERE {answerable_sql(state.stream_time, gen.GRACE_MS)}",
                       params={"files": table.file_uris()}).fetchall()[0]
         return int(row[0]), int(row[1])
     finally:

@@ -75,6 +75,7 @@ from versiq.layout import (
     STORE_SORT,
     STREAM_KIND,
     StoreSettings,
+    answerable_sql,
     has_table,
     read_rule_sql,
 )
@@ -230,11 +231,7 @@ def plan_compaction(handle: StoreHandle, recent_only: bool = False,
         by_bucket.setdefault(int(action["partition.bucket"]), []).append(action)
     if recent_only:
         by_bucket = {b: files for b, files in by_bucket.items() if len(files) > 1}
-    horizon_sql = "NULL"
-    if settings.kind == "versioned" and state.stream_time:
-        cases = " ".join(f"WHEN {p} THEN {t - settings.history_retention_ms}"
-                         for p, t in sorted(state.stream_time.items()))
-        horizon_sql = f"CASE \"partition\" {cases} END"
+    answerable = answerable_sql(state.stream_time, settings.history_retention_ms)
     columns = ", ".join(f'"{f.name}"' for f in STORE_SCHEMA if f.name != "bucket")
     con = storage.duckdb_connect(path)
     try:
@@ -249,8 +246,7 @@ def plan_compaction(handle: StoreHandle, recent_only: bool = False,
             sql = (f"SELECT {columns} FROM read_parquet($files, hive_partitioning = false) "
                    + read_rule_sql(settings.kind))
             if settings.kind == "versioned" and merge is None:
-                sql = (f"SELECT * FROM ({sql}) WHERE valid_to IS NULL OR {horizon_sql} IS NULL "
-                       f"OR valid_to > {horizon_sql}")
+                sql = f"SELECT * FROM ({sql}) WHERE {answerable}"
             resolved = con.sql(f"SELECT {bucket}::INTEGER AS bucket, * FROM ({sql}) ORDER BY key, valid_from",
                                params={"files": full}).to_arrow_table()
             if len(files) == 1 and resolved.num_rows == count:

@@ -32,7 +32,7 @@ from versiq.ingest.rejections import write_rejected, write_source_rejected
 from versiq.ingest.reports import RunReport, StoreReport
 from versiq.ingest.semantics import RunContext, classify, rows_to_write
 from versiq.ingest.sources import SourceError, check_readable, list_sources, log_ignored, source_error_in
-from versiq.ingest.spark import plans_for_input, small_run
+from versiq.ingest.spark import plans_for_input
 from versiq.ingest.sqltext import crc32_mod_sql, file_of_sql
 from versiq.ingest.store import (
     StoreHandle,
@@ -190,11 +190,11 @@ def ingest_store(spark: SparkSession, warehouse: str, spec: StoreSpec, lock_time
         def rejections(parsed: DataFrame, classified: DataFrame, state: StoreState, decided: int, total: int) -> None:
             write_rejected(parsed, classified, handle.path, state, new, spec.format, decided=decided, total=total)
 
-        with plans_for_input(spark, input_bytes):
+        with plans_for_input(spark, input_bytes) as small:
             parsed = parse_files(spark, new, spec.format, handle.settings.partitions,
                                  future_bound(spec.max_future_ms))
             _run_once(spark, handle, spec, run, report, parsed, per_file, rejections,
-                      lambda state: replace(state, done_files=sorted(done | set(new))), small=small_run(input_bytes))
+                      lambda state: replace(state, done_files=sorted(done | set(new))), small=small)
         return report
 
 
@@ -222,11 +222,10 @@ def _ingest_topic(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, sou
     def rejections(parsed: DataFrame, classified: DataFrame, state: StoreState, decided: int, total: int) -> None:
         write_source_rejected(parsed, classified, handle.path, state, source.name, decided=decided, total=total)
 
-    with read_errors(source), plans_for_input(spark, read.input_bytes):
+    with read_errors(source), plans_for_input(spark, read.input_bytes) as small:
         parsed = read_records(spark, source, read, future_bound(spec.max_future_ms))
         _run_once(spark, handle, spec, run, report, parsed, False, rejections,
-                  lambda state: replace(state, kafka=read.position(position, source.topic, run)),
-                  small=small_run(read.input_bytes))
+                  lambda state: replace(state, kafka=read.position(position, source.topic, run)), small=small)
     return report
 
 

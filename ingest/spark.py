@@ -247,8 +247,9 @@ SHORT_LIVED_JIT_OPTION = "-XX:TieredStopAtLevel=1"
 #:   unchanged, docs/benchmarks.md "Small runs plan for little data"); without it the shuffle
 #:   partitions are not coalesced, hence fewer of them.
 #:
-#: Larger runs and Kafka and S3 sources (their size is not known up front) keep code generation
-#: and adaptive execution. ``VERSIQ_INTERPRETED_RUN_BYTES`` overrides it (0: never).
+#: Larger runs and S3 sources (their size is not known up front) keep code generation and
+#: adaptive execution; a Kafka run's size is estimated from its records
+#: (``kafka.RECORD_BYTES_ESTIMATE``). ``VERSIQ_INTERPRETED_RUN_BYTES`` overrides it (0: never).
 INTERPRETED_RUN_BYTES = 4 << 20
 INTERPRETED_RUN_BYTES_ENV = "VERSIQ_INTERPRETED_RUN_BYTES"
 _SMALL_RUN = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN",
@@ -270,11 +271,12 @@ def small_run(input_bytes: int | None) -> bool:
 
 
 @contextlib.contextmanager
-def plans_for_input(spark: SparkSession, input_bytes: int | None) -> Iterator[None]:
+def plans_for_input(spark: SparkSession, input_bytes: int | None) -> Iterator[bool]:
     """The run inside plans for little data (``INTERPRETED_RUN_BYTES``, ``small_run_settings``)
-    when its new input is small; the session's settings are restored after."""
+    when its new input is small; the session's settings are restored after. Yields whether it
+    is a small run (``small_run``), which the run needs to know too (``pipeline._run_once``)."""
     if not small_run(input_bytes):
-        yield
+        yield False
         return
     conf = spark.conf
     settings = small_run_settings(spark)
@@ -284,7 +286,7 @@ def plans_for_input(spark: SparkSession, input_bytes: int | None) -> Iterator[No
     for key, value in settings.items():
         conf.set(key, value)
     try:
-        yield
+        yield True
     finally:
         for key, old in previous.items():
             if old is None:

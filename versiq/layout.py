@@ -420,6 +420,21 @@ def horizon(stream_time: int | None, history_retention_ms: int) -> int | None:
     return stream_time - history_retention_ms
 
 
+def horizon_sql(stream_time: dict[int, int], history_retention_ms: int) -> str:
+    """``horizon`` of each row's partition as a DuckDB expression over ``"partition"``: NULL for
+    a partition that has seen no record (and for a store that has seen none)."""
+    cases = " ".join(f"WHEN {p} THEN {t - history_retention_ms}" for p, t in sorted(stream_time.items()))
+    return f'CASE "partition" {cases} END' if cases else "NULL"
+
+
+def answerable_sql(stream_time: dict[int, int], history_retention_ms: int) -> str:
+    """The rows of a versioned store a query can still return, as a DuckDB condition: not
+    history that ended at or before its partition's horizon (docs/semantics.md, retention
+    edges; ``versiq maintain`` drops it)."""
+    bound = horizon_sql(stream_time, history_retention_ms)
+    return f"valid_to IS NULL OR {bound} IS NULL OR valid_to > {bound}"
+
+
 def table_path(warehouse: str, name: str) -> str:
     """Where table ``name`` of ``warehouse`` lives: a direct child of the warehouse (a local
     directory or an S3 prefix, ``versiq.storage``)."""

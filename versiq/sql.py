@@ -46,9 +46,7 @@ def _store_view(kind: str, history_retention_ms: int, state: layout.StoreState, 
     columns = 'key, valid_from, valid_to, value, tombstone, "partition", run'
     visible = "TRUE"
     if kind == "versioned" and state.stream_time:
-        cases = " ".join(f"WHEN {p} THEN {t - history_retention_ms}" for p, t in sorted(state.stream_time.items()))
-        horizon = f'CASE "partition" {cases} END'
-        visible = f"valid_to IS NULL OR {horizon} IS NULL OR valid_to > {horizon}"
+        visible = layout.answerable_sql(state.stream_time, history_retention_ms)
     return (f"SELECT key, value, valid_from, valid_to, tombstone AS deleted FROM "
             f"(SELECT {columns} FROM {raw} {layout.read_rule_sql(kind)}) WHERE {visible}")
 

@@ -259,10 +259,7 @@ def _bootstrap_records(info: SourceInfo, run: int) -> list[SourceRecord]:
     state = read_state(info.path, snapshot)
     observable = "NOT tombstone"
     if settings.kind == "versioned":
-        cases = " ".join(f"WHEN {p} THEN {t - settings.history_retention_ms}"
-                         for p, t in sorted(state.stream_time.items()))
-        horizon = f"CASE \"partition\" {cases} END" if cases else "NULL"
-        observable = f"valid_to IS NULL OR {horizon} IS NULL OR valid_to > {horizon}"
+        observable = layout.answerable_sql(state.stream_time, settings.history_retention_ms)
     con = storage.duckdb_connect(info.path)
     try:
         rows = con.sql(

@@ -19,7 +19,7 @@ import duckdb
 import pyarrow as pa
 
 from versiq import storage
-from versiq.layout import STORE_SCHEMA, StoreState, bucket_of, read_rule_sql, read_state
+from versiq.layout import STORE_SCHEMA, StoreState, bucket_of, horizon_sql, read_rule_sql, read_state
 
 #: One version: (timestamp, value JSON text or None for a tombstone).
 Version = tuple[int, str | None]
@@ -76,8 +76,8 @@ class SnapshotReader:
         batch never needs it, and a key's load stays bounded by the retention, not its age."""
         if self.kind != "versioned" or not self.state.stream_time or self.retention_ms is None:
             return ""
-        cases = " ".join(f"WHEN {p} THEN {t - self.retention_ms}" for p, t in sorted(self.state.stream_time.items()))
-        return f" AND (valid_to IS NULL OR valid_to > COALESCE(CASE \"partition\" {cases} END, valid_to - 1))"
+        bound = horizon_sql(self.state.stream_time, self.retention_ms)
+        return f" AND (valid_to IS NULL OR valid_to > COALESCE({bound}, valid_to - 1))"
 
     def load(self, keys: Iterable[str] | None) -> dict[str, tuple[list[Version], int]]:
         """key -> (versions ascending, partition) for ``keys`` (every key when None)."""
