@@ -153,6 +153,14 @@ def test_an_s3_warehouse_equals_a_local_one_across_runs_maintain_and_http(spark,
         assert "rows.arrow" in cached and not remote_engine.catalog.cache_dir.startswith("s3://")
         in_bucket_files = storage.list_files(remote) or {}
         assert in_bucket_files and not [key for key in in_bucket_files if key.endswith(".arrow")]
+        # continuous mode's compaction on the bucket: each bucket's recent files merged into one
+        # (a replaceWhere on the data columns bucket and run), answering the same
+        merged = maintain_store(remote, "s", 60, lambda: spark, recent_only=True, rewrite_share=1e9)
+        maintain_store(local, "s", 60, lambda: spark, recent_only=True, rewrite_share=1e9)
+        assert merged["buckets_merged"] > 0 and merged["buckets_rewritten"] == 0, merged
+        remote_engine.refresh()
+        _e1.refresh()
+        assert _answers(remote_url) == _answers(local_url)
         # maintain on the bucket: compaction and vacuum answer the same, from a new snapshot
         result = maintain_store(remote, "s", 60, lambda: spark)
         maintain_store(local, "s", 60, lambda: spark)
