@@ -38,6 +38,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import gen_changelog as gen  # noqa: E402
+from machine import write_result  # noqa: E402
 
 #: The settings (environment of the ``versiq ingest`` process): the one-shot default (C1, and
 #: interpreted expressions for a small run), C1 with generated code (``VERSIQ_INTERPRETED_RUN_BYTES``
@@ -145,10 +146,7 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(result, indent=2))
-    os.makedirs(args.results, exist_ok=True)
-    with open(os.path.join(args.results, f"cli-{datetime.now(UTC).date()}.json"), "w") as handle:
-        json.dump(result, handle, indent=2)
-        handle.write("\n")
+    write_result(args.results, "cli", result, datetime.now(UTC))
 
 
 if __name__ == "__main__":

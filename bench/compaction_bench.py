@@ -23,7 +23,6 @@ the machine's load average is recorded before and after each compaction.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import shutil
@@ -37,7 +36,8 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 import gen_changelog as gen  # noqa: E402
-from ingest_bench import VERSIONS, ensure_changelog, link_source, loadavg, uptime  # noqa: E402
+from ingest_bench import VERSIONS, ensure_changelog, link_source  # noqa: E402
+from machine import loadavg, uptime, write_result  # noqa: E402
 
 from versiq import storage  # noqa: E402
 from versiq.ingest import maintain  # noqa: E402
@@ -158,13 +158,7 @@ def main() -> None:
     for policy, s in summary.items():
         print(f"  {policy:14s} {s['median_s']:6.2f} s   next run {s['next_run_median_s']:.2f} s")
     print(f"  ratio merge / whole: {ratio:.2f}x   load {loads[0]} -> {loads[-1]}")
-    os.makedirs(args.results, exist_ok=True)
-    path = os.path.join(args.results, f"compaction-{out['date']}.json")
-    if os.path.exists(path):
-        path = path[:-5] + "-" + started.strftime("%H%M") + ".json"
-    with open(path, "w") as fh:
-        json.dump(out, fh, indent=2)
-    print(f"wrote {path}")
+    write_result(args.results, "compaction", out, started)
 
 
 if __name__ == "__main__":

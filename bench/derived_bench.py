@@ -65,6 +65,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import gen_changelog as gen  # noqa: E402
+from machine import loadavg, uptime, write_result  # noqa: E402
 
 from versiq.ingest.config import Pipeline  # noqa: E402
 from versiq.ingest.derived.spec import parse_tables  # noqa: E402
@@ -304,8 +305,6 @@ def take_phases(total: float) -> dict[str, Any]:
     return out
 
 
-def loadavg() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 def git_state() -> dict[str, Any]:
@@ -318,8 +317,6 @@ def git_state() -> dict[str, Any]:
     return {"commit": git("rev-parse", "HEAD"), "modified": git("status", "--porcelain", "--", "ingest").splitlines()}
 
 
-def uptime() -> str:
-    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
 # -- phases --------------------------------------------------------------------------------
@@ -474,14 +471,7 @@ def main() -> None:
               f"{i['incremental_over_build']:9.3f}")
     print(result["machine"]["uptime_start"])
     print(result["machine"]["uptime_end"])
-    os.makedirs(args.results, exist_ok=True)
-    suffix = "" if records == 1_000_000 else f"-{records}"
-    path = os.path.join(args.results, f"derived-{result['date']}{suffix}.json")
-    if os.path.exists(path):
-        path = path[:-5] + "-" + started.strftime("%H%M") + ".json"
-    with open(path, "w") as fh:
-        json.dump(result, fh, indent=2)
-    print(f"wrote {path}")
+    write_result(args.results, "derived", result, started, "" if records == 1_000_000 else str(records))
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ from datetime import UTC, datetime
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+from machine import write_result  # noqa: E402
 from query_bench import Server  # noqa: E402
 
 
@@ -187,11 +188,7 @@ def main() -> None:
                 result[f"p50_ratio_{mode}_vs_{baseline}"] = round(
                     figures[mode]["p50_s"] / figures[baseline]["p50_s"], 2)
     print(json.dumps(result, indent=2))
-    os.makedirs(args.results, exist_ok=True)
-    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H%M")
-    with open(os.path.join(args.results, f"freshness-{stamp}.json"), "w") as handle:
-        json.dump(result, handle, indent=2)
-        handle.write("\n")
+    write_result(args.results, "freshness", result, datetime.now(UTC))
 
 
 if __name__ == "__main__":

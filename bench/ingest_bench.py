@@ -28,7 +28,6 @@ import os
 import pstats
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from datetime import UTC, datetime
@@ -37,6 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import gen_changelog as gen  # noqa: E402
+from machine import loadavg, uptime, write_result  # noqa: E402
 
 from versiq.ingest.pipeline import StoreSpec, run_ingest  # noqa: E402
 from versiq.ingest.spark import get_spark  # noqa: E402
@@ -85,14 +85,6 @@ def take_phases(total: float) -> dict[str, float]:
     out["other (plan building, listing, state)"] = round(total - sum(PHASES.values()), 2)
     PHASES.clear()
     return out
-
-
-def uptime() -> str:
-    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-
-
-def loadavg() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 def ensure_changelog(work: str, keys: int) -> str:
@@ -300,14 +292,8 @@ def main() -> None:
         print(f"{'incremental ratio (big / small)':48s} {result['incremental_ratio']:>26}x")
     print(result["machine"]["uptime_start"])
     print(result["machine"]["uptime_end"])
-    os.makedirs(args.results, exist_ok=True)
-    suffix = f"-{args.label}" if args.label else ("-big" if (args.big or args.only_big) else "")
-    path = os.path.join(args.results, f"ingest-{result['date']}{suffix}.json")
-    if os.path.exists(path):
-        path = path[:-5] + "-" + started.strftime("%H%M") + ".json"
-    with open(path, "w") as fh:
-        json.dump(result, fh, indent=2)
-    print(f"wrote {path}")
+    write_result(args.results, "ingest", result, started,
+                 args.label or ("big" if (args.big or args.only_big) else ""))
 
 
 if __name__ == "__main__":

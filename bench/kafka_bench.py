@@ -23,7 +23,6 @@ table and writes ``bench/results/kafka-<date>.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -43,7 +42,8 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 
 import gen_changelog as gen  # noqa: E402
-from ingest_bench import ensure_changelog, link_source, loadavg, uptime  # noqa: E402
+from ingest_bench import ensure_changelog, link_source  # noqa: E402
+from machine import loadavg, uptime, write_result  # noqa: E402
 
 from tests.support.kafka_broker import KafkaBroker  # noqa: E402
 from versiq.ingest.kafka import KafkaSource  # noqa: E402
@@ -225,10 +225,7 @@ def main() -> None:
     finally:
         broker.close()
     result["machine"]["uptime_end"] = uptime()
-    out = os.path.join(HERE, "results", f"kafka-{datetime.now(UTC).date()}.json")
-    with open(out, "w") as fh:
-        json.dump(result, fh, indent=2)
-    print(f"wrote {out}")
+    write_result(os.path.join(HERE, "results"), "kafka", result, datetime.now(UTC))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
 import random
 import sys
@@ -35,7 +34,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 
 import gen_changelog as gen  # noqa: E402
-from ingest_bench import uptime  # noqa: E402
+from machine import uptime, write_result  # noqa: E402
 from query_bench import STORE, Server, Workload, ensure_store, pct, sequential  # noqa: E402
 
 ARROW = "application/vnd.apache.arrow.stream"
@@ -160,11 +159,7 @@ def main() -> None:
         print(f"{name}: {feed['changes']:,} changes in {feed['seconds']} s = {feed['changes_per_s']:,}/s")
     print(result["machine"]["uptime_start"])
     print(result["machine"]["uptime_end"])
-    os.makedirs(args.results, exist_ok=True)
-    path = os.path.join(args.results, f"many-keys-{result['date']}.json")
-    with open(path, "w") as fh:
-        json.dump(result, fh, indent=2)
-    print(f"wrote {path}")
+    write_result(args.results, "many-keys", result, started)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import gen_changelog as gen  # noqa: E402
+from machine import uptime, write_result  # noqa: E402
 
 VERSIONS = 10
 HOT_KEYS = 100
@@ -52,8 +53,6 @@ STORE = "bench"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def uptime() -> str:
-    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
 def pct(samples_ns: list[int] | np.ndarray) -> dict[str, float]:
@@ -418,13 +417,7 @@ def main() -> None:
                   f"{load['server_cpu_share']} cores]")
     print(result["machine"]["uptime_start"])
     print(result["machine"]["uptime_end"])
-    os.makedirs(args.results, exist_ok=True)
-    path = os.path.join(args.results, f"query-{result['date']}-{args.keys}keys.json")
-    if os.path.exists(path):
-        path = path[:-5] + "-" + started.strftime("%H%M") + ".json"
-    with open(path, "w") as fh:
-        json.dump(result, fh, indent=2)
-    print(f"wrote {path}")
+    write_result(args.results, "query", result, started, f"{args.keys}keys")
 
 
 if __name__ == "__main__":

@@ -58,7 +58,8 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 
 import gen_changelog as gen  # noqa: E402
-from ingest_bench import ensure_changelog, loadavg, uptime  # noqa: E402
+from ingest_bench import ensure_changelog  # noqa: E402
+from machine import loadavg, uptime, write_result  # noqa: E402
 from query_bench import STORE, VERSIONS, Server, Workload, proc_tree_rss_mb, sequential  # noqa: E402
 
 from tests.support.s3_server import S3Server  # noqa: E402
@@ -366,13 +367,7 @@ def main() -> None:
     result["machine"]["uptime_end"] = uptime()
 
     print_table(result)
-    os.makedirs(args.results, exist_ok=True)
-    path = os.path.join(args.results, f"s3-{result['date']}.json")
-    if os.path.exists(path):
-        path = path[:-5] + "-" + started.strftime("%H%M") + ".json"
-    with open(path, "w") as fh:
-        json.dump(result, fh, indent=2)
-    print(f"wrote {path}")
+    write_result(args.results, "s3", result, started)
 
 
 def _f(x: float | None, width: int, prec: int = 1) -> str:

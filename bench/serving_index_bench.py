@@ -33,6 +33,8 @@ from datetime import UTC, datetime
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from machine import write_result  # noqa: E402  (bench/, the script's folder, is on sys.path)
+
 READS = 20_000
 
 
@@ -123,10 +125,7 @@ def main() -> None:
               "loadavg_start": load_start, "loadavg_end": os.getloadavg(), "index_on_disk_mb": on_disk >> 20,
               "cold": cold, "warm": warm, "two_warm_processes": pair}
     print(json.dumps(result, indent=2))
-    out = os.path.join(ROOT, "bench", "results", f"serving-index-{datetime.now(UTC).date()}.json")
-    with open(out, "w") as handle:
-        json.dump(result, handle, indent=2)
-        handle.write("\n")
+    write_result(os.path.join(ROOT, "bench", "results"), "serving-index", result, datetime.now(UTC))
 
 
 if __name__ == "__main__":

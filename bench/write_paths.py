@@ -20,6 +20,8 @@ import subprocess
 import sys
 from datetime import UTC, datetime
 
+from machine import write_result  # bench/, the script's folder, is on sys.path
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
@@ -77,10 +79,7 @@ def main() -> None:
     for m in loads:
         print("  ", m["uptime_start"], "|", m["uptime_end"])
     summary = {"started": started, "old_commit": args.old, "best": best, "runs": runs}
-    out = os.path.join(HERE, "results", f"write-paths-{started[:16].replace(':', '')}.json")
-    with open(out, "w") as fh:
-        json.dump(summary, fh, indent=2)
-    print(f"wrote {out}")
+    write_result(os.path.join(HERE, "results"), "write-paths", summary, datetime.fromisoformat(started))
 
 
 if __name__ == "__main__":
