@@ -149,8 +149,14 @@ def ingest_command(args: argparse.Namespace, parser: argparse.ArgumentParser | N
             return _one_run(on_demand.as_session(), args, pipeline, lock_timeout)
         finally:
             on_demand.stop()  # the demo serves in the same process afterwards: free the JVM
+    from versiq.ingest.pipeline import check_stores
     from versiq.ingest.spark import get_spark
 
+    try:  # a store that refuses its settings is refused before the JVM starts, as in a single run
+        check_stores(args.warehouse, pipeline.stores)
+    except UsageError as exc:
+        print(f"versiq ingest: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     spark = get_spark(args.master)  # continuous mode: one session for its whole life
     from versiq.ingest.continuous import run_continuous
     from versiq.ingest.delta import StateAhead, run_txn_needed

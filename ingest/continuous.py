@@ -205,6 +205,22 @@ def _watch(query: Any, state: dict[str, Any], watch_s: float, interval_s: float,
     return None
 
 
+def quiet_batch_failures() -> None:
+    """A micro-batch that fails raises out of ``foreachBatch``, which stops the query so that the
+    batch is replayed; versiq says why in one line (the run's report, or the log of an unexpected
+    error with its traceback). py4j (which logs every exception a Python callback raises, with its
+    traceback) and Spark's ``MicroBatchExecution`` (which logs the query's end with the Java and
+    Python stack traces, ~150 lines; silenced in ``log4j2.properties``) would say it again, in text
+    that also breaks a ``--log-format json`` stream."""
+    logging.getLogger("py4j.clientserver").setLevel(logging.CRITICAL)
+
+
+def _first_line(error: Any) -> str:
+    """The first line of a query's exception (Spark's own text has the stack traces after it)."""
+    text = str(getattr(error, "desc", None) or error or "no error")
+    return text.strip().splitlines()[0] if text.strip() else "no error"
+
+
 def checkpoint_dir(warehouse: str, sources: list[str]) -> str:
     """The streaming query's checkpoint: one per set of watched sources (paths, or
     ``kafka://bootstrap/topic``), inside the warehouse's private ``_versiq`` directory (never
@@ -234,7 +250,10 @@ def run_continuous(spark: Any, warehouse: str, pipeline: Any, interval_s: float,
     # next_run: the earliest start of the next run (``--trigger-interval`` after the start of the
     # last one that committed something)
     # pause: the query is being replaced by one with another watch interval (batches refuse)
-    state: dict[str, Any] = {"stop": False, "pause": False, "status": EXIT_OK, "fatal": None, "next_run": 0.0}
+    # failure: why the last micro-batch failed, in versiq's words
+    state: dict[str, Any] = {"stop": False, "pause": False, "status": EXIT_OK, "fatal": None, "next_run": 0.0,
+                             "failure": None}
+    quiet_batch_failures()
     adaptive = watch_adapts(specs, interval_s, watch_s)
     watch_s = watch_interval(specs, interval_s, watch_s)
     log.info("watching %d source(s) every %.1fs; a run at most every %.1fs", len(specs), watch_s, interval_s)
@@ -246,24 +265,37 @@ def run_continuous(spark: Any, warehouse: str, pipeline: Any, interval_s: float,
 
     def on_batch(batch: Any, batch_id: int) -> None:
         with busy:
-            if not _wait_until(state["next_run"], refusing):
-                raise RunFailed("stopping or restarting: the batch is left for the next start")
-            started = time.monotonic()
-            state["status"] = EXIT_FAILED  # until the run and its report are through
-            with active_on_this_thread(spark):  # not the query's clone of it (its settings then)
-                try:
-                    report = one_run()
-                except (UsageError, LockTimeout) as exc:
-                    state["fatal"] = exc
-                    state["stop"] = True
-                    raise
-                if report.committed:
-                    state["next_run"] = started + interval_s
-                after_run(report)
-            state["status"] = EXIT_FAILED if report.failed else EXIT_OK
-            if report.failed:
-                raise RunFailed("a store, stream or table failed; the micro-batch will be retried")
-            log.info("micro-batch %d done", batch_id)
+            state["failure"] = None
+            try:
+                _on_batch(batch_id)
+            except RunFailed as exc:
+                state["failure"] = str(exc)
+                raise
+            except (UsageError, LockTimeout) as exc:
+                state["failure"] = str(exc)
+                state["fatal"] = exc
+                state["stop"] = True
+                raise
+            except Exception as exc:
+                # py4j's and Spark's own reports of it are silenced (``quiet_batch_failures``)
+                log.exception("micro-batch %d failed", batch_id)
+                state["failure"] = f"{type(exc).__name__}: {exc}"
+                raise
+
+    def _on_batch(batch_id: int) -> None:
+        if not _wait_until(state["next_run"], refusing):
+            raise RunFailed("stopping or restarting: the batch is left for the next start")
+        started = time.monotonic()
+        state["status"] = EXIT_FAILED  # until the run and its report are through
+        with active_on_this_thread(spark):  # not the query's clone of it (its settings then)
+            report = one_run()
+            if report.committed:
+                state["next_run"] = started + interval_s
+            after_run(report)
+        state["status"] = EXIT_FAILED if report.failed else EXIT_OK
+        if report.failed:
+            raise RunFailed("a store, stream or table failed; the micro-batch will be retried")
+        log.info("micro-batch %d done", batch_id)
 
     def _stop(signum: int, _frame: Any) -> None:
         log.info("signal %d: stopping after the current micro-batch", signum)
@@ -299,7 +331,7 @@ def run_continuous(spark: Any, warehouse: str, pipeline: Any, interval_s: float,
             if state["status"] == EXIT_OK:
                 continue  # no failed run to retry after a pause: the new query starts at once
         if not state["stop"]:
-            error = query.exception()
-            log.warning("the file-stream query stopped (%s); restarting in %.1fs", error, interval_s)
+            why = state["failure"] or _first_line(query.exception())
+            log.warning("the file-stream query stopped (%s); restarting in %.1fs", why, interval_s)
             _wait_until(time.monotonic() + interval_s, lambda: bool(state["stop"]))
     return int(state["status"])

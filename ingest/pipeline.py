@@ -164,16 +164,31 @@ def ingest_each(specs: list[Any], ingest_one: Any, failed: Any, what: str) -> di
     return reports
 
 
+def open_for(warehouse: str, spec: StoreSpec) -> StoreHandle:
+    """The store of ``spec`` as its newest snapshot has it (or as it would be created); a
+    ``UsageError`` when the store refuses the spec: a setting it was created with given
+    otherwise, or a file source for a store that reads a Kafka topic. No Spark: continuous mode
+    calls it for every store before its SparkSession starts (``check_stores``)."""
+    settings, explicit = spec.settings()
+    handle = open_store(layout.table_path(warehouse, spec.name), settings, explicit)
+    if spec.kafka is None and handle.state.kafka is not None:
+        raise UsageError(f"store {spec.name!r} reads Kafka topic {handle.state.kafka.topic}; it cannot switch to "
+                         "a file source (create a new store instead)")
+    return handle
+
+
+def check_stores(warehouse: str, specs: list[StoreSpec]) -> None:
+    """Raise the ``UsageError`` of the first store that refuses its spec (``open_for``)."""
+    for spec in specs:
+        open_for(warehouse, spec)
+
+
 def ingest_store(spark: SparkSession, warehouse: str, spec: StoreSpec, lock_timeout_s: float) -> StoreReport:
     path = layout.table_path(warehouse, spec.name)
-    settings, explicit = spec.settings()
     with writer_lock(path, lock_timeout_s):
-        handle = open_store(path, settings, explicit)
+        handle = open_for(warehouse, spec)
         if spec.kafka is not None:
             return _ingest_topic(spark, handle, spec, spec.kafka)
-        if handle.state.kafka is not None:
-            raise UsageError(f"store {spec.name!r} reads Kafka topic {handle.state.kafka.topic}; it cannot switch to "
-                             "a file source (create a new store instead)")
         listing = list_sources(spec.source)
         done = set(handle.state.done_files)
         new = {rel: full for rel, full in listing.files.items() if rel not in done}
