@@ -217,7 +217,8 @@ def test_maintain_compacts_prunes_expired_history_and_keeps_old_snapshots(spark,
 
 
 @pytest.mark.rule(22)
-def test_continuous_compaction_merges_a_buckets_recent_files_and_rewrites_it_whole_later(spark, tmp_path):
+def test_continuous_compaction_merges_a_buckets_recent_files_and_rewrites_it_whole_later(spark, tmp_path,
+                                                                                          monkeypatch):
     """Continuous mode's compaction costs what arrived, not the store: the recent files of a
     bucket are merged (superseded rows dropped) while its oldest file stays as it is; an expired
     row is kept by a merge, since it hides an older row of the oldest file from the read rule;
@@ -235,7 +236,12 @@ def test_continuous_compaction_merges_a_buckets_recent_files_and_rewrites_it_who
     oldest = min(_add_actions(path), key=lambda a: a["max.run"])
     before = store_versions(path)
     assert [v.valid_to for v in before["k"]] == [20, 100, None]  # k@10 ended at 20, before the horizon
-    result = maintain.maintain_store(str(tmp_path / "wh"), "c", spark=lambda: spark, recent_only=True)
+    # due once the store holds more than COMPACT_FILES_PER_BUCKET files per bucket (here 3 files)
+    monkeypatch.setattr(maintain, "COMPACT_FILES_PER_BUCKET", 3)
+    assert maintain.compact_if_due(str(tmp_path / "wh"), "c", 60, lambda: spark) is None
+    monkeypatch.setattr(maintain, "COMPACT_FILES_PER_BUCKET", 2)
+    result = maintain.compact_if_due(str(tmp_path / "wh"), "c", 60, lambda: spark)
+    assert result is not None
     assert (result["buckets_merged"], result["buckets_rewritten"]) == (1, 0)
     assert (result["rows_before"], result["rows_after"]) == (6, 4)  # j@20, k@20 of run 2 superseded by run 3
     files = _add_actions(path)
