@@ -217,8 +217,8 @@ def quiet_batch_failures() -> None:
 
 def _first_line(error: Any) -> str:
     """The first line of a query's exception (Spark's own text has the stack traces after it)."""
-    text = str(getattr(error, "desc", None) or error or "no error")
-    return text.strip().splitlines()[0] if text.strip() else "no error"
+    text = str(error or "").strip()
+    return text.splitlines()[0] if text else "no error"
 
 
 def checkpoint_dir(warehouse: str, sources: list[str]) -> str:
