@@ -157,6 +157,10 @@ def ingest_command(args: argparse.Namespace, parser: argparse.ArgumentParser | N
     except UsageError as exc:
         print(f"versiq ingest: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except Exception as exc:  # noqa: BLE001 - the environment (e.g. a bucket that cannot be reached):
+        # the runs report it per store and retry, as they always have
+        log.warning("could not check the stores before starting (%s: %s); each run checks them again",
+                    type(exc).__name__, exc)
     spark = get_spark(args.master)  # continuous mode: one session for its whole life
     from versiq.ingest.continuous import run_continuous
     from versiq.ingest.delta import StateAhead, run_txn_needed

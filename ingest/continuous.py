@@ -212,7 +212,8 @@ def quiet_batch_failures() -> None:
     traceback) and Spark's ``MicroBatchExecution`` (which logs the query's end with the Java and
     Python stack traces, ~150 lines; silenced in ``log4j2.properties``) would say it again, in text
     that also breaks a ``--log-format json`` stream."""
-    logging.getLogger("py4j.clientserver").setLevel(logging.CRITICAL)
+    if not log.isEnabledFor(logging.DEBUG):  # --log-level DEBUG keeps everything (Spark's too)
+        logging.getLogger("py4j.clientserver").setLevel(logging.CRITICAL)
 
 
 def _first_line(error: Any) -> str:
@@ -304,6 +305,7 @@ def run_continuous(spark: Any, warehouse: str, pipeline: Any, interval_s: float,
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     while not state["stop"]:
+        state["failure"] = None  # the query may fail before its first micro-batch (a source's check)
         query = (frame.writeStream.foreachBatch(on_batch).option("checkpointLocation", storage.spark_path(checkpoint))
                  .trigger(processingTime=f"{max(1, int(watch_s * 1000))} milliseconds")
                  .queryName(f"versiq-ingest-{storage.basename(checkpoint)}").start())
@@ -331,7 +333,10 @@ def run_continuous(spark: Any, warehouse: str, pipeline: Any, interval_s: float,
             if state["status"] == EXIT_OK:
                 continue  # no failed run to retry after a pause: the new query starts at once
         if not state["stop"]:
-            why = state["failure"] or _first_line(query.exception())
+            error = query.exception()
+            why = state["failure"] or _first_line(error)
             log.warning("the file-stream query stopped (%s); restarting in %.1fs", why, interval_s)
+            if not state["failure"]:
+                log.debug("the query's error: %s", error)
             _wait_until(time.monotonic() + interval_s, lambda: bool(state["stop"]))
     return int(state["status"])

@@ -25,7 +25,15 @@ from versiq.ingest.bucketing import write_tasks
 from versiq.ingest.delta import local_frame
 from versiq.ingest.errors import UsageError
 from versiq.ingest.future import DEFAULT_MAX_FUTURE_MS, future_bound
-from versiq.ingest.kafka import KafkaSource, describe_read, plan_run, read_errors, read_records, read_report
+from versiq.ingest.kafka import (
+    KafkaSource,
+    check_position,
+    describe_read,
+    plan_run,
+    read_errors,
+    read_records,
+    read_report,
+)
 from versiq.ingest.parse import parse_files
 from versiq.ingest.records.kafka_rows import SKIPPED
 from versiq.ingest.rejections import write_rejected, write_source_rejected
@@ -167,11 +175,14 @@ def ingest_each(specs: list[Any], ingest_one: Any, failed: Any, what: str) -> di
 def open_for(warehouse: str, spec: StoreSpec) -> StoreHandle:
     """The store of ``spec`` as its newest snapshot has it (or as it would be created); a
     ``UsageError`` when the store refuses the spec: a setting it was created with given
-    otherwise, or a file source for a store that reads a Kafka topic. No Spark: continuous mode
-    calls it for every store before its SparkSession starts (``check_stores``)."""
+    otherwise, a file source for a store that reads a Kafka topic, or a topic for a store built
+    from files or from another topic (``kafka.check_position``). No Spark: continuous mode calls
+    it for every store before its SparkSession starts (``check_stores``)."""
     settings, explicit = spec.settings()
     handle = open_store(layout.table_path(warehouse, spec.name), settings, explicit)
-    if spec.kafka is None and handle.state.kafka is not None:
+    if spec.kafka is not None:
+        check_position(f"store {spec.name!r}", handle.table is not None, handle.state.kafka, spec.kafka)
+    elif handle.state.kafka is not None:
         raise UsageError(f"store {spec.name!r} reads Kafka topic {handle.state.kafka.topic}; it cannot switch to "
                          "a file source (create a new store instead)")
     return handle

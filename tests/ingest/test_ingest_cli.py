@@ -356,6 +356,10 @@ def test_work_that_needs_no_data_never_starts_a_jvm(spark, tmp_path):
     assert refused.returncode == 2, refused.stderr
     assert "was created with history_retention = 86400000; it cannot be changed to 3600000" in refused.stderr
     assert "Traceback" not in refused.stderr
+    switched = versiq_without_java("ingest", "--warehouse", wh, "--store", "s", "--kafka-bootstrap", "127.0.0.1:9",
+                                   "--topic", "t", "--continuous")
+    assert switched.returncode == 2, switched.stderr
+    assert "store 's' was built from files; it cannot switch to Kafka topic t" in switched.stderr
 
     rejected = versiq_without_java("rejected", "--warehouse", wh, "--store", "s")
     assert rejected.returncode == 0, rejected.stderr
