@@ -151,9 +151,12 @@ def ingest_command(args: argparse.Namespace, parser: argparse.ArgumentParser | N
             on_demand.stop()  # the demo serves in the same process afterwards: free the JVM
     from versiq.ingest.pipeline import check_stores
     from versiq.ingest.spark import get_spark
+    from versiq.ingest.streams import open_stream
 
     try:  # a store that refuses its settings is refused before the JVM starts, as in a single run
         check_stores(args.warehouse, pipeline.stores)
+        for stream in pipeline.streams:
+            open_stream(args.warehouse, stream)
     except UsageError as exc:
         print(f"versiq ingest: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -177,7 +177,7 @@ def open_for(warehouse: str, spec: StoreSpec) -> StoreHandle:
     ``UsageError`` when the store refuses the spec: a setting it was created with given
     otherwise, a file source for a store that reads a Kafka topic, or a topic for a store built
     from files or from another topic (``kafka.check_position``). No Spark: continuous mode calls
-    it for every store before its SparkSession starts (``check_stores``)."""
+    it for every store before its SparkSession starts (``check_stores``; streams: ``streams.open_stream``)."""
     settings, explicit = spec.settings()
     handle = open_store(layout.table_path(warehouse, spec.name), settings, explicit)
     if spec.kafka is not None:

@@ -22,7 +22,7 @@ from versiq import layout, storage
 from versiq.ingest.bucketing import by_bucket, write_tasks
 from versiq.ingest.errors import UsageError
 from versiq.ingest.future import DEFAULT_MAX_FUTURE_MS, future_bound
-from versiq.ingest.kafka import KafkaSource, plan_run, read_errors, read_records, read_report
+from versiq.ingest.kafka import KafkaSource, check_position, plan_run, read_errors, read_records, read_report
 from versiq.ingest.parse import parse_files
 from versiq.ingest.records.kafka_rows import SKIPPED
 from versiq.ingest.rejections import write_rejected, write_source_rejected
@@ -71,11 +71,21 @@ class StreamSpec:
             raise UsageError(f"stream {self.name!r}: source {self.source!r} does not exist")
 
 
+def open_stream(warehouse: str, spec: StreamSpec) -> StoreHandle:
+    """The stream of ``spec`` as its newest snapshot has it (or as it would be created); a
+    ``UsageError`` when it refuses the spec (another kind or bucket count, a topic switch). No
+    Spark: continuous mode calls it before its SparkSession starts (``pipeline.check_stores``)."""
+    handle = open_store(layout.table_path(warehouse, spec.name), spec.settings(),
+                        {"kind", "buckets"} if spec.buckets else {"kind"})
+    if spec.kafka is not None:
+        check_position(f"stream {spec.name!r}", handle.table is not None, handle.state.kafka, spec.kafka)
+    return handle
+
+
 def ingest_stream(spark: SparkSession, warehouse: str, spec: StreamSpec, lock_timeout_s: float) -> StreamReport:
     path = layout.table_path(warehouse, spec.name)
-    settings = spec.settings()
     with writer_lock(path, lock_timeout_s):
-        handle = open_store(path, settings, {"kind", "buckets"} if spec.buckets else {"kind"})
+        handle = open_stream(warehouse, spec)
         bound = future_bound(spec.max_future_ms)
         if spec.kafka is not None:
             source = spec.kafka

@@ -360,6 +360,11 @@ def test_work_that_needs_no_data_never_starts_a_jvm(spark, tmp_path):
                                    "--topic", "t", "--continuous")
     assert switched.returncode == 2, switched.stderr
     assert "store 's' was built from files; it cannot switch to Kafka topic t" in switched.stderr
+    rebucketed = tmp_path / "rebucketed.yaml"
+    rebucketed.write_text(config.read_text().replace("{name: c, source: ", "{name: c, buckets: 3, source: "))
+    refused = versiq_without_java("ingest", "--warehouse", wh, "--config", str(rebucketed), "--continuous")
+    assert refused.returncode == 2, refused.stderr
+    assert "store 'c' was created with buckets" in refused.stderr, refused.stderr
 
     rejected = versiq_without_java("rejected", "--warehouse", wh, "--store", "s")
     assert rejected.returncode == 0, rejected.stderr
