@@ -8,6 +8,7 @@ here with Maven, caching artifacts under ``.cache/m2`` (git-ignored).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -24,15 +25,26 @@ KAFKA_VERSION = "4.3.1"
 
 
 def build() -> Path:
-    """The harness jar, built with Maven when missing or older than its sources."""
+    """The harness jar, built with Maven when missing or older than its sources. Test workers
+    (pytest-xdist) take turns on a lock file: one builds, the others then find the jar fresh."""
     sources = [HARNESS / "pom.xml", *HARNESS.glob("src/**/*.java")]
-    if JAR.exists() and all(JAR.stat().st_mtime >= s.stat().st_mtime for s in sources):
+
+    def fresh() -> bool:
+        return JAR.exists() and all(JAR.stat().st_mtime >= s.stat().st_mtime for s in sources)
+
+    if fresh():
         return JAR
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise RuntimeError("Maven (mvn) is needed to build conformance/kafka: apt-get install maven")
-    subprocess.run([mvn, "-q", "-B", f"-Dmaven.repo.local={ROOT / '.cache' / 'm2'}", "-f", str(HARNESS / "pom.xml"),
-                    "package", "-DskipTests"], check=True, timeout=1200)
+    lock = ROOT / ".cache" / "conformance-build.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        if fresh():
+            return JAR
+        mvn = shutil.which("mvn")
+        if mvn is None:
+            raise RuntimeError("Maven (mvn) is needed to build conformance/kafka: apt-get install maven")
+        subprocess.run([mvn, "-q", "-B", f"-Dmaven.repo.local={ROOT / '.cache' / 'm2'}", "-f",
+                        str(HARNESS / "pom.xml"), "package", "-DskipTests"], check=True, timeout=1200)
     return JAR
 
 
