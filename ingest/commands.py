@@ -149,12 +149,13 @@ def ingest_command(args: argparse.Namespace, parser: argparse.ArgumentParser | N
             return _one_run(on_demand.as_session(), args, pipeline, lock_timeout)
         finally:
             on_demand.stop()  # the demo serves in the same process afterwards: free the JVM
-    from versiq.ingest.pipeline import check_stores
+    from versiq.ingest.pipeline import open_for
     from versiq.ingest.spark import get_spark
     from versiq.ingest.streams import open_stream
 
-    try:  # a store that refuses its settings is refused before the JVM starts, as in a single run
-        check_stores(args.warehouse, pipeline.stores)
+    try:  # a store or stream that refuses its settings is refused before the JVM starts, as in a single run
+        for store in pipeline.stores:
+            open_for(args.warehouse, store)
         for stream in pipeline.streams:
             open_stream(args.warehouse, stream)
     except UsageError as exc:
@@ -162,7 +163,7 @@ def ingest_command(args: argparse.Namespace, parser: argparse.ArgumentParser | N
         return EXIT_USAGE
     except Exception as exc:  # noqa: BLE001 - the environment (e.g. a bucket that cannot be reached):
         # the runs report it per store and retry, as they always have
-        log.warning("could not check the stores before starting (%s: %s); each run checks them again",
+        log.warning("could not check the stores and streams before starting (%s: %s); each run checks them again",
                     type(exc).__name__, exc)
     spark = get_spark(args.master)  # continuous mode: one session for its whole life
     from versiq.ingest.continuous import run_continuous

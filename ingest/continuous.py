@@ -266,7 +266,6 @@ def run_continuous(spark: Any, warehouse: str, pipeline: Any, interval_s: float,
 
     def on_batch(batch: Any, batch_id: int) -> None:
         with busy:
-            state["failure"] = None
             try:
                 _on_batch(batch_id)
             except RunFailed as exc:
@@ -305,7 +304,9 @@ def run_continuous(spark: Any, warehouse: str, pipeline: Any, interval_s: float,
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     while not state["stop"]:
-        state["failure"] = None  # the query may fail before its first micro-batch (a source's check)
+        # a failed micro-batch stops its query, so a failure belongs to the query that ends next
+        # (which may fail before its first micro-batch: a source's check)
+        state["failure"] = None
         query = (frame.writeStream.foreachBatch(on_batch).option("checkpointLocation", storage.spark_path(checkpoint))
                  .trigger(processingTime=f"{max(1, int(watch_s * 1000))} milliseconds")
                  .queryName(f"versiq-ingest-{storage.basename(checkpoint)}").start())

@@ -177,7 +177,8 @@ def open_for(warehouse: str, spec: StoreSpec) -> StoreHandle:
     ``UsageError`` when the store refuses the spec: a setting it was created with given
     otherwise, a file source for a store that reads a Kafka topic, or a topic for a store built
     from files or from another topic (``kafka.check_position``). No Spark: continuous mode calls
-    it for every store before its SparkSession starts (``check_stores``; streams: ``streams.open_stream``)."""
+    it for every store before its SparkSession starts (``commands.ingest_command``; streams:
+    ``streams.open_stream``)."""
     settings, explicit = spec.settings()
     handle = open_store(layout.table_path(warehouse, spec.name), settings, explicit)
     if spec.kafka is not None:
@@ -186,12 +187,6 @@ def open_for(warehouse: str, spec: StoreSpec) -> StoreHandle:
         raise UsageError(f"store {spec.name!r} reads Kafka topic {handle.state.kafka.topic}; it cannot switch to "
                          "a file source (create a new store instead)")
     return handle
-
-
-def check_stores(warehouse: str, specs: list[StoreSpec]) -> None:
-    """Raise the ``UsageError`` of the first store that refuses its spec (``open_for``)."""
-    for spec in specs:
-        open_for(warehouse, spec)
 
 
 def ingest_store(spark: SparkSession, warehouse: str, spec: StoreSpec, lock_timeout_s: float) -> StoreReport:

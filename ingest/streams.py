@@ -74,7 +74,7 @@ class StreamSpec:
 def open_stream(warehouse: str, spec: StreamSpec) -> StoreHandle:
     """The stream of ``spec`` as its newest snapshot has it (or as it would be created); a
     ``UsageError`` when it refuses the spec (another kind or bucket count, a topic switch). No
-    Spark: continuous mode calls it before its SparkSession starts (``pipeline.check_stores``)."""
+    Spark: continuous mode calls it before its SparkSession starts (``commands.ingest_command``)."""
     handle = open_store(layout.table_path(warehouse, spec.name), spec.settings(),
                         {"kind", "buckets"} if spec.buckets else {"kind"})
     if spec.kafka is not None:
