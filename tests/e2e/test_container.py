@@ -13,7 +13,6 @@ import json
 import os
 import re
 import shlex
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ import httpx
 import pytest
 import yaml
 
+from tests.support.server_process import free_ports
 from versiq.cli.main import build_parser
 from versiq.durations import parse_duration_ms
 from versiq.names import is_valid_store_name
@@ -310,11 +310,6 @@ def test_compose_s3_variant_writes_and_serves_one_bucket(
 # ------------------------------------------------------------------------------ it starts
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
 
 @dataclass
 class Server:
@@ -330,7 +325,7 @@ def image_server(dockerfile: Dockerfile, tmp_path_factory: pytest.TempPathFactor
     tmp = tmp_path_factory.mktemp("container")
     warehouse = tmp / "warehouse"
     warehouse.mkdir()
-    port = _free_port()
+    port = free_ports(1)[0]
     script = Path(sys.executable).with_name(dockerfile.entrypoint[0])
     entry = [str(script)] if script.exists() else [sys.executable, "-m", "versiq.cli"]
     argv = [*entry, *dockerfile.entrypoint[1:], *dockerfile.cmd,

@@ -12,7 +12,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ import time
 import pytest
 
 from tests.support.ingest import expressions, rejected_rows, store_versions, stream_times, write_jsonl
+from tests.support.server_process import free_ports
 from versiq.ingest.pipeline import StoreSpec, run_ingest
 
 VERSIQ = [sys.executable, "-m", "versiq.cli"]
@@ -240,11 +240,6 @@ def test_continuous_mode_picks_up_a_file_that_lands_while_it_runs(tmp_path):
     assert set(store_versions(path)) == {"a", "b"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.mark.cluster
 def test_ingest_on_a_spark_standalone_cluster(spark, tmp_path):
@@ -253,16 +248,16 @@ def test_ingest_on_a_spark_standalone_cluster(spark, tmp_path):
     import pyspark
 
     spark_class = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-class")
-    port = _free_port()
+    port = free_ports(1)[0]
     e = env()
     e["SPARK_LOCAL_IP"] = "127.0.0.1"
     logs = open(tmp_path / "cluster.log", "w")  # noqa: SIM115
     master = subprocess.Popen([spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                               "--port", str(port), "--webui-port", str(_free_port())],
+                               "--port", str(port), "--webui-port", str(free_ports(1)[0])],
                               env=e, stdout=logs, stderr=logs)
     worker = subprocess.Popen([spark_class, "org.apache.spark.deploy.worker.Worker",
                                f"spark://127.0.0.1:{port}", "--host", "127.0.0.1", "--cores", "2",
-                               "--memory", "2g", "--webui-port", str(_free_port()),
+                               "--memory", "2g", "--webui-port", str(free_ports(1)[0]),
                                "--work-dir", str(tmp_path / "work")],
                               env=e, stdout=logs, stderr=logs)
     try:

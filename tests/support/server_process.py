@@ -26,19 +26,50 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Self
 
+# Ports for the servers the tests start come from below the kernel's ephemeral range (32768-60999
+# by default, /proc/sys/net/ipv4/ip_local_port_range), which the kernel hands to outgoing
+# connections: a port taken from there, released and handed to a server a moment later can be
+# taken meanwhile as the local end of any connection on the machine (CI saw `weed mini` refuse
+# one). Each pytest-xdist worker takes its own slice, so two workers never pick the same port, and
+# a process hands out each port once per pass through its slice.
+_PORT_FLOOR, _PORT_CEILING = 20000, 32768
+_next_port: dict[str, int] = {}
+_port_lock = threading.Lock()
+
+
+def _port_slice() -> range:
+    """This process's slice of [_PORT_FLOOR, _PORT_CEILING): the whole range, or the
+    ``PYTEST_XDIST_WORKER``'s (``gwN``) share of it."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    index = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
+    width = (_PORT_CEILING - _PORT_FLOOR) // max(count, 1)
+    start = _PORT_FLOOR + (index % max(count, 1)) * width
+    return range(start, start + width)
+
 
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct free ports on 127.0.0.1 (all bound at once, then released)."""
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [int(sock.getsockname()[1]) for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
+    """``count`` distinct ports on 127.0.0.1 that nobody listens on, from this process's slice (see
+    above), each one checked by binding it; all are released before they are returned."""
+    ports = _port_slice()
+    chosen: list[int] = []
+    with _port_lock:
+        cursor = _next_port.get("next", ports.start + os.getpid() % len(ports))
+        for _ in range(len(ports)):
+            port = ports[(cursor - ports.start) % len(ports)]
+            cursor += 1
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            chosen.append(port)
+            if len(chosen) == count:
+                break
+        _next_port["next"] = cursor
+    if len(chosen) < count:
+        raise RuntimeError(f"no {count} free ports in {ports.start}-{ports.stop - 1}")
+    return chosen
 
 
 def _die_with_parent() -> None:

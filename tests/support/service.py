@@ -3,7 +3,6 @@ uvicorn server on 127.0.0.1 in a background thread. No tests here."""
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -13,6 +12,7 @@ from urllib.parse import quote
 
 import uvicorn
 
+from tests.support.server_process import free_ports
 from tests.support.storebuilder import StoreBuilder, StreamBuilder
 from versiq.service.app import create_app
 from versiq.service.http import VersiqHttpProtocol
@@ -98,9 +98,9 @@ def _json_str(text: str) -> str:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free port on 127.0.0.1 for a server of the tests (``free_ports``: outside the ephemeral range,
+    one slice per test worker)."""
+    return free_ports(1)[0]
 
 
 @contextmanager
