@@ -127,8 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="Spark master URL (default env SPARK_MASTER, else local[*])")
     ing.add_argument("--report", default=None, help="write the run report as JSON to this file")
     ing.add_argument("--continuous", action="store_true",
-                     help="keep running and ingest new files as they land (a Spark Structured Streaming "
-                          "file source triggers one run per micro-batch)")
+                     help="keep running and ingest new input as it lands: local files and folders are "
+                          "watched with the kernel's file notifications, a pipeline with a Kafka topic or an "
+                          "S3 source by a Spark Structured Streaming query; each time runs the pipeline once")
     ing.add_argument("--trigger-interval", default="5s",
                      help="continuous mode: the least time between the starts of two runs that "
                           "committed something (default 5s)")
@@ -136,7 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="continuous mode: how often the sources are checked for new input, at most "
                           "--trigger-interval (default 100ms for local folders and Kafka topics, adapted to "
                           "what a check costs, e.g. for a folder of many files; S3 sources: "
-                          "--trigger-interval, a check being a LIST request)")
+                          "--trigger-interval, a check being a LIST request). A pipeline of local sources alone "
+                          "is checked when the kernel reports a change and every --trigger-interval, and this "
+                          "often only where the kernel cannot notify")
     ing.add_argument("--lock-timeout", default="60s",
                      help="how long to wait for another writer of the same store (default 60s)")
     _add_logging(ing)

@@ -1,5 +1,10 @@
 """``versiq ingest --continuous``: Spark Structured Streaming's file and Kafka sources trigger the runs.
 
+A pipeline whose every store and stream reads a local file or folder is watched by the kernel's
+file notifications instead (``ingest.folder_watch``: no streaming query, a run starts about 10 ms
+after a file lands); the rest of this module is continuous mode for pipelines with a Kafka topic or
+an S3 source.
+
 One streaming query watches every source of the pipeline (the ``binaryFile`` file source,
 recursive, only the ``path`` column so file contents are not read by the stream; for a Kafka
 topic Spark's Kafka source, whose micro-batch rows are never read either: ``ingest.kafka``).
@@ -56,6 +61,7 @@ from typing import Any
 from versiq import storage
 from versiq.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from versiq.ingest.errors import UsageError
+from versiq.ingest.folder_watch import all_local, run_watching
 from versiq.ingest.spark import active_on_this_thread
 from versiq.ingest.store import LockTimeout
 
@@ -239,9 +245,12 @@ def run_continuous(spark: Any, warehouse: str, pipeline: Any, interval_s: float,
     prints/writes it and does maintenance. ``interval_s``: ``--trigger-interval``; ``watch_s``:
     ``--watch-interval`` (None: ``watch_interval``'s default).
     """
+    specs = [*pipeline.stores, *pipeline.streams]
+    if all_local(specs):  # the kernel's file notifications say when, no streaming query
+        return run_watching(warehouse, specs, interval_s, watch_interval(specs, interval_s, watch_s), one_run,
+                            after_run, catch_up=bool(pipeline.tables))
     from versiq.ingest.kafka import trigger_frame
 
-    specs = [*pipeline.stores, *pipeline.streams]
     frames = [trigger_frame(spark, spec.kafka) if spec.kafka is not None
               else _source_frame(spark, spec.source) for spec in specs]
     frame = reduce(lambda a, b: a.union(b), frames)

@@ -39,7 +39,9 @@ class SourceListing:
     ignored: list[dict[str, str]] = field(default_factory=list)
 
 
-def _hidden(name: str) -> bool:
+def hidden_name(name: str) -> bool:
+    """Whether a file or folder name is hidden from listings (``.`` or ``_`` first): never a
+    source, never entered."""
     return name.startswith((".", "_"))
 
 
@@ -77,7 +79,7 @@ def list_sources(source: str) -> SourceListing:
     listing = SourceListing()
     if not os.path.isdir(source):
         name = os.path.basename(source)
-        if not _hidden(name):
+        if not hidden_name(name):
             _classify(listing, name, source)
         return listing
 
@@ -88,12 +90,12 @@ def list_sources(source: str) -> SourceListing:
         # os.walk lists a symlink to a directory among ``dirs`` and does not enter it
         for name in sorted(dirs):
             full = os.path.join(folder, name)
-            if not _hidden(name) and os.path.islink(full):
+            if not hidden_name(name) and os.path.islink(full):
                 listing.ignored.append({"path": os.path.relpath(full, source).replace(os.sep, "/"),
                                         "type": "symlink to directory"})
-        dirs[:] = sorted(d for d in dirs if not _hidden(d) and not os.path.islink(os.path.join(folder, d)))
+        dirs[:] = sorted(d for d in dirs if not hidden_name(d) and not os.path.islink(os.path.join(folder, d)))
         for name in files:
-            if not _hidden(name):
+            if not hidden_name(name):
                 full = os.path.join(folder, name)
                 _classify(listing, os.path.relpath(full, source).replace(os.sep, "/"), full)
     listing.files = dict(sorted(listing.files.items()))
@@ -123,7 +125,7 @@ def _list_s3(source: str) -> SourceListing:
         raise SourceError(f"cannot list source {source}: {exc}") from None
     if found is None:
         raise SourceError(f"source {source} has no objects")
-    files = {rel: full for rel, full in found.items() if not any(_hidden(p) for p in rel.split("/"))}
+    files = {rel: full for rel, full in found.items() if not any(hidden_name(p) for p in rel.split("/"))}
     return SourceListing(files=files)
 
 

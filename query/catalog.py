@@ -11,12 +11,15 @@ version moved, builds the new index (``query.index.build_loaded``) and swaps the
 snapshot reference atomically. A failed refresh keeps serving the last good snapshot and records
 the error (``readiness()["stores"][name]["error"]``), logged once per failure.
 
-Bound: a commit of a table already served becomes visible to ``snapshot=None`` reads about
-``watch_interval_s`` (0.1 s; 0.5 s on S3) plus the build time of its changed buckets after it
-lands: between full passes, a watch pass checks whether the commit after each loaded snapshot
-exists (``refresh_committed``). New stores, removed ones and failing ones wait for the next full
-pass, at most ``refresh_interval_s``. Building a changed bucket is one DuckDB scan of its files
-(~1 s per million physical rows here), written once to the host's serving index.
+Bound: a commit of a table already served becomes visible to ``snapshot=None`` reads about the
+build time of its changed buckets after it lands in a local warehouse, and ``watch_interval_s``
+(0.1 s; 0.5 s on S3) plus that build time where the kernel cannot say so: between full passes,
+a watch pass checks whether the commit after each loaded snapshot exists
+(``refresh_committed``) every ``watch_interval_s`` and, in a local warehouse, as soon as the
+kernel reports a commit file written under it (``versiq.notify``). New stores,
+removed ones and failing ones wait for the next full pass, at most ``refresh_interval_s``.
+Building a changed bucket is one DuckDB scan of its files (~1 s per million physical rows here),
+written once to the host's serving index.
 
 A warehouse child whose settings have ``kind = stream`` (``versiq.layout.STREAM_KIND``) is a
 *stream*, never a store: it has no serving index; a refresh keeps the current snapshot's file
@@ -38,6 +41,7 @@ import duckdb
 from deltalake import DeltaTable
 
 from versiq import layout, names, storage
+from versiq.notify import FileChanges
 from versiq.query import index_files
 from versiq.query.api import StoreNotFound, StoreUnavailable, StreamNotFound, StreamUnavailable
 from versiq.query.index import LoadedStore, build_loaded
@@ -50,6 +54,12 @@ log = logging.getLogger("versiq.query.catalog")
 WATCH_INTERVAL_S = 0.1
 #: ... and for one on S3, where each check is a HEAD request.
 WATCH_INTERVAL_S3_S = 0.5
+
+
+def _is_commit_file(path: str) -> bool:
+    """A Delta commit file (``.../_delta_log/<version>.json``), the only change the watch pass
+    looks for (Delta writes it under a temporary name, then renames it into place)."""
+    return path.endswith(".json") and os.path.basename(os.path.dirname(path)) == "_delta_log"
 
 
 @dataclass
@@ -107,8 +117,12 @@ class Catalog:
 
     def __init__(self, warehouse: str, *, refresh_interval_s: float = 1.0,
                  on_refresh: Callable[[set[str]], None] | None = None, cache_dir: str | None = None,
-                 watch_interval_s: float | None = None) -> None:
+                 watch_interval_s: float | None = None, notified: bool = True) -> None:
         self.warehouse = storage.normalize(warehouse)
+        #: Whether the watch pass also runs as soon as the kernel reports a commit file written
+        #: (a local warehouse; ``_loop``). Off: only every ``watch_interval_s`` (tests that
+        #: refresh by hand).
+        self.notified = notified and not storage.is_s3(self.warehouse)
         #: How often the refresh thread looks for the next commit of each table it serves
         #: (``refresh_committed``); default WATCH_INTERVAL_S, or WATCH_INTERVAL_S3_S for a bucket.
         self.watch_interval_s = watch_interval_s if watch_interval_s is not None else (
@@ -131,6 +145,9 @@ class Catalog:
         self._build_con: duckdb.DuckDBPyConnection | None = None
         #: Why the last refresh could not list the warehouse (an unreachable bucket), else None.
         self._warehouse_error: str | None = None
+        #: The kernel's notifications of commit files written (a local warehouse), while the
+        #: refresh thread runs.
+        self._commits: FileChanges | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -144,6 +161,8 @@ class Catalog:
 
     def close(self) -> None:
         self._stop.set()
+        if self._commits is not None:
+            self._commits.wake()
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
@@ -160,24 +179,42 @@ class Catalog:
         self.close()
 
     def _loop(self) -> None:
-        """Full passes every ``refresh_interval_s``; between them, a watch pass every
-        ``watch_interval_s`` that loads only the tables whose next commit has landed."""
+        """Full passes every ``refresh_interval_s``; between them, a watch pass that loads only
+        the tables whose next commit has landed, every ``watch_interval_s`` and, in a local
+        warehouse, also as soon as the kernel says a commit file was written (``versiq.notify``;
+        the interval still catches what it does not see, e.g. a network file system written from
+        another host)."""
+        commits = None if not self.notified else FileChanges(
+            [self.warehouse], "the warehouse's commits", keep=_is_commit_file)
+        self._commits = commits
         next_full = time.monotonic() + self.refresh_interval_s
-        while not self._stop.wait(max(0.0, min(self.watch_interval_s, next_full - time.monotonic()))):
-            try:
-                if time.monotonic() >= next_full:
-                    next_full = time.monotonic() + self.refresh_interval_s
-                    self.refresh()
+        try:
+            while not self._stop.is_set():
+                wait_s = max(0.0, min(self.watch_interval_s, next_full - time.monotonic()))
+                if commits is not None and commits.notified:
+                    commits.wait(wait_s)  # a commit file written, or the interval (changes the kernel misses)
                 else:
-                    self.refresh_committed()
-            except Exception:  # pragma: no cover - refresh records per-store errors itself
-                log.exception("refresh pass failed")
+                    self._stop.wait(wait_s)
+                if self._stop.is_set():
+                    break
+                try:
+                    if time.monotonic() >= next_full:
+                        next_full = time.monotonic() + self.refresh_interval_s
+                        self.refresh()
+                    else:
+                        self.refresh_committed()
+                except Exception:  # pragma: no cover - refresh records per-store errors itself
+                    log.exception("refresh pass failed")
+        finally:
+            if commits is not None:
+                commits.close()
 
     def refresh_committed(self) -> list[str]:
         """The watch pass: for every table served, one existence check of the commit file after
         its loaded snapshot (a ``stat``; a HEAD on S3), and a refresh of the tables that have one.
-        Cheap enough to run many times a second, so a commit is served about ``watch_interval_s``
-        plus the build of its changed buckets after it lands. Returns the names refreshed."""
+        Cheap enough to run many times a second, so a commit is served about the build of its
+        changed buckets after it lands (at most ``watch_interval_s`` later where the kernel does
+        not report it). Returns the names refreshed."""
         moved: list[str] = []
         with self.refresh_lock:
             handles: list[StoreHandle | StreamHandle] = [*self.stores.values(), *self.streams.values()]

@@ -88,11 +88,11 @@ class Engine:
     """Answers versioned-store queries for every store of ``warehouse`` (see module docstring)."""
 
     def __init__(self, warehouse: str, *, refresh_interval_s: float = 1.0, cache_dir: str | None = None,
-                 watch_interval_s: float | None = None) -> None:
+                 watch_interval_s: float | None = None, notified: bool = True) -> None:
         self._snapshots = SnapshotCache()
         self._rejected = RejectedTables()
         self.catalog = Catalog(warehouse, refresh_interval_s=refresh_interval_s, on_refresh=self._snapshots.retain,
-                               cache_dir=cache_dir, watch_interval_s=watch_interval_s)
+                               cache_dir=cache_dir, watch_interval_s=watch_interval_s, notified=notified)
         self.warehouse = self.catalog.warehouse
         self.refresh_interval_s = refresh_interval_s
         self._local = threading.local()

@@ -6,7 +6,9 @@ Environment variables:
 - ``VERSIQ_REFRESH_INTERVAL``: how often the engine looks for new, removed and failing stores
   (a full pass; duration, default 1s).
 - ``VERSIQ_WATCH_INTERVAL``: how often it checks whether the next commit of each store it serves
-  has landed (duration; default 100ms, 500ms for a warehouse on S3, where a check is a HEAD).
+  has landed (duration; default 100ms, 500ms for a warehouse on S3, where a check is a HEAD). In
+  a local warehouse the kernel's file notifications also start that check as soon as a commit
+  file is written.
 - ``VERSIQ_TOKEN_SECRET``: HMAC secret for page tokens. Unset: random per process, so set it
   whenever more than one process (workers, replicas) serves one address.
 - ``VERSIQ_PAGE_TOKEN_TTL``: page-token lifetime (duration: ``3600000``, ``1h``, ``PT1H``; default 1h).

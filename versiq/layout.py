@@ -8,8 +8,9 @@ Warehouse
 ``<warehouse>/<store>/`` is one store. The service lists as stores exactly the direct children
 of the warehouse whose name is valid (``versiq.names``), that have a ``_delta_log/`` and whose
 Delta metadata ``description`` is the settings JSON below with a known ``versiq.format``.
-``<warehouse>/_versiq/continuous/`` holds continuous ingest's file-source checkpoints (not a
-store: names starting with ``_`` are never store names). Directories starting with ``_`` inside
+``<warehouse>/_versiq/continuous/`` holds continuous ingest's streaming-query checkpoints
+(pipelines with a Kafka topic or an S3 source; not a store: names starting with ``_`` are never
+store names). Directories starting with ``_`` inside
 a store are versiq's own:
 
 - ``_delta_log/``: the store table's Delta log.

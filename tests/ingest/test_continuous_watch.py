@@ -1,8 +1,10 @@
-"""Continuous mode's two intervals (``ingest.continuous``): the sources are checked every
-``WATCH_INTERVAL_S``, so a file that lands after a quiet spell starts a run at once, and
+"""Continuous mode's two intervals: a file that lands after a quiet spell starts a run at once
+(local folders: the kernel's file notifications, ``ingest.folder_watch``; Kafka topics: the
+streaming query checks every ``WATCH_INTERVAL_S``, ``ingest.continuous``), and
 ``--trigger-interval`` is the least time between the starts of two runs that committed
-something. ``run_continuous`` runs in this process with the tests' session (a real streaming
-query over a real folder, real runs); a helper thread lands the files and sends SIGTERM."""
+something. ``run_continuous`` runs in this process with the tests' session (real folders, a real
+streaming query over a real topic, real runs); a helper thread lands the files or produces the
+records and sends SIGTERM."""
 
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from versiq.ingest.continuous import (
     watch_adapts,
     watch_interval,
 )
+from versiq.ingest.folder_watch import run_watching
 from versiq.ingest.kafka import KafkaSource
 from versiq.ingest.pipeline import StoreSpec
 from versiq.ingest.run import run_pipeline
@@ -67,7 +70,7 @@ def _wait(condition: Any, seconds: float, what: str) -> None:
 
 
 def _run_continuous_with(spark: Any, warehouse: str, pipeline: Pipeline, interval_s: float, one_run: Any,
-                         beside: Any) -> int:
+                         beside: Any, watch_s: float | None = None) -> int:
     """``run_continuous`` in this (the main) thread while ``beside()`` runs in a helper thread,
     which then sends SIGTERM (run_continuous stops after its current batch). An error of
     ``beside`` is raised here; SIGTERM is never sent once run_continuous has returned (the
@@ -90,7 +93,7 @@ def _run_continuous_with(spark: Any, warehouse: str, pipeline: Pipeline, interva
     thread = threading.Thread(target=helper, daemon=True)
     thread.start()
     try:
-        code = run_continuous(spark, warehouse, pipeline, interval_s, one_run, lambda report: None)
+        code = run_continuous(spark, warehouse, pipeline, interval_s, one_run, lambda report: None, watch_s)
     finally:
         with lock:
             returned.set()
@@ -105,14 +108,10 @@ def _run_continuous_with(spark: Any, warehouse: str, pipeline: Pipeline, interva
     return code
 
 
-def _batch_in_progress(spark: Any) -> bool:
-    """A micro-batch with new data is under way (an idle check is a trigger without data)."""
-    return any(q.status["isTriggerActive"] and q.status["isDataAvailable"] for q in spark.streams.active)
-
-
 def test_a_file_after_a_quiet_spell_starts_a_run_at_once_and_the_next_run_waits_for_the_interval(
-        spark: Any, tmp_path: Any, idle_reports: str, monkeypatch: Any) -> None:
-    monkeypatch.setattr(continuous, "WATCH_BUDGET", 1.0)  # the watch stays at 100 ms (no restart mid-test)
+        spark: Any, tmp_path: Any, caplog: Any) -> None:
+    """Local folders: no streaming query; the kernel's notification of the file starts its run
+    (the trigger and watch intervals are an hour, so no listing of the folder comes otherwise)."""
     source, warehouse = tmp_path / "src", str(tmp_path / "wh")
     source.mkdir()
     pipeline = Pipeline(stores=[StoreSpec(name="w", source=str(source), max_future_ms=None)])
@@ -126,42 +125,122 @@ def test_a_file_after_a_quiet_spell_starts_a_run_at_once_and_the_next_run_waits_
         return run_pipeline(spark, warehouse, pipeline)
 
     def files() -> None:
-        # the query is up and has found nothing to do: from now on it only checks the folder
-        _wait(lambda: any("Waiting" in q.status["message"] for q in spark.streams.active), 120,
-              "the streaming query to wait for data")
+        _wait(lambda: any("watching 1 local source" in r.getMessage() for r in caplog.records), 60, "the watch")
+        time.sleep(0.5)  # a quiet spell: the folder was listed, nothing is new
         landed["a"] = time.monotonic()
         write_jsonl(str(source), "a.jsonl", [_record("a", 1)])
         _wait(lambda: layout.has_table(store) and "a" in store_versions(store), 120, "the first run")
         write_jsonl(str(source), "b.jsonl", [_record("b", 2)])
         landed["b"] = time.monotonic()
-        # b is listed: its micro-batch is under way, held until an hour after a's run started
-        _wait(lambda: _batch_in_progress(spark) and len(starts) == 1, 60, "the micro-batch of b")
-        time.sleep(2)
+        time.sleep(2)  # b is noticed at once, but its run waits an hour after the start of a's
         seen["starts"] = list(starts)
-        seen["held"] = _batch_in_progress(spark)
 
-    code = _run_continuous_with(spark, warehouse, pipeline, HOUR_S, one_run, files)
+    with caplog.at_level(logging.INFO, logger="versiq.ingest"):
+        code = _run_continuous_with(spark, warehouse, pipeline, HOUR_S, one_run, files, watch_s=HOUR_S)
     assert code == EXIT_OK
+    assert not [r for r in caplog.records if r.name == "versiq.notify"]  # no fallback to polling
+    assert not spark.streams.active and not os.path.exists(os.path.join(warehouse, "_versiq", "continuous"))
     first, *later = seen["starts"]
-    # a's run started as soon as the folder was next checked, not at the next full hour
-    assert first - landed["a"] < 60, first - landed["a"]
-    # b's micro-batch began within moments, but its run waits an hour after the start of a's
-    assert later == [] and seen["held"], [t - landed["b"] for t in later]
+    assert first - landed["a"] < 30, first - landed["a"]  # at once: no listing came in the hour
+    assert later == [], [t - landed["b"] for t in later]
     assert set(store_versions(store)) == {"a"}
 
 
+def test_files_done_before_a_start_start_no_run_and_a_file_in_a_new_subfolder_starts_one(
+        spark: Any, tmp_path: Any, caplog: Any) -> None:
+    """The files done come from the store's newest commit (no checkpoint of its own): a restart
+    with nothing new runs nothing. The watch is recursive: a folder made after the start is
+    watched too, and a file landing in it starts a run."""
+    source, warehouse = tmp_path / "src", str(tmp_path / "wh")
+    source.mkdir()
+    write_jsonl(str(source), "a.jsonl", [_record("a", 1)])
+    pipeline = Pipeline(stores=[StoreSpec(name="d", source=str(source), max_future_ms=None)])
+    run_pipeline(spark, warehouse, pipeline)
+    store = layout.table_path(warehouse, "d")
+    runs: list[float] = []
+
+    def one_run() -> Any:
+        runs.append(time.monotonic())
+        return run_pipeline(spark, warehouse, pipeline)
+
+    def files() -> None:
+        _wait(lambda: any("watching 1 local source" in r.getMessage() for r in caplog.records), 60, "the watch")
+        time.sleep(1)
+        assert runs == []  # a.jsonl was done before the start
+        (source / "2026" / "11").mkdir(parents=True)
+        time.sleep(0.2)
+        write_jsonl(str(source / "2026" / "11"), "b.jsonl", [_record("b", 2)])
+        _wait(lambda: "b" in store_versions(store), 120, "the run of the file in the new folder")
+
+    with caplog.at_level(logging.INFO, logger="versiq.ingest"):
+        code = _run_continuous_with(spark, warehouse, pipeline, HOUR_S, one_run, files, watch_s=HOUR_S)
+    assert code == EXIT_OK and len(runs) == 1
+    assert set(store_versions(store)) == {"a", "b"}
+
+
+def test_a_pipeline_with_derived_tables_runs_once_at_start_and_hidden_files_wake_nothing(
+        spark: Any, tmp_path: Any) -> None:
+    """``catch_up`` (what ``run_continuous`` sets for a pipeline with derived tables): one run at
+    start with nothing new, since tables a stopped ingest left behind their inputs must catch up
+    without a new file. Files under hidden names (a writer's temporary file) start no run; the
+    rename into place does."""
+    source, warehouse = tmp_path / "src", str(tmp_path / "wh")
+    source.mkdir()
+    write_jsonl(str(source), "a.jsonl", [_record("a", 1)])
+    pipeline = Pipeline(stores=[StoreSpec(name="c", source=str(source), max_future_ms=None)])
+    run_pipeline(spark, warehouse, pipeline)
+    store = layout.table_path(warehouse, "c")
+    runs: list[Any] = []
+    stop: dict[str, Any] = {}
+
+    def one_run() -> Any:
+        report = run_pipeline(spark, warehouse, pipeline)
+        runs.append(report)
+        if len(runs) == 1:  # the catch-up run: nothing new, nothing committed
+            assert not report.committed
+            threading.Thread(target=land, daemon=True).start()
+        else:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return report
+
+    def land() -> None:
+        time.sleep(1)
+        write_jsonl(str(source), ".b.jsonl.tmp", [_record("b", 2)])
+        (source / "_staging").mkdir()
+        write_jsonl(str(source / "_staging"), "c.jsonl", [_record("c", 3)])
+        time.sleep(1)
+        stop["runs_before_rename"] = len(runs)
+        os.rename(source / ".b.jsonl.tmp", source / "b.jsonl")
+
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        code = run_watching(warehouse, pipeline.stores, HOUR_S, HOUR_S, one_run, lambda report: None,
+                            catch_up=True)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert code == EXIT_OK and len(runs) == 2 and stop["runs_before_rename"] == 1
+    assert set(store_versions(store)) == {"a", "b"}
+
+
+def _topic_pipeline(broker: Any, name: str) -> tuple[Pipeline, str]:
+    """A store reading a new one-partition topic (Kafka topics are watched by a streaming query)."""
+    topic = broker.new_topic(name, partitions=1, config={"retention.ms": "-1"})
+    return Pipeline(stores=[StoreSpec(name=name, source="", max_future_ms=None,
+                                      kafka=KafkaSource(broker.bootstrap, topic))]), topic
+
+
 def test_a_micro_batchs_run_plans_with_the_sessions_settings_not_the_querys_copy_of_them(
-        spark: Any, tmp_path: Any, idle_reports: str, monkeypatch: Any) -> None:
+        spark: Any, tmp_path: Any, idle_reports: str, monkeypatch: Any, kafka_broker: Any) -> None:
     """``foreachBatch`` calls back on the query's thread, whose active session is the query's
     clone of the session. Spark reads settings such as adaptive execution from the thread's
     active session, so a small run's settings (``plans_for_input``, set on the session during
     the run) went unseen by continuous mode's runs until the run made the session active."""
     monkeypatch.setattr(continuous, "WATCH_BUDGET", 1.0)
     monkeypatch.delenv(INTERPRETED_RUN_BYTES_ENV, raising=False)
-    source, warehouse = tmp_path / "src", str(tmp_path / "wh")
-    source.mkdir()
-    pipeline = Pipeline(stores=[StoreSpec(name="s", source=str(source), max_future_ms=None)])
-    store = layout.table_path(warehouse, "s")
+    warehouse = str(tmp_path / "wh")
+    pipeline, topic = _topic_pipeline(kafka_broker, "settings")
+    store = layout.table_path(warehouse, "settings")
     seen: list[tuple[str, str]] = []
 
     def one_run() -> Any:
@@ -171,12 +250,12 @@ def test_a_micro_batchs_run_plans_with_the_sessions_settings_not_the_querys_copy
                          thread_conf.getConfString("spark.sql.codegen.wholeStage")))
             return run_pipeline(spark, warehouse, pipeline)
 
-    def files() -> None:
-        write_jsonl(str(source), "a.jsonl", [_record("a", 1)])
+    def records() -> None:
+        kafka_broker.produce(topic, [{"key": "a", "value": "1", "timestamp_ms": 1}])
         _wait(lambda: layout.has_table(store) and "a" in store_versions(store), 120, "the run")
 
     assert spark.conf.get("spark.sql.adaptive.enabled") == "true"
-    code = _run_continuous_with(spark, warehouse, pipeline, 1.0, one_run, files)
+    code = _run_continuous_with(spark, warehouse, pipeline, 1.0, one_run, records)
     assert code == EXIT_OK
     assert seen and set(seen) == {("false", "false")}, seen
     assert spark._jvm.org.apache.spark.sql.internal.SQLConf.get().getConfString("spark.sql.adaptive.enabled") == "true"
@@ -221,16 +300,15 @@ def test_a_busy_moment_does_not_slow_the_watch_down() -> None:
 
 
 def test_costly_checks_restart_the_query_with_a_longer_watch_interval_and_runs_go_on(
-        spark: Any, tmp_path: Any, monkeypatch: Any, caplog: Any, idle_reports: str) -> None:
+        spark: Any, tmp_path: Any, monkeypatch: Any, caplog: Any, idle_reports: str, kafka_broker: Any) -> None:
     """Every check counts as costly (a budget of a millionth of a core), so the reports after
-    the query's cold one restart it checking every trigger interval; a file that lands after
-    that is ingested by the new query. The folder holds 300 files, so that a check (Spark
-    times it in whole milliseconds) never takes 0 ms."""
-    source, warehouse = tmp_path / "src", str(tmp_path / "wh")
-    for i in range(300):
-        write_jsonl(str(source), f"old-{i:03d}.jsonl", [_record(f"old{i}", 1)])
-    pipeline = Pipeline(stores=[StoreSpec(name="r", source=str(source), max_future_ms=None)])
-    store = layout.table_path(warehouse, "r")
+    the query's cold one restart it checking every trigger interval; a record produced after
+    that is ingested by the new query. (A check asks the broker for the topic's offsets, which
+    Spark never times at 0 ms.)"""
+    warehouse = str(tmp_path / "wh")
+    pipeline, topic = _topic_pipeline(kafka_broker, "retune")
+    kafka_broker.produce(topic, [{"key": f"old{i}", "value": "1", "timestamp_ms": 1} for i in range(300)])
+    store = layout.table_path(warehouse, "retune")
     monkeypatch.setattr(continuous, "WATCH_BUDGET", 1e-6)
     monkeypatch.setattr(continuous, "_LOOK_S", 0.3)
     spark.conf.set(idle_reports, "200ms")  # an idle query's checks timed every 200 ms
@@ -238,13 +316,13 @@ def test_costly_checks_restart_the_query_with_a_longer_watch_interval_and_runs_g
     def retuned() -> bool:
         return any("checking every 2.0s from now on" in r.getMessage() for r in caplog.records)
 
-    def files() -> None:
+    def records() -> None:
         _wait(retuned, 120, "the watch interval to grow")
-        write_jsonl(str(source), "a.jsonl", [_record("a", 1)])
+        kafka_broker.produce(topic, [{"key": "a", "value": "1", "timestamp_ms": 2}])
         _wait(lambda: layout.has_table(store) and "a" in store_versions(store), 120, "a run of the new query")
 
     with caplog.at_level(logging.INFO, logger="versiq.ingest"):
         code = _run_continuous_with(spark, warehouse, pipeline, 2.0,
-                                    lambda: run_pipeline(spark, warehouse, pipeline), files)
+                                    lambda: run_pipeline(spark, warehouse, pipeline), records)
     assert code == EXIT_OK
     assert set(store_versions(store)) == {"a"} | {f"old{i}" for i in range(300)}

@@ -177,7 +177,7 @@ def test_continuous_mode_retries_an_unreadable_file_and_never_opens_a_fifo(tmp_p
     log = (tmp_path / "stderr.log").read_text()
     assert code == 0, log[-3000:]
     # each failed micro-batch is said once, in versiq's words: no py4j or Spark stack traces
-    assert "the file-stream query stopped (a store, stream or table failed" in log
+    assert "the run failed (a store, stream or table failed); retrying in 1.0s" in log
     assert "There was an exception while executing the Python Proxy" not in log, log[-3000:]
     assert "terminated with error" not in log and "ForeachBatchUserFuncException" not in log, log[-3000:]
 

@@ -42,3 +42,28 @@ def test_a_commit_is_served_by_the_watch_pass_before_the_next_full_pass(tmp_path
             pass
     finally:
         engine.close()
+
+
+def test_a_commit_file_the_kernel_reports_starts_the_watch_pass_at_once(tmp_path):
+    """A local warehouse: the kernel's notification of the commit file (``versiq.notify``) runs
+    the watch pass; neither the watch interval nor the full pass (both an hour here) comes.
+    Without notifications (``notified=False``) the same commit waits for them."""
+    wh = str(tmp_path / "wh")
+    store = StoreBuilder(wh, "s", buckets=4)
+    store.apply([("a", "1", 1)])
+    notified = Engine(wh, refresh_interval_s=3600, watch_interval_s=3600)
+    polled = Engine(wh, refresh_interval_s=3600, watch_interval_s=3600, notified=False)
+    notified.start()
+    polled.start()
+    try:
+        time.sleep(0.5)  # the notifications' thread has set up its watches
+        before = polled.current_snapshot("s")
+        for value in ("2", "3"):
+            snapshot = store.apply([("a", value, int(value))])
+            _eventually(lambda snapshot=snapshot: notified.current_snapshot("s") == snapshot)
+            assert notified.get("s", VersionedKeyQuery("a")).record.value == value
+        time.sleep(0.5)
+        assert polled.current_snapshot("s") == before
+    finally:
+        notified.close()
+        polled.close()

@@ -119,11 +119,12 @@ def serve_engine(warehouse: str, refresh_interval_s: float = 3600.0,
                  watch_interval_s: float | None = None) -> Iterator[tuple[str, Engine]]:
     """A started Engine (owned by the test) served by uvicorn on 127.0.0.1; yields (url, engine).
     With the default interval the engine only sees new commits when the test calls refresh():
-    its watch pass is off unless ``watch_interval_s`` is given (a commit's file landing would load
-    it). ``service_refresh_s``: the interval the service believes in (its waits and Retry-After),
-    when it should differ from the engine's."""
+    its watch pass is off unless ``watch_interval_s`` is given (then a commit's file landing loads
+    it at once, or after that interval). ``service_refresh_s``: the interval the service believes
+    in (its waits and Retry-After), when it should differ from the engine's."""
     engine = Engine(warehouse, refresh_interval_s=refresh_interval_s,
-                    watch_interval_s=refresh_interval_s if watch_interval_s is None else watch_interval_s)
+                    watch_interval_s=refresh_interval_s if watch_interval_s is None else watch_interval_s,
+                    notified=watch_interval_s is not None)
     engine.start()
     settings = Settings(warehouse=warehouse, refresh_interval_s=service_refresh_s or refresh_interval_s,
                         token_secret=token_secret)
