@@ -12,16 +12,18 @@ machine load before and after.
 
 The same probes run in each mode, ``--rounds`` times in alternating order (A B, B A: whichever
 ran first measured slower), each time with its own ingest, service and warehouse; the figures
-pool the rounds. Modes (``MODES``): ``trigger_only`` (``--watch-interval 1s``: the folder is
-checked once per trigger interval, as every continuous ingest did before the watch interval; the
-baseline), ``default`` (checked every 100 ms, a run at most every second:
-``ingest.continuous.watch_interval``) and ``generated_code`` (the default with
-``VERSIQ_INTERPRETED_RUN_BYTES=0``: every micro-batch compiles generated code for its plan).
+pool the rounds. Modes (``MODES``): ``default`` (the folder watched with the kernel's file
+notifications, a run at most every second: ``ingest.folder_watch``), ``generated_code`` (the
+default with ``VERSIQ_INTERPRETED_RUN_BYTES=0``: every run compiles generated code for its plan;
+the baseline without a checkout). (``trigger_only``, ``--watch-interval 1s``, was the baseline
+while a streaming query checked local folders; with notifications it equals ``default``.)
 With ``--baseline-checkout DIR`` (a checkout of an earlier commit, e.g. ``git worktree add DIR
 HEAD~1``), mode ``previous`` is the default mode run by that checkout's code (its directory
-first on ``PYTHONPATH``, the same JVM class archive) and becomes the baseline.
+first on ``PYTHONPATH`` of the ingest and of the service, the same JVM class archive) and becomes
+the baseline.
 
-    .venv/bin/python bench/freshness_bench.py [--probes 20] [--every 3] [--rounds 2] [--modes trigger_only,default]
+    .venv/bin/python bench/freshness_bench.py [--probes 20] [--every 3] [--rounds 2] \\
+        [--modes generated_code,default] [--baseline-checkout DIR]
 """
 
 from __future__ import annotations
@@ -65,11 +67,10 @@ def _land(source: str, staging: str, name: str, key: str) -> None:
 TRIGGER_S = 1.0
 #: mode -> the ingest's extra environment and arguments (module docstring)
 MODES: dict[str, tuple[dict[str, str], list[str]]] = {
-    "trigger_only": ({}, ["--watch-interval", f"{TRIGGER_S:g}s"]),
     "default": ({}, []),
     "generated_code": ({"VERSIQ_INTERPRETED_RUN_BYTES": "0"}, []),
 }
-BASELINE = "trigger_only"
+BASELINE = "generated_code"
 PREVIOUS = "previous"
 #: probes landed and timed but not counted: a new ingest's first micro-batches are slower (its JIT
 #: warms up), and what a user sees is a long-running ingest
@@ -91,7 +92,11 @@ def measure(mode: str, probes: int, every: float, rng: random.Random) -> tuple[l
         ingest = subprocess.Popen(
             [sys.executable, "-m", "versiq.cli", "ingest", "--warehouse", warehouse, "--store", "fresh", "--source",
              source, "--continuous", "--trigger-interval", f"{TRIGGER_S:g}s", *MODES[mode][1]],
-            env={**_env(), **MODES[mode][0]}, stdout=log, stderr=log, start_new_session=True)
+            env={**_env(), **MODES[mode][0]}, stdout=log, stderr=log, start_new_session=True,
+            # ``python -m`` puts the working directory first on sys.path, before PYTHONPATH: a
+            # checkout's code runs only from its own directory (before 2026-11-26 afternoon mode
+            # ``previous`` ran the code of the directory the bench was started from)
+            cwd=MODES[mode][0].get("PYTHONPATH"))
     serve: Server | None = None
     latencies: list[float] = []
     load_before = os.getloadavg()
@@ -99,7 +104,9 @@ def measure(mode: str, probes: int, every: float, rng: random.Random) -> tuple[l
         while not os.path.isdir(os.path.join(warehouse, "fresh", "_delta_log")):
             assert ingest.poll() is None, open(log_path).read()
             time.sleep(0.2)
-        serve = Server(warehouse, 1, os.path.join(work, "serve.log"))
+        # the service of the mode's code too (``previous``: the baseline checkout's)
+        code = {k: v for k, v in MODES[mode][0].items() if k == "PYTHONPATH"}
+        serve = Server(warehouse, 1, os.path.join(work, "serve.log"), extra_env=code)
         serve.wait_ready()
         with httpx.Client(base_url=serve.base, timeout=5) as client:
             while client.get("/v1/stores/fresh/keys/warmup").status_code != 200:
@@ -145,7 +152,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--probes", type=int, default=20)
     ap.add_argument("--every", type=float, default=3.0)
-    ap.add_argument("--modes", default="trigger_only,default", help=f"comma-separated, of {', '.join(MODES)}")
+    ap.add_argument("--modes", default="generated_code,default", help=f"comma-separated, of {', '.join(MODES)}")
     ap.add_argument("--rounds", type=int, default=2, help="each mode's probes run this many times, order alternating")
     ap.add_argument("--seed", type=int, default=17, help="of the landing moments' random part")
     ap.add_argument("--results", default=os.path.join(HERE, "results"))

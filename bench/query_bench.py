@@ -213,11 +213,14 @@ def proc_tree_cpu(pid: int) -> float:
 
 
 class Server:
-    def __init__(self, warehouse: str, workers: int, log_path: str) -> None:
+    def __init__(self, warehouse: str, workers: int, log_path: str, extra_env: dict[str, str] | None = None) -> None:
+        """``versiq serve`` of this checkout's virtualenv; ``extra_env`` on top of this process's
+        environment (e.g. ``PYTHONPATH`` of another checkout, whose code it then serves)."""
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = open(log_path, "w")
-        env = dict(os.environ, VERSIQ_LOG_LEVEL=os.environ.get("BENCH_SERVER_LOG_LEVEL", "WARNING"))
+        env = dict(os.environ, VERSIQ_LOG_LEVEL=os.environ.get("BENCH_SERVER_LOG_LEVEL", "WARNING"),
+                   **(extra_env or {}))
         self.proc = subprocess.Popen(
             [os.path.join(ROOT, ".venv", "bin", "versiq"), "serve", "--warehouse", warehouse,
              "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(workers)],
