@@ -61,7 +61,7 @@ from typing import Any
 from versiq import storage
 from versiq.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from versiq.ingest.errors import UsageError
-from versiq.ingest.folder_watch import all_local, run_watching
+from versiq.ingest.folder_watch import all_local, run_watching, wait_until
 from versiq.ingest.spark import active_on_this_thread
 from versiq.ingest.store import LockTimeout
 
@@ -164,17 +164,6 @@ def _active(query: Any) -> bool:
         return bool(query.isActive)
     except Exception:  # noqa: BLE001 - stopping it then says so
         return False
-
-
-def _wait_until(deadline: float, stopping: Callable[[], bool]) -> bool:
-    """Sleep until ``deadline`` (``time.monotonic``); False as soon as ``stopping()`` (checked
-    every 50 ms)."""
-    while not stopping():
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return True
-        time.sleep(min(left, 0.05))
-    return False
 
 
 def _watch(query: Any, state: dict[str, Any], watch_s: float, interval_s: float, adaptive: bool) -> float | None:
@@ -292,7 +281,7 @@ def run_continuous(spark: Any, warehouse: str, pipeline: Any, interval_s: float,
                 raise
 
     def _on_batch(batch_id: int) -> None:
-        if not _wait_until(state["next_run"], refusing):
+        if not wait_until(state["next_run"], refusing):
             raise RunFailed("stopping or restarting: the batch is left for the next start")
         started = time.monotonic()
         state["status"] = EXIT_FAILED  # until the run and its report are through
@@ -348,5 +337,5 @@ def run_continuous(spark: Any, warehouse: str, pipeline: Any, interval_s: float,
             log.warning("the file-stream query stopped (%s); restarting in %.1fs", why, interval_s)
             if not state["failure"]:
                 log.debug("the query's error: %s", error)
-            _wait_until(time.monotonic() + interval_s, lambda: bool(state["stop"]))
+            wait_until(time.monotonic() + interval_s, lambda: bool(state["stop"]))
     return int(state["status"])

@@ -22,10 +22,9 @@ A run that fails (``report.failed``: an unreadable file, a derived table that fa
 logged in one line and retried every ``--trigger-interval`` until it succeeds, even when nothing
 lands; a pipeline with derived tables runs once at start, so that tables a stopped ingest left
 behind their inputs catch up without waiting for a new file (a streaming query replayed its
-unfinished batch); a refused setting (``UsageError``) or a lock held too long ends continuous mode, as with a
-streaming query. Runs start at most every
-``--trigger-interval`` after the start of the last one that committed something, as with a
-streaming query. SIGTERM/SIGINT stop after the current run.
+unfinished batch); a refused setting (``UsageError``) or a lock held too long ends continuous
+mode. As with a streaming query, runs start at most every ``--trigger-interval`` after the start
+of the last one that committed something. SIGTERM/SIGINT stop after the current run.
 """
 
 from __future__ import annotations
@@ -58,12 +57,14 @@ def _visible(roots: list[str]) -> Callable[[str], bool]:
     ``sources.list_sources``), so a file written under a hidden name and renamed into place wakes
     the loop once, at the rename. A source that is a file: any change of it."""
 
+    prefixes = [(root, root.rstrip(os.sep) + os.sep) for root in roots]
+
     def keep(path: str) -> bool:
-        for root in roots:
+        for root, prefix in prefixes:
             if path == root:
                 return True
-            if path.startswith(root.rstrip(os.sep) + os.sep):
-                return not any(hidden_name(part) for part in path[len(root.rstrip(os.sep)) + 1:].split(os.sep))
+            if path.startswith(prefix):
+                return not any(hidden_name(part) for part in path[len(prefix):].split(os.sep))
         return True
 
     return keep
@@ -95,9 +96,25 @@ def _done(warehouse: str, specs: list[Any]) -> set[tuple[str, str]]:
     return done
 
 
-#: How often a wait looks at whether a signal asked to stop (the handler only sets a flag: a lock
+#: How often a wait looks at whether a signal asked to stop (the handlers only set a flag: a lock
 #: taken in a signal handler can be the one its own thread holds).
-_LOOK_S = 0.1
+STOP_CHECK_S = 0.05
+
+
+def wait_until(deadline: float, stopping: Callable[[], bool],
+               woken: Callable[[float], bool] | None = None) -> bool:
+    """Until ``deadline`` (``time.monotonic``) or, with ``woken`` (a wait of at most its argument
+    that says whether something happened: ``FileChanges.wait``), something happening; False as
+    soon as ``stopping()`` (checked every ``STOP_CHECK_S``)."""
+    while not stopping():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return True
+        if woken is None:
+            time.sleep(min(left, STOP_CHECK_S))
+        elif woken(min(left, STOP_CHECK_S)):
+            return True
+    return False
 
 
 def run_watching(warehouse: str, specs: list[Any], interval_s: float, watch_s: float,
@@ -114,17 +131,8 @@ def run_watching(warehouse: str, specs: list[Any], interval_s: float, watch_s: f
         log.info("signal %d: stopping after the current run", signum)
         stopping["stop"] = True
 
-    def until(deadline: float, woken: Callable[[float], bool] | None = None) -> None:
-        """Until ``deadline`` (monotonic), a stop, or (with ``woken``) a change."""
-        while not stopping["stop"]:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            if woken is not None:
-                if woken(min(left, _LOOK_S)):
-                    return
-            else:
-                time.sleep(min(left, _LOOK_S))
+    def stopped() -> bool:
+        return stopping["stop"]
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
@@ -138,10 +146,10 @@ def run_watching(warehouse: str, specs: list[Any], interval_s: float, watch_s: f
         while not stopping["stop"]:
             listed = _listed(specs)
             if not retry and listed is not None and listed <= seen:
-                until(time.monotonic() + (interval_s if changes.notified else min(watch_s, interval_s)), changes.wait)
+                wait_until(time.monotonic() + (interval_s if changes.notified else min(watch_s, interval_s)),
+                           stopped, changes.wait)
                 continue
-            until(next_run)
-            if stopping["stop"]:
+            if not wait_until(next_run, stopped):
                 break
             started = time.monotonic()
             try:

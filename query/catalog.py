@@ -59,7 +59,7 @@ WATCH_INTERVAL_S3_S = 0.5
 def _is_commit_file(path: str) -> bool:
     """A Delta commit file (``.../_delta_log/<version>.json``), the only change the watch pass
     looks for (Delta writes it under a temporary name, then renames it into place)."""
-    return path.endswith(".json") and os.path.basename(os.path.dirname(path)) == "_delta_log"
+    return path.endswith(".json") and os.path.basename(os.path.dirname(path)) == layout.DELTA_LOG_DIR
 
 
 @dataclass

@@ -146,17 +146,23 @@ def test_a_file_after_a_quiet_spell_starts_a_run_at_once_and_the_next_run_waits_
     assert set(store_versions(store)) == {"a"}
 
 
+def _store_with_a_file_done(spark: Any, tmp_path: Any, name: str) -> tuple[Any, str, Pipeline, str]:
+    """A source folder holding ``a.jsonl`` and store ``name`` that has ingested it: (source,
+    warehouse, pipeline, store path)."""
+    source, warehouse = tmp_path / "src", str(tmp_path / "wh")
+    source.mkdir()
+    write_jsonl(str(source), "a.jsonl", [_record("a", 1)])
+    pipeline = Pipeline(stores=[StoreSpec(name=name, source=str(source), max_future_ms=None)])
+    run_pipeline(spark, warehouse, pipeline)
+    return source, warehouse, pipeline, layout.table_path(warehouse, name)
+
+
 def test_files_done_before_a_start_start_no_run_and_a_file_in_a_new_subfolder_starts_one(
         spark: Any, tmp_path: Any, caplog: Any) -> None:
     """The files done come from the store's newest commit (no checkpoint of its own): a restart
     with nothing new runs nothing. The watch is recursive: a folder made after the start is
     watched too, and a file landing in it starts a run."""
-    source, warehouse = tmp_path / "src", str(tmp_path / "wh")
-    source.mkdir()
-    write_jsonl(str(source), "a.jsonl", [_record("a", 1)])
-    pipeline = Pipeline(stores=[StoreSpec(name="d", source=str(source), max_future_ms=None)])
-    run_pipeline(spark, warehouse, pipeline)
-    store = layout.table_path(warehouse, "d")
+    source, warehouse, pipeline, store = _store_with_a_file_done(spark, tmp_path, "d")
     runs: list[float] = []
 
     def one_run() -> Any:
@@ -184,12 +190,7 @@ def test_a_pipeline_with_derived_tables_runs_once_at_start_and_hidden_files_wake
     start with nothing new, since tables a stopped ingest left behind their inputs must catch up
     without a new file. Files under hidden names (a writer's temporary file) start no run; the
     rename into place does."""
-    source, warehouse = tmp_path / "src", str(tmp_path / "wh")
-    source.mkdir()
-    write_jsonl(str(source), "a.jsonl", [_record("a", 1)])
-    pipeline = Pipeline(stores=[StoreSpec(name="c", source=str(source), max_future_ms=None)])
-    run_pipeline(spark, warehouse, pipeline)
-    store = layout.table_path(warehouse, "c")
+    source, warehouse, pipeline, store = _store_with_a_file_done(spark, tmp_path, "c")
     runs: list[Any] = []
     stop: dict[str, Any] = {}
 

@@ -33,7 +33,7 @@ from typing import Any, Self
 # one). Each pytest-xdist worker takes its own slice, so two workers never pick the same port, and
 # a process hands out each port once per pass through its slice.
 _PORT_FLOOR, _PORT_CEILING = 20000, 32768
-_next_port: dict[str, int] = {}
+_next_port: int | None = None  # where this process's next pass through its slice goes on
 _port_lock = threading.Lock()
 
 
@@ -51,10 +51,11 @@ def _port_slice() -> range:
 def free_ports(count: int) -> list[int]:
     """``count`` distinct ports on 127.0.0.1 that nobody listens on, from this process's slice (see
     above), each one checked by binding it; all are released before they are returned."""
+    global _next_port
     ports = _port_slice()
     chosen: list[int] = []
     with _port_lock:
-        cursor = _next_port.get("next", ports.start + os.getpid() % len(ports))
+        cursor = ports.start + os.getpid() % len(ports) if _next_port is None else _next_port
         for _ in range(len(ports)):
             port = ports[(cursor - ports.start) % len(ports)]
             cursor += 1
@@ -66,7 +67,7 @@ def free_ports(count: int) -> list[int]:
             chosen.append(port)
             if len(chosen) == count:
                 break
-        _next_port["next"] = cursor
+        _next_port = cursor
     if len(chosen) < count:
         raise RuntimeError(f"no {count} free ports in {ports.start}-{ports.stop - 1}")
     return chosen
