@@ -5,8 +5,11 @@ code (what every run did before) as the baseline of the same run.
 A one-shot run's JVM compiles with C1 only (``ingest.spark.SHORT_LIVED_JIT_OPTION``) and a small
 one evaluates expressions interpreted (``ingest.spark.plans_for_input``); ``c1_codegen`` turns
 the second off, ``full_jit`` both (``-XX:TieredStopAtLevel=4`` in ``VERSIQ_DRIVER_JAVA_OPTIONS``,
-which comes last). All map the class-data-sharing archive ``make`` writes. Runs alternate
-between the settings so that the machine's load falls on all alike.
+which comes last). All map the class-data-sharing archive ``make`` writes. ``driver`` is the
+same CLI with a resident driver listening (``versiq driver``, ``ingest.driver``, started by this
+bench with its warm-up runs; the seconds until it is ready are reported apart): every run is the
+driver's, no JVM starts. Runs alternate between the settings so that the machine's load falls on
+all alike; ``--settings`` picks some (the first is the baseline of the ratios).
 
 - **one record**: a one-line JSONL file into a small store (``--repeat`` runs each);
 - **10k into 2M**: a 10,000-event batch (``gen_changelog.make_events``, random existing keys)
@@ -17,7 +20,7 @@ between the settings so that the machine's load falls on all alike.
 The load generator is this process starting ``versiq ingest`` one at a time (``subprocess``); wall
 time per process is the figure. The machine's load average is recorded before and after.
 
-    .venv/bin/python bench/cli_bench.py [--repeat 3] [--skip-1m] [--results bench/results]
+    .venv/bin/python bench/cli_bench.py [--repeat 3] [--skip-1m] [--settings c1,driver] [--results bench/results]
 """
 
 from __future__ import annotations
@@ -47,12 +50,33 @@ SETTINGS: dict[str, dict[str, str]] = {
     "c1": {},
     "c1_codegen": {"VERSIQ_INTERPRETED_RUN_BYTES": "0"},
     "full_jit": {"VERSIQ_DRIVER_JAVA_OPTIONS": "-XX:TieredStopAtLevel=4", "VERSIQ_INTERPRETED_RUN_BYTES": "0"},
+    # the same CLI, its runs made by a resident driver (``versiq driver``, started by this bench,
+    # warm-up included; its start is reported apart): VERSIQ_DRIVER_SOCKET is set in main()
+    "driver": {},
 }
 VERSIQ = [sys.executable, "-m", "versiq.cli", "ingest"]
+#: The environment of every process this bench starts (a driver's must equal its clients').
+BASE_ENV = {**os.environ, "PYSPARK_PYTHON": sys.executable, "VERSIQ_DRIVER_SOCKET": "off"}
+
+
+def start_driver(work: str) -> tuple[subprocess.Popen[str], float]:
+    """``versiq driver`` on a socket in ``work``; returns it and the seconds until it was ready
+    (session, warm-up runs)."""
+    socket_file = os.path.join(work, "driver.sock")
+    started = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "versiq.cli", "driver", "--socket", socket_file],
+                            env={k: v for k, v in BASE_ENV.items() if k != "VERSIQ_DRIVER_SOCKET"},
+                            stdout=subprocess.PIPE, stderr=open(os.path.join(work, "driver.log"), "w"),  # noqa: SIM115
+                            stdin=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None
+    if "ready on" not in proc.stdout.readline():
+        raise SystemExit(f"versiq driver did not start; see {work}/driver.log")
+    SETTINGS["driver"] = {"VERSIQ_DRIVER_SOCKET": socket_file}
+    return proc, time.monotonic() - started
 
 
 def _ingest(warehouse: str, source: str, setting: dict[str, str]) -> float:
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, **setting}
+    env = {**BASE_ENV, **setting}
     started = time.monotonic()
     done = subprocess.run([*VERSIQ, "--warehouse", warehouse, "--store", "s", "--source", source,
                            "--max-future", "none"], env=env, capture_output=True, text=True)
@@ -116,11 +140,11 @@ def new_store(work: str) -> dict[str, list[float]]:
     return times
 
 
-def _summary(times: dict[str, list[float]]) -> dict[str, object]:
+def _summary(times: dict[str, list[float]], baseline: str) -> dict[str, object]:
     median = {name: round(statistics.median(values), 2) for name, values in times.items()}
     return {"seconds": {name: [round(v, 2) for v in values] for name, values in times.items()},
             "median_s": median,
-            "over_full_jit": {name: round(median[name] / median["full_jit"], 3) for name in median}}
+            f"over_{baseline}": {name: round(median[name] / median[baseline], 3) for name in median}}
 
 
 def main() -> None:
@@ -128,22 +152,37 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--keys", type=int, default=200_000, help="keys of the store the 10k batches go into (x 10)")
     ap.add_argument("--skip-1m", action="store_true")
+    ap.add_argument("--settings", default=",".join(SETTINGS),
+                    help=f"comma-separated settings to compare (default all: {', '.join(SETTINGS)}); the first "
+                         "is the baseline of the ratios")
     ap.add_argument("--results", default=os.path.join(HERE, "results"))
     args = ap.parse_args()
+    chosen = args.settings.split(",")
+    for name in set(SETTINGS) - set(chosen):
+        del SETTINGS[name]
     work = tempfile.mkdtemp(prefix="versiq-cli-bench-")
     load_before = os.getloadavg()
+    driver = None
     try:
         result: dict[str, object] = {
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
             "load_generator": "this process, one `versiq ingest` subprocess at a time",
-            "baseline": "full_jit: the same runs with -XX:TieredStopAtLevel=4 and generated code, alternating",
-            "one_record": _summary(one_record(work, args.repeat)),
-            f"10k_into_{args.keys * 10}": _summary(batch_into_store(work, args.repeat, args.keys)),
+            "baseline": f"{chosen[0]}: the same runs, alternating",
+        }
+        if "driver" in SETTINGS:
+            driver, result["driver_ready_s"] = start_driver(work)
+            print(f"resident driver ready after {result['driver_ready_s']:.1f} s", flush=True)
+        result |= {
+            "one_record": _summary(one_record(work, args.repeat), chosen[0]),
+            f"10k_into_{args.keys * 10}": _summary(batch_into_store(work, args.repeat, args.keys), chosen[0]),
         }
         if not args.skip_1m:
-            result["1m_new_store"] = _summary(new_store(work))
+            result["1m_new_store"] = _summary(new_store(work), chosen[0])
         result["load_before"], result["load_after"] = load_before, os.getloadavg()
     finally:
+        if driver is not None:
+            driver.terminate()
+            driver.wait(timeout=120)
         shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(result, indent=2))
     write_result(args.results, "cli", result, datetime.now(UTC))

@@ -144,6 +144,27 @@ def build_parser() -> argparse.ArgumentParser:
                      help="how long to wait for another writer of the same store (default 60s)")
     _add_logging(ing)
 
+    drv = sub.add_parser(
+        "driver",
+        help="keep a warm Spark session that runs 'versiq ingest' for the CLI (resident driver)",
+        description="Start a Spark session once, warm it up with a few runs into a scratch warehouse, and run "
+        "every batch 'versiq ingest' of this user in it: a run then skips the JVM's start and first compilation "
+        "(10k events into a store of 2M versions: about 5.5 s instead of 16 s). 'versiq ingest' uses the driver "
+        "listening on the socket when its code and environment (VERSIQ_*, AWS_*, SPARK_*, PYSPARK_*, HADOOP_*, "
+        "JAVA_*) are the driver's, and runs in its own process otherwise. Runs are serialized; a run is atomic "
+        "either way. Ends after --idle-timeout without a request, or on SIGTERM/SIGINT after the run in progress.",
+    )
+    drv.add_argument("--socket", default=None,
+                     help="Unix socket to listen on (default env VERSIQ_DRIVER_SOCKET, else "
+                          "$XDG_RUNTIME_DIR/versiq/driver.sock or ~/.cache/versiq/driver.sock; "
+                          "VERSIQ_DRIVER_SOCKET=off makes 'versiq ingest' never use a driver)")
+    drv.add_argument("--idle-timeout", default="30m",
+                     help="stop after this long without a request (default 30m)")
+    drv.add_argument("--master", default=None, help="Spark master URL (default env SPARK_MASTER, else local[*])")
+    drv.add_argument("--no-warm-up", action="store_true",
+                     help="serve at once, without the warm-up runs (the first runs are then slower)")
+    _add_logging(drv)
+
     srv = sub.add_parser(
         "serve",
         help="serve the HTTP query API",
@@ -316,8 +337,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(args.log_format, args.log_level)
     if args.command == "ingest":
         from versiq.ingest.commands import ingest_command
+        from versiq.ingest.driver_client import forward
 
-        return ingest_command(args, parser)
+        forwarded = forward(list(sys.argv[1:] if argv is None else argv), args)  # a resident driver's run
+        return ingest_command(args, parser) if forwarded is None else forwarded
+    if args.command == "driver":
+        from versiq.ingest.driver import driver_command
+
+        return driver_command(args, parser.parse_args)
     if args.command == "serve":
         from versiq.service.commands import serve_command
 

@@ -128,7 +128,10 @@ def print_summary(report: dict[str, Any]) -> None:
         )
 
 
-def ingest_command(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None) -> int:
+def ingest_command(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None,
+                   spark: Any = None) -> int:
+    """``versiq ingest``. ``spark``: a running session to use (the resident driver's,
+    ``ingest.driver``; batch mode only), else a run starts its own when it has data to read."""
     try:
         pipeline = _pipeline_from_args(args)
         for spec in [*pipeline.stores, *pipeline.streams]:
@@ -143,6 +146,8 @@ def ingest_command(args: argparse.Namespace, parser: argparse.ArgumentParser | N
     from versiq.ingest.run import run_pipeline
     from versiq.ingest.spark import SparkOnDemand
 
+    if spark is not None and not args.continuous:
+        return _one_run(spark, args, pipeline, lock_timeout)
     if not args.continuous:
         # The JVM starts only when the run has data to read (nothing new, a refused setting: none).
         on_demand = SparkOnDemand(args.master)

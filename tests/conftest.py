@@ -22,6 +22,11 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+# A resident driver the developer runs (``versiq driver``) must not take the tests' CLI runs:
+# every ``versiq ingest`` the tests start runs in its own process unless a test points it at a
+# driver of its own (tests/ingest/test_resident_driver.py).
+os.environ["VERSIQ_DRIVER_SOCKET"] = "off"
+
 
 @pytest.fixture(scope="session", autouse=True)
 def index_cache(tmp_path_factory):

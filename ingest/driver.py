@@ -1,0 +1,367 @@
+"""The resident driver: one warm Spark session that runs ``versiq ingest`` for the CLI (issue 17:
+small runs are cheap).
+
+A one-shot ``versiq ingest`` pays for a cold JVM on every run: Spark's start, class loading and
+the first compilation of every code path, about 11 of a one-record run's 12 s and 14 of the 18 s
+of 10k events into a store of 2M versions; the same run in a warm session takes about 4 s
+(docs/benchmarks.md). ``versiq driver`` starts a session once, warms it up with a few runs into a
+scratch warehouse, and listens on a Unix socket; ``versiq ingest`` (batch mode) hands its
+arguments to the driver when one listens there (``forward``) and prints what the run prints, with
+the run's exit status. Without a driver, or when the driver cannot run the request as this
+process would, the CLI runs in its own process as before: the driver is a cache of a warm JVM,
+never a second source of behaviour.
+
+What makes the driver's run the same as the CLI's own:
+
+- **The same code and settings.** A request carries the interpreter, the versiq package's files
+  (path, size, modification time) and every environment variable that shapes a run
+  (``VERSIQ_*``, ``AWS_*``, ``SPARK_*``, ``PYSPARK_*``, ``HADOOP_*``, ``JAVA_*``; not the log
+  settings, which the request's arguments carry). The driver refuses a request whose values
+  differ from its own at start, and the CLI runs it itself (logged at INFO): an upgraded
+  checkout or another bucket's credentials never run in a stale session.
+- **The same arguments.** The driver parses the request's argv with the CLI's own parser, in the
+  request's working directory (relative paths mean what they meant to the caller), and runs
+  ``commands.ingest_command`` with its session. ``--continuous`` and ``--master`` other than the
+  driver's run in their own process.
+- **One run at a time.** Runs are serialized (a session's settings change per run:
+  ``spark.plans_for_input``); a request that has to wait is told so. Writers of one store still
+  exclude each other through the store's lock, whichever process holds it.
+- **Crash safety is the run's.** A run is one atomic, idempotent commit per store, so a driver
+  killed during a run leaves what a killed CLI run leaves. The CLI then runs the request itself.
+  When the caller goes away (Ctrl-C), the driver cancels the run's Spark jobs until it ends: a
+  run stops at its next job, and one whose commit had begun commits whole or not at all.
+
+The socket is ``VERSIQ_DRIVER_SOCKET`` (``off``: never use a driver), by default
+``$XDG_RUNTIME_DIR/versiq/driver.sock`` (else under ``~/.cache/versiq``), in a folder only its
+user can enter. The driver ends after ``--idle-timeout`` without a request, on SIGTERM or
+SIGINT (after the run in progress), and removes its socket.
+
+Protocol (one JSON object per line, UTF-8): the client sends one request ``{"argv", "cwd",
+"env", "code"}``; the driver answers ``{"refused": reason}``, or any number of ``{"out": text}``
+and ``{"err": text}`` followed by ``{"exit": status}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from versiq.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from versiq.ingest.commands import ingest_command
+from versiq.ingest.driver_client import (
+    OFF,
+    SOCKET_ENV,
+    ByteStream,
+    code_identity,
+    run_environment,
+    send,
+    socket_path,
+)
+from versiq.logs import setup_logging
+
+log = logging.getLogger("versiq.ingest")
+
+#: The longest path of a Unix socket (``sun_path`` is 108 bytes on Linux, with its NUL).
+MAX_SOCKET_PATH = 107
+
+# --------------------------------------------------------------------------------------------
+# The driver: ``versiq driver``.
+
+
+class _Output(io.TextIOBase):
+    """A text stream whose writes go to the client as ``{key: text}`` messages; a client that
+    has gone away makes writes no-ops (``gone``)."""
+
+    def __init__(self, stream: ByteStream, key: str, lock: threading.Lock, gone: threading.Event) -> None:
+        self._stream, self._key, self._lock, self._gone = stream, key, lock, gone
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if text and not self._gone.is_set():
+            with self._lock:
+                try:
+                    send(self._stream, {self._key: text})
+                except OSError:
+                    self._gone.set()
+        return len(text)
+
+
+class Driver:
+    """A warm session serving ``versiq ingest`` requests on a Unix socket (see the module
+    docstring). ``parse(argv)`` is the CLI's argument parser (passed down: the CLI is above)."""
+
+    def __init__(self, spark: Any, master: str, parse: Callable[[list[str]], argparse.Namespace]) -> None:
+        self.spark = spark
+        self.master = master
+        self.parse = parse
+        self.environment = run_environment(os.environ)
+        self.code = code_identity()
+        self.run_lock = threading.Lock()
+        self.last_request = time.monotonic()
+        self.stopping = threading.Event()
+        #: The driver's own standard error (a run's goes to its client).
+        self.own_stderr = sys.stderr
+
+    def refusal(self, request: Mapping[str, Any]) -> str | None:
+        """Why this driver does not run ``request`` as its caller would (None: it does)."""
+        if request.get("code") != self.code:
+            return f"it runs other code ({self.code}; the request: {request.get('code')})"
+        theirs: dict[str, str] = request.get("env") or {}
+        differ = sorted(name for name in set(theirs) | set(self.environment)
+                        if theirs.get(name) != self.environment.get(name))
+        if differ:
+            return f"its environment differs in {', '.join(differ)}"
+        return None
+
+    def handle(self, conn: socket.socket) -> None:
+        """One client: check, wait for the run lock, parse, run, answer."""
+        with conn, conn.makefile("rwb") as stream:
+            try:
+                request = json.loads(stream.readline() or b"{}")
+            except ValueError:
+                return
+            reason = self.refusal(request)
+            if reason is not None:
+                with contextlib.suppress(OSError):
+                    send(stream, {"refused": reason})
+                return
+            lock, gone = threading.Lock(), threading.Event()
+            out, err = _Output(stream, "out", lock, gone), _Output(stream, "err", lock, gone)
+            if not self.run_lock.acquire(blocking=False):
+                err.write("versiq ingest: waiting for the run in progress in the resident driver\n")
+                self.run_lock.acquire()
+            try:  # parsing redirects stderr too: only under the run lock
+                code = self._run(conn, request, out, err, gone)
+                with lock, contextlib.suppress(OSError):
+                    send(stream, {"exit": code} if isinstance(code, int) else {"refused": code})
+            finally:
+                self.last_request = time.monotonic()
+                self.run_lock.release()
+
+    def _run(self, conn: socket.socket, request: Mapping[str, Any], out: io.TextIOBase, err: io.TextIOBase,
+             gone: threading.Event) -> int | str:
+        """The request's exit status, or why it is refused. Everything happens in the caller's
+        working directory: parsing makes ``--warehouse`` absolute, the run resolves sources."""
+        here = os.getcwd()
+        try:
+            os.chdir(str(request.get("cwd") or "/"))
+        except OSError as exc:
+            return f"cannot enter the caller's working directory ({exc})"
+        try:
+            return self._parsed_run(conn, request, out, err, gone)
+        finally:
+            os.chdir(here)
+
+    def _parsed_run(self, conn: socket.socket, request: Mapping[str, Any], out: io.TextIOBase, err: io.TextIOBase,
+                    gone: threading.Event) -> int | str:
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):  # argparse's own messages
+                args = self.parse([str(a) for a in request.get("argv") or ()])
+        except SystemExit:
+            return "the arguments do not parse here"
+        if args.command != "ingest" or args.continuous:
+            return "it runs batch ingests only"
+        if args.master and args.master != self.master:
+            return f"it runs on master {self.master}"
+        done = threading.Event()
+        watcher = threading.Thread(target=self._cancel_when_gone, args=(conn, gone, done), daemon=True,
+                                   name="versiq-driver-client")
+        watcher.start()
+        try:
+            return self._ingest(args, out, err)
+        finally:
+            done.set()
+
+    def _ingest(self, args: argparse.Namespace, out: io.TextIOBase, err: io.TextIOBase) -> int:
+        """``ingest_command`` with this session, its output and logs to the client."""
+        from versiq.ingest.spark import active_on_this_thread
+
+        root = logging.getLogger()
+        handlers, level = root.handlers[:], root.level
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                setup_logging(args.log_format, args.log_level)  # onto the redirected stderr
+                log.debug("running in the resident driver (pid %d)", os.getpid())
+                try:
+                    with active_on_this_thread(self.spark):  # a request's thread is new to the JVM
+                        return ingest_command(args, spark=self.spark)
+                except Exception:  # noqa: BLE001 - as the CLI process would: a traceback, status 1
+                    err.write(traceback.format_exc())
+                    return EXIT_FAILED
+        finally:
+            root.handlers[:] = handlers
+            root.setLevel(level)
+
+    def _cancel_when_gone(self, conn: socket.socket, gone: threading.Event, done: threading.Event) -> None:
+        """Watch the client's side of the socket; once it closed before the run ended, cancel the
+        session's jobs until the run ends (it stops at its next job)."""
+        with contextlib.suppress(OSError):
+            while not done.is_set():
+                ready = conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) if _readable(conn, 0.2) else None
+                if ready == b"":
+                    gone.set()
+                    break
+        if gone.is_set() and not done.is_set():
+            print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} WARNING versiq.ingest: the caller went away: "
+                  "cancelling the run's Spark jobs until it ends", file=self.own_stderr, flush=True)
+        while gone.is_set() and not done.is_set():
+            with contextlib.suppress(Exception):
+                self.spark.sparkContext.cancelAllJobs()
+            done.wait(0.2)
+
+
+def _readable(conn: socket.socket, timeout_s: float) -> bool:
+    import select
+
+    ready, _, _ = select.select([conn], [], [], timeout_s)
+    return bool(ready)
+
+
+def listen(path: str) -> socket.socket:
+    """A listening socket at ``path`` in a folder only this user can enter; a socket left there
+    by a killed driver is replaced, a live one is a ``UsageError``-like ``OSError``."""
+    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+        raise OSError(f"socket path {path!r} is longer than {MAX_SOCKET_PATH} bytes")
+    folder = os.path.dirname(path)
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    if os.path.exists(path):
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(path)
+        except OSError:
+            os.unlink(path)  # nobody listens: left by a driver that was killed
+        else:
+            raise OSError(f"a driver already listens on {path}")
+        finally:
+            probe.close()
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)  # the socket: this user only
+    try:
+        server.bind(path)
+    finally:
+        os.umask(old)
+    server.listen(16)
+    return server
+
+
+def warm_up(spark: Any) -> None:
+    """Runs into a scratch warehouse that compile what a real run does: a new store with a
+    rejected line (a small run: interpreted expressions), a run into stored keys with a
+    tombstone, and one through generated code (as larger runs plan)."""
+    from versiq.ingest.pipeline import StoreSpec, run_ingest
+    from versiq.ingest.spark import INTERPRETED_RUN_BYTES_ENV
+
+    def write(path: str, records: list[dict[str, Any]], extra: str = "") -> None:
+        with open(path, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(record) + "\n" for record in records)
+            f.write(extra)
+
+    saved = os.environ.get(INTERPRETED_RUN_BYTES_ENV)
+    try:
+        with tempfile.TemporaryDirectory(prefix="versiq-driver-warm-up-") as folder:
+            source, warehouse = os.path.join(folder, "src"), os.path.join(folder, "wh")
+            os.mkdir(source)
+            spec = StoreSpec("warm_up", source, changelog=True, max_future_ms=None)
+            runs = [([{"key": f"k{i % 50}", "value": {"n": i}, "timestamp": 1000 + i} for i in range(500)],
+                     "no json\n"),
+                    ([{"key": f"k{i % 70}", "value": i, "timestamp": 1200 + i} for i in range(300)]
+                     + [{"key": "k1", "value": None, "timestamp": 5000}], ""),
+                    ([{"key": f"k{i % 90}", "value": i, "timestamp": 900 + i * 7} for i in range(300)], "")]
+            for n, (records, extra) in enumerate(runs):
+                if n == len(runs) - 1:
+                    os.environ[INTERPRETED_RUN_BYTES_ENV] = "0"
+                write(os.path.join(source, f"{n}.jsonl"), records, extra)
+                report = run_ingest(spark, warehouse, [spec])
+                if report.failed:
+                    raise RuntimeError(f"the driver's warm-up run failed: {report.to_json()}")
+    finally:
+        if saved is None:
+            os.environ.pop(INTERPRETED_RUN_BYTES_ENV, None)
+        else:
+            os.environ[INTERPRETED_RUN_BYTES_ENV] = saved
+
+
+@contextlib.contextmanager
+def _stop_on_signals(stopping: threading.Event) -> Iterator[None]:
+    previous = {sig: signal.signal(sig, lambda *_: stopping.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def driver_command(args: argparse.Namespace, parse: Callable[[list[str]], argparse.Namespace]) -> int:
+    """``versiq driver``: start a session, warm it up, serve requests until idle or signalled."""
+    from versiq.durations import DurationError, parse_duration_ms
+    from versiq.ingest.spark import get_spark, master_url
+
+    path = os.path.abspath(args.socket) if args.socket else socket_path()
+    if path is None:
+        print(f"versiq driver: error: {SOCKET_ENV} is {OFF}: give --socket", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        idle_s = parse_duration_ms(args.idle_timeout) / 1000
+    except DurationError as exc:
+        print(f"versiq driver: error: --idle-timeout: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        server = listen(path)
+    except OSError as exc:
+        print(f"versiq driver: error: cannot listen on {path}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    started = time.monotonic()
+    master = master_url(args.master)
+    driver = Driver(None, master, parse)  # the environment as the caller set it, before Spark adds to it
+    try:
+        with _stop_on_signals(driver.stopping):
+            driver.spark = get_spark(master, "versiq-driver")
+            if not args.no_warm_up:
+                warm_up(driver.spark)
+            log.info("resident driver ready on %s (pid %d, master %s, %.1fs to start); idle timeout %gs",
+                     path, os.getpid(), master, time.monotonic() - started, idle_s)
+            print(f"versiq driver: ready on {path}", flush=True)
+            driver.last_request = time.monotonic()
+            _serve(server, driver, idle_s)
+    finally:
+        server.close()
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        if driver.spark is not None:
+            with contextlib.suppress(Exception):
+                driver.spark.stop()
+    return EXIT_OK
+
+
+def _serve(server: socket.socket, driver: Driver, idle_s: float) -> None:
+    """Accept clients (a thread each) until stopped or idle for ``idle_s``; then wait for the
+    run in progress."""
+    server.settimeout(0.2)
+    while not driver.stopping.is_set():
+        try:
+            conn, _ = server.accept()
+        except TimeoutError:
+            if not driver.run_lock.locked() and time.monotonic() - driver.last_request > idle_s:
+                log.info("resident driver: no request for %gs; stopping", idle_s)
+                break
+            continue
+        conn.settimeout(None)
+        driver.last_request = time.monotonic()
+        threading.Thread(target=driver.handle, args=(conn,), daemon=True, name="versiq-driver-request").start()
+    with driver.run_lock:  # the run in progress ends first
+        pass

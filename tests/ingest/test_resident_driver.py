@@ -1,0 +1,242 @@
+"""``versiq driver`` (``ingest.driver``): batch ``versiq ingest`` runs in a warm session that a
+real driver process holds, with the same result, output and exit status as a run in the CLI's
+own process; requests it cannot run as asked, a socket left by a killed driver and a caller that
+goes away during its run.
+
+The module shares one driver (started without its warm-up runs, which ``test_warm_up...`` covers
+in-process); the CLI processes that should not use it get ``VERSIQ_DRIVER_SOCKET=off`` (the
+whole test session has it, tests/conftest.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from tests.ingest.test_ingest_cli import env, make_changelog
+from tests.support.ingest import rejected_rows, store_versions, write_jsonl
+from versiq.ingest.driver import Driver, warm_up
+from versiq.ingest.driver_client import code_identity, run_environment, socket_path
+
+VERSIQ = [sys.executable, "-m", "versiq.cli"]
+PID = re.compile(r"running in the resident driver \(pid (\d+)\)")
+
+
+def _driver_env() -> dict[str, str]:
+    e = env()
+    e.pop("VERSIQ_DRIVER_SOCKET", None)
+    return e
+
+
+class DriverProcess:
+    """``versiq driver`` on a socket of the test, its standard error kept in a file."""
+
+    def __init__(self, folder: str, *extra: str) -> None:
+        self.socket = os.path.join(folder, "driver.sock")
+        self.log_path = os.path.join(folder, "driver.log")
+        self._log = open(self.log_path, "w", encoding="utf-8")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen([*VERSIQ, "driver", "--socket", self.socket, "--no-warm-up", *extra],
+                                     env=_driver_env(), stdout=subprocess.PIPE, stderr=self._log,
+                                     stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()  # "versiq driver: ready on ..." once it serves
+        assert "ready on" in line, f"the driver did not start: {line!r} {self.log()}"
+
+    def log(self) -> str:
+        with open(self.log_path, encoding="utf-8") as f:
+            return f.read()
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout=60)
+        self._log.close()
+        return code
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory):
+    process = DriverProcess(str(tmp_path_factory.mktemp("driver")))
+    yield process
+    assert process.stop() == 0, process.log()
+    assert not os.path.exists(process.socket), "the driver removes its socket when it ends"
+
+
+def ingest(socket: str | None, *args: str, cwd: str | None = None, extra_env: dict[str, str] | None = None,
+           ) -> subprocess.CompletedProcess[str]:
+    e = {**env(), "VERSIQ_DRIVER_SOCKET": socket or "off", **(extra_env or {})}
+    return subprocess.run([*VERSIQ, "ingest", "--log-level", "DEBUG", *args], capture_output=True, text=True,
+                          timeout=300, env=e, cwd=cwd, stdin=subprocess.DEVNULL)
+
+
+def ran_in(result: subprocess.CompletedProcess[str]) -> int | None:
+    """The driver's pid when the run was the driver's, else None."""
+    found = PID.search(result.stderr)
+    return int(found.group(1)) if found else None
+
+
+def _rejected(store: str) -> list[dict]:
+    """The store's rejected rows, less the wall-clock time of their run."""
+    return [{k: v for k, v in row.items() if k != "ingested_at"} for row in rejected_rows(store)]
+
+
+def _report(path: str) -> dict:
+    with open(path, encoding="utf-8") as f:
+        report = json.load(f)
+    for entry in report["stores"].values():
+        entry.pop("seconds")
+    return report
+
+
+def test_a_run_in_the_driver_is_the_run_the_cli_makes(driver, tmp_path):
+    """Same store, same rejected rows, same report and summary as a run in the CLI's own process;
+    relative paths are the caller's; a refused setting is exit 2 with the CLI's message."""
+    src = tmp_path / "src"
+    make_changelog(src, files=2, keys=120)
+    via = ingest(driver.socket, "--warehouse", "wh-driver", "--store", "s", "--source", "src", "--max-future", "none",
+                 "--report", "report.json", cwd=str(tmp_path))
+    assert via.returncode == 0, via.stderr
+    assert ran_in(via) == driver.proc.pid, via.stderr
+    alone = ingest(None, "--warehouse", str(tmp_path / "wh-alone"), "--store", "s", "--source", str(src),
+                   "--max-future", "none", "--report", str(tmp_path / "alone.json"))
+    assert alone.returncode == 0, alone.stderr
+    assert ran_in(alone) is None
+    driver_store, alone_store = str(tmp_path / "wh-driver" / "s"), str(tmp_path / "wh-alone" / "s")
+    assert store_versions(driver_store) == store_versions(alone_store)
+    assert _rejected(driver_store) == _rejected(alone_store) != []
+    assert _report(str(tmp_path / "report.json")) == _report(str(tmp_path / "alone.json"))
+    summary = [line for line in via.stderr.splitlines() if line.startswith("store s: read")]
+    assert len(summary) == 1 and summary[0].split(" in ")[0] == \
+        next(line for line in alone.stderr.splitlines() if line.startswith("store s: read")).split(" in ")[0]
+
+    refused = ingest(driver.socket, "--warehouse", "wh-driver", "--store", "s", "--source", "src",
+                     "--history-retention", "5m", cwd=str(tmp_path))
+    assert refused.returncode == 2, refused.stderr
+    assert ran_in(refused) == driver.proc.pid
+    assert "it cannot be changed to 300000" in refused.stderr
+    again = ingest(driver.socket, "--warehouse", "wh-driver", "--store", "s", "--source", "src", cwd=str(tmp_path))
+    assert again.returncode == 0 and "no new files" in again.stderr, again.stderr
+
+
+def test_a_request_the_driver_cannot_run_as_asked_runs_in_the_callers_process(driver, tmp_path):
+    """Another value of a variable that shapes a run, or another master: the CLI runs it itself
+    (here a run with nothing new, which needs no JVM) and says why."""
+    src = tmp_path / "src"
+    write_jsonl(str(src), "a.jsonl", ['{"key":"a","value":1,"timestamp":5}'])
+    first = ingest(driver.socket, "--warehouse", str(tmp_path / "wh"), "--store", "s", "--source", str(src))
+    assert first.returncode == 0 and ran_in(first) == driver.proc.pid, first.stderr
+    cases = [
+        ({"VERSIQ_SHUFFLE_PARTITIONS": "3"}, [], "its environment differs in VERSIQ_SHUFFLE_PARTITIONS"),
+        ({"AWS_REGION": "eu-north-1"}, [], "its environment differs in AWS_REGION"),
+        ({}, ["--master", "local[1]"], "it runs on master local[*]"),
+    ]
+    for extra_env, extra_args, why in cases:
+        result = ingest(driver.socket, "--warehouse", str(tmp_path / "wh"), "--store", "s", "--source", str(src),
+                        *extra_args, extra_env=extra_env)
+        assert result.returncode == 0, result.stderr
+        assert ran_in(result) is None
+        assert f"does not run this: {why}; running here" in result.stderr, result.stderr
+        assert "no new files" in result.stderr
+
+
+def test_the_driver_refuses_other_code_and_environments():
+    driver = Driver(None, "local[*]", lambda argv: None)  # type: ignore[arg-type, return-value]
+    request = {"code": code_identity(), "env": run_environment(os.environ)}
+    assert driver.refusal(request) is None
+    assert "runs other code" in (driver.refusal({**request, "code": "versiq 0.0.9 elsewhere"}) or "")
+    assert "differs in VERSIQ_NEW" in (driver.refusal({**request, "env": {**request["env"], "VERSIQ_NEW": "1"}}) or "")
+    assert run_environment({"VERSIQ_LOG_LEVEL": "DEBUG", "VERSIQ_DRIVER_SOCKET": "x", "HOME": "/h",
+                            "AWS_PROFILE": "p"}) == {"AWS_PROFILE": "p"}
+    assert socket_path({"VERSIQ_DRIVER_SOCKET": "off"}) is None
+    assert socket_path({"XDG_RUNTIME_DIR": "/run/user/7"}) == "/run/user/7/versiq/driver.sock"
+
+
+def test_runs_wait_for_each_other(driver, tmp_path):
+    """Two callers at once: one is told it waits, both runs commit."""
+    for name in ("a", "b"):
+        write_jsonl(str(tmp_path / name), "x.jsonl",
+                    [f'{{"key":"k{i}","value":{i},"timestamp":{i}}}' for i in range(2000)])
+    results: dict[str, subprocess.CompletedProcess[str]] = {}
+
+    def run(name: str) -> None:
+        results[name] = ingest(driver.socket, "--warehouse", str(tmp_path / "wh"), "--store", name,
+                               "--source", str(tmp_path / name))
+
+    threads = [threading.Thread(target=run, args=(name,)) for name in ("a", "b")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(r.returncode == 0 and ran_in(r) == driver.proc.pid for r in results.values()), results
+    assert any("waiting for the run in progress" in r.stderr for r in results.values())
+    for name in ("a", "b"):
+        assert len(store_versions(str(tmp_path / "wh" / name))) == 2000
+
+
+def test_a_caller_that_goes_away_cancels_its_run_and_the_rerun_completes_it(driver, tmp_path):
+    """The caller is killed while its run is in the driver: the driver cancels the run's jobs and
+    keeps serving; whether or not that run committed, the next run leaves the store an
+    uninterrupted run gives."""
+    src = tmp_path / "src"
+    make_changelog(src, files=4, keys=3000)
+    client = subprocess.Popen([*VERSIQ, "ingest", "--warehouse", str(tmp_path / "wh"), "--store", "s",
+                               "--source", str(src), "--max-future", "none"],
+                              env={**env(), "VERSIQ_DRIVER_SOCKET": driver.socket}, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    assert client.stderr is not None
+    for line in client.stderr:
+        if "parsed" in line:
+            break
+    client.kill()
+    client.wait(timeout=30)
+    client.stderr.close()
+    deadline = time.monotonic() + 60
+    while "the caller went away" not in driver.log():
+        assert time.monotonic() < deadline, driver.log()
+        time.sleep(0.2)
+    rerun = ingest(driver.socket, "--warehouse", str(tmp_path / "wh"), "--store", "s", "--source", str(src),
+                   "--max-future", "none")
+    assert rerun.returncode == 0 and ran_in(rerun) == driver.proc.pid, rerun.stderr
+    alone = ingest(None, "--warehouse", str(tmp_path / "alone"), "--store", "s", "--source", str(src),
+                   "--max-future", "none")
+    assert alone.returncode == 0, alone.stderr
+    assert store_versions(str(tmp_path / "wh" / "s")) == store_versions(str(tmp_path / "alone" / "s"))
+    assert _rejected(str(tmp_path / "wh" / "s")) == _rejected(str(tmp_path / "alone" / "s"))
+
+
+def test_a_killed_drivers_socket_is_passed_over_and_replaced(driver, tmp_path):
+    """kill -9 leaves the socket file: the CLI runs itself; a new driver takes the path over, a
+    second one on a live socket is refused, and an idle driver ends by itself."""
+    first = DriverProcess(str(tmp_path))
+    os.killpg(first.proc.pid, signal.SIGKILL)
+    first.stop()
+    assert os.path.exists(first.socket)
+    src = tmp_path / "src"
+    write_jsonl(str(src), "a.jsonl", ['{"key":"a","value":1,"timestamp":5}'])
+    (tmp_path / "wh").mkdir()
+    result = ingest(first.socket, "--warehouse", str(tmp_path / "wh"), "--store", "s", "--source", str(src),
+                    "--buckets", "0")  # refused before any JVM: the fallback is cheap
+    assert result.returncode == 2 and ran_in(result) is None, result.stderr
+    assert "no resident driver at" in result.stderr
+
+    second = DriverProcess(str(tmp_path), "--idle-timeout", "3s")
+    busy = subprocess.run([*VERSIQ, "driver", "--socket", second.socket, "--no-warm-up"], env=_driver_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert busy.returncode == 2 and "a driver already listens" in busy.stderr, busy.stderr
+    assert second.proc.wait(timeout=60) == 0, second.log()
+    assert "no request for 3s; stopping" in second.log()
+    assert not os.path.exists(second.socket)
+    second.stop()
+
+
+def test_warm_up_runs_leave_the_session_and_environment_as_they_were(spark):
+    before = os.environ.get("VERSIQ_INTERPRETED_RUN_BYTES")
+    warm_up(spark)
+    assert os.environ.get("VERSIQ_INTERPRETED_RUN_BYTES") == before
