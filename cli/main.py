@@ -150,9 +150,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Start a Spark session once, warm it up with a few runs into a scratch warehouse, and run "
         "every batch 'versiq ingest' of this user in it: a run then skips the JVM's start and first compilation "
         "(10k events into a store of 2M versions: about 5.5 s instead of 16 s). 'versiq ingest' uses the driver "
-        "listening on the socket when its code and environment (VERSIQ_*, AWS_*, SPARK_*, PYSPARK_*, HADOOP_*, "
-        "JAVA_*) are the driver's, and runs in its own process otherwise. Runs are serialized; a run is atomic "
-        "either way. Ends after --idle-timeout without a request, or on SIGTERM/SIGINT after the run in progress.",
+        "listening on the socket (as the same user) when its code, umask, master and environment (VERSIQ_*, "
+        "AWS_*, SPARK_*, PYSPARK_*, HADOOP_*, JAVA_*, TZ, TMPDIR, HOME) are the driver's and the driver is not "
+        "busy with another run, and runs in its own process otherwise; a run is atomic either way. Ends after "
+        "--idle-timeout without a request, or on SIGTERM/SIGINT after the run in progress.",
     )
     drv.add_argument("--socket", default=None,
                      help="Unix socket to listen on (default env VERSIQ_DRIVER_SOCKET, else "

@@ -14,31 +14,39 @@ never a second source of behaviour.
 What makes the driver's run the same as the CLI's own:
 
 - **The same code and settings.** A request carries the interpreter, the versiq package's files
-  (path, size, modification time) and every environment variable that shapes a run
-  (``VERSIQ_*``, ``AWS_*``, ``SPARK_*``, ``PYSPARK_*``, ``HADOOP_*``, ``JAVA_*``; not the log
-  settings, which the request's arguments carry). The driver refuses a request whose values
-  differ from its own at start, and the CLI runs it itself (logged at INFO): an upgraded
-  checkout or another bucket's credentials never run in a stale session.
+  (path, size, modification time), the versions of the libraries a run uses, the umask (the
+  driver's JVM writes files with its own), and a digest of every environment variable that
+  shapes a run (``VERSIQ_*``, ``AWS_*``, ``SPARK_*``, ``PYSPARK_*``, ``HADOOP_*``, ``JAVA_*``,
+  ``TZ``, ``TMPDIR``, ``HOME``; not the log settings, which the request's arguments carry). The
+  driver refuses a request whose values differ from its own at start, and the CLI runs it
+  itself (logged at INFO): an upgraded checkout or another bucket's credentials never run in a
+  stale session.
 - **The same arguments.** The driver parses the request's argv with the CLI's own parser, in the
   request's working directory (relative paths mean what they meant to the caller), and runs
-  ``commands.ingest_command`` with its session. ``--continuous`` and ``--master`` other than the
-  driver's run in their own process.
-- **One run at a time.** Runs are serialized (a session's settings change per run:
-  ``spark.plans_for_input``); a request that has to wait is told so. Writers of one store still
-  exclude each other through the store's lock, whichever process holds it.
+  ``commands.ingest_command`` with its session. ``--continuous``, and a master other than the
+  driver's, run in their own process.
+- **One run at a time, never a wait the CLI would not have.** A session's settings change per
+  run (``spark.plans_for_input``), so the driver runs one request at a time; a request that
+  arrives while it is busy is refused and runs in its own process, as it would have without a
+  driver (concurrent runs, each store's writer lock and ``--lock-timeout`` as before).
 - **Crash safety is the run's.** A run is one atomic, idempotent commit per store, so a driver
   killed during a run leaves what a killed CLI run leaves. The CLI then runs the request itself.
   When the caller goes away (Ctrl-C), the driver cancels the run's Spark jobs until it ends: a
   run stops at its next job, and one whose commit had begun commits whole or not at all.
 
+What stays the driver's: Spark's own log (``--log-level DEBUG``) and Python warnings shown once
+per process go to the driver's standard error, not the caller's.
+
 The socket is ``VERSIQ_DRIVER_SOCKET`` (``off``: never use a driver), by default
-``$XDG_RUNTIME_DIR/versiq/driver.sock`` (else under ``~/.cache/versiq``), in a folder only its
-user can enter. The driver ends after ``--idle-timeout`` without a request, on SIGTERM or
-SIGINT (after the run in progress), and removes its socket.
+``$XDG_RUNTIME_DIR/versiq/driver.sock`` (else under ``~/.cache/versiq``). It is made under a
+temporary name and renamed into place once the driver is ready (a caller never waits for a
+driver's start), with mode 0600; the CLI uses a driver only when the process listening runs as
+its own user (``SO_PEERCRED``). The driver ends after ``--idle-timeout`` without a request, on
+SIGTERM or SIGINT (after the run in progress), and removes its socket if it is still its own.
 
 Protocol (one JSON object per line, UTF-8): the client sends one request ``{"argv", "cwd",
-"env", "code"}``; the driver answers ``{"refused": reason}``, or any number of ``{"out": text}``
-and ``{"err": text}`` followed by ``{"exit": status}``.
+"env", "umask", "code"}``; the driver answers ``{"refused": reason}``, or any number of
+``{"out": text}`` and ``{"err": text}`` followed by ``{"exit": status}``.
 """
 
 from __future__ import annotations
@@ -49,8 +57,10 @@ import io
 import json
 import logging
 import os
+import select
 import signal
 import socket
+import stat
 import sys
 import tempfile
 import threading
@@ -66,6 +76,7 @@ from versiq.ingest.driver_client import (
     SOCKET_ENV,
     ByteStream,
     code_identity,
+    current_umask,
     run_environment,
     send,
     socket_path,
@@ -76,6 +87,11 @@ log = logging.getLogger("versiq.ingest")
 
 #: The longest path of a Unix socket (``sun_path`` is 108 bytes on Linux, with its NUL).
 MAX_SOCKET_PATH = 107
+#: The largest request line read (argv, cwd, environment digests: a few KB in practice).
+MAX_REQUEST_BYTES = 1 << 20
+#: How long the driver waits on a client's socket (its request, or room for output) before it
+#: takes the client as gone.
+CLIENT_TIMEOUT_S = 60.0
 
 # --------------------------------------------------------------------------------------------
 # The driver: ``versiq driver``.
@@ -110,6 +126,7 @@ class Driver:
         self.master = master
         self.parse = parse
         self.environment = run_environment(os.environ)
+        self.umask = current_umask()
         self.code = code_identity()
         self.run_lock = threading.Lock()
         self.last_request = time.monotonic()
@@ -121,40 +138,60 @@ class Driver:
         """Why this driver does not run ``request`` as its caller would (None: it does)."""
         if request.get("code") != self.code:
             return f"it runs other code ({self.code}; the request: {request.get('code')})"
-        theirs: dict[str, str] = request.get("env") or {}
+        theirs = request.get("env")
+        if not isinstance(theirs, dict):
+            return "the request has no environment"
         differ = sorted(name for name in set(theirs) | set(self.environment)
                         if theirs.get(name) != self.environment.get(name))
         if differ:
             return f"its environment differs in {', '.join(differ)}"
+        if request.get("umask") != self.umask:
+            return f"its umask is {self.umask:03o}"
         return None
 
     def handle(self, conn: socket.socket) -> None:
-        """One client: check, wait for the run lock, parse, run, answer."""
-        with conn, conn.makefile("rwb") as stream:
-            try:
-                request = json.loads(stream.readline() or b"{}")
-            except ValueError:
-                return
-            reason = self.refusal(request)
-            if reason is not None:
-                with contextlib.suppress(OSError):
-                    send(stream, {"refused": reason})
-                return
-            lock, gone = threading.Lock(), threading.Event()
-            out, err = _Output(stream, "out", lock, gone), _Output(stream, "err", lock, gone)
-            if not self.run_lock.acquire(blocking=False):
-                err.write("versiq ingest: waiting for the run in progress in the resident driver\n")
-                self.run_lock.acquire()
-            try:  # parsing redirects stderr too: only under the run lock
-                code = self._run(conn, request, out, err, gone)
-                with lock, contextlib.suppress(OSError):
-                    send(stream, {"exit": code} if isinstance(code, int) else {"refused": code})
-            finally:
-                self.last_request = time.monotonic()
-                self.run_lock.release()
+        """One client: check, take the run lock (or refuse: busy), parse, run, answer. Nothing
+        here may raise into the thread: its traceback would go to a running request's stderr."""
+        try:
+            conn.settimeout(CLIENT_TIMEOUT_S)  # a caller that stops reading (Ctrl-Z) is gone
+            with conn:
+                stream = conn.makefile("rwb")
+                try:
+                    self._handle(conn, stream)
+                finally:
+                    with contextlib.suppress(OSError):  # flushing to a caller that went away
+                        stream.close()
+        except Exception:  # noqa: BLE001 - one bad client never stops the driver
+            print(f"versiq driver: a request failed:\n{traceback.format_exc()}", file=self.own_stderr, flush=True)
 
-    def _run(self, conn: socket.socket, request: Mapping[str, Any], out: io.TextIOBase, err: io.TextIOBase,
-             gone: threading.Event) -> int | str:
+    def _handle(self, conn: socket.socket, stream: Any) -> None:
+        try:
+            request = json.loads(stream.readline(MAX_REQUEST_BYTES) or b"{}")
+        except (ValueError, OSError):
+            return
+        reason = self.refusal(request) if isinstance(request, dict) else "the request is not an object"
+        if reason is None and not self.run_lock.acquire(blocking=False):
+            reason = "it is busy with another run"
+        if reason is not None:
+            with contextlib.suppress(OSError):
+                send(stream, {"refused": reason})
+            return
+        gone = threading.Event()
+        try:  # parsing redirects stderr too: only under the run lock
+            if self.stopping.is_set():
+                code: int | str = "it is stopping"
+            else:
+                code = self._run(conn, stream, request, gone)
+            with contextlib.suppress(OSError):
+                send(stream, {"exit": code} if isinstance(code, int) else {"refused": code})
+        finally:
+            self.last_request = time.monotonic()
+            self.run_lock.release()
+        if gone.is_set():
+            print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} INFO versiq.ingest: the run of the caller that went away "
+                  f"has ended (status {code})", file=self.own_stderr, flush=True)
+
+    def _run(self, conn: socket.socket, stream: Any, request: Mapping[str, Any], gone: threading.Event) -> int | str:
         """The request's exit status, or why it is refused. Everything happens in the caller's
         working directory: parsing makes ``--warehouse`` absolute, the run resolves sources."""
         here = os.getcwd()
@@ -163,12 +200,14 @@ class Driver:
         except OSError as exc:
             return f"cannot enter the caller's working directory ({exc})"
         try:
-            return self._parsed_run(conn, request, out, err, gone)
+            return self._parsed_run(conn, stream, request, gone)
         finally:
             os.chdir(here)
 
-    def _parsed_run(self, conn: socket.socket, request: Mapping[str, Any], out: io.TextIOBase, err: io.TextIOBase,
+    def _parsed_run(self, conn: socket.socket, stream: Any, request: Mapping[str, Any],
                     gone: threading.Event) -> int | str:
+        from versiq.ingest.spark import master_url
+
         try:
             with contextlib.redirect_stderr(io.StringIO()):  # argparse's own messages
                 args = self.parse([str(a) for a in request.get("argv") or ()])
@@ -176,9 +215,10 @@ class Driver:
             return "the arguments do not parse here"
         if args.command != "ingest" or args.continuous:
             return "it runs batch ingests only"
-        if args.master and args.master != self.master:
+        if master_url(args.master) != self.master:  # the caller's --master, else SPARK_MASTER or local[*]
             return f"it runs on master {self.master}"
-        done = threading.Event()
+        lock, done = threading.Lock(), threading.Event()
+        out, err = _Output(stream, "out", lock, gone), _Output(stream, "err", lock, gone)
         watcher = threading.Thread(target=self._cancel_when_gone, args=(conn, gone, done), daemon=True,
                                    name="versiq-driver-client")
         watcher.start()
@@ -186,6 +226,7 @@ class Driver:
             return self._ingest(args, out, err)
         finally:
             done.set()
+            watcher.join()  # no cancellation of this run may reach the next one
 
     def _ingest(self, args: argparse.Namespace, out: io.TextIOBase, err: io.TextIOBase) -> int:
         """``ingest_command`` with this session, its output and logs to the client."""
@@ -208,55 +249,87 @@ class Driver:
             root.setLevel(level)
 
     def _cancel_when_gone(self, conn: socket.socket, gone: threading.Event, done: threading.Event) -> None:
-        """Watch the client's side of the socket; once it closed before the run ended, cancel the
-        session's jobs until the run ends (it stops at its next job)."""
+        """Watch the client's side of the socket; once it closed (or stopped reading) before the
+        run ended, cancel the session's jobs until the run ends (it stops at its next job)."""
         with contextlib.suppress(OSError):
-            while not done.is_set():
-                ready = conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) if _readable(conn, 0.2) else None
-                if ready == b"":
+            while not done.is_set() and not gone.is_set():
+                if _readable(conn, 0.2) and conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":
                     gone.set()
-                    break
         if gone.is_set() and not done.is_set():
             print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} WARNING versiq.ingest: the caller went away: "
                   "cancelling the run's Spark jobs until it ends", file=self.own_stderr, flush=True)
-        while gone.is_set() and not done.is_set():
+        if not gone.is_set():
+            return
+        while not done.is_set():
             with contextlib.suppress(Exception):
                 self.spark.sparkContext.cancelAllJobs()
             done.wait(0.2)
 
 
 def _readable(conn: socket.socket, timeout_s: float) -> bool:
-    import select
-
     ready, _, _ = select.select([conn], [], [], timeout_s)
     return bool(ready)
 
 
-def listen(path: str) -> socket.socket:
-    """A listening socket at ``path`` in a folder only this user can enter; a socket left there
-    by a killed driver is replaced, a live one is a ``UsageError``-like ``OSError``."""
+def check_free(path: str) -> None:
+    """Raise ``OSError`` unless a driver may listen at ``path``: a path short enough, and no
+    live driver there. A socket nobody listens on (left by a driver that was killed) is removed;
+    any other kind of file is left alone and refused."""
     if len(os.fsencode(path)) > MAX_SOCKET_PATH:
         raise OSError(f"socket path {path!r} is longer than {MAX_SOCKET_PATH} bytes")
-    folder = os.path.dirname(path)
-    os.makedirs(folder, mode=0o700, exist_ok=True)
-    if os.path.exists(path):
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.connect(path)
-        except OSError:
-            os.unlink(path)  # nobody listens: left by a driver that was killed
-        else:
-            raise OSError(f"a driver already listens on {path}")
-        finally:
-            probe.close()
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise OSError(f"{path} exists and is not a socket")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except OSError:
+        os.unlink(path)
+    else:
+        raise OSError(f"a driver already listens on {path}")
+    finally:
+        probe.close()
+
+
+def listen(path: str) -> socket.socket:
+    """A listening socket (mode 0600) under a temporary name beside ``path``: ``publish`` renames
+    it into place once the driver is ready."""
+    check_free(path)
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o177)  # the socket: this user only
     try:
-        server.bind(path)
+        server.bind(_staging(path))
     finally:
         os.umask(old)
     server.listen(16)
     return server
+
+
+def _staging(path: str) -> str:
+    return f"{path}.{os.getpid()}"
+
+
+def publish(path: str) -> tuple[int, int]:
+    """Rename the driver's socket into place (after checking again that no driver took the
+    path meanwhile); returns its (device, inode), which the driver checks before removing it."""
+    check_free(path)
+    os.rename(_staging(path), path)
+    info = os.lstat(path)
+    return info.st_dev, info.st_ino
+
+
+def unpublish(path: str, identity: tuple[int, int] | None) -> None:
+    """Remove the driver's socket: the staging name, and ``path`` while it is still this one."""
+    with contextlib.suppress(OSError):
+        os.unlink(_staging(path))
+    with contextlib.suppress(OSError):
+        info = os.lstat(path)
+        if identity == (info.st_dev, info.st_ino):
+            os.unlink(path)
 
 
 def warm_up(spark: Any) -> None:
@@ -328,11 +401,17 @@ def driver_command(args: argparse.Namespace, parse: Callable[[list[str]], argpar
     started = time.monotonic()
     master = master_url(args.master)
     driver = Driver(None, master, parse)  # the environment as the caller set it, before Spark adds to it
+    published: tuple[int, int] | None = None
     try:
         with _stop_on_signals(driver.stopping):
             driver.spark = get_spark(master, "versiq-driver")
             if not args.no_warm_up:
                 warm_up(driver.spark)
+            try:
+                published = publish(path)
+            except OSError as exc:
+                print(f"versiq driver: error: cannot listen on {path}: {exc}", file=sys.stderr)
+                return EXIT_USAGE
             log.info("resident driver ready on %s (pid %d, master %s, %.1fs to start); idle timeout %gs",
                      path, os.getpid(), master, time.monotonic() - started, idle_s)
             print(f"versiq driver: ready on {path}", flush=True)
@@ -340,8 +419,7 @@ def driver_command(args: argparse.Namespace, parse: Callable[[list[str]], argpar
             _serve(server, driver, idle_s)
     finally:
         server.close()
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+        unpublish(path, published)
         if driver.spark is not None:
             with contextlib.suppress(Exception):
                 driver.spark.stop()
@@ -350,7 +428,7 @@ def driver_command(args: argparse.Namespace, parse: Callable[[list[str]], argpar
 
 def _serve(server: socket.socket, driver: Driver, idle_s: float) -> None:
     """Accept clients (a thread each) until stopped or idle for ``idle_s``; then wait for the
-    run in progress."""
+    run in progress (a request that takes the run lock after that finds ``stopping`` set)."""
     server.settimeout(0.2)
     while not driver.stopping.is_set():
         try:
@@ -360,8 +438,8 @@ def _serve(server: socket.socket, driver: Driver, idle_s: float) -> None:
                 log.info("resident driver: no request for %gs; stopping", idle_s)
                 break
             continue
-        conn.settimeout(None)
         driver.last_request = time.monotonic()
         threading.Thread(target=driver.handle, args=(conn,), daemon=True, name="versiq-driver-request").start()
+    driver.stopping.set()
     with driver.run_lock:  # the run in progress ends first
         pass

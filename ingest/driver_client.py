@@ -9,11 +9,13 @@ in ``ingest.driver`` and docs/contract.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import socket
+import struct
 import sys
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
@@ -27,6 +29,8 @@ SOCKET_ENV = "VERSIQ_DRIVER_SOCKET"
 OFF = "off"
 #: Environment variables whose values shape a run: a request must have the driver's.
 RUN_ENV_PREFIXES = ("VERSIQ_", "AWS_", "SPARK_", "PYSPARK_", "HADOOP_", "JAVA_")
+#: ... and these, by name: the time zone, the temporary folder and the home folder.
+RUN_ENV_NAMES = frozenset({"TZ", "TMPDIR", "HOME"})
 #: ... except these: the socket itself, and the log settings (the request's argv carries them).
 CLIENT_ONLY_ENV = frozenset({SOCKET_ENV, "VERSIQ_LOG_FORMAT", "VERSIQ_LOG_LEVEL"})
 #: How long a client waits to connect to a socket that exists (a driver answers at once).
@@ -46,18 +50,40 @@ def socket_path(environ: Mapping[str, str] | None = None) -> str | None:
     return os.path.join(base, "versiq", "driver.sock")
 
 
+#: The distributions whose versions a run depends on (besides versiq's own files).
+RUN_DISTRIBUTIONS = ("pyspark", "delta-spark", "deltalake", "pyarrow", "duckdb")
+
+
 def run_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """The variables of ``environ`` that shape a run (``RUN_ENV_PREFIXES`` less ``CLIENT_ONLY_ENV``)."""
-    return {name: value for name, value in environ.items()
-            if name.startswith(RUN_ENV_PREFIXES) and name not in CLIENT_ONLY_ENV}
+    """The variables of ``environ`` that shape a run (``RUN_ENV_PREFIXES`` and ``RUN_ENV_NAMES``,
+    less ``CLIENT_ONLY_ENV``), each as a digest of its value: a request names the variables
+    that differ, and carries no secret (``AWS_SECRET_ACCESS_KEY``) in clear."""
+    return {name: hashlib.sha256(value.encode()).hexdigest()[:32] for name, value in environ.items()
+            if (name.startswith(RUN_ENV_PREFIXES) or name in RUN_ENV_NAMES) and name not in CLIENT_ONLY_ENV}
+
+
+def current_umask() -> int:
+    """This process's umask (the mode bits that files it creates do not get). A driver's JVM
+    writes files with the umask it started with, so a request must have the same."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def code_identity() -> str:
-    """The interpreter and the versiq package this process runs: its version, its location and
-    a digest of its files' (path, size, modification time). A driver started before a checkout
-    or an install changed refuses the next request instead of running old code."""
+    """The interpreter and the versiq package this process runs: its version, its location, a
+    digest of its files' (path, size, modification time), and the versions of the libraries a
+    run uses (``RUN_DISTRIBUTIONS``). A driver started before a checkout, an install or an
+    upgrade changed refuses the next request instead of running old code."""
+    from importlib import metadata
+
     root = os.path.dirname(os.path.abspath(versiq.__file__ or ""))
     digest = hashlib.sha256()
+    for name in RUN_DISTRIBUTIONS:
+        try:
+            digest.update(f"{name}=={metadata.version(name)}\n".encode())
+        except metadata.PackageNotFoundError:
+            digest.update(f"{name} absent\n".encode())
     for folder, dirs, files in os.walk(root, followlinks=True):
         dirs.sort()
         for name in sorted(files):
@@ -97,8 +123,14 @@ def forward(argv: list[str], args: argparse.Namespace) -> int | None:
         conn.close()
         log.debug("no resident driver at %s (%s)", path, exc)
         return None
+    owner = peer_uid(conn)
+    if owner != os.getuid():  # only this user's own driver may run this user's ingest
+        conn.close()
+        log.warning("the process listening on %s runs as user %s, not as this user: not using it", path, owner)
+        return None
     request = {"argv": [*argv, "--log-format", args.log_format, "--log-level", args.log_level],
-               "cwd": os.getcwd(), "env": run_environment(os.environ), "code": code_identity()}
+               "cwd": os.getcwd(), "env": run_environment(os.environ), "umask": current_umask(),
+               "code": code_identity()}
     with conn, conn.makefile("rwb") as stream:
         for message in _messages(stream, request):
             if "refused" in message:
@@ -108,17 +140,25 @@ def forward(argv: list[str], args: argparse.Namespace) -> int | None:
                 return int(message["exit"])
             for key, out in (("out", sys.stdout), ("err", sys.stderr)):
                 if key in message:
-                    out.write(message[key])
-                    out.flush()
+                    with contextlib.suppress(OSError, ValueError):  # a closed pipe here does not stop the run
+                        out.write(message[key])
+                        out.flush()
     log.warning("the resident driver at %s ended during the run; running here (a run commits whole or "
                 "not at all)", path)
     return None
 
 
+def peer_uid(conn: socket.socket) -> int:
+    """The user id of the process at the other end of a Unix socket (``SO_PEERCRED``: pid, uid,
+    gid as three ints)."""
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", creds)[1])
+
+
 def _messages(stream: Any, request: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """Send ``request``, then yield the driver's answers until it closes the connection or it
-    fails (the caller's own output errors are not the driver's: they are raised where they
-    happen, in ``forward``)."""
+    fails (the caller's own output errors are not the driver's: ``forward`` ignores them, as
+    logging does in a run of the CLI's own process)."""
     try:
         send(stream, request)
         while line := stream.readline():

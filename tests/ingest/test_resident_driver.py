@@ -12,17 +12,17 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
 
 from tests.ingest.test_ingest_cli import env, make_changelog
 from tests.support.ingest import rejected_rows, store_versions, write_jsonl
-from versiq.ingest.driver import Driver, warm_up
+from versiq.ingest.driver import Driver, check_free, warm_up
 from versiq.ingest.driver_client import code_identity, run_environment, socket_path
 
 VERSIQ = [sys.executable, "-m", "versiq.cli"]
@@ -70,10 +70,11 @@ def driver(tmp_path_factory):
 
 
 def ingest(socket: str | None, *args: str, cwd: str | None = None, extra_env: dict[str, str] | None = None,
-           ) -> subprocess.CompletedProcess[str]:
+           umask: int | None = None) -> subprocess.CompletedProcess[str]:
     e = {**env(), "VERSIQ_DRIVER_SOCKET": socket or "off", **(extra_env or {})}
     return subprocess.run([*VERSIQ, "ingest", "--log-level", "DEBUG", *args], capture_output=True, text=True,
-                          timeout=300, env=e, cwd=cwd, stdin=subprocess.DEVNULL)
+                          timeout=300, env=e, cwd=cwd, stdin=subprocess.DEVNULL,
+                          preexec_fn=None if umask is None else lambda: os.umask(umask))
 
 
 def ran_in(result: subprocess.CompletedProcess[str]) -> int | None:
@@ -132,14 +133,18 @@ def test_a_request_the_driver_cannot_run_as_asked_runs_in_the_callers_process(dr
     write_jsonl(str(src), "a.jsonl", ['{"key":"a","value":1,"timestamp":5}'])
     first = ingest(driver.socket, "--warehouse", str(tmp_path / "wh"), "--store", "s", "--source", str(src))
     assert first.returncode == 0 and ran_in(first) == driver.proc.pid, first.stderr
+    mask = os.umask(0o022)
+    os.umask(mask)
     cases = [
-        ({"VERSIQ_SHUFFLE_PARTITIONS": "3"}, [], "its environment differs in VERSIQ_SHUFFLE_PARTITIONS"),
-        ({"AWS_REGION": "eu-north-1"}, [], "its environment differs in AWS_REGION"),
-        ({}, ["--master", "local[1]"], "it runs on master local[*]"),
+        ({"VERSIQ_SHUFFLE_PARTITIONS": "3"}, [], None, "its environment differs in VERSIQ_SHUFFLE_PARTITIONS"),
+        ({"AWS_SECRET_ACCESS_KEY": "not-sent-in-clear"}, [], None, "its environment differs in AWS_SECRET_ACCESS_KEY"),
+        ({"TZ": "Europe/Oslo"}, [], None, "its environment differs in TZ"),
+        ({}, ["--master", "local[1]"], None, "it runs on master local[*]"),
+        ({}, [], mask ^ 0o007, f"its umask is {mask:03o}"),
     ]
-    for extra_env, extra_args, why in cases:
+    for extra_env, extra_args, umask, why in cases:
         result = ingest(driver.socket, "--warehouse", str(tmp_path / "wh"), "--store", "s", "--source", str(src),
-                        *extra_args, extra_env=extra_env)
+                        *extra_args, extra_env=extra_env, umask=umask)
         assert result.returncode == 0, result.stderr
         assert ran_in(result) is None
         assert f"does not run this: {why}; running here" in result.stderr, result.stderr
@@ -148,36 +153,57 @@ def test_a_request_the_driver_cannot_run_as_asked_runs_in_the_callers_process(dr
 
 def test_the_driver_refuses_other_code_and_environments():
     driver = Driver(None, "local[*]", lambda argv: None)  # type: ignore[arg-type, return-value]
-    request = {"code": code_identity(), "env": run_environment(os.environ)}
+    request = {"code": code_identity(), "env": run_environment(os.environ), "umask": driver.umask}
     assert driver.refusal(request) is None
     assert "runs other code" in (driver.refusal({**request, "code": "versiq 0.0.9 elsewhere"}) or "")
     assert "differs in VERSIQ_NEW" in (driver.refusal({**request, "env": {**request["env"], "VERSIQ_NEW": "1"}}) or "")
-    assert run_environment({"VERSIQ_LOG_LEVEL": "DEBUG", "VERSIQ_DRIVER_SOCKET": "x", "HOME": "/h",
-                            "AWS_PROFILE": "p"}) == {"AWS_PROFILE": "p"}
+    shown = run_environment({"VERSIQ_LOG_LEVEL": "DEBUG", "VERSIQ_DRIVER_SOCKET": "x", "HOME": "/h",
+                             "AWS_SECRET_ACCESS_KEY": "s3cr3t", "LANG": "C"})
+    assert sorted(shown) == ["AWS_SECRET_ACCESS_KEY", "HOME"]
+    assert "s3cr3t" not in json.dumps(shown)  # values travel as digests
+    assert "no environment" in (driver.refusal({**request, "env": None}) or "")
+    assert "umask" in (driver.refusal({**request, "umask": 0o777}) or "")
     assert socket_path({"VERSIQ_DRIVER_SOCKET": "off"}) is None
     assert socket_path({"XDG_RUNTIME_DIR": "/run/user/7"}) == "/run/user/7/versiq/driver.sock"
 
 
-def test_runs_wait_for_each_other(driver, tmp_path):
-    """Two callers at once: one is told it waits, both runs commit."""
-    for name in ("a", "b"):
-        write_jsonl(str(tmp_path / name), "x.jsonl",
-                    [f'{{"key":"k{i}","value":{i},"timestamp":{i}}}' for i in range(2000)])
-    results: dict[str, subprocess.CompletedProcess[str]] = {}
+def test_a_driver_never_removes_what_is_not_a_dead_socket(tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    with pytest.raises(OSError, match="is not a socket"):
+        check_free(str(notes))
+    assert notes.read_text() == "mine"
+    with pytest.raises(OSError, match="longer than"):
+        check_free(str(tmp_path / ("x" * 120)))
 
-    def run(name: str) -> None:
-        results[name] = ingest(driver.socket, "--warehouse", str(tmp_path / "wh"), "--store", name,
-                               "--source", str(tmp_path / name))
 
-    threads = [threading.Thread(target=run, args=(name,)) for name in ("a", "b")]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert all(r.returncode == 0 and ran_in(r) == driver.proc.pid for r in results.values()), results
-    assert any("waiting for the run in progress" in r.stderr for r in results.values())
-    for name in ("a", "b"):
-        assert len(store_versions(str(tmp_path / "wh" / name))) == 2000
+def test_a_request_while_the_driver_is_busy_runs_in_its_own_process(driver, tmp_path):
+    """A request never waits for another's run (the CLI would not have): it runs in its own
+    process while the driver's run goes on, and both end as they would have alone."""
+    small = tmp_path / "small"
+    write_jsonl(str(small), "a.jsonl", ['{"key":"a","value":1,"timestamp":5}'])
+    first = ingest(driver.socket, "--warehouse", str(tmp_path / "wh"), "--store", "small", "--source", str(small))
+    assert first.returncode == 0 and ran_in(first) == driver.proc.pid, first.stderr
+    big = tmp_path / "big"
+    make_changelog(big, files=4, keys=3000)
+    busy = subprocess.Popen([*VERSIQ, "ingest", "--log-level", "DEBUG", "--warehouse", str(tmp_path / "wh"),
+                             "--store", "big", "--source", str(big), "--max-future", "none"],
+                            env={**env(), "VERSIQ_DRIVER_SOCKET": driver.socket}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    assert busy.stderr is not None
+    seen = []
+    for line in busy.stderr:
+        seen.append(line)
+        if "parsed" in line:
+            break
+    during = ingest(driver.socket, "--warehouse", str(tmp_path / "wh"), "--store", "small", "--source", str(small))
+    seen.extend(busy.stderr)
+    assert busy.wait(timeout=300) == 0, "".join(seen)
+    assert PID.search("".join(seen)) and int(PID.search("".join(seen)).group(1)) == driver.proc.pid  # type: ignore[union-attr]
+    assert during.returncode == 0 and ran_in(during) is None, during.stderr
+    assert "does not run this: it is busy with another run; running here" in during.stderr
+    assert "no new files" in during.stderr
+    assert len(store_versions(str(tmp_path / "wh" / "big"))) == 3000
 
 
 def test_a_caller_that_goes_away_cancels_its_run_and_the_rerun_completes_it(driver, tmp_path):
@@ -198,7 +224,7 @@ def test_a_caller_that_goes_away_cancels_its_run_and_the_rerun_completes_it(driv
     client.wait(timeout=30)
     client.stderr.close()
     deadline = time.monotonic() + 60
-    while "the caller went away" not in driver.log():
+    while "the run of the caller that went away has ended" not in driver.log():
         assert time.monotonic() < deadline, driver.log()
         time.sleep(0.2)
     rerun = ingest(driver.socket, "--warehouse", str(tmp_path / "wh"), "--store", "s", "--source", str(src),
@@ -240,3 +266,21 @@ def test_warm_up_runs_leave_the_session_and_environment_as_they_were(spark):
     before = os.environ.get("VERSIQ_INTERPRETED_RUN_BYTES")
     warm_up(spark)
     assert os.environ.get("VERSIQ_INTERPRETED_RUN_BYTES") == before
+
+
+def test_a_store_deleted_and_made_again_between_runs_is_written_afresh(driver, tmp_path):
+    """The driver's session caches each table's Delta log; a store removed by hand and built
+    again (same versions 0, 1, ...) is read as the new table, not the cached one."""
+    src, store = tmp_path / "src", str(tmp_path / "wh" / "s")
+    for round_ in ("first", "second"):
+        for n in (1, 2):
+            write_jsonl(str(src), f"{round_}-{n}.jsonl", [f'{{"key":"{round_}{n}","value":{n},"timestamp":{n}}}'])
+            result = ingest(driver.socket, "--warehouse", str(tmp_path / "wh"), "--store", "s", "--source", str(src))
+            assert result.returncode == 0 and ran_in(result) == driver.proc.pid, result.stderr
+        if round_ == "first":
+            assert sorted(store_versions(store)) == ["first1", "first2"]
+            shutil.rmtree(store)
+            for name in os.listdir(src):
+                os.remove(os.path.join(src, name))
+    assert sorted(store_versions(store)) == ["second1", "second2"]
+    assert "-> snapshot 1 in" in result.stderr
