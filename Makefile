@@ -104,7 +104,7 @@ $(KAFKA_BROKER): tests/kafka-broker/pom.xml | java
 # shorter. Without one (a JVM that cannot write it) Spark starts as before.
 CLASS_ARCHIVE := .cache/jvm/.written
 
-$(CLASS_ARCHIVE): $(BASE_STAMP) $(SPARK_JARS) ingest/spark.py | java
+$(CLASS_ARCHIVE): $(BASE_STAMP) $(SPARK_JARS) ingest/spark.py ingest/warm_up.py | java
 	@$(PY) -c "from versiq.ingest.spark import write_class_archive as w; p = w(); \
 	  print('JVM class archive:', p or 'none could be written (Spark starts without one)')"
 	@touch $@

@@ -431,42 +431,28 @@ class SparkOnDemand:
 # another file, never a stale one. Without an archive (a wheel installed elsewhere, or a JVM that
 # cannot write one) Spark starts as before.
 #
-# The JVM that writes it runs two small ingest runs: the classes of Delta's commit, Parquet's
+# The JVM that writes it runs small ingest runs: the classes of Delta's commit, Parquet's
 # writer, the Python workers' Arrow exchange and the run's side tables are archived too (recipe 2:
 # 17,200 of a one-record CLI run's 25,800 classes come from the archive instead of 13,500; the run
 # 15.2 -> 13.7 s, docs/benchmarks.md "C1 for one-shot runs"). Recipe 3: the first run evaluates
 # expressions interpreted, as every small run does (``plans_for_input``), the second through
-# generated code, as larger runs do; recipe 2 archived the generated-code path only.
+# generated code, as larger runs do; recipe 2 archived the generated-code path only. Recipe 4:
+# the resident driver's warm-up runs (``ingest.warm_up``: recipe 3's two runs with a run into
+# stored keys between them), one definition for both.
 
 #: The archive's contents change with what the writing JVM runs: a new recipe, a new file.
-CLASS_ARCHIVE_RECIPE = 3
+CLASS_ARCHIVE_RECIPE = 4
 
-#: What the archive's JVM runs (in a child process, so nothing here imports the pipeline): a new
-#: store with a changelog and a rejected line (interpreted), then a second run with a tombstone
-#: (generated code).
+#: What the archive's JVM runs (in a child process, so nothing here imports the pipeline): the
+#: warm-up runs of ``ingest.warm_up``.
 _CLASS_ARCHIVE_SCRIPT = """
-import json, os, tempfile
-from versiq.ingest.pipeline import StoreSpec, run_ingest
+import os
 from versiq.ingest.spark import INTERPRETED_RUN_BYTES_ENV, get_spark
+from versiq.ingest.warm_up import warm_up
 
 os.environ.pop(INTERPRETED_RUN_BYTES_ENV, None)
-
-def write(path, records, extra=''):
-    with open(path, 'w') as f:
-        f.writelines(json.dumps(record) + '\\n' for record in records)
-        f.write(extra)
-
 spark = get_spark('local[1]', 'versiq-class-archive')
-with tempfile.TemporaryDirectory(prefix='versiq-class-archive-') as folder:
-    source, warehouse = os.path.join(folder, 'src'), os.path.join(folder, 'wh')
-    os.mkdir(source)
-    spec = StoreSpec('s', source, changelog=True, max_future_ms=None)
-    write(os.path.join(source, 'a.jsonl'),
-          [{'key': f'k{i % 5}', 'value': {'n': i}, 'timestamp': 1000 + i} for i in range(20)], 'not json\\n')
-    assert not run_ingest(spark, warehouse, [spec]).failed
-    write(os.path.join(source, 'b.jsonl'), [{'key': 'k1', 'value': None, 'timestamp': 5000}])
-    os.environ[INTERPRETED_RUN_BYTES_ENV] = '0'
-    assert not run_ingest(spark, warehouse, [spec]).failed
+warm_up(spark)
 gateway = spark.sparkContext._gateway
 spark.stop()
 proc = gateway.proc

@@ -22,8 +22,9 @@ import pytest
 
 from tests.ingest.test_ingest_cli import env, make_changelog
 from tests.support.ingest import rejected_rows, store_versions, write_jsonl
-from versiq.ingest.driver import Driver, check_free, warm_up
+from versiq.ingest.driver import Driver, check_free
 from versiq.ingest.driver_client import code_identity, run_environment, socket_path
+from versiq.ingest.warm_up import warm_up
 
 VERSIQ = [sys.executable, "-m", "versiq.cli"]
 PID = re.compile(r"running in the resident driver \(pid (\d+)\)")

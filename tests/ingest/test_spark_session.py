@@ -27,7 +27,7 @@ def test_the_archive_is_named_for_the_jdk_and_used_only_when_whole(tmp_path, mon
 
 def test_the_sessions_of_this_checkout_map_the_archive(spark):
     """`make test` writes the archive before the tests (Makefile, CLASS_ARCHIVE) from a JVM that
-    ran two ingest runs (``_CLASS_ARCHIVE_SCRIPT``): in CI a missing one is a broken recipe."""
+    ran the warm-up ingest runs (``_CLASS_ARCHIVE_SCRIPT``): in CI a missing one is a broken recipe."""
     path = spark_module.class_archive_path()
     if path is None or not os.path.isfile(path):
         if os.environ.get("CI"):
