@@ -21,6 +21,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
 import versiq
+from versiq.package import package_files, package_root
 
 log = logging.getLogger("versiq.ingest")
 
@@ -77,20 +78,16 @@ def code_identity() -> str:
     upgrade changed refuses the next request instead of running old code."""
     from importlib import metadata
 
-    root = os.path.dirname(os.path.abspath(versiq.__file__ or ""))
+    root = package_root()
     digest = hashlib.sha256()
     for name in RUN_DISTRIBUTIONS:
         try:
             digest.update(f"{name}=={metadata.version(name)}\n".encode())
         except metadata.PackageNotFoundError:
             digest.update(f"{name} absent\n".encode())
-    for folder, dirs, files in os.walk(root, followlinks=True):
-        dirs.sort()
-        for name in sorted(files):
-            if name.endswith(".py"):
-                stat = os.stat(os.path.join(folder, name))
-                digest.update(f"{os.path.relpath(os.path.join(folder, name), root)}:{stat.st_size}:"
-                              f"{stat.st_mtime_ns}\n".encode())
+    for path in package_files():
+        info = os.stat(path)
+        digest.update(f"{os.path.relpath(path, root)}:{info.st_size}:{info.st_mtime_ns}\n".encode())
     return f"versiq {versiq.__version__} at {root} on {sys.executable}, files {digest.hexdigest()[:16]}"
 
 

@@ -60,6 +60,7 @@ import pyspark
 from pyspark.sql import SparkSession
 
 import versiq
+from versiq.package import package_files, package_root
 
 DEFAULT_MASTER = "local[*]"
 #: The environment variable naming a folder of Delta's jars (else ``.cache/jars`` of the checkout).
@@ -368,14 +369,10 @@ def _ship_project(spark: SparkSession) -> None:
     """Zip the ``versiq`` package (following its links to ingest/, query/, service/, cli/) and add
     it to every executor's path."""
     target = os.path.join(tempfile.mkdtemp(prefix="versiq-pyfiles-"), "versiq.zip")
-    root = os.path.dirname(versiq.__file__ or "")
-    base = os.path.dirname(root)
+    base = os.path.dirname(package_root())
     with zipfile.ZipFile(target, "w") as archive:
-        for folder, _dirs, files in os.walk(root, followlinks=True):
-            for name in files:
-                if name.endswith(".py"):
-                    full = os.path.join(folder, name)
-                    archive.write(full, os.path.relpath(full, base))
+        for full in package_files():
+            archive.write(full, os.path.relpath(full, base))
     spark.sparkContext.addPyFile(target)
 
 
