@@ -30,8 +30,19 @@ VERSIQ = [sys.executable, "-m", "versiq.cli"]
 PID = re.compile(r"running in the resident driver \(pid (\d+)\)")
 
 
+#: The environment of every process this module starts, taken once: a PySpark session that
+#: starts in this test process later (the ``spark`` fixture) adds variables of its own
+#: (``SPARK_BUFFER_SIZE``, ...) to ``os.environ``, and a driver started before it would rightly
+#: refuse clients started after it.
+_BASE_ENV = env()
+
+
+def _client_env(socket: str | None) -> dict[str, str]:
+    return {**_BASE_ENV, "VERSIQ_DRIVER_SOCKET": socket or "off"}
+
+
 def _driver_env() -> dict[str, str]:
-    e = env()
+    e = dict(_BASE_ENV)
     e.pop("VERSIQ_DRIVER_SOCKET", None)
     return e
 
@@ -72,7 +83,7 @@ def driver(tmp_path_factory):
 
 def ingest(socket: str | None, *args: str, cwd: str | None = None, extra_env: dict[str, str] | None = None,
            umask: int | None = None) -> subprocess.CompletedProcess[str]:
-    e = {**env(), "VERSIQ_DRIVER_SOCKET": socket or "off", **(extra_env or {})}
+    e = {**_client_env(socket), **(extra_env or {})}
     return subprocess.run([*VERSIQ, "ingest", "--log-level", "DEBUG", *args], capture_output=True, text=True,
                           timeout=300, env=e, cwd=cwd, stdin=subprocess.DEVNULL,
                           preexec_fn=None if umask is None else lambda: os.umask(umask))
@@ -189,7 +200,7 @@ def test_a_request_while_the_driver_is_busy_runs_in_its_own_process(driver, tmp_
     make_changelog(big, files=4, keys=3000)
     busy = subprocess.Popen([*VERSIQ, "ingest", "--log-level", "DEBUG", "--warehouse", str(tmp_path / "wh"),
                              "--store", "big", "--source", str(big), "--max-future", "none"],
-                            env={**env(), "VERSIQ_DRIVER_SOCKET": driver.socket}, stdout=subprocess.DEVNULL,
+                            env=_client_env(driver.socket), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
     assert busy.stderr is not None
     seen = []
@@ -215,7 +226,7 @@ def test_a_caller_that_goes_away_cancels_its_run_and_the_rerun_completes_it(driv
     make_changelog(src, files=4, keys=3000)
     client = subprocess.Popen([*VERSIQ, "ingest", "--warehouse", str(tmp_path / "wh"), "--store", "s",
                                "--source", str(src), "--max-future", "none"],
-                              env={**env(), "VERSIQ_DRIVER_SOCKET": driver.socket}, stdout=subprocess.DEVNULL,
+                              env=_client_env(driver.socket), stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
     assert client.stderr is not None
     for line in client.stderr:
