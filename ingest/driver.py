@@ -162,7 +162,7 @@ class Driver:
                     with contextlib.suppress(OSError):  # flushing to a caller that went away
                         stream.close()
         except Exception:  # noqa: BLE001 - one bad client never stops the driver
-            print(f"versiq driver: a request failed:\n{traceback.format_exc()}", file=self.own_stderr, flush=True)
+            self._note("ERROR", f"a request failed:\n{traceback.format_exc()}")
 
     def _handle(self, conn: socket.socket, stream: Any) -> None:
         try:
@@ -188,8 +188,13 @@ class Driver:
             self.last_request = time.monotonic()
             self.run_lock.release()
         if gone.is_set():
-            print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} INFO versiq.ingest: the run of the caller that went away "
-                  f"has ended (status {code})", file=self.own_stderr, flush=True)
+            self._note("INFO", f"the run of the caller that went away has ended (status {code})")
+
+    def _note(self, level: str, message: str) -> None:
+        """A line of the driver's own log, in the text log's format: while a run goes on, the
+        logging handlers write to that run's caller."""
+        print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {level} versiq.ingest: {message}", file=self.own_stderr,
+              flush=True)
 
     def _run(self, conn: socket.socket, stream: Any, request: Mapping[str, Any], gone: threading.Event) -> int | str:
         """The request's exit status, or why it is refused. Everything happens in the caller's
@@ -255,11 +260,9 @@ class Driver:
             while not done.is_set() and not gone.is_set():
                 if _readable(conn, 0.2) and conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":
                     gone.set()
-        if gone.is_set() and not done.is_set():
-            print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} WARNING versiq.ingest: the caller went away: "
-                  "cancelling the run's Spark jobs until it ends", file=self.own_stderr, flush=True)
-        if not gone.is_set():
+        if not gone.is_set() or done.is_set():
             return
+        self._note("WARNING", "the caller went away: cancelling the run's Spark jobs until it ends")
         while not done.is_set():
             with contextlib.suppress(Exception):
                 self.spark.sparkContext.cancelAllJobs()
