@@ -32,8 +32,17 @@ OFF = "off"
 RUN_ENV_PREFIXES = ("VERSIQ_", "AWS_", "SPARK_", "PYSPARK_", "HADOOP_", "JAVA_")
 #: ... and these, by name: the time zone, the temporary folder and the home folder.
 RUN_ENV_NAMES = frozenset({"TZ", "TMPDIR", "HOME"})
-#: ... except these: the socket itself, and the log settings (the request's argv carries them).
-CLIENT_ONLY_ENV = frozenset({SOCKET_ENV, "VERSIQ_LOG_FORMAT", "VERSIQ_LOG_LEVEL"})
+#: ... except these: the socket itself, and the log settings (the request's argv carries them);
+#: and what a PySpark session sets in its own process for its Python workers, which every
+#: session that starts sets again (``pyspark.core.context``): a ``versiq ingest`` launched from
+#: a process that runs PySpark itself (an orchestrator's task) inherits them, and they do not
+#: shape the run.
+CLIENT_ONLY_ENV = frozenset({SOCKET_ENV, "VERSIQ_LOG_FORMAT", "VERSIQ_LOG_LEVEL",
+                             "SPARK_AUTH_SOCKET_TIMEOUT", "SPARK_BUFFER_SIZE"})
+#: Variables ``ingest.spark.get_spark`` sets to the running interpreter when they are unset:
+#: unset and set to that interpreter are one setting (the interpreter is part of the code
+#: identity, so a driver and its clients share it).
+INTERPRETER_DEFAULTS = ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")
 #: How long a client waits to connect to a socket that exists (a driver answers at once).
 CONNECT_TIMEOUT_S = 2.0
 
@@ -58,8 +67,10 @@ RUN_DISTRIBUTIONS = ("pyspark", "delta-spark", "deltalake", "pyarrow", "duckdb")
 def run_environment(environ: Mapping[str, str]) -> dict[str, str]:
     """The variables of ``environ`` that shape a run (``RUN_ENV_PREFIXES`` and ``RUN_ENV_NAMES``,
     less ``CLIENT_ONLY_ENV``), each as a digest of its value: a request names the variables
-    that differ, and carries no secret (``AWS_SECRET_ACCESS_KEY``) in clear."""
-    return {name: hashlib.sha256(value.encode()).hexdigest()[:32] for name, value in environ.items()
+    that differ, and carries no secret (``AWS_SECRET_ACCESS_KEY``) in clear. The variables of
+    ``INTERPRETER_DEFAULTS`` count with their default."""
+    effective = {name: sys.executable for name in INTERPRETER_DEFAULTS} | dict(environ)
+    return {name: hashlib.sha256(value.encode()).hexdigest()[:32] for name, value in effective.items()
             if (name.startswith(RUN_ENV_PREFIXES) or name in RUN_ENV_NAMES) and name not in CLIENT_ONLY_ENV}
 
 

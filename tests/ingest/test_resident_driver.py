@@ -145,6 +145,13 @@ def test_a_request_the_driver_cannot_run_as_asked_runs_in_the_callers_process(dr
     write_jsonl(str(src), "a.jsonl", ['{"key":"a","value":1,"timestamp":5}'])
     first = ingest(driver.socket, "--warehouse", str(tmp_path / "wh"), "--store", "s", "--source", str(src))
     assert first.returncode == 0 and ran_in(first) == driver.proc.pid, first.stderr
+    # what a PySpark session sets in its process (a CLI started from an orchestrator's task)
+    # does not shape the run: the driver takes it
+    inherited = {"SPARK_BUFFER_SIZE": "65536", "SPARK_AUTH_SOCKET_TIMEOUT": "15",
+                 "PYSPARK_DRIVER_PYTHON": _BASE_ENV.get("PYSPARK_DRIVER_PYTHON", sys.executable)}
+    from_pyspark = ingest(driver.socket, "--warehouse", str(tmp_path / "wh"), "--store", "s", "--source", str(src),
+                          extra_env=inherited)
+    assert from_pyspark.returncode == 0 and ran_in(from_pyspark) == driver.proc.pid, from_pyspark.stderr
     mask = os.umask(0o022)
     os.umask(mask)
     cases = [
@@ -171,7 +178,12 @@ def test_the_driver_refuses_other_code_and_environments():
     assert "differs in VERSIQ_NEW" in (driver.refusal({**request, "env": {**request["env"], "VERSIQ_NEW": "1"}}) or "")
     shown = run_environment({"VERSIQ_LOG_LEVEL": "DEBUG", "VERSIQ_DRIVER_SOCKET": "x", "HOME": "/h",
                              "AWS_SECRET_ACCESS_KEY": "s3cr3t", "LANG": "C"})
-    assert sorted(shown) == ["AWS_SECRET_ACCESS_KEY", "HOME"]
+    assert sorted(shown) == ["AWS_SECRET_ACCESS_KEY", "HOME", "PYSPARK_DRIVER_PYTHON", "PYSPARK_PYTHON"]
+    # set by a PySpark session in its own process, set again by every session: not compared
+    assert run_environment({"SPARK_BUFFER_SIZE": "1", "SPARK_AUTH_SOCKET_TIMEOUT": "2"}) == run_environment({})
+    # unset is the running interpreter, as ``get_spark`` sets it; another interpreter differs
+    assert run_environment({"PYSPARK_PYTHON": sys.executable}) == run_environment({})
+    assert run_environment({"PYSPARK_PYTHON": "/opt/other/python"}) != run_environment({})
     assert "s3cr3t" not in json.dumps(shown)  # values travel as digests
     assert "no environment" in (driver.refusal({**request, "env": None}) or "")
     assert "umask" in (driver.refusal({**request, "umask": 0o777}) or "")
