@@ -8,7 +8,9 @@ the second off, ``full_jit`` both (``-XX:TieredStopAtLevel=4`` in ``VERSIQ_DRIVE
 which comes last). All map the class-data-sharing archive ``make`` writes. ``driver`` is the
 same CLI with a resident driver listening (``versiq driver``, ``ingest.driver``, started by this
 bench with its warm-up runs; the seconds until it is ready are reported apart): every run is the
-driver's, no JVM starts. Runs alternate between the settings so that the machine's load falls on
+driver's, no JVM starts. ``no_crc`` is ``c1`` on tables whose newest commit has no Delta checksum
+file (the bench deletes them before each of its runs), as versiq wrote them before it kept
+Delta's default of writing one. Runs alternate between the settings so that the machine's load falls on
 all alike; ``--settings`` picks some (the first is the baseline of the ratios).
 
 - **one record**: a one-line JSONL file into a small store (``--repeat`` runs each);
@@ -26,6 +28,7 @@ time per process is the figure. The machine's load average is recorded before an
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import shutil
@@ -50,6 +53,10 @@ SETTINGS: dict[str, dict[str, str]] = {
     "c1": {},
     "c1_codegen": {"VERSIQ_INTERPRETED_RUN_BYTES": "0"},
     "full_jit": {"VERSIQ_DRIVER_JAVA_OPTIONS": "-XX:TieredStopAtLevel=4", "VERSIQ_INTERPRETED_RUN_BYTES": "0"},
+    # the same CLI, its tables' newest commits without Delta's checksum file: this bench deletes
+    # every ``_delta_log/*.crc`` before each of its runs (what a store written by versiq before
+    # 2026-11-26 night has: Delta then rebuilds the state of the read snapshot in the commit)
+    "no_crc": {},
     # the same CLI, its runs made by a resident driver (``versiq driver``, started by this bench,
     # warm-up included; its start is reported apart): VERSIQ_DRIVER_SOCKET is set in main()
     "driver": {},
@@ -86,6 +93,16 @@ def _ingest(warehouse: str, source: str, setting: dict[str, str]) -> float:
     return seconds
 
 
+#: The settings whose runs find no Delta checksum files (``SETTINGS``).
+WITHOUT_CHECKSUMS = frozenset({"no_crc"})
+
+
+def drop_checksums(warehouse: str) -> None:
+    """Delete the ``.crc`` files of every table's Delta log under ``warehouse``."""
+    for crc in glob.glob(os.path.join(warehouse, "**", "_delta_log", "*.crc"), recursive=True):
+        os.remove(crc)
+
+
 def _alternate(what: str, repeat: int, warehouse: str, source: str,
                land: Callable[[int], None]) -> dict[str, list[float]]:
     """``repeat`` rounds of one run per setting; before each run ``land(n)`` (n = 1, 2, ...) adds
@@ -96,6 +113,8 @@ def _alternate(what: str, repeat: int, warehouse: str, source: str,
         for name, setting in SETTINGS.items():
             n += 1
             land(n)
+            if name in WITHOUT_CHECKSUMS:
+                drop_checksums(warehouse)
             times[name].append(_ingest(warehouse, source, setting))
             print(f"{what}, {name}: {times[name][-1]:.1f} s", flush=True)
     return times
@@ -135,6 +154,8 @@ def new_store(work: str) -> dict[str, list[float]]:
     source = os.path.join(work, "m-src", "jsonl")
     times: dict[str, list[float]] = {}
     for name, options in SETTINGS.items():
+        if name in WITHOUT_CHECKSUMS:  # a new store: no earlier commit, nothing to compare
+            continue
         times[name] = [_ingest(os.path.join(work, f"m-wh-{name}"), source, options)]
         print(f"1M new store, {name}: {times[name][-1]:.1f} s", flush=True)
     return times
@@ -144,7 +165,8 @@ def _summary(times: dict[str, list[float]], baseline: str) -> dict[str, object]:
     median = {name: round(statistics.median(values), 2) for name, values in times.items()}
     return {"seconds": {name: [round(v, 2) for v in values] for name, values in times.items()},
             "median_s": median,
-            f"over_{baseline}": {name: round(median[name] / median[baseline], 3) for name in median}}
+            f"over_{baseline}": {name: round(median[name] / median[baseline], 3) for name in median}
+            if baseline in median else None}
 
 
 def main() -> None:

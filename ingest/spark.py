@@ -197,9 +197,12 @@ def _with_delta(builder: SparkSession.Builder) -> SparkSession.Builder:
         # A snapshot's state is small (one row per file): Delta's default of 50 tasks to
         # rebuild it costs seconds on two cores for nothing.
         .config("spark.databricks.delta.snapshotPartitions", "2")
-        # The .crc file Delta writes beside each commit only speeds up Delta's own snapshot
-        # checks (delta-rs does not read it); computing it costs about a third of a small commit.
-        .config("spark.databricks.delta.writeChecksumFile.enabled", "false")
+        # Delta's default, kept on purpose: the .crc file beside each commit (table size, file
+        # count, ...; delta-rs does not read it) is derived from the previous one in the commit,
+        # and it spares the next writer that loads the table from disk (every CLI run) a Spark
+        # job over the whole log ("Compute snapshot for version N") in its commit: 0.9-1.4 s ->
+        # 0.23-0.28 s per warm append measured, more in a cold JVM (docs/benchmarks.md).
+        .config("spark.databricks.delta.writeChecksumFile.enabled", "true")
         # VACUUM lists a table's directories with this many tasks (Spark's default: 10,000).
         .config("spark.sql.sources.parallelPartitionDiscovery.parallelism", "4")
         # versiq keeps removed files for its own (short) retention (versiq.ingest.maintain).
@@ -332,6 +335,7 @@ def get_spark(master: str | None = None, app_name: str = "versiq-ingest", *,
               short_lived: bool = False) -> SparkSession:
     """Create (or reuse) the session. Shuffle partitions are kept small: 2-core machines.
     ``short_lived``: the process ends after this session's one run (``SHORT_LIVED_JIT_OPTION``)."""
+    # (the resident driver counts an unset variable as this default: driver_client.INTERPRETER_DEFAULTS)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     url = master_url(master)
