@@ -439,10 +439,11 @@ class SparkOnDemand:
 # expressions interpreted, as every small run does (``plans_for_input``), the second through
 # generated code, as larger runs do; recipe 2 archived the generated-code path only. Recipe 4:
 # the resident driver's warm-up runs (``ingest.warm_up``: recipe 3's two runs with a run into
-# stored keys between them), one definition for both.
+# stored keys between them), one definition for both. Recipe 5: the same runs with Delta's
+# checksum files, which a commit now reads (protocol, metadata, the read snapshot's state) and writes.
 
 #: The archive's contents change with what the writing JVM runs: a new recipe, a new file.
-CLASS_ARCHIVE_RECIPE = 4
+CLASS_ARCHIVE_RECIPE = 5
 
 #: What the archive's JVM runs (in a child process, so nothing here imports the pipeline): the
 #: warm-up runs of ``ingest.warm_up``.
