@@ -13,7 +13,8 @@ Delta metadata ``description`` is the settings JSON below with a known ``versiq.
 store names). Directories starting with ``_`` inside
 a store are versiq's own:
 
-- ``_delta_log/``: the store table's Delta log.
+- ``_delta_log/``: the store table's Delta log (with Delta's ``N.crc`` checksum files, which
+  spare the next writer a rebuild of the snapshot's state; readers do not need them).
 - ``_rejected/``: a second Delta table with every rejected input record (``REJECTED_SCHEMA``).
 - ``_changelog/``: source stores that derived tables read: the accepted records of each run in
   processing order (``CHANGELOG_SCHEMA``), kept on every run from the first one a derived table
