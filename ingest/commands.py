@@ -17,6 +17,7 @@ import logging
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 from versiq import layout
@@ -129,9 +130,10 @@ def print_summary(report: dict[str, Any]) -> None:
 
 
 def ingest_command(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None,
-                   spark: Any = None) -> int:
+                   spark: Any = None, on_spark_start: Callable[[], object] | None = None) -> int:
     """``versiq ingest``. ``spark``: a running session to use (the resident driver's,
-    ``ingest.driver``; batch mode only), else a run starts its own when it has data to read."""
+    ``ingest.driver``; batch mode only), else a run starts its own when it has data to read,
+    calling ``on_spark_start`` first (``driver_client.autostart_hook``)."""
     try:
         pipeline = _pipeline_from_args(args)
         for spec in [*pipeline.stores, *pipeline.streams]:
@@ -150,7 +152,7 @@ def ingest_command(args: argparse.Namespace, parser: argparse.ArgumentParser | N
         return _one_run(spark, args, pipeline, lock_timeout)
     if not args.continuous:
         # The JVM starts only when the run has data to read (nothing new, a refused setting: none).
-        on_demand = SparkOnDemand(args.master)
+        on_demand = SparkOnDemand(args.master, on_start=on_spark_start)
         try:
             return _one_run(on_demand.as_session(), args, pipeline, lock_timeout)
         finally:

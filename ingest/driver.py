@@ -41,8 +41,11 @@ The socket is ``VERSIQ_DRIVER_SOCKET`` (``off``: never use a driver), by default
 ``$XDG_RUNTIME_DIR/versiq/driver.sock`` (else under ``~/.cache/versiq``). It is made under a
 temporary name and renamed into place once the driver is ready (a caller never waits for a
 driver's start), with mode 0600; the CLI uses a driver only when the process listening runs as
-its own user (``SO_PEERCRED``). The driver ends after ``--idle-timeout`` without a request, on
+its own user (``SO_PEERCRED``). One driver per path: each holds ``<path>.lock`` locked from
+before its JVM starts (``claim``). The driver ends after ``--idle-timeout`` without a request, on
 SIGTERM or SIGINT (after the run in progress), and removes its socket if it is still its own.
+With ``VERSIQ_DRIVER_AUTOSTART`` a CLI run that starts Spark starts a driver for the runs after
+it (``driver_client.autostart_hook``; ``--after-pid``: Spark starts once that run has ended).
 
 Protocol (one JSON object per line, UTF-8): the client sends one request ``{"argv", "cwd",
 "env", "umask", "code"}``; the driver answers ``{"refused": reason}``, or any number of
@@ -53,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import io
 import json
 import logging
@@ -66,7 +70,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import IO, Any
 
 from versiq.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from versiq.ingest.commands import ingest_command
@@ -76,6 +80,7 @@ from versiq.ingest.driver_client import (
     ByteStream,
     code_identity,
     current_umask,
+    lock_path,
     run_environment,
     send,
     socket_path,
@@ -297,9 +302,27 @@ def check_free(path: str) -> None:
         probe.close()
 
 
+def claim(path: str) -> IO[bytes]:
+    """Hold ``<path>.lock`` (``lock_path``) for the driver's whole life: one driver per socket
+    path, decided before its JVM starts, even when two start at the same moment (two CLIs that
+    each start one, ``VERSIQ_DRIVER_AUTOSTART``). The kernel releases the lock when the process
+    ends, however it ends; the caller closes the returned file at exit. Raises ``OSError`` when
+    another driver holds it."""
+    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+        raise OSError(f"socket path {path!r} is longer than {MAX_SOCKET_PATH} bytes")
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    handle = open(lock_path(path), "ab")  # noqa: SIM115 - held open until the driver ends
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise OSError(f"another driver is starting or running on {path}") from None
+    return handle
+
+
 def listen(path: str) -> socket.socket:
     """A listening socket (mode 0600) under a temporary name beside ``path``: ``publish`` renames
-    it into place once the driver is ready."""
+    it into place once the driver is ready (the caller holds ``claim(path)``)."""
     check_free(path)
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -348,7 +371,6 @@ def _stop_on_signals(stopping: threading.Event) -> Iterator[None]:
 def driver_command(args: argparse.Namespace, parse: Callable[[list[str]], argparse.Namespace]) -> int:
     """``versiq driver``: start a session, warm it up, serve requests until idle or signalled."""
     from versiq.durations import DurationError, parse_duration_ms
-    from versiq.ingest.spark import get_spark, master_url
 
     path = os.path.abspath(args.socket) if args.socket else socket_path()
     if path is None:
@@ -359,6 +381,38 @@ def driver_command(args: argparse.Namespace, parse: Callable[[list[str]], argpar
     except DurationError as exc:
         print(f"versiq driver: error: --idle-timeout: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    try:
+        held = claim(path)
+    except OSError as exc:
+        print(f"versiq driver: error: cannot listen on {path}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        if args.after_pid is not None:
+            _wait_for_exit(args.after_pid)
+        return _drive(args, parse, path, idle_s)
+    finally:
+        held.close()
+
+
+def _wait_for_exit(pid: int) -> None:
+    """Until process ``pid`` has ended (a CLI run that started this driver, ``--after-pid``):
+    the driver's JVM start and warm-up, about 20 s of CPU, would otherwise slow that run (on
+    two cores, 10 s -> 15 s for one record). The path stays claimed meanwhile."""
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        except PermissionError:  # alive, another user's: not ours to wait for
+            return
+        time.sleep(0.2)
+
+
+def _drive(args: argparse.Namespace, parse: Callable[[list[str]], argparse.Namespace], path: str,
+           idle_s: float) -> int:
+    """``driver_command`` once the path is this driver's (``claim``)."""
+    from versiq.ingest.spark import get_spark, master_url
+
     try:
         server = listen(path)
     except OSError as exc:

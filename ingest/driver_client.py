@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import hashlib
 import json
 import logging
 import os
 import socket
 import struct
+import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 import versiq
@@ -26,6 +28,9 @@ from versiq.package import package_files, package_root
 log = logging.getLogger("versiq.ingest")
 
 SOCKET_ENV = "VERSIQ_DRIVER_SOCKET"
+#: ``VERSIQ_DRIVER_AUTOSTART=30m``: a run that needs Spark and finds no driver starts one in the
+#: background, which ends after this long without a request (unset, empty or ``off``: never).
+AUTOSTART_ENV = "VERSIQ_DRIVER_AUTOSTART"
 #: ``VERSIQ_DRIVER_SOCKET=off``: no driver is used (nor started on the default path).
 OFF = "off"
 #: Environment variables whose values shape a run: a request must have the driver's.
@@ -37,7 +42,7 @@ RUN_ENV_NAMES = frozenset({"TZ", "TMPDIR", "HOME"})
 #: session that starts sets again (``pyspark.core.context``): a ``versiq ingest`` launched from
 #: a process that runs PySpark itself (an orchestrator's task) inherits them, and they do not
 #: shape the run.
-CLIENT_ONLY_ENV = frozenset({SOCKET_ENV, "VERSIQ_LOG_FORMAT", "VERSIQ_LOG_LEVEL",
+CLIENT_ONLY_ENV = frozenset({SOCKET_ENV, AUTOSTART_ENV, "VERSIQ_LOG_FORMAT", "VERSIQ_LOG_LEVEL",
                              "SPARK_AUTH_SOCKET_TIMEOUT", "SPARK_BUFFER_SIZE"})
 #: Variables ``ingest.spark.get_spark`` sets to the running interpreter when they are unset:
 #: unset and set to that interpreter are one setting (the interpreter is part of the code
@@ -58,6 +63,16 @@ def socket_path(environ: Mapping[str, str] | None = None) -> str | None:
         return os.path.abspath(value)
     base = env.get("XDG_RUNTIME_DIR") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "versiq", "driver.sock")
+
+
+def lock_path(path: str) -> str:
+    """The file a driver holds locked for its whole life (``driver.claim``): one per socket path."""
+    return f"{path}.lock"
+
+
+def log_path(path: str) -> str:
+    """Where a driver started by ``autostart_hook`` writes its standard output and error."""
+    return os.path.join(os.path.dirname(path), "driver.log")
 
 
 #: The distributions whose versions a run depends on (besides versiq's own files).
@@ -120,16 +135,10 @@ def forward(argv: list[str], args: argparse.Namespace) -> int | None:
     driver and return its exit status, printing what the run prints; None when no driver runs it
     (none listens, it refused, or it ended during the run): the caller runs it itself."""
     path = socket_path()
-    if path is None or args.continuous or not os.path.exists(path):
+    if path is None or args.continuous:
         return None
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        conn.settimeout(CONNECT_TIMEOUT_S)
-        conn.connect(path)
-        conn.settimeout(None)
-    except OSError as exc:  # a socket left by a driver that was killed: nobody listens
-        conn.close()
-        log.debug("no resident driver at %s (%s)", path, exc)
+    conn = _connect(path)
+    if conn is None:
         return None
     owner = peer_uid(conn)
     if owner != os.getuid():  # only this user's own driver may run this user's ingest
@@ -154,6 +163,89 @@ def forward(argv: list[str], args: argparse.Namespace) -> int | None:
     log.warning("the resident driver at %s ended during the run; running here (a run commits whole or "
                 "not at all)", path)
     return None
+
+
+def _connect(path: str) -> socket.socket | None:
+    """A connection to the driver listening at ``path``; None when none does."""
+    if not os.path.exists(path):
+        return None
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.settimeout(CONNECT_TIMEOUT_S)
+        conn.connect(path)
+        conn.settimeout(None)
+    except OSError as exc:  # a socket left by a driver that was killed: nobody listens
+        conn.close()
+        log.debug("no resident driver at %s (%s)", path, exc)
+        return None
+    return conn
+
+
+def autostart_hook(args: argparse.Namespace, environ: Mapping[str, str] | None = None
+                   ) -> Callable[[], object] | None:
+    """With ``VERSIQ_DRIVER_AUTOSTART`` set, what a batch ``versiq ingest`` running in its own
+    process calls when its run starts Spark (``spark.SparkOnDemand``): start a resident driver
+    for the runs after this one. None when the variable is unset (the default), off or invalid
+    (a warning), with ``--continuous`` or ``--master`` (the driver's master is the default one),
+    or with no socket (``VERSIQ_DRIVER_SOCKET=off``).
+
+    Started when Spark starts, not before: a run with nothing new or a refused setting needs no
+    JVM, and starts none. The driver starts Spark in the background once this process has ended
+    (so that it does not slow this run down), without warm-up runs so that it serves a few seconds
+    later (its first runs compile as they go); this run goes on in its own JVM. It is a process of its own
+    session (a Ctrl-C of this run does not reach it), writes its output to ``log_path`` and ends
+    after the variable's duration without a request."""
+    env = os.environ if environ is None else environ
+    idle = env.get(AUTOSTART_ENV, "").strip()
+    path = socket_path(env)
+    if not idle or idle.lower() == OFF or path is None or args.continuous or args.master is not None:
+        return None
+    from versiq.durations import DurationError, parse_duration_ms
+
+    try:
+        parse_duration_ms(idle)
+    except DurationError as exc:
+        log.warning("%s: %s; not starting a resident driver", AUTOSTART_ENV, exc)
+        return None
+    return lambda: start_driver(path, idle)
+
+
+def start_driver(path: str, idle: str) -> subprocess.Popen[bytes] | None:
+    """Start ``versiq driver`` on ``path`` in the background (``autostart_hook``), unless a driver
+    listens there or is starting (it holds ``lock_path``); returns its process, or None."""
+    if _driver_present(path):
+        return None
+    folder = os.path.dirname(path)
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        with open(log_path(path), "wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "versiq.cli", "driver", "--socket", path, "--idle-timeout", idle,
+                 "--after-pid", str(os.getpid()), "--no-warm-up"],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=folder,
+                start_new_session=True)
+    except OSError as exc:
+        log.warning("could not start a resident driver on %s: %s", path, exc)
+        return None
+    log.info("started a resident driver (pid %d) on %s for the runs after this one; it ends after %s "
+             "without a request; its log: %s", proc.pid, path, idle, log_path(path))
+    return proc
+
+
+def _driver_present(path: str) -> bool:
+    """Whether a driver listens at ``path`` or is starting there (holds its lock)."""
+    conn = _connect(path)
+    if conn is not None:
+        conn.close()
+        return True
+    try:
+        with open(lock_path(path), "ab") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:  # no folder yet: nothing there
+        return False
+    return False
 
 
 def peer_uid(conn: socket.socket) -> int:

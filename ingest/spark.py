@@ -53,7 +53,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pyspark
@@ -391,15 +391,21 @@ class SparkOnDemand:
     an attribute (``spark.read``, ``spark.sparkContext``, ...) starts the session, after which
     this object behaves as the session itself. It is also the factory ``maintain`` takes
     (``spark()`` returns the session). The process ends after the run (the demo stops the session
-    before it serves), so its JVM is ``short_lived``."""
+    before it serves), so its JVM is ``short_lived``. ``on_start`` is called once, just before
+    the session starts (``driver_client.autostart_hook``)."""
 
-    def __init__(self, master: str | None = None, app_name: str = "versiq-ingest") -> None:
+    def __init__(self, master: str | None = None, app_name: str = "versiq-ingest",
+                 on_start: Callable[[], object] | None = None) -> None:
         self._master = master
         self._app_name = app_name
+        self._on_start = on_start
         self._session: SparkSession | None = None
 
     def __call__(self) -> SparkSession:
         if self._session is None:
+            if self._on_start is not None:
+                on_start, self._on_start = self._on_start, None
+                on_start()
             self._session = get_spark(self._master, self._app_name, short_lived=True)
         return self._session
 

@@ -28,7 +28,7 @@ CONTRACT_FLAGS = {
                "--history-retention", "--partitions", "--master", "--report", "--continuous",
                "--trigger-interval", "--watch-interval", "--log-format"],
     "serve": ["--warehouse", "--host", "--port", "--workers", "--log-format"],
-    "driver": ["--socket", "--idle-timeout", "--master", "--no-warm-up", "--log-format"],
+    "driver": ["--socket", "--idle-timeout", "--master", "--no-warm-up", "--after-pid", "--log-format"],
     "maintain": ["--warehouse", "--store", "--log-format"],
     "rejected": ["--warehouse", "--store", "--reason", "--format", "--log-format"],
     "demo": ["--warehouse", "--data", "--keys", "--host", "--port", "--no-serve", "--log-format"],

@@ -9,6 +9,7 @@ whole test session has it, tests/conftest.py)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -22,8 +23,15 @@ import pytest
 
 from tests.ingest.test_ingest_cli import env, make_changelog
 from tests.support.ingest import rejected_rows, store_versions, write_jsonl
-from versiq.ingest.driver import Driver, check_free
-from versiq.ingest.driver_client import code_identity, run_environment, socket_path
+from versiq.ingest.driver import Driver, check_free, claim
+from versiq.ingest.driver_client import (
+    _driver_present,
+    autostart_hook,
+    code_identity,
+    log_path,
+    run_environment,
+    socket_path,
+)
 from versiq.ingest.warm_up import warm_up
 
 VERSIQ = [sys.executable, "-m", "versiq.cli"]
@@ -279,11 +287,77 @@ def test_a_killed_drivers_socket_is_passed_over_and_replaced(driver, tmp_path):
     second = DriverProcess(str(tmp_path), "--idle-timeout", "3s")
     busy = subprocess.run([*VERSIQ, "driver", "--socket", second.socket, "--no-warm-up"], env=_driver_env(),
                           capture_output=True, text=True, timeout=120)
-    assert busy.returncode == 2 and "a driver already listens" in busy.stderr, busy.stderr
+    assert busy.returncode == 2 and "another driver is starting or running on" in busy.stderr, busy.stderr
     assert second.proc.wait(timeout=60) == 0, second.log()
     assert "no request for 3s; stopping" in second.log()
     assert not os.path.exists(second.socket)
     second.stop()
+
+
+def test_a_run_that_starts_spark_starts_a_driver_for_the_runs_after_it(tmp_path):
+    """VERSIQ_DRIVER_AUTOSTART: a run with nothing to read starts no driver; a run that starts
+    Spark starts one in the background (once it has ended: ``--after-pid``) and runs itself;
+    the next run is the driver's; the driver ends after the variable's duration idle."""
+    sock = str(tmp_path / "run" / "d.sock")
+    auto = {"VERSIQ_DRIVER_AUTOSTART": "2m"}
+    src, wh = tmp_path / "src", str(tmp_path / "wh")
+    write_jsonl(str(src), "a.jsonl", ['{"key":"a","value":1,"timestamp":5}'])
+    made = ingest(sock, "--warehouse", wh, "--store", "s", "--source", str(src))  # without the variable
+    assert made.returncode == 0 and "started a resident driver" not in made.stderr, made.stderr
+    nothing = ingest(sock, "--warehouse", wh, "--store", "s", "--source", str(src), extra_env=auto)
+    assert nothing.returncode == 0 and "no new files" in nothing.stderr, nothing.stderr
+    assert "started a resident driver" not in nothing.stderr
+    assert not os.path.exists(sock) and not os.path.exists(log_path(sock))
+    write_jsonl(str(src), "b.jsonl", ['{"key":"a","value":2,"timestamp":6}'])
+    first = ingest(sock, "--warehouse", wh, "--store", "s", "--source", str(src), extra_env=auto)
+    assert first.returncode == 0 and ran_in(first) is None, first.stderr
+    started = re.search(r"started a resident driver \(pid (\d+)\)", first.stderr)
+    assert started, first.stderr
+    pid = int(started.group(1))
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            assert b"\0--idle-timeout\x002m\0" in f.read()
+        deadline = time.monotonic() + 180
+        while not os.path.exists(sock):
+            assert time.monotonic() < deadline, open(log_path(sock)).read()
+            time.sleep(0.2)
+        write_jsonl(str(src), "c.jsonl", ['{"key":"a","value":3,"timestamp":7}'])
+        second = ingest(sock, "--warehouse", wh, "--store", "s", "--source", str(src), extra_env=auto)
+        assert second.returncode == 0 and ran_in(second) == pid, second.stderr
+        assert "started a resident driver" not in second.stderr
+        assert [v.value for v in store_versions(os.path.join(wh, "s"))["a"]] == ["1", "2", "3"]
+        # a client without the variable matches the driver too (it is the client's setting alone)
+        write_jsonl(str(src), "d.jsonl", ['{"key":"a","value":4,"timestamp":8}'])
+        plain = ingest(sock, "--warehouse", wh, "--store", "s", "--source", str(src))
+        assert plain.returncode == 0 and ran_in(plain) == pid, plain.stderr
+    finally:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+            time.sleep(0.2)
+    assert not os.path.exists(sock)
+
+
+def test_one_driver_per_socket_path_and_when_a_run_starts_one(tmp_path):
+    sock = str(tmp_path / "d.sock")
+    held = claim(sock)
+    try:
+        with pytest.raises(OSError, match="another driver is starting or running"):
+            claim(sock)
+        assert _driver_present(sock)  # starting: a run does not start another
+    finally:
+        held.close()
+    assert not _driver_present(sock)
+    batch = argparse.Namespace(continuous=False, master=None)
+    env = {"VERSIQ_DRIVER_SOCKET": sock}
+    assert autostart_hook(batch, env) is None  # the default: never
+    assert autostart_hook(batch, {**env, "VERSIQ_DRIVER_AUTOSTART": "off"}) is None
+    assert autostart_hook(batch, {**env, "VERSIQ_DRIVER_AUTOSTART": "soon"}) is None  # warned
+    assert autostart_hook(batch, {"VERSIQ_DRIVER_SOCKET": "off", "VERSIQ_DRIVER_AUTOSTART": "5m"}) is None
+    auto = {**env, "VERSIQ_DRIVER_AUTOSTART": "5m"}
+    assert autostart_hook(argparse.Namespace(continuous=True, master=None), auto) is None
+    assert autostart_hook(argparse.Namespace(continuous=False, master="local[1]"), auto) is None
+    assert callable(autostart_hook(batch, auto))
 
 
 def test_warm_up_runs_leave_the_session_and_environment_as_they_were(spark):
