@@ -8,10 +8,13 @@ the second off, ``full_jit`` both (``-XX:TieredStopAtLevel=4`` in ``VERSIQ_DRIVE
 which comes last). All map the class-data-sharing archive ``make`` writes. ``driver`` is the
 same CLI with a resident driver listening (``versiq driver``, ``ingest.driver``, started by this
 bench with its warm-up runs; the seconds until it is ready are reported apart): every run is the
-driver's, no JVM starts. ``no_crc`` is ``c1`` on tables whose newest commit has no Delta checksum
-file (the bench deletes them before each of its runs), as versiq wrote them before it kept
-Delta's default of writing one. Runs alternate between the settings so that the machine's load falls on
-all alike; ``--settings`` picks some (the first is the baseline of the ratios).
+driver's, no JVM starts. ``autostart`` is the CLI with ``VERSIQ_DRIVER_AUTOSTART``: its first
+run (of the bench) runs in its own JVM and starts a driver in the background, which the later
+runs find (without warm-up runs: the first of them compile as they go). ``no_crc`` is ``c1``
+on tables whose newest commit has no Delta checksum file (the bench deletes them before each of
+its runs), as versiq wrote them before it kept Delta's default of writing one. Runs alternate
+between the settings so that the machine's load falls on all alike; ``--settings`` picks some
+(the first is the baseline of the ratios).
 
 - **one record**: a one-line JSONL file into a small store (``--repeat`` runs each);
 - **10k into 2M**: a 10,000-event batch (``gen_changelog.make_events``, random existing keys)
@@ -28,10 +31,13 @@ time per process is the figure. The machine's load average is recorded before an
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import json
 import os
+import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -57,6 +63,9 @@ SETTINGS: dict[str, dict[str, str]] = {
     # every ``_delta_log/*.crc`` before each of its runs (what a store written by versiq before
     # 2026-11-26 night has: Delta then rebuilds the state of the read snapshot in the commit)
     "no_crc": {},
+    # the same CLI with VERSIQ_DRIVER_AUTOSTART: its first run starts a driver in the background
+    # (README, "Started by the CLI"), the runs after it are that driver's; set in main()
+    "autostart": {},
     # the same CLI, its runs made by a resident driver (``versiq driver``, started by this bench,
     # warm-up included; its start is reported apart): VERSIQ_DRIVER_SOCKET is set in main()
     "driver": {},
@@ -82,6 +91,11 @@ def start_driver(work: str) -> tuple[subprocess.Popen[str], float]:
     return proc, time.monotonic() - started
 
 
+#: Drivers the ``autostart`` runs started (pids), stopped at the end.
+AUTOSTARTED: list[int] = []
+STARTED = re.compile(r"started a resident driver \(pid (\d+)\)")
+
+
 def _ingest(warehouse: str, source: str, setting: dict[str, str]) -> float:
     env = {**BASE_ENV, **setting}
     started = time.monotonic()
@@ -90,6 +104,7 @@ def _ingest(warehouse: str, source: str, setting: dict[str, str]) -> float:
     seconds = time.monotonic() - started
     if done.returncode != 0:
         raise SystemExit(f"versiq ingest failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    AUTOSTARTED.extend(int(pid) for pid in STARTED.findall(done.stderr))
     return seconds
 
 
@@ -191,6 +206,9 @@ def main() -> None:
             "load_generator": "this process, one `versiq ingest` subprocess at a time",
             "baseline": f"{chosen[0]}: the same runs, alternating",
         }
+        if "autostart" in SETTINGS:
+            SETTINGS["autostart"] = {"VERSIQ_DRIVER_SOCKET": os.path.join(work, "auto", "driver.sock"),
+                                     "VERSIQ_DRIVER_AUTOSTART": "10m"}
         if "driver" in SETTINGS:
             driver, result["driver_ready_s"] = start_driver(work)
             print(f"resident driver ready after {result['driver_ready_s']:.1f} s", flush=True)
@@ -205,6 +223,10 @@ def main() -> None:
         if driver is not None:
             driver.terminate()
             driver.wait(timeout=120)
+        for pid in AUTOSTARTED:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        result["autostarted_drivers"] = len(AUTOSTARTED)
         shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(result, indent=2))
     write_result(args.results, "cli", result, datetime.now(UTC))
