@@ -170,6 +170,12 @@ def build_parser() -> argparse.ArgumentParser:
     drv.add_argument("--master", default=None, help="Spark master URL (default env SPARK_MASTER, else local[*])")
     drv.add_argument("--no-warm-up", action="store_true",
                      help="serve at once, without the warm-up runs (the first runs are then slower)")
+    what = drv.add_mutually_exclusive_group()
+    what.add_argument("--status", action="store_true",
+                      help="print the pid of the driver on the socket (serving or starting) and exit; exit 1 if none")
+    what.add_argument("--stop", action="store_true",
+                      help="stop the driver on the socket (after its run in progress) and wait until it has ended; "
+                           "exit 1 if none")
     drv.add_argument("--after-pid", type=int, default=None, metavar="PID",
                      help="claim the socket now, start Spark once process PID has ended (what a run started "
                           "with VERSIQ_DRIVER_AUTOSTART asks of the driver it starts)")

@@ -80,6 +80,7 @@ from versiq.ingest.driver_client import (
     ByteStream,
     code_identity,
     current_umask,
+    driver_pid,
     lock_path,
     run_environment,
     send,
@@ -92,6 +93,9 @@ log = logging.getLogger("versiq.ingest")
 
 #: The longest path of a Unix socket (``sun_path`` is 108 bytes on Linux, with its NUL).
 MAX_SOCKET_PATH = 107
+#: Tries to take a socket path's lock, 50 ms apart: a driver holds it for its whole life, a
+#: client's probe for an instant.
+CLAIM_ATTEMPTS = 10
 #: The largest request line read (argv, cwd, environment digests: a few KB in practice).
 MAX_REQUEST_BYTES = 1 << 20
 #: How long the driver waits on a client's socket (its request, or room for output) before it
@@ -312,11 +316,18 @@ def claim(path: str) -> IO[bytes]:
         raise OSError(f"socket path {path!r} is longer than {MAX_SOCKET_PATH} bytes")
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     handle = open(lock_path(path), "ab")  # noqa: SIM115 - held open until the driver ends
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.close()
-        raise OSError(f"another driver is starting or running on {path}") from None
+    for attempt in range(CLAIM_ATTEMPTS):  # a probe (driver_client.driver_pid) holds it for microseconds
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if attempt == CLAIM_ATTEMPTS - 1:
+                handle.close()
+                raise OSError(f"another driver is starting or running on {path}") from None
+            time.sleep(0.05)
+    handle.truncate(0)
+    handle.write(f"{os.getpid()}\n".encode())  # for --status and --stop (driver_client.driver_pid)
+    handle.flush()
     return handle
 
 
@@ -376,6 +387,8 @@ def driver_command(args: argparse.Namespace, parse: Callable[[list[str]], argpar
     if path is None:
         print(f"versiq driver: error: {SOCKET_ENV} is {OFF}: give --socket", file=sys.stderr)
         return EXIT_USAGE
+    if args.status or args.stop:
+        return _status(path, stop=args.stop)
     try:
         idle_s = parse_duration_ms(args.idle_timeout) / 1000
     except DurationError as exc:
@@ -392,6 +405,26 @@ def driver_command(args: argparse.Namespace, parse: Callable[[list[str]], argpar
         return _drive(args, parse, path, idle_s)
     finally:
         held.close()
+
+
+def _status(path: str, stop: bool) -> int:
+    """``versiq driver --status`` / ``--stop``: the driver on ``path`` (its pid, serving or
+    starting); ``stop`` sends it SIGTERM and waits until it has ended (after the run in
+    progress). Exit 0, or 1 when no driver holds the path."""
+    pid = driver_pid(path)
+    if pid is None:
+        print(f"versiq driver: no driver on {path}")
+        return EXIT_FAILED
+    if not stop:
+        print(f"versiq driver: pid {pid} {'serving' if os.path.exists(path) else 'starting'} on {path}")
+        return EXIT_OK
+    print(f"versiq driver: stopping pid {pid} on {path} (it finishes the run in progress)", flush=True)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    while driver_pid(path) == pid:
+        time.sleep(0.2)
+    print(f"versiq driver: pid {pid} has ended")
+    return EXIT_OK
 
 
 def _wait_for_exit(pid: int) -> None:

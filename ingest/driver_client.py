@@ -238,14 +238,22 @@ def _driver_present(path: str) -> bool:
     if conn is not None:
         conn.close()
         return True
+    return driver_pid(path) is not None
+
+
+def driver_pid(path: str) -> int | None:
+    """The pid of the driver that holds ``path`` (its ``lock_path``, locked from before its JVM
+    starts until it ends, with its pid inside); None when no process holds it."""
     try:
-        with open(lock_path(path), "ab") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    except OSError:  # no folder yet: nothing there
-        return False
-    return False
+        with open(lock_path(path), "rb") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:  # held: a driver starting or serving
+                text = handle.read().decode(errors="replace").strip()
+                return int(text) if text.isdigit() else None
+            return None
+    except OSError:  # no lock file (or folder): no driver there
+        return None
 
 
 def peer_uid(conn: socket.socket) -> int:

@@ -28,6 +28,7 @@ from versiq.ingest.driver_client import (
     _driver_present,
     autostart_hook,
     code_identity,
+    driver_pid,
     log_path,
     run_environment,
     socket_path,
@@ -330,12 +331,19 @@ def test_a_run_that_starts_spark_starts_a_driver_for_the_runs_after_it(tmp_path)
         write_jsonl(str(src), "d.jsonl", ['{"key":"a","value":4,"timestamp":8}'])
         plain = ingest(sock, "--warehouse", wh, "--store", "s", "--source", str(src))
         assert plain.returncode == 0 and ran_in(plain) == pid, plain.stderr
+        status = subprocess.run([*VERSIQ, "driver", "--socket", sock, "--status"], capture_output=True, text=True,
+                                env=_driver_env(), timeout=60)
+        assert status.returncode == 0 and f"pid {pid} serving on {sock}" in status.stdout, status
     finally:
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 60
-        while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
-            time.sleep(0.2)
+        stop = subprocess.run([*VERSIQ, "driver", "--socket", sock, "--stop"], capture_output=True, text=True,
+                              env=_driver_env(), timeout=120)
+        if stop.returncode != 0:
+            os.kill(pid, signal.SIGKILL)
+    assert stop.returncode == 0 and f"pid {pid} has ended" in stop.stdout, stop
     assert not os.path.exists(sock)
+    none = subprocess.run([*VERSIQ, "driver", "--socket", sock, "--status"], capture_output=True, text=True,
+                          env=_driver_env(), timeout=60)
+    assert none.returncode == 1 and "no driver on" in none.stdout, none
 
 
 def test_one_driver_per_socket_path_and_when_a_run_starts_one(tmp_path):
@@ -345,9 +353,10 @@ def test_one_driver_per_socket_path_and_when_a_run_starts_one(tmp_path):
         with pytest.raises(OSError, match="another driver is starting or running"):
             claim(sock)
         assert _driver_present(sock)  # starting: a run does not start another
+        assert driver_pid(sock) == os.getpid()
     finally:
         held.close()
-    assert not _driver_present(sock)
+    assert not _driver_present(sock) and driver_pid(sock) is None
     batch = argparse.Namespace(continuous=False, master=None)
     env = {"VERSIQ_DRIVER_SOCKET": sock}
     assert autostart_hook(batch, env) is None  # the default: never
