@@ -228,7 +228,8 @@ def start_driver(path: str, idle: str) -> subprocess.Popen[bytes] | None:
         log.warning("could not start a resident driver on %s: %s", path, exc)
         return None
     log.info("started a resident driver (pid %d) on %s for the runs after this one; it ends after %s "
-             "without a request; its log: %s", proc.pid, path, idle, log_path(path))
+             "without a request ('versiq driver --stop' ends it now); its log: %s", proc.pid, path, idle,
+             log_path(path))
     return proc
 
 
