@@ -458,8 +458,10 @@ def _drive(args: argparse.Namespace, parse: Callable[[list[str]], argparse.Names
     try:
         with _stop_on_signals(driver.stopping):
             driver.spark = get_spark(master, "versiq-driver")
-            if not args.no_warm_up:
+            if not args.no_warm_up and not driver.stopping.is_set():
                 warm_up(driver.spark)
+            if driver.stopping.is_set():  # signalled while starting (``--stop``): never serve
+                return EXIT_OK
             try:
                 published = publish(path)
             except OSError as exc:
