@@ -85,8 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
         "docs/derived-tables.md), computed in the same run.",
         epilog="A batch run is made by a resident driver ('versiq driver') when one listens and can run it as "
         "this process would. With VERSIQ_DRIVER_AUTOSTART set to a duration (e.g. 30m), a run that starts "
-        "Spark and finds no driver starts one in the background, once it has ended, for the runs after it; "
-        "that driver ends after the duration without a request.",
+        "Spark on a local master (no --master) and finds no driver starts one in the background, once it has "
+        "ended, for the runs after it; that driver ends after the duration without a run, or when a run of "
+        "other code asks ('versiq driver --status' / '--stop').",
     )
     _add_warehouse(ing)
     ing.add_argument("--store", help="store name: letters, digits, _ - . (with --source)")
@@ -157,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
         "listening on the socket (as the same user) when its code, umask, master and environment (VERSIQ_*, "
         "AWS_*, SPARK_*, PYSPARK_*, HADOOP_*, JAVA_*, TZ, TMPDIR, HOME) are the driver's and the driver is not "
         "busy with another run, and runs in its own process otherwise; a run is atomic either way. Ends after "
-        "--idle-timeout without a request, or on SIGTERM/SIGINT after the run in progress. With "
+        "--idle-timeout without a run, or on SIGTERM/SIGINT after the run in progress. With "
         "VERSIQ_DRIVER_AUTOSTART set (a duration), 'versiq ingest' starts one by itself when a run needs Spark "
         "and none listens.",
     )
@@ -166,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "$XDG_RUNTIME_DIR/versiq/driver.sock or ~/.cache/versiq/driver.sock; "
                           "VERSIQ_DRIVER_SOCKET=off makes 'versiq ingest' never use a driver)")
     drv.add_argument("--idle-timeout", default="30m",
-                     help="stop after this long without a request (default 30m)")
+                     help="stop after this long without a run (default 30m)")
     drv.add_argument("--master", default=None, help="Spark master URL (default env SPARK_MASTER, else local[*])")
     drv.add_argument("--no-warm-up", action="store_true",
                      help="serve at once, without the warm-up runs (the first runs are then slower)")
@@ -177,8 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="stop the driver on the socket (after its run in progress) and wait until it has ended; "
                            "exit 1 if none")
     drv.add_argument("--after-pid", type=int, default=None, metavar="PID",
-                     help="claim the socket now, start Spark once process PID has ended (what a run started "
-                          "with VERSIQ_DRIVER_AUTOSTART asks of the driver it starts)")
+                     help="claim the socket now, start Spark once process PID has ended, and end at the first "
+                          "request of other code (what a run with VERSIQ_DRIVER_AUTOSTART asks of the driver it "
+                          "starts)")
     _add_logging(drv)
 
     srv = sub.add_parser(

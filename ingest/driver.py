@@ -42,7 +42,7 @@ The socket is ``VERSIQ_DRIVER_SOCKET`` (``off``: never use a driver), by default
 temporary name and renamed into place once the driver is ready (a caller never waits for a
 driver's start), with mode 0600; the CLI uses a driver only when the process listening runs as
 its own user (``SO_PEERCRED``). One driver per path: each holds ``<path>.lock`` locked from
-before its JVM starts (``claim``). The driver ends after ``--idle-timeout`` without a request, on
+before its JVM starts (``claim``). The driver ends after ``--idle-timeout`` without a run, on
 SIGTERM or SIGINT (after the run in progress), and removes its socket if it is still its own.
 With ``VERSIQ_DRIVER_AUTOSTART`` a CLI run that starts Spark starts a driver for the runs after
 it (``driver_client.autostart_hook``; ``--after-pid``: Spark starts once that run has ended).
@@ -142,6 +142,9 @@ class Driver:
         self.stopping = threading.Event()
         #: The driver's own standard error (a run's goes to its client).
         self.own_stderr = sys.stderr
+        #: Started by a run (``--after-pid``): end at the first request of other code (an upgraded
+        #: or edited checkout), so that the next run starts a driver of its own code.
+        self.end_when_outdated = False
 
     def refusal(self, request: Mapping[str, Any]) -> str | None:
         """Why this driver does not run ``request`` as its caller would (None: it does)."""
@@ -184,6 +187,10 @@ class Driver:
         if reason is not None:
             with contextlib.suppress(OSError):
                 send(stream, {"refused": reason})
+            if self.end_when_outdated and isinstance(request, dict) and request.get("code") != self.code:
+                self._note("INFO", "a client runs other code than this driver, which a run started for its "
+                                   "own code (--after-pid): stopping, the next run starts a driver for its code")
+                self.stopping.set()
             return
         gone = threading.Event()
         try:  # parsing redirects stderr too: only under the run lock
@@ -430,15 +437,17 @@ def _status(path: str, stop: bool) -> int:
 def _wait_for_exit(pid: int) -> None:
     """Until process ``pid`` has ended (a CLI run that started this driver, ``--after-pid``):
     the driver's JVM start and warm-up, about 20 s of CPU, would otherwise slow that run (on
-    two cores, 10 s -> 15 s for one record). The path stays claimed meanwhile."""
-    while True:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        except PermissionError:  # alive, another user's: not ours to wait for
-            return
-        time.sleep(0.2)
+    two cores, 10 s -> 15 s for one record). The path stays claimed meanwhile. A pidfd becomes
+    readable when the process ends, whether or not its parent has reaped it yet (``os.kill(pid,
+    0)`` would wait for a zombie), and it names that process, not a later one with its pid."""
+    try:
+        handle = os.pidfd_open(pid)
+    except OSError:  # already gone
+        return
+    try:
+        select.select([handle], [], [])
+    finally:
+        os.close(handle)
 
 
 def _drive(args: argparse.Namespace, parse: Callable[[list[str]], argparse.Namespace], path: str,
@@ -454,6 +463,7 @@ def _drive(args: argparse.Namespace, parse: Callable[[list[str]], argparse.Names
     started = time.monotonic()
     master = master_url(args.master)
     driver = Driver(None, master, parse)  # the environment as the caller set it, before Spark adds to it
+    driver.end_when_outdated = args.after_pid is not None
     published: tuple[int, int] | None = None
     try:
         with _stop_on_signals(driver.stopping):
@@ -493,7 +503,7 @@ def _serve(server: socket.socket, driver: Driver, idle_s: float) -> None:
                 log.info("resident driver: no request for %gs; stopping", idle_s)
                 break
             continue
-        driver.last_request = time.monotonic()
+        # (the idle time counts from the last run: refused requests and probes do not keep a driver alive)
         threading.Thread(target=driver.handle, args=(conn,), daemon=True, name="versiq-driver-request").start()
     driver.stopping.set()
     with driver.run_lock:  # the run in progress ends first

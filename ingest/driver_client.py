@@ -29,7 +29,7 @@ log = logging.getLogger("versiq.ingest")
 
 SOCKET_ENV = "VERSIQ_DRIVER_SOCKET"
 #: ``VERSIQ_DRIVER_AUTOSTART=30m``: a run that needs Spark and finds no driver starts one in the
-#: background, which ends after this long without a request (unset, empty or ``off``: never).
+#: background, which ends after this long without a run (unset, empty, ``off`` or 0: never).
 AUTOSTART_ENV = "VERSIQ_DRIVER_AUTOSTART"
 #: ``VERSIQ_DRIVER_SOCKET=off``: no driver is used (nor started on the default path).
 OFF = "off"
@@ -71,8 +71,13 @@ def lock_path(path: str) -> str:
 
 
 def log_path(path: str) -> str:
-    """Where a driver started by ``autostart_hook`` writes its standard output and error."""
-    return os.path.join(os.path.dirname(path), "driver.log")
+    """Where a driver started by ``autostart_hook`` writes its standard output and error
+    (appended; started afresh when it has grown past ``MAX_LOG_BYTES``)."""
+    return f"{path}.log"
+
+
+#: A started driver's log is cut when it is larger than this before another driver starts.
+MAX_LOG_BYTES = 1 << 20
 
 
 #: The distributions whose versions a run depends on (besides versiq's own files).
@@ -85,6 +90,9 @@ def run_environment(environ: Mapping[str, str]) -> dict[str, str]:
     that differ, and carries no secret (``AWS_SECRET_ACCESS_KEY``) in clear. The variables of
     ``INTERPRETER_DEFAULTS`` count with their default."""
     effective = {name: sys.executable for name in INTERPRETER_DEFAULTS} | dict(environ)
+    for name in INTERPRETER_DEFAULTS:  # a relative path means this process's folder
+        if os.sep in effective[name] and not os.path.isabs(effective[name]):
+            effective[name] = os.path.abspath(effective[name])
     return {name: hashlib.sha256(value.encode()).hexdigest()[:32] for name, value in effective.items()
             if (name.startswith(RUN_ENV_PREFIXES) or name in RUN_ENV_NAMES) and name not in CLIENT_ONLY_ENV}
 
@@ -194,16 +202,19 @@ def autostart_hook(args: argparse.Namespace, environ: Mapping[str, str] | None =
     (so that it does not slow this run down), without warm-up runs so that it serves a few seconds
     later (its first runs compile as they go); this run goes on in its own JVM. It is a process of its own
     session (a Ctrl-C of this run does not reach it), writes its output to ``log_path`` and ends
-    after the variable's duration without a request."""
+    after the variable's duration without a run."""
     env = os.environ if environ is None else environ
     idle = env.get(AUTOSTART_ENV, "").strip()
     path = socket_path(env)
     if not idle or idle.lower() == OFF or path is None or args.continuous or args.master is not None:
         return None
+    if not env.get("SPARK_MASTER", "local").startswith("local"):  # a cluster's executors stay the job's
+        return None
     from versiq.durations import DurationError, parse_duration_ms
 
     try:
-        parse_duration_ms(idle)
+        if parse_duration_ms(idle) == 0:  # "0": as off
+            return None
     except DurationError as exc:
         log.warning("%s: %s; not starting a resident driver", AUTOSTART_ENV, exc)
         return None
@@ -218,17 +229,36 @@ def start_driver(path: str, idle: str) -> subprocess.Popen[bytes] | None:
     folder = os.path.dirname(path)
     try:
         os.makedirs(folder, mode=0o700, exist_ok=True)
-        with open(log_path(path), "wb") as out:
+        info = os.stat(folder)
+        if info.st_uid != os.getuid() or info.st_mode & 0o077:
+            log.warning("not starting a resident driver on %s: the folder is not this user's alone (mode 0700)",
+                        path)
+            return None
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+        with contextlib.suppress(OSError):
+            if os.stat(log_path(path), follow_symlinks=False).st_size > MAX_LOG_BYTES:
+                flags |= os.O_TRUNC
+        out = os.open(log_path(path), flags, 0o600)
+        try:
+            # -P and PYTHONPATH: the driver imports this process's versiq, whatever the folder and
+            # the installation say (the driver refuses other code; here it would never serve)
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+                p for p in (os.path.dirname(package_root()), os.environ.get("PYTHONPATH")) if p)}
+            for name in INTERPRETER_DEFAULTS:  # it runs in /: a relative interpreter path is this folder's
+                if os.sep in env.get(name, "") and not os.path.isabs(env[name]):
+                    env[name] = os.path.abspath(env[name])
             proc = subprocess.Popen(
-                [sys.executable, "-m", "versiq.cli", "driver", "--socket", path, "--idle-timeout", idle,
+                [sys.executable, "-P", "-m", "versiq.cli", "driver", "--socket", path, "--idle-timeout", idle,
                  "--after-pid", str(os.getpid()), "--no-warm-up"],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=folder,
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd="/", env=env,
                 start_new_session=True)
+        finally:
+            os.close(out)
     except OSError as exc:
         log.warning("could not start a resident driver on %s: %s", path, exc)
         return None
     log.info("started a resident driver (pid %d) on %s for the runs after this one; it ends after %s "
-             "without a request ('versiq driver --stop' ends it now); its log: %s", proc.pid, path, idle,
+             "without a run ('versiq driver --stop' ends it now); its log: %s", proc.pid, path, idle,
              log_path(path))
     return proc
 

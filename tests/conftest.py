@@ -26,6 +26,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # every ``versiq ingest`` the tests start runs in its own process unless a test points it at a
 # driver of its own (tests/ingest/test_resident_driver.py).
 os.environ["VERSIQ_DRIVER_SOCKET"] = "off"
+os.environ.pop("VERSIQ_DRIVER_AUTOSTART", None)
 
 
 @pytest.fixture(scope="session", autouse=True)

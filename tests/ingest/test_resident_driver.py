@@ -10,6 +10,7 @@ whole test session has it, tests/conftest.py)."""
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import re
@@ -32,6 +33,7 @@ from versiq.ingest.driver_client import (
     log_path,
     run_environment,
     socket_path,
+    start_driver,
 )
 from versiq.ingest.warm_up import warm_up
 
@@ -193,6 +195,10 @@ def test_the_driver_refuses_other_code_and_environments():
     # unset is the running interpreter, as ``get_spark`` sets it; another interpreter differs
     assert run_environment({"PYSPARK_PYTHON": sys.executable}) == run_environment({})
     assert run_environment({"PYSPARK_PYTHON": "/opt/other/python"}) != run_environment({})
+    # a relative interpreter path is the caller's folder's
+    relative = os.path.relpath(sys.executable)
+    if os.sep in relative:
+        assert run_environment({"PYSPARK_PYTHON": relative}) == run_environment({})
     assert "s3cr3t" not in json.dumps(shown)  # values travel as digests
     assert "no environment" in (driver.refusal({**request, "env": None}) or "")
     assert "umask" in (driver.refusal({**request, "umask": 0o777}) or "")
@@ -311,11 +317,12 @@ def test_a_run_that_starts_spark_starts_a_driver_for_the_runs_after_it(tmp_path)
     assert not os.path.exists(sock) and not os.path.exists(log_path(sock))
     write_jsonl(str(src), "b.jsonl", ['{"key":"a","value":2,"timestamp":6}'])
     first = ingest(sock, "--warehouse", wh, "--store", "s", "--source", str(src), extra_env=auto)
-    assert first.returncode == 0 and ran_in(first) is None, first.stderr
-    started = re.search(r"started a resident driver \(pid (\d+)\)", first.stderr)
-    assert started, first.stderr
-    pid = int(started.group(1))
+    pid = None
     try:
+        assert first.returncode == 0 and ran_in(first) is None, first.stderr
+        started = re.search(r"started a resident driver \(pid (\d+)\)", first.stderr)
+        assert started, first.stderr
+        pid = int(started.group(1))
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             assert b"\0--idle-timeout\x002m\0" in f.read()
         deadline = time.monotonic() + 180
@@ -334,16 +341,29 @@ def test_a_run_that_starts_spark_starts_a_driver_for_the_runs_after_it(tmp_path)
         status = subprocess.run([*VERSIQ, "driver", "--socket", sock, "--status"], capture_output=True, text=True,
                                 env=_driver_env(), timeout=60)
         assert status.returncode == 0 and f"pid {pid} serving on {sock}" in status.stdout, status
-    finally:
+    finally:  # whatever failed above, the driver a run may have started is stopped
         stop = subprocess.run([*VERSIQ, "driver", "--socket", sock, "--stop"], capture_output=True, text=True,
                               env=_driver_env(), timeout=120)
-        if stop.returncode != 0:
-            os.kill(pid, signal.SIGKILL)
     assert stop.returncode == 0 and f"pid {pid} has ended" in stop.stdout, stop
     assert not os.path.exists(sock)
     none = subprocess.run([*VERSIQ, "driver", "--socket", sock, "--status"], capture_output=True, text=True,
                           env=_driver_env(), timeout=60)
     assert none.returncode == 1 and "no driver on" in none.stdout, none
+
+
+def test_a_driver_a_run_started_ends_when_a_client_runs_other_code():
+    """An upgraded or edited checkout: the driver a run started for the old code ends, and the
+    next run starts one for its own; a driver started by hand stays for the clients of its code.
+    Another environment is not other code: it stays."""
+    for started_by_a_run in (True, False):
+        driver = Driver(None, "local[*]", lambda argv: None)  # type: ignore[arg-type, return-value]
+        driver.end_when_outdated = started_by_a_run
+        other_env = {"code": driver.code, "env": {"VERSIQ_X": "1"}, "umask": driver.umask}
+        driver._handle(None, io.BytesIO(json.dumps(other_env).encode() + b"\n"))  # type: ignore[arg-type]
+        assert not driver.stopping.is_set()
+        other_code = {**other_env, "code": "versiq 0.0.9 elsewhere", "env": driver.environment}
+        driver._handle(None, io.BytesIO(json.dumps(other_code).encode() + b"\n"))  # type: ignore[arg-type]
+        assert driver.stopping.is_set() == started_by_a_run
 
 
 def test_one_driver_per_socket_path_and_when_a_run_starts_one(tmp_path):
@@ -367,6 +387,14 @@ def test_one_driver_per_socket_path_and_when_a_run_starts_one(tmp_path):
     assert autostart_hook(argparse.Namespace(continuous=True, master=None), auto) is None
     assert autostart_hook(argparse.Namespace(continuous=False, master="local[1]"), auto) is None
     assert callable(autostart_hook(batch, auto))
+    assert autostart_hook(batch, {**auto, "VERSIQ_DRIVER_AUTOSTART": "0s"}) is None  # zero: as off
+    assert autostart_hook(batch, {**auto, "SPARK_MASTER": "spark://cluster:7077"}) is None
+    assert callable(autostart_hook(batch, {**auto, "SPARK_MASTER": "local[2]"}))
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    shared.chmod(0o755)
+    assert start_driver(str(shared / "d.sock"), "5m") is None  # a folder others can use: never
+    assert os.listdir(shared) == []
 
 
 def test_warm_up_runs_leave_the_session_and_environment_as_they_were(spark):
