@@ -138,7 +138,7 @@ class Driver:
         self.umask = current_umask()
         self.code = code_identity()
         self.run_lock = threading.Lock()
-        self.last_request = time.monotonic()
+        self.last_run = time.monotonic()
         self.stopping = threading.Event()
         #: The driver's own standard error (a run's goes to its client).
         self.own_stderr = sys.stderr
@@ -201,7 +201,7 @@ class Driver:
             with contextlib.suppress(OSError):
                 send(stream, {"exit": code} if isinstance(code, int) else {"refused": code})
         finally:
-            self.last_request = time.monotonic()
+            self.last_run = time.monotonic()
             self.run_lock.release()
         if gone.is_set():
             self._note("INFO", f"the run of the caller that went away has ended (status {code})")
@@ -340,9 +340,8 @@ def claim(path: str) -> IO[bytes]:
 
 def listen(path: str) -> socket.socket:
     """A listening socket (mode 0600) under a temporary name beside ``path``: ``publish`` renames
-    it into place once the driver is ready (the caller holds ``claim(path)``)."""
+    it into place once the driver is ready (the caller holds ``claim(path)``, which made the folder)."""
     check_free(path)
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o177)  # the socket: this user only
     try:
@@ -480,7 +479,7 @@ def _drive(args: argparse.Namespace, parse: Callable[[list[str]], argparse.Names
             log.info("resident driver ready on %s (pid %d, master %s, %.1fs to start); idle timeout %gs",
                      path, os.getpid(), master, time.monotonic() - started, idle_s)
             print(f"versiq driver: ready on {path}", flush=True)
-            driver.last_request = time.monotonic()
+            driver.last_run = time.monotonic()
             _serve(server, driver, idle_s)
     finally:
         server.close()
@@ -499,11 +498,11 @@ def _serve(server: socket.socket, driver: Driver, idle_s: float) -> None:
         try:
             conn, _ = server.accept()
         except TimeoutError:
-            if not driver.run_lock.locked() and time.monotonic() - driver.last_request > idle_s:
+            if not driver.run_lock.locked() and time.monotonic() - driver.last_run > idle_s:
                 log.info("resident driver: no request for %gs; stopping", idle_s)
                 break
             continue
-        # (the idle time counts from the last run: refused requests and probes do not keep a driver alive)
+        # (``last_run``, not the time of this connection: refused requests and probes do not keep a driver alive)
         threading.Thread(target=driver.handle, args=(conn,), daemon=True, name="versiq-driver-request").start()
     driver.stopping.set()
     with driver.run_lock:  # the run in progress ends first

@@ -89,12 +89,19 @@ def run_environment(environ: Mapping[str, str]) -> dict[str, str]:
     less ``CLIENT_ONLY_ENV``), each as a digest of its value: a request names the variables
     that differ, and carries no secret (``AWS_SECRET_ACCESS_KEY``) in clear. The variables of
     ``INTERPRETER_DEFAULTS`` count with their default."""
-    effective = {name: sys.executable for name in INTERPRETER_DEFAULTS} | dict(environ)
-    for name in INTERPRETER_DEFAULTS:  # a relative path means this process's folder
-        if os.sep in effective[name] and not os.path.isabs(effective[name]):
-            effective[name] = os.path.abspath(effective[name])
+    effective = {name: sys.executable for name in INTERPRETER_DEFAULTS} | absolute_interpreters(environ)
     return {name: hashlib.sha256(value.encode()).hexdigest()[:32] for name, value in effective.items()
             if (name.startswith(RUN_ENV_PREFIXES) or name in RUN_ENV_NAMES) and name not in CLIENT_ONLY_ENV}
+
+
+def absolute_interpreters(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` with relative paths in ``INTERPRETER_DEFAULTS`` made absolute: such a path
+    means this process's folder, not that of a driver (which runs elsewhere)."""
+    out = dict(environ)
+    for name in INTERPRETER_DEFAULTS:
+        if os.sep in out.get(name, "") and not os.path.isabs(out[name]):
+            out[name] = os.path.abspath(out[name])
+    return out
 
 
 def current_umask() -> int:
@@ -242,11 +249,8 @@ def start_driver(path: str, idle: str) -> subprocess.Popen[bytes] | None:
         try:
             # -P and PYTHONPATH: the driver imports this process's versiq, whatever the folder and
             # the installation say (the driver refuses other code; here it would never serve)
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            env = {**absolute_interpreters(os.environ), "PYTHONPATH": os.pathsep.join(  # it runs in /
                 p for p in (os.path.dirname(package_root()), os.environ.get("PYTHONPATH")) if p)}
-            for name in INTERPRETER_DEFAULTS:  # it runs in /: a relative interpreter path is this folder's
-                if os.sep in env.get(name, "") and not os.path.isabs(env[name]):
-                    env[name] = os.path.abspath(env[name])
             proc = subprocess.Popen(
                 [sys.executable, "-P", "-m", "versiq.cli", "driver", "--socket", path, "--idle-timeout", idle,
                  "--after-pid", str(os.getpid()), "--no-warm-up"],
