@@ -12,7 +12,10 @@ driver's, no JVM starts. ``autostart`` is the CLI with ``VERSIQ_DRIVER_AUTOSTART
 run (of the bench) runs in its own JVM and starts a driver in the background, which the later
 runs find (without warm-up runs: the first of them compile as they go). ``no_crc`` is ``c1``
 on tables whose newest commit has no Delta checksum file (the bench deletes them before each of
-its runs), as versiq wrote them before it kept Delta's default of writing one. Runs alternate
+its runs), as versiq wrote them before it kept Delta's default of writing one. ``previous`` is
+``c1`` run by the code of an earlier commit (``--baseline-checkout DIR``, e.g. ``git worktree
+add DIR HEAD~1``: that directory first on ``PYTHONPATH``, this checkout's class archive folder
+``.cache/jvm``, whose file names carry their recipe). Runs alternate
 between the settings so that the machine's load falls on all alike; ``--settings`` picks some
 (the first is the baseline of the ratios).
 
@@ -26,6 +29,7 @@ The load generator is this process starting ``versiq ingest`` one at a time (``s
 time per process is the figure. The machine's load average is recorded before and after.
 
     .venv/bin/python bench/cli_bench.py [--repeat 3] [--skip-1m] [--settings c1,driver] [--results bench/results]
+        [--baseline-checkout DIR --settings previous,c1]
 """
 
 from __future__ import annotations
@@ -63,6 +67,9 @@ SETTINGS: dict[str, dict[str, str]] = {
     # every ``_delta_log/*.crc`` before each of its runs (what a store written by versiq before
     # 2026-11-26 night has: Delta then rebuilds the state of the read snapshot in the commit)
     "no_crc": {},
+    # the CLI of an earlier commit (``--baseline-checkout DIR``: its directory first on
+    # PYTHONPATH, the same class archive folder); set in main()
+    "previous": {},
     # the same CLI with VERSIQ_DRIVER_AUTOSTART: its first run starts a driver in the background
     # (README, "Started by the CLI"), the runs after it are that driver's; set in main()
     "autostart": {},
@@ -193,8 +200,15 @@ def main() -> None:
                     help=f"comma-separated settings to compare (default all: {', '.join(SETTINGS)}); the first "
                          "is the baseline of the ratios")
     ap.add_argument("--results", default=os.path.join(HERE, "results"))
+    ap.add_argument("--baseline-checkout", help="a checkout of an earlier commit: setting 'previous' runs its code")
     args = ap.parse_args()
     chosen = args.settings.split(",")
+    if "previous" in chosen:
+        if not args.baseline_checkout or not os.path.isdir(os.path.join(args.baseline_checkout, "versiq")):
+            ap.error("setting 'previous' needs --baseline-checkout DIR, a checkout of versiq")
+        checkout = os.path.abspath(args.baseline_checkout)
+        archive = os.environ.get("VERSIQ_JVM_ARCHIVE_DIR") or os.path.join(os.path.dirname(HERE), ".cache", "jvm")
+        SETTINGS["previous"] = {"PYTHONPATH": checkout, "VERSIQ_JVM_ARCHIVE_DIR": archive}
     for name in set(SETTINGS) - set(chosen):
         del SETTINGS[name]
     work = tempfile.mkdtemp(prefix="versiq-cli-bench-")
@@ -205,6 +219,7 @@ def main() -> None:
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
             "load_generator": "this process, one `versiq ingest` subprocess at a time",
             "baseline": f"{chosen[0]}: the same runs, alternating",
+            "baseline_checkout": args.baseline_checkout and os.path.abspath(args.baseline_checkout),
         }
         if "autostart" in SETTINGS:
             SETTINGS["autostart"] = {"VERSIQ_DRIVER_SOCKET": os.path.join(work, "auto", "driver.sock"),

@@ -205,7 +205,7 @@ def set_description(spark: SparkSession, path: str, description: str, state: Sto
 
 def local_frame(spark: SparkSession, table: pa.Table) -> DataFrame:
     """A driver-side Arrow table as one Spark partition (derived tables are computed on the
-    driver): one task writes it, one file per bucket."""
+    driver, a small run parses there): one task writes it, one file per bucket."""
     if table.num_rows == 0:
         return spark.createDataFrame([], from_arrow_schema(table.schema))
     return spark.createDataFrame(table).coalesce(1)

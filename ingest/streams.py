@@ -20,10 +20,11 @@ from pyspark.sql import functions as F
 
 from versiq import layout, storage
 from versiq.ingest.bucketing import by_bucket, write_tasks
+from versiq.ingest.delta import local_frame
 from versiq.ingest.errors import UsageError
 from versiq.ingest.future import DEFAULT_MAX_FUTURE_MS, future_bound
 from versiq.ingest.kafka import KafkaSource, check_position, plan_run, read_errors, read_records, read_report
-from versiq.ingest.parse import parse_files
+from versiq.ingest.parse import parse_run
 from versiq.ingest.records.kafka_rows import SKIPPED
 from versiq.ingest.rejections import write_rejected, write_source_rejected
 from versiq.ingest.reports import StreamReport
@@ -112,8 +113,10 @@ def ingest_stream(spark: SparkSession, warehouse: str, spec: StreamSpec, lock_ti
             return report
         run = handle.state.run + 1
         report.files = len(new)
+        parsed = parse_run(spark, new, spec.format, None, bound, input_bytes)
         with plans_for_input(spark, input_bytes):
-            _append_run(handle, spec, run, report, parse_files(spark, new, spec.format, None, bound),
+            frame = parsed if isinstance(parsed, DataFrame) else local_frame(spark, parsed)
+            _append_run(handle, spec, run, report, frame,
                         StoreState(run=run, done_files=sorted(done | set(new))),
                         lambda parsed, state, total: write_rejected(parsed, None, handle.path, state, new,
                                                                     spec.format, total=total))

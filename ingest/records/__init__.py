@@ -1,4 +1,5 @@
-"""Parsing changelog files into records or rejections (runs on Spark executors).
+"""Parsing changelog files into records or rejections (in Spark tasks, or in the run's own
+process for a small run: ``ingest.parse``).
 
 One function per format turns a file into Arrow batches of ``PARSED_SCHEMA``: every non-blank
 line/row becomes exactly one row, either a record (``reason`` null) or a rejection with its

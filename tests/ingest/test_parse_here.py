@@ -1,0 +1,100 @@
+"""A small run parses its files in its own process (``parse.parse_here``) and takes its parse
+statistics from the Arrow table (``pipeline._parse_stats_here``); a larger one parses in Spark
+tasks (``parse.parse_files``) and aggregates in Spark (``pipeline._parse_stats``). Both must
+give the same rows and the same figures for any input: random files of valid records, broken
+lines, records naming partitions (some out of range) and offsets."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.support.ingest import write_jsonl
+from versiq.ingest.parse import parse_files, parse_here, parses_here
+from versiq.ingest.pipeline import _parse_stats, _parse_stats_here
+from versiq.ingest.reports import StoreReport
+from versiq.ingest.spark import INTERPRETED_RUN_BYTES, SparkOnDemand, start_soon
+
+
+@st.composite
+def lines(draw) -> list[str]:
+    out = []
+    for _ in range(draw(st.integers(0, 12))):
+        kind = draw(st.sampled_from(["record", "record", "record", "broken", "blank", "no_key"]))
+        if kind == "broken":
+            out.append("{not json")
+        elif kind == "blank":
+            out.append("")
+        elif kind == "no_key":
+            out.append(json.dumps({"value": 1, "timestamp": 5}))
+        else:
+            record: dict[str, object] = {"key": draw(st.sampled_from(["a", "b", "c", "dé", "e"])),
+                                         "value": draw(st.sampled_from([1, "x", None, {"n": 2}])),
+                                         "timestamp": draw(st.integers(0, 50))}
+            if draw(st.booleans()):
+                record["partition"] = draw(st.integers(0, 4))  # 3 and 4 are out of range
+            if draw(st.booleans()):
+                record["offset"] = draw(st.integers(0, 9))
+            out.append(json.dumps(record))
+    return out
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(lines(), min_size=1, max_size=3), st.sampled_from([1, 3]), st.booleans(), st.booleans())
+def test_a_run_parsed_here_has_the_rows_and_figures_of_one_parsed_by_spark(spark, tmp_path_factory, files,
+                                                                          partitions, per_file, keys):
+    folder = tmp_path_factory.mktemp("parse-here")
+    new = {f"f{i}.jsonl": write_jsonl(str(folder), f"f{i}.jsonl", body) for i, body in enumerate(files)}
+    here = parse_here(new, None, partitions)
+    there = parse_files(spark, new, None, partitions)
+    assert here.schema.names == there.columns
+    assert here.sort_by("seq").to_pylist() == there.toArrow().cast(here.schema).sort_by("seq").to_pylist()
+
+    stats_partitions = partitions if per_file else None
+    report_here, report_there = StoreReport(), StoreReport()
+    got = _parse_stats_here(here, report_here, stats_partitions, keys=keys)
+    want = _parse_stats(there, report_there, stats_partitions, keys=keys)
+    assert got == want
+    assert (report_here.read, report_here.rejected, report_here.skipped) == \
+        (report_there.read, report_there.rejected, report_there.skipped)
+
+
+def test_which_runs_parse_here(tmp_path):
+    """Small runs of text files; not Parquet (a few MB on disk can hold millions of rows), not a
+    larger run, not a run whose size is unknown (S3 sources)."""
+    files = {"a.jsonl": "/x/a.jsonl", "b.csv": "/x/b.csv"}
+    assert parses_here(files, None, 1000)
+    assert not parses_here(files, None, INTERPRETED_RUN_BYTES + 1)
+    assert not parses_here(files, None, None)
+    assert not parses_here({**files, "c.parquet": "/x/c.parquet"}, None, 1000)
+    assert not parses_here(files, "parquet", 1000)
+
+
+def test_an_empty_run_parsed_here_is_an_empty_table(tmp_path):
+    path = write_jsonl(str(tmp_path), "a.jsonl", ["", "  "])
+    table = parse_here({"a.jsonl": path}, None, 1)
+    assert table.num_rows == 0 and isinstance(table, pa.Table)
+
+
+def test_a_session_started_early_that_fails_fails_the_run_that_uses_it():
+    """``start_soon`` starts the session on a thread of its own; what went wrong there is raised
+    where the run first uses the session, and stopping the never-started session is quiet."""
+    calls = []
+
+    def refuse() -> None:
+        import threading
+
+        calls.append(threading.current_thread().name)
+        raise RuntimeError("no JVM today")
+
+    on_demand = SparkOnDemand(on_start=refuse)
+    start_soon(on_demand.as_session())
+    start_soon(on_demand.as_session())  # once only
+    with pytest.raises(RuntimeError, match="no JVM today"):
+        on_demand()
+    on_demand.stop()
+    assert len(calls) == 1 and calls[0].startswith("versiq-spark-start")
