@@ -14,8 +14,9 @@ runs find (without warm-up runs: the first of them compile as they go). ``no_crc
 on tables whose newest commit has no Delta checksum file (the bench deletes them before each of
 its runs), as versiq wrote them before it kept Delta's default of writing one. ``previous`` is
 ``c1`` run by the code of an earlier commit (``--baseline-checkout DIR``, e.g. ``git worktree
-add DIR HEAD~1``: that directory first on ``PYTHONPATH``, this checkout's class archive folder
-``.cache/jvm``, whose file names carry their recipe). Runs alternate
+add DIR HEAD~1``: that directory first on ``PYTHONPATH``, this checkout's jars and class archive
+folder, ``.cache/jars`` and ``.cache/jvm``: the archive maps only for the classpath it was
+written with, and its file names carry their recipe). Runs alternate
 between the settings so that the machine's load falls on all alike; ``--settings`` picks some
 (the first is the baseline of the ratios).
 
@@ -77,7 +78,9 @@ SETTINGS: dict[str, dict[str, str]] = {
     # warm-up included; its start is reported apart): VERSIQ_DRIVER_SOCKET is set in main()
     "driver": {},
 }
-VERSIQ = [sys.executable, "-m", "versiq.cli", "ingest"]
+#: ``-P``: the package comes from ``PYTHONPATH`` or the installed one, never from the working
+#: directory (which would shadow a ``previous`` checkout when the bench runs from a checkout).
+VERSIQ = [sys.executable, "-P", "-m", "versiq.cli", "ingest"]
 #: The environment of every process this bench starts (a driver's must equal its clients').
 BASE_ENV = {**os.environ, "PYSPARK_PYTHON": sys.executable, "VERSIQ_DRIVER_SOCKET": "off"}
 
@@ -207,8 +210,12 @@ def main() -> None:
         if not args.baseline_checkout or not os.path.isdir(os.path.join(args.baseline_checkout, "versiq")):
             ap.error("setting 'previous' needs --baseline-checkout DIR, a checkout of versiq")
         checkout = os.path.abspath(args.baseline_checkout)
-        archive = os.environ.get("VERSIQ_JVM_ARCHIVE_DIR") or os.path.join(os.path.dirname(HERE), ".cache", "jvm")
-        SETTINGS["previous"] = {"PYTHONPATH": checkout, "VERSIQ_JVM_ARCHIVE_DIR": archive}
+        cache = os.path.join(os.path.dirname(HERE), ".cache")
+        # this checkout's jars too: the class archive maps only for the classpath it was written with
+        SETTINGS["previous"] = {"PYTHONPATH": checkout,
+                                "VERSIQ_JVM_ARCHIVE_DIR": os.environ.get("VERSIQ_JVM_ARCHIVE_DIR")
+                                or os.path.join(cache, "jvm"),
+                                "VERSIQ_SPARK_JARS": os.environ.get("VERSIQ_SPARK_JARS") or os.path.join(cache, "jars")}
     for name in set(SETTINGS) - set(chosen):
         del SETTINGS[name]
     work = tempfile.mkdtemp(prefix="versiq-cli-bench-")
