@@ -23,6 +23,7 @@ def parse_run(spark: SparkSession, files: dict[str, str], fmt: str | None, parti
     """A run's new files parsed: here when ``parses_here`` (the session, if it has yet to
     start, starts meanwhile on a thread of its own: ``spark.start_soon``), else by Spark."""
     if parses_here(files, fmt, input_bytes):
+        _check_files(files)  # a run refused here starts no JVM
         start_soon(spark)
         table = parse_here(files, fmt, partitions, max_timestamp)
         logging.getLogger("versiq.ingest").debug("%s parsed in this process (a small run)",

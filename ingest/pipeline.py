@@ -422,16 +422,18 @@ def _parse_stats_here(parsed: pa.Table, report: StoreReport, partitions: int | N
         counts[entry["values"]] = counts.get(entry["values"], 0) + entry["counts"]
     valid = parsed.filter(pc.is_null(reasons))
     flags = {name: valid.num_rows - valid.column(name).null_count for name in ("part", "offset")}
-    valid_keys = valid.column("key").to_pylist()
     file_max: dict[tuple[int, int], int] | None = None
     if partitions is not None:
-        file_max = {}
-        files = pc.shift_right(valid.column("seq"), POS_BITS).to_pylist()
-        for key, file, ts in zip(valid_keys, files, valid.column("ts").to_pylist(), strict=True):
-            slot = (default_partition_of(key, partitions), file)
-            if ts > file_max.get(slot, -1):
-                file_max[slot] = ts
-    return flags, file_max, set(valid_keys) if keys else None
+        if partitions == 1:
+            default_p = pa.repeat(pa.scalar(0, pa.int32()), valid.num_rows)
+        else:
+            default_p = pa.array([default_partition_of(key, partitions) for key in valid.column("key").to_pylist()],
+                                 pa.int32())
+        maxima = pa.table({"p": default_p, "file": pc.shift_right(valid.column("seq"), POS_BITS),
+                           "ts": valid.column("ts")}).group_by(["p", "file"]).aggregate([("ts", "max")])
+        file_max = dict(zip(zip(maxima.column("p").to_pylist(), maxima.column("file").to_pylist(), strict=True),
+                            maxima.column("ts_max").to_pylist(), strict=True))
+    return flags, file_max, set(pc.unique(valid.column("key")).to_pylist()) if keys else None
 
 
 def _next_state(classified: DataFrame, state: StoreState, run: int, report: StoreReport) -> StoreState:

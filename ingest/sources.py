@@ -130,8 +130,8 @@ def _list_s3(source: str) -> SourceListing:
 
 
 def read_error(path: str, exc: OSError) -> SourceError:
-    """The run's error for a read of ``path`` the OS refused (raised by parse tasks, whose
-    OSError alone does not say which file)."""
+    """The run's error for a read of ``path`` the OS refused (raised by the parse, in a Spark
+    task or in the run's own process, whose OSError alone does not say which file)."""
     return SourceError(f"cannot read source file {path}: {exc.strerror or exc}")
 
 
@@ -148,7 +148,7 @@ def source_error_in(exc: BaseException) -> SourceError | None:
 def check_readable(files: dict[str, str]) -> int | None:
     """Open every file about to be read (non-blocking, so a file replaced by a FIFO since the
     listing cannot hang the run): a file that cannot be opened fails the run on the driver, with
-    a clear message, before any Spark work. Parse tasks re-raise read errors as well (the only
+    a clear message, before any Spark work. The parse re-raises read errors as well (the only
     check for S3 objects, which the listing has just seen and which cannot be FIFOs).
     Returns the files' bytes (``spark.plans_for_input``), None when some are S3 objects."""
     total: int | None = 0

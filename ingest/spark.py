@@ -279,7 +279,7 @@ def small_run(input_bytes: int | None) -> bool:
 def plans_for_input(spark: SparkSession, input_bytes: int | None) -> Iterator[bool]:
     """The run inside plans for little data (``INTERPRETED_RUN_BYTES``, ``small_run_settings``)
     when its new input is small; the session's settings are restored after. Yields whether it
-    is a small run (``small_run``), which the run needs to know too (``pipeline._run_once``)."""
+    is a small run (``small_run``), which the run needs to know too (``pipeline._decide_and_commit``)."""
     if not small_run(input_bytes):
         yield False
         return
@@ -332,13 +332,23 @@ def driver_java_options(short_lived: bool) -> str:
                                   os.environ.get(DRIVER_JAVA_OPTIONS_ENV)]))
 
 
+def set_interpreter_defaults() -> None:
+    """Spark's Python workers and driver run this interpreter unless told otherwise."""
+    # (the resident driver counts an unset variable as this default: driver_client.INTERPRETER_DEFAULTS)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+
+def _set_active_session(spark: SparkSession) -> None:
+    """``spark`` is the active session of the JVM thread that serves this Python thread."""
+    spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)  # type: ignore[union-attr]
+
+
 def get_spark(master: str | None = None, app_name: str = "versiq-ingest", *,
               short_lived: bool = False) -> SparkSession:
     """Create (or reuse) the session. Shuffle partitions are kept small: 2-core machines.
     ``short_lived``: the process ends after this session's one run (``SHORT_LIVED_JIT_OPTION``)."""
-    # (the resident driver counts an unset variable as this default: driver_client.INTERPRETER_DEFAULTS)
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    set_interpreter_defaults()
     url = master_url(master)
     builder = (
         SparkSession.builder.master(url)
@@ -400,7 +410,7 @@ class SparkOnDemand:
     this object behaves as the session itself. It is also the factory ``maintain`` takes
     (``spark()`` returns the session). The process ends after the run (the demo stops the session
     before it serves), so its JVM is ``short_lived``. ``on_start`` is called once, just before
-    the session starts (``driver_client.autostart_hook``)."""
+    the session starts, on the thread that starts it (``driver_client.autostart_hook``)."""
 
     def __init__(self, master: str | None = None, app_name: str = "versiq-ingest",
                  on_start: Callable[[], object] | None = None) -> None:
@@ -413,8 +423,15 @@ class SparkOnDemand:
     def __call__(self) -> SparkSession:
         if self._session is None:
             if self._starting is not None:
-                starting, self._starting = self._starting, None
-                self._session = starting.result()  # its failure is raised here, in the run
+                try:
+                    session = self._starting.result()  # its failure is raised here, in the run
+                finally:
+                    self._starting = None
+                # The JVM keeps the active session per thread, and Spark reads many settings
+                # (a small run's: ``plans_for_input``) from the calling thread's active session;
+                # this thread's is unset, as the session was made on another one.
+                _set_active_session(session)
+                self._session = session
             else:
                 self._session = self._start()
         return self._session
@@ -427,11 +444,15 @@ class SparkOnDemand:
 
     def start_soon(self) -> None:
         """Start the session on a thread of its own while the run goes on in Python (a small
-        run parses its files and reads its keys' stored versions meanwhile: ``pipeline``); the
-        first use of the session waits for it. Measured on the 2-core machine: a CLI run of
-        10k events into a 2M-version store spends about 2.5 s starting Spark, and about 0.8 s
-        of that now overlaps the parse and DuckDB's read of the stored versions."""
+        run parses its files and reads its keys' stored versions meanwhile: ``parse.parse_run``,
+        ``pipeline``); the first use of the session waits for it. Measured on the 2-core
+        machine: a CLI run of 10k events into a 2M-version store spends about 2.6 s starting
+        Spark, and the parse and DuckDB's read of the stored versions (about 0.8 s) now happen
+        meanwhile. A session made on another thread installs no SIGINT handler (PySpark does
+        that on the main thread only): Ctrl-C ends the process, and with it the JVM, without
+        first cancelling its jobs, which a one-shot run does not need."""
         if self._session is None and self._starting is None:
+            set_interpreter_defaults()  # here: the environment is not changed beside other threads
             pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="versiq-spark-start")
             self._starting = pool.submit(self._start)
             pool.shutdown(wait=False)
@@ -444,8 +465,10 @@ class SparkOnDemand:
     def stop(self) -> None:
         """Stop the session if one was started (the demo serves in the same process afterwards)."""
         if self._starting is not None:  # a start the run did not use (it failed first)
-            with contextlib.suppress(Exception):
+            try:
                 self()
+            except Exception:  # noqa: BLE001 - the run's own failure is the one to report
+                logging.getLogger("versiq.ingest").debug("the Spark session started early failed", exc_info=True)
         if self._session is not None:
             self._session.stop()
             self._session = None
@@ -479,7 +502,7 @@ class SparkOnDemand:
 # checksum files, which a commit now reads (protocol, metadata, the read snapshot's state) and writes.
 
 #: The archive's contents change with what the writing JVM runs: a new recipe, a new file.
-CLASS_ARCHIVE_RECIPE = 5
+CLASS_ARCHIVE_RECIPE = 6
 
 #: What the archive's JVM runs (in a child process, so nothing here imports the pipeline): the
 #: warm-up runs of ``ingest.warm_up``.

@@ -7,6 +7,9 @@ lines, records naming partitions (some out of range) and offsets."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pyarrow as pa
 import pytest
@@ -98,3 +101,31 @@ def test_a_session_started_early_that_fails_fails_the_run_that_uses_it():
         on_demand()
     on_demand.stop()
     assert len(calls) == 1 and calls[0].startswith("versiq-spark-start")
+
+
+_EARLY_SESSION = """
+import json
+from versiq.ingest.spark import SparkOnDemand, plans_for_input, start_soon
+
+on_demand = SparkOnDemand("local[1]")
+start_soon(on_demand.as_session())
+spark = on_demand()
+jvm = spark._jvm
+with plans_for_input(spark, 100):  # a small run: adaptive execution off in the session
+    conf = jvm.org.apache.spark.sql.internal.SQLConf.get()
+    print(json.dumps({"active": jvm.org.apache.spark.sql.SparkSession.getActiveSession().isDefined(),
+                      "adaptive": conf.adaptiveExecutionEnabled()}))
+on_demand.stop()
+"""
+
+
+def test_a_session_started_early_is_the_active_session_of_the_run_that_uses_it(tmp_path):
+    """The JVM keeps the active session per thread, and Spark reads a run's settings (a small
+    run's, ``plans_for_input``) from the calling thread's active session: a session made on
+    the start thread (``start_soon``) must be the active one of the thread that runs the run,
+    or that run plans with Spark's defaults."""
+    done = subprocess.run([sys.executable, "-c", _EARLY_SESSION], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path, env={**os.environ, "PYSPARK_PYTHON": sys.executable,
+                                             "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"active": True, "adaptive": False}
