@@ -19,7 +19,7 @@ the baseline without a checkout). (``trigger_only``, ``--watch-interval 1s``, wa
 while a streaming query checked local folders; with notifications it equals ``default``.)
 With ``--baseline-checkout DIR`` (a checkout of an earlier commit, e.g. ``git worktree add DIR
 HEAD~1``), mode ``previous`` is the default mode run by that checkout's code (its directory
-first on ``PYTHONPATH`` of the ingest and of the service, the same JVM class archive) and becomes
+first on ``PYTHONPATH`` of the ingest and of the service, the same jars and JVM class archive) and becomes
 the baseline.
 
     .venv/bin/python bench/freshness_bench.py [--probes 20] [--every 3] [--rounds 2] \\
@@ -163,8 +163,11 @@ def main() -> None:
         checkout = os.path.abspath(args.baseline_checkout)
         if not os.path.isdir(os.path.join(checkout, "versiq")):
             ap.error(f"{checkout} is not a checkout of versiq")
-        archive = os.environ.get("VERSIQ_JVM_ARCHIVE_DIR") or os.path.join(os.path.dirname(HERE), ".cache", "jvm")
-        MODES[PREVIOUS] = ({"PYTHONPATH": checkout, "VERSIQ_JVM_ARCHIVE_DIR": archive}, [])
+        cache = os.path.join(os.path.dirname(HERE), ".cache")
+        # this checkout's jars too: the class archive maps only for the classpath it was written with
+        archive = os.environ.get("VERSIQ_JVM_ARCHIVE_DIR") or os.path.join(cache, "jvm")
+        jars = os.environ.get("VERSIQ_SPARK_JARS") or os.path.join(cache, "jars")
+        MODES[PREVIOUS] = ({"PYTHONPATH": checkout, "VERSIQ_JVM_ARCHIVE_DIR": archive, "VERSIQ_SPARK_JARS": jars}, [])
         baseline = PREVIOUS
     modes = [m for m in args.modes.split(",") if m]
     unknown = set(modes) - set(MODES)
