@@ -55,7 +55,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import gen_changelog as gen  # noqa: E402
-from machine import write_result  # noqa: E402
+from machine import baseline_env, write_result  # noqa: E402
 
 #: The settings (environment of the ``versiq ingest`` process): the one-shot default (C1, and
 #: interpreted expressions for a small run), C1 with generated code (``VERSIQ_INTERPRETED_RUN_BYTES``
@@ -209,13 +209,7 @@ def main() -> None:
     if "previous" in chosen:
         if not args.baseline_checkout or not os.path.isdir(os.path.join(args.baseline_checkout, "versiq")):
             ap.error("setting 'previous' needs --baseline-checkout DIR, a checkout of versiq")
-        checkout = os.path.abspath(args.baseline_checkout)
-        cache = os.path.join(os.path.dirname(HERE), ".cache")
-        # this checkout's jars too: the class archive maps only for the classpath it was written with
-        SETTINGS["previous"] = {"PYTHONPATH": checkout,
-                                "VERSIQ_JVM_ARCHIVE_DIR": os.environ.get("VERSIQ_JVM_ARCHIVE_DIR")
-                                or os.path.join(cache, "jvm"),
-                                "VERSIQ_SPARK_JARS": os.environ.get("VERSIQ_SPARK_JARS") or os.path.join(cache, "jars")}
+        SETTINGS["previous"] = baseline_env(args.baseline_checkout)
     for name in set(SETTINGS) - set(chosen):
         del SETTINGS[name]
     work = tempfile.mkdtemp(prefix="versiq-cli-bench-")

@@ -45,7 +45,7 @@ from datetime import UTC, datetime
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from machine import write_result  # noqa: E402
+from machine import baseline_env, write_result  # noqa: E402
 from query_bench import Server  # noqa: E402
 
 
@@ -163,11 +163,7 @@ def main() -> None:
         checkout = os.path.abspath(args.baseline_checkout)
         if not os.path.isdir(os.path.join(checkout, "versiq")):
             ap.error(f"{checkout} is not a checkout of versiq")
-        cache = os.path.join(os.path.dirname(HERE), ".cache")
-        # this checkout's jars too: the class archive maps only for the classpath it was written with
-        archive = os.environ.get("VERSIQ_JVM_ARCHIVE_DIR") or os.path.join(cache, "jvm")
-        jars = os.environ.get("VERSIQ_SPARK_JARS") or os.path.join(cache, "jars")
-        MODES[PREVIOUS] = ({"PYTHONPATH": checkout, "VERSIQ_JVM_ARCHIVE_DIR": archive, "VERSIQ_SPARK_JARS": jars}, [])
+        MODES[PREVIOUS] = (baseline_env(checkout), [])
         baseline = PREVIOUS
     modes = [m for m in args.modes.split(",") if m]
     unknown = set(modes) - set(MODES)

@@ -15,6 +15,18 @@ from datetime import datetime
 from typing import Any
 
 
+def baseline_env(checkout: str) -> dict[str, str]:
+    """The environment that runs the code of ``checkout`` (a checkout of an earlier commit, the
+    baseline of a bench): its directory first on ``PYTHONPATH`` (the bench must also start it
+    with ``python -P``, or outside this checkout, which would otherwise come first), with this
+    checkout's jars and class archive folder: the archive maps only for the classpath it was
+    written with, and its file names carry their recipe."""
+    cache = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".cache")
+    return {"PYTHONPATH": os.path.abspath(checkout),
+            "VERSIQ_JVM_ARCHIVE_DIR": os.environ.get("VERSIQ_JVM_ARCHIVE_DIR") or os.path.join(cache, "jvm"),
+            "VERSIQ_SPARK_JARS": os.environ.get("VERSIQ_SPARK_JARS") or os.path.join(cache, "jars")}
+
+
 def uptime() -> str:
     """``uptime``'s line: the load averages with the time they were read."""
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import pyarrow as pa
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -115,7 +116,7 @@ def ingest_stream(spark: SparkSession, warehouse: str, spec: StreamSpec, lock_ti
         report.files = len(new)
         parsed = parse_run(spark, new, spec.format, None, bound, input_bytes)
         with plans_for_input(spark, input_bytes):
-            frame = parsed if isinstance(parsed, DataFrame) else local_frame(spark, parsed)
+            frame = local_frame(spark, parsed) if isinstance(parsed, pa.Table) else parsed
             _append_run(handle, spec, run, report, frame,
                         StoreState(run=run, done_files=sorted(done | set(new))),
                         lambda parsed, state, total: write_rejected(parsed, None, handle.path, state, new,
