@@ -254,8 +254,8 @@ def _ingest_topic(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, sou
 
 #: A run's parse statistics: counts of records naming partitions / offsets, the largest valid
 #: timestamp per (default partition, file index) (None: not collected), the valid records' keys
-#: (None: not collected).
-ParseStats = tuple[dict[str, int], dict[tuple[int, int], int] | None, set[str] | None]
+#: with the smallest timestamp of each (``RUN_KEYS``; None: not collected).
+ParseStats = tuple[dict[str, int], dict[tuple[int, int], int] | None, pa.Table | None]
 
 
 #: Writes a run's ``_rejected`` rows: (parsed, classified, state, rejected by the decisions, all rejected).
@@ -312,7 +312,7 @@ def _decide_and_commit(spark: SparkSession, handle: StoreHandle, spec: StoreSpec
     if existing_arrow is None:
         keys = _key_table(new_keys)
         if has_versions and new_keys is None:
-            keys = good.select("key").distinct().toArrow()
+            keys = good.groupBy("key").agg(F.expr("min(ts) AS from_ts")).toArrow()
         existing_arrow = existing_versions(handle, keys)
     existing = spark.createDataFrame(existing_arrow) if existing_arrow.num_rows else \
         spark.createDataFrame([], _existing_ddl())
@@ -321,6 +321,8 @@ def _decide_and_commit(spark: SparkSession, handle: StoreHandle, spec: StoreSpec
                      tasks=write_tasks(settings.buckets, report.read))
     empty = existing_arrow.num_rows == 0
     homes = None if empty else spark.createDataFrame(stored_homes(existing_arrow))
+    if homes is not None and existing_arrow.nbytes <= BROADCAST_STORED_BYTES:
+        existing, homes = F.broadcast(existing), F.broadcast(homes)
     classified = classify(spark, good, existing, ctx, homes).persist(
         StorageLevel.MEMORY_AND_DISK)
     try:
@@ -342,9 +344,20 @@ def _decide_and_commit(spark: SparkSession, handle: StoreHandle, spec: StoreSpec
         classified.unpersist()
 
 
-def _key_table(keys: set[str] | None) -> pa.Table:
-    """The keys whose stored versions a run reads (none: None or an empty set)."""
-    return pa.table({"key": pa.array(sorted(keys or ()), pa.string())})
+def _key_table(keys: pa.Table | None) -> pa.Table:
+    """The keys whose stored versions a run reads, with the smallest timestamp of each key's
+    records (``RUN_KEYS``, ``store.existing_versions``); None: none."""
+    return RUN_KEYS.empty_table() if keys is None else keys
+
+
+#: Up to this size (Arrow bytes) the stored versions of a run's keys, and their homes, are
+#: broadcast to ``classify``'s joins: Spark's own ``autoBroadcastJoinThreshold`` (10 MB), which
+#: it cannot apply itself since these tables reach it as RDDs without size statistics
+#: (``spark.LOCAL_RELATION_BYTES``); without the hint such a join shuffles all of the run's records.
+BROADCAST_STORED_BYTES = 10 * 1024 * 1024
+
+#: A run's keys (of its valid records) and the smallest timestamp of each key's records.
+RUN_KEYS = pa.schema([pa.field("key", pa.string()), pa.field("from_ts", pa.int64())])
 
 
 def _start_changelog(spark: SparkSession, handle: StoreHandle) -> None:
@@ -377,8 +390,8 @@ def _parse_stats(parsed: DataFrame, report: StoreReport, partitions: int | None,
                  ) -> ParseStats:
     """Fill ``read`` and the parse-stage rejections; count records naming partitions/offsets;
     the largest valid timestamp per (default partition, file index), for
-    ``RunContext.file_max``; and with ``keys`` (a small run) the keys of the valid records
-    (else None).
+    ``RunContext.file_max``; and with ``keys`` (a small run) the keys of the valid records with
+    the smallest timestamp of each (``RUN_KEYS``; else None).
     One aggregation, the run's first action (it parses and caches every file); its result has
     a row per reason, file and partition (the caller bounds files x partitions; with
     ``partitions`` None only a row per reason, and no maxima)."""
@@ -389,15 +402,16 @@ def _parse_stats(parsed: DataFrame, report: StoreReport, partitions: int | None,
     else:
         file = file_of_sql("seq")
         default_p = f"CASE WHEN reason IS NULL THEN {crc32_mod_sql('key', partitions)} END"
-    key_set: set[str] | None = set() if keys else None
+    from_ts: dict[str, int] | None = {} if keys else None
     aggregates = ["count(1) AS n", "count(part) AS part", "count(`offset`) AS `offset`", "max(ts) AS max_ts"]
-    if keys:
-        aggregates.append("collect_set(CASE WHEN reason IS NULL THEN key END) AS keys")
+    if keys:  # the groups are per reason, file and partition: a key's smallest timestamp is taken below
+        aggregates.append("collect_list(CASE WHEN reason IS NULL THEN struct(key, ts) END) AS keys")
     rows = parsed.groupBy("reason", F.expr(f"{file} AS file"), F.expr(f"{default_p} AS p")).agg(
         *(F.expr(a) for a in aggregates)).collect()
     for row in rows:
-        if key_set is not None:
-            key_set.update(row["keys"])
+        if from_ts is not None:
+            for key, ts in row["keys"]:
+                from_ts[key] = min(ts, from_ts.get(key, ts))
         report.read += row["n"]
         if row["reason"] == SKIPPED:
             report.skipped[row["reason"]] = report.skipped.get(row["reason"], 0) + row["n"]
@@ -408,7 +422,9 @@ def _parse_stats(parsed: DataFrame, report: StoreReport, partitions: int | None,
             flags["offset"] += row["offset"]
             if file_max is not None:
                 file_max[(row["p"], row["file"])] = row["max_ts"]
-    return flags, file_max, key_set
+    keys_table = None if from_ts is None else pa.table(
+        {"key": list(from_ts), "from_ts": list(from_ts.values())}, schema=RUN_KEYS)
+    return flags, file_max, keys_table
 
 
 def _parse_stats_here(parsed: pa.Table, report: StoreReport, partitions: int | None, keys: bool = False
@@ -433,7 +449,11 @@ def _parse_stats_here(parsed: pa.Table, report: StoreReport, partitions: int | N
                            "ts": valid.column("ts")}).group_by(["p", "file"]).aggregate([("ts", "max")])
         file_max = dict(zip(zip(maxima.column("p").to_pylist(), maxima.column("file").to_pylist(), strict=True),
                             maxima.column("ts_max").to_pylist(), strict=True))
-    return flags, file_max, set(pc.unique(valid.column("key")).to_pylist()) if keys else None
+    run_keys = None
+    if keys:
+        run_keys = valid.group_by("key").aggregate([("ts", "min")]).rename_columns({"ts_min": "from_ts"}).select(
+            RUN_KEYS.names).cast(RUN_KEYS)
+    return flags, file_max, run_keys
 
 
 def _next_state(classified: DataFrame, state: StoreState, run: int, report: StoreReport) -> StoreState:

@@ -134,8 +134,9 @@ BEFORE = "ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING"
 
 def stored_homes(existing: pa.Table) -> pa.Table:
     """Per stored key of a run (``existing``: the current rows of the run's keys, on the driver,
-    ``store.existing_versions``): ``home_stored``, the partition of its versions (one per key:
-    a record naming another is rejected), and ``stored_max``, its newest version's timestamp.
+    ``store.existing_versions``, which always holds a key's newest version): ``home_stored``,
+    the partition of its versions (one per key: a record naming another is rejected), and
+    ``stored_max``, its newest version's timestamp.
     Computed here rather than by a Spark aggregation, which cost a cold run a shuffle and a
     Spark job of its own (about 0.5 s of a CLI run of 10k events into a 2M-version store)."""
     homes = existing.group_by("key").aggregate([("partition", "min"), ("valid_from", "max")])
@@ -147,7 +148,9 @@ def classify(spark: SparkSession, records: DataFrame, existing: DataFrame, ctx: 
              homes: DataFrame | None = None) -> DataFrame:
     """Every record of the run with its ``outcome`` and, for accepted ones, the put decisions;
     partitioned by write bucket into ``ctx.tasks`` partitions. ``existing``: the stored versions
-    of the run's keys; ``homes``: their ``stored_homes``, None when no key of the run is stored.
+    of the run's keys, or of each key at least the suffix of its history from the version valid
+    at its earliest record of the run on (``store.existing_versions``: contiguous, and holding
+    the newest version); ``homes``: their ``stored_homes``, None when no key of the run is stored.
 
     The decisions are SQL text, as few DataFrame steps as the window functions allow (a
     window's input cannot hold another window): built from PySpark ``Column`` calls and a
@@ -285,7 +288,9 @@ def rows_to_write(classified: DataFrame, existing: DataFrame, ctx: RunContext,
                   existing_empty: bool = False) -> DataFrame:
     """The store rows this run appends, changed versions (versioned) or keys (timestamped),
     partitioned by bucket into ``ctx.tasks`` partitions (whole buckets per task, the writer's
-    input)."""
+    input). ``existing`` as in ``classify``: an earlier version left out ends before every
+    record of the run, so its ``valid_to`` cannot change, and the suffix's own ``valid_to``s come
+    out as stored."""
     s = ctx.settings
     final = classified.filter("`final`")
     run = f"CAST({int(ctx.run)} AS BIGINT) AS run"

@@ -237,6 +237,21 @@ def _quiet_log_option() -> str | None:
 SHORT_LIVED_JIT_OPTION = "-XX:TieredStopAtLevel=1"
 
 
+#: The largest Arrow table (in Arrow bytes) that ``SparkSession.createDataFrame`` turns into a
+#: ``LocalRelation`` (rows held in the plan itself; larger ones become an RDD of Arrow batches the
+#: tasks decode). Spark's default is 48 MB. Catalyst rebuilds a LocalRelation's list of rows in
+#: every rule that maps the expressions of a plan, and a run's plans go through dozens of them:
+#: with a small run's tables (its 10k parsed records, its keys' stored versions, their homes)
+#: held as LocalRelations, a sampling profile (Java Flight Recorder) of a CLI run of 10k events
+#: into a 2M-version store found a third of the driver's time deciding and committing in
+#: ``QueryPlan.recursiveTransform`` over those lists. As RDDs: 12.0-12.6 -> 10.5-10.8 s per
+#: run, alternating, same store (docs/benchmarks.md); a one-record run is unchanged, and tables
+#: this small (up to about 250 parsed records) stay in the plan, where they cost nothing. Small
+#: enough that the warm-up's first run (501 records, ``ingest.warm_up``) takes the RDD path, so
+#: the class archive and a resident driver's warm-up load its classes.
+LOCAL_RELATION_BYTES = 32 * 1024
+
+
 #: New input (bytes of new files) up to which a run is a *small run* and plans for little data
 #: (``_SMALL_RUN``):
 #:
@@ -367,6 +382,7 @@ def get_spark(master: str | None = None, app_name: str = "versiq-ingest", *,
         # run's plan, 0.55 -> 0.34 s per run of ``semantics.classify`` + ``rows_to_write``
         # (docs/benchmarks.md, "PySpark's call-site capture"); our errors name their own context.
         .config("spark.python.sql.dataFrameDebugging.enabled", "false")
+        .config("spark.sql.execution.arrow.localRelationThreshold", str(LOCAL_RELATION_BYTES))
     )
     java_options = driver_java_options(short_lived)
     logging.getLogger("versiq.ingest").debug("driver JVM options: %s", java_options)
@@ -500,9 +516,11 @@ class SparkOnDemand:
 # the resident driver's warm-up runs (``ingest.warm_up``: recipe 3's two runs with a run into
 # stored keys between them), one definition for both. Recipe 5: the same runs with Delta's
 # checksum files, which a commit now reads (protocol, metadata, the read snapshot's state) and writes.
+# Recipe 6: the warm-up's small runs parse in the driver. Recipe 7: Arrow tables above
+# ``LOCAL_RELATION_BYTES`` reach Spark as RDDs of Arrow batches (another set of classes).
 
 #: The archive's contents change with what the writing JVM runs: a new recipe, a new file.
-CLASS_ARCHIVE_RECIPE = 6
+CLASS_ARCHIVE_RECIPE = 7
 
 #: What the archive's JVM runs (in a child process, so nothing here imports the pipeline): the
 #: warm-up runs of ``ingest.warm_up``.

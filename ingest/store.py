@@ -207,6 +207,17 @@ def open_store(path: str, requested: StoreSettings, explicit: set[str]) -> Store
 def existing_versions(handle: StoreHandle, keys: pa.Table) -> pa.Table:
     """The current rows (read rule applied) of the given keys, via DuckDB over the snapshot files.
 
+    ``keys``: one row per key. With a ``from_ts`` column (the smallest timestamp of each key's
+    records in the run; null: every version), only the versions the run can change or needs:
+    those still valid at or after it (``valid_to`` null or later), a suffix of each key's
+    history that holds its newest version.
+    A run's decisions and the rows it writes see no earlier version: each ends before every
+    record of the run, so no record replaces it, lands inside it or follows it directly (a
+    record at its end replaces the next version). A batch of current events into a store with
+    years of history hands Spark one or two versions per key instead of all of them (10k
+    events into a 2M-version store after about 90 batches: 143,587 stored rows in each of the
+    run's plans, then 10,524; docs/benchmarks.md).
+
     Only the files of the keys' buckets are read (``layout.bucket_of``: a key's rows are all in
     its bucket), and of those only the key column in full; other columns are read for matching
     rows only, so the cost follows the batch far more than the table. (A run of a few keys into
@@ -226,6 +237,9 @@ def existing_versions(handle: StoreHandle, keys: pa.Table) -> pa.Table:
             "FROM read_parquet($files) WHERE key IN (SELECT key FROM batch_keys) "
             + read_rule_sql(handle.settings.kind)
         )
+        if "from_ts" in keys.column_names:
+            sql = (f"SELECT v.* FROM ({sql}) v JOIN batch_keys b ON v.key = b.key "
+                   "WHERE b.from_ts IS NULL OR v.valid_to IS NULL OR v.valid_to > b.from_ts")
         result = con.sql(sql, params={"files": files}).to_arrow_table()
     finally:
         con.close()
