@@ -24,12 +24,14 @@ between the settings so that the machine's load falls on all alike; ``--settings
 - **10k into 2M**: a 10,000-event batch (``gen_changelog.make_events``, random existing keys)
   into a store of 200,000 keys x 10 versions (built once by the CLI, not timed), ``--repeat``
   runs each; the store grows by a batch per run;
-- **1M new store**: 1,000,000 events (100,000 keys x 10, 8 JSONL files) into a new store, once each.
+- **1M new store**: 1,000,000 events (100,000 keys x 10, 8 JSONL files) into a new store,
+  ``--repeat-1m`` runs each (default 1), alternating, each into a new warehouse.
 
 The load generator is this process starting ``versiq ingest`` one at a time (``subprocess``); wall
 time per process is the figure. The machine's load average is recorded before and after.
 
-    .venv/bin/python bench/cli_bench.py [--repeat 3] [--skip-1m] [--settings c1,driver] [--results bench/results]
+    .venv/bin/python bench/cli_bench.py [--repeat 3] [--skip-1m | --repeat-1m 3] [--settings c1,driver]
+        [--results bench/results]
         [--baseline-checkout DIR --settings previous,c1]
 """
 
@@ -174,15 +176,18 @@ def batch_into_store(work: str, repeat: int, keys: int) -> dict[str, list[float]
     return _alternate(f"10k into {keys * 10:,}", repeat, warehouse, source, land)
 
 
-def new_store(work: str) -> dict[str, list[float]]:
+def new_store(work: str, repeat: int) -> dict[str, list[float]]:
     gen.write_changelog(gen.make_events(100_000, 10, seed=7), os.path.join(work, "m-src"), "jsonl", 8)
     source = os.path.join(work, "m-src", "jsonl")
     times: dict[str, list[float]] = {}
-    for name, options in SETTINGS.items():
-        if name in WITHOUT_CHECKSUMS:  # a new store: no earlier commit, nothing to compare
-            continue
-        times[name] = [_ingest(os.path.join(work, f"m-wh-{name}"), source, options)]
-        print(f"1M new store, {name}: {times[name][-1]:.1f} s", flush=True)
+    for n in range(repeat):
+        for name, options in SETTINGS.items():
+            if name in WITHOUT_CHECKSUMS:  # a new store: no earlier commit, nothing to compare
+                continue
+            warehouse = os.path.join(work, f"m-wh-{name}-{n}")
+            times.setdefault(name, []).append(_ingest(warehouse, source, options))
+            shutil.rmtree(warehouse, ignore_errors=True)
+            print(f"1M new store, {name}: {times[name][-1]:.1f} s", flush=True)
     return times
 
 
@@ -199,6 +204,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--keys", type=int, default=200_000, help="keys of the store the 10k batches go into (x 10)")
     ap.add_argument("--skip-1m", action="store_true")
+    ap.add_argument("--repeat-1m", type=int, default=1, help="runs of each setting building the 1M-event store")
     ap.add_argument("--settings", default=",".join(SETTINGS),
                     help=f"comma-separated settings to compare (default all: {', '.join(SETTINGS)}); the first "
                          "is the baseline of the ratios")
@@ -233,7 +239,7 @@ def main() -> None:
             f"10k_into_{args.keys * 10}": _summary(batch_into_store(work, args.repeat, args.keys), chosen[0]),
         }
         if not args.skip_1m:
-            result["1m_new_store"] = _summary(new_store(work), chosen[0])
+            result["1m_new_store"] = _summary(new_store(work, args.repeat_1m), chosen[0])
         result["load_before"], result["load_after"] = load_before, os.getloadavg()
     finally:
         if driver is not None:

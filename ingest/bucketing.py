@@ -43,9 +43,16 @@ def spark_hash_int(value: int, seed: int = SPARK_HASH_SEED) -> int:
 RECORDS_PER_TASK = 250_000
 
 
-def write_tasks(buckets: int, records: int) -> int:
-    """Spark tasks that write (and, for stores, decide) a run of ``records`` records."""
-    return max(1, min(buckets, records // RECORDS_PER_TASK + 1))
+def write_tasks(buckets: int, records: int, cores: int = 1) -> int:
+    """Spark tasks that write (and, for stores, decide) a run of ``records`` records: one per
+    ``RECORDS_PER_TASK``, rounded up to a multiple of the session's ``cores`` so that the last
+    wave of tasks keeps every core busy (1M records on two cores: 5 tasks of 3-4 buckets ran
+    as waves of 2, 2 and 1, one core doing 10 of the 16 buckets; 6 tasks share them 8 and 8),
+    and at most one per bucket."""
+    tasks = records // RECORDS_PER_TASK + 1
+    if tasks > 1:
+        tasks = -(-tasks // cores) * cores
+    return max(1, min(buckets, tasks))
 
 
 @lru_cache(maxsize=64)

@@ -31,7 +31,7 @@ import pyarrow as pa
 from pyspark import InheritableThread
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.pandas.types import from_arrow_schema, from_arrow_type
+from pyspark.sql.pandas.types import from_arrow_type
 
 from versiq import storage
 from versiq.ingest.sqltext import sql_string
@@ -201,14 +201,6 @@ def set_description(spark: SparkSession, path: str, description: str, state: Sto
     carries the unchanged ``state`` like every commit (``commit_metadata``)."""
     with commit_metadata(spark, state):
         spark.sql(f"COMMENT ON TABLE delta.`{path}` IS {sql_string(description)}")
-
-
-def local_frame(spark: SparkSession, table: pa.Table) -> DataFrame:
-    """A driver-side Arrow table as one Spark partition (derived tables are computed on the
-    driver, a small run parses there): one task writes it, one file per bucket."""
-    if table.num_rows == 0:
-        return spark.createDataFrame([], from_arrow_schema(table.schema))
-    return spark.createDataFrame(table).coalesce(1)
 
 
 def _has_run(path: str, run: int) -> bool:

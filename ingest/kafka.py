@@ -368,7 +368,7 @@ def read_records(spark: SparkSession, source: KafkaSource, read: KafkaRead, max_
     cannot be read again from a file)."""
     ranges = {p: r for p, r in read.ranges.items() if r[0] < r[1]}
     if not ranges:
-        return spark.createDataFrame([], from_arrow_schema(RUN_SCHEMA))
+        return spark.createDataFrame(RUN_SCHEMA.empty_table())
     for p, (start, end) in ranges.items():
         if end - start > MAX_POS:
             raise KafkaSourceError(f"topic {source.topic} partition {p}: {end - start} records in one run; at most "

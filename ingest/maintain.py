@@ -59,7 +59,8 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from versiq import layout, storage
-from versiq.ingest.delta import commit_metadata, local_frame
+from versiq.ingest.delta import commit_metadata
+from versiq.ingest.frames import local_frame
 from versiq.ingest.spark import plans_for_input
 from versiq.ingest.store import (
     SIDE_TABLES,

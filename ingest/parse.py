@@ -1,21 +1,42 @@
 """Parsing a run's new files: each file parsed whole and in order by ``versiq.ingest.records``,
 with the processing-order columns of ``ingest.order``; by Spark tasks (``parse_files``, one per
-group of files), or in this process for a small run (``parse_here``)."""
+group of files), or in this process for a run of up to ``PARSE_HERE_BYTES`` (``parse_here``)."""
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
+from versiq.ingest.frames import rows_frame
 from versiq.ingest.order import MAX_FILES, RUN_SCHEMA, with_order
 from versiq.ingest.records import format_of, parse_file
 from versiq.ingest.sources import read_error
-from versiq.ingest.spark import small_run, start_soon
+from versiq.ingest.spark import start_soon
 from versiq.logs import counted
+
+#: New input (bytes of new text files) up to which a run parses its files in this process
+#: (``parse_here``), far above a small run (``spark.small_run``). The parse takes one core, about
+#: 3.3 µs per JSONL record, and Spark then reads the Arrow batches without Python workers or a
+#: cache of the parsed rows (``pipeline._run_once``). 1M JSONL events (80 MB) into a new store,
+#: measured (docs/benchmarks.md, "Larger runs parse in the driver"):
+#:
+#: - through the CLI with a JVM of its own, whose start overlaps the parse: 21.8 s instead of
+#:   28.5 s parsed by Spark tasks;
+#: - by a resident driver: 9.2-10.4 s instead of 12.8-14.0 s;
+#: - in a warm session in process: 10.0-11.3 s instead of 10.6-11.9 s. (Only the first run of a
+#:   new process that compiles with the full JIT was slower: 22.4 s against 15.6 s.)
+#:
+#: The driver holds such a run's records twice (its Arrow table, and the JVM's copy of the
+#: batches): about 150 MB each at this size, within the driver JVM's 4 GB (``spark.driver.memory``).
+PARSE_HERE_BYTES = 128 << 20
+
+#: Overrides ``PARSE_HERE_BYTES`` (0: every run parses in Spark tasks).
+PARSE_HERE_BYTES_ENV = "VERSIQ_PARSE_HERE_BYTES"
 
 
 def parse_run(spark: SparkSession, files: dict[str, str], fmt: str | None, partitions: int | None,
@@ -26,7 +47,7 @@ def parse_run(spark: SparkSession, files: dict[str, str], fmt: str | None, parti
         _check_files(files)  # a run refused here starts no JVM
         start_soon(spark)
         table = parse_here(files, fmt, partitions, max_timestamp)
-        logging.getLogger("versiq.ingest").debug("%s parsed in this process (a small run)",
+        logging.getLogger("versiq.ingest").debug("%s parsed in this process",
                                                  counted(table.num_rows, "record"))
         return table
     return parse_files(spark, files, fmt, partitions, max_timestamp)
@@ -38,7 +59,8 @@ def parse_files(spark: SparkSession, files: dict[str, str], fmt: str | None, par
     columns of ``ingest.order`` (``partitions``: the store's, None for a stream)."""
     _check_files(files)
     rows = [(full, rel, format_of(rel, fmt), index) for index, (rel, full) in enumerate(files.items())]
-    frame = spark.createDataFrame(rows, "path string, source string, fmt string, file_index int")
+    frame = rows_frame(spark, rows, pa.schema([("path", pa.string()), ("source", pa.string()), ("fmt", pa.string()),
+                                               ("file_index", pa.int32())]))
     frame = frame.repartition(max(1, min(len(rows), spark.sparkContext.defaultParallelism * 4)))
 
     def parse(batches):  # type: ignore[no-untyped-def]
@@ -51,8 +73,9 @@ def parse_files(spark: SparkSession, files: dict[str, str], fmt: str | None, par
 
 def parse_here(files: dict[str, str], fmt: str | None, partitions: int | None,
                max_timestamp: int | None = None) -> pa.Table:
-    """The rows ``parse_files`` gives, parsed in this process: for a small run
-    (``spark.small_run``), whose Spark job would cost more than its parse. A CLI run of 10k
+    """The rows ``parse_files`` gives, parsed in this process (``parses_here``): for a small
+    run, whose Spark job would cost more than its parse, and for a larger one up to
+    ``PARSE_HERE_BYTES``. A CLI run of 10k
     events took 2.7 s in that job with a new JVM (the Python workers' start, Arrow's exchange),
     and its parse takes 0.1 s here; the parse and the reads that follow need no Spark, so they
     also overlap the JVM's start (``spark.start_soon``)."""
@@ -63,10 +86,12 @@ def parse_here(files: dict[str, str], fmt: str | None, partitions: int | None,
 
 
 def parses_here(files: dict[str, str], fmt: str | None, input_bytes: int | None) -> bool:
-    """Whether a run over ``files`` parses them in this process (``parse_here``): a small run
-    (``spark.small_run``, by the files' sizes) without Parquet files, whose size on disk says
-    little about the rows they hold (a compressed file of a few MB can hold millions)."""
-    return small_run(input_bytes) and all(format_of(rel, fmt) != "parquet" for rel in files)
+    """Whether a run over ``input_bytes`` of new ``files`` parses them in this process
+    (``parse_here``): up to ``PARSE_HERE_BYTES`` (``VERSIQ_PARSE_HERE_BYTES``), never a run of
+    unknown size (S3 sources) or one with Parquet files, whose size on disk says little about
+    the rows they hold (a compressed file of a few MB can hold millions)."""
+    limit = int(os.environ.get(PARSE_HERE_BYTES_ENV) or PARSE_HERE_BYTES)
+    return input_bytes is not None and input_bytes <= limit and all(format_of(rel, fmt) != "parquet" for rel in files)
 
 
 def _check_files(files: dict[str, str]) -> None:

@@ -57,6 +57,7 @@ from pyspark.sql import functions as F
 
 from versiq.durations import format_duration
 from versiq.ingest.bucketing import by_slot, slot_sql
+from versiq.ingest.frames import rows_frame
 from versiq.ingest.sqltext import crc32_mod_sql, file_of_sql, sql_string
 from versiq.layout import StoreSettings, StoreState
 
@@ -100,9 +101,8 @@ def _with_prior_state(spark: SparkSession, frame: DataFrame, state: StoreState) 
 
         return frame.withColumns({"prev_st": _x(by_partition(state.stream_time)),
                                   "prev_off": _x(by_partition(state.max_offset))})
-    prior = spark.createDataFrame(
-        [(p, state.stream_time.get(p), state.max_offset.get(p)) for p in parts],
-        "p int, prev_st bigint, prev_off bigint")
+    prior = rows_frame(spark, [(p, state.stream_time.get(p), state.max_offset.get(p)) for p in parts],
+                       pa.schema([("p", pa.int32()), ("prev_st", pa.int64()), ("prev_off", pa.int64())]))
     return frame.join(F.broadcast(prior), "p", "left")
 
 
@@ -269,7 +269,8 @@ def _with_stream_time(spark: SparkSession, df: DataFrame, ctx: RunContext,
         before = files_before(ctx.file_max)
         if not before:
             return df, "greatest(prev_st, fst)"
-        earlier = spark.createDataFrame(before, "p int, file int, files_before bigint")
+        earlier = rows_frame(spark, before, pa.schema([("p", pa.int32()), ("file", pa.int32()),
+                                                       ("files_before", pa.int64())]))
         df = df.withColumn("file", _x(file_of_sql("seq"))).join(F.broadcast(earlier), ["p", "file"], "left")
         return df, "greatest(prev_st, files_before, fst)"
     # A first build with explicit partitions (or too many files to collect their maxima)

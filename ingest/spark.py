@@ -517,10 +517,12 @@ class SparkOnDemand:
 # stored keys between them), one definition for both. Recipe 5: the same runs with Delta's
 # checksum files, which a commit now reads (protocol, metadata, the read snapshot's state) and writes.
 # Recipe 6: the warm-up's small runs parse in the driver. Recipe 7: Arrow tables above
-# ``LOCAL_RELATION_BYTES`` reach Spark as RDDs of Arrow batches (another set of classes).
+# ``LOCAL_RELATION_BYTES`` reach Spark as RDDs of Arrow batches (another set of classes). Recipe 8:
+# the warm-up's parsed batches are no longer cached as rows, and every frame of the driver's rows
+# is an Arrow table (``ingest.frames``).
 
 #: The archive's contents change with what the writing JVM runs: a new recipe, a new file.
-CLASS_ARCHIVE_RECIPE = 7
+CLASS_ARCHIVE_RECIPE = 8
 
 #: What the archive's JVM runs (in a child process, so nothing here imports the pipeline): the
 #: warm-up runs of ``ingest.warm_up``.

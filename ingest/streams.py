@@ -21,8 +21,8 @@ from pyspark.sql import functions as F
 
 from versiq import layout, storage
 from versiq.ingest.bucketing import by_bucket, write_tasks
-from versiq.ingest.delta import local_frame
 from versiq.ingest.errors import UsageError
+from versiq.ingest.frames import spread_frame
 from versiq.ingest.future import DEFAULT_MAX_FUTURE_MS, future_bound
 from versiq.ingest.kafka import KafkaSource, check_position, plan_run, read_errors, read_records, read_report
 from versiq.ingest.parse import parse_run
@@ -116,7 +116,7 @@ def ingest_stream(spark: SparkSession, warehouse: str, spec: StreamSpec, lock_ti
         report.files = len(new)
         parsed = parse_run(spark, new, spec.format, None, bound, input_bytes)
         with plans_for_input(spark, input_bytes):
-            frame = local_frame(spark, parsed) if isinstance(parsed, pa.Table) else parsed
+            frame = spread_frame(spark, parsed) if isinstance(parsed, pa.Table) else parsed
             _append_run(handle, spec, run, report, frame,
                         StoreState(run=run, done_files=sorted(done | set(new))),
                         lambda parsed, state, total: write_rejected(parsed, None, handle.path, state, new,
@@ -147,8 +147,8 @@ def _append_run(handle: StoreHandle, spec: StreamSpec, run: int, report: StreamR
             F.row_number().over(Window.orderBy("seq")).cast("bigint").alias("seq"),
         )
         rejections(kept, state, sum(report.rejected.values()))
-        report.snapshot = commit_store(handle, by_bucket(rows, write_tasks(handle.settings.buckets, report.read)),
-                                       state)
+        tasks = write_tasks(handle.settings.buckets, report.read, rows.sparkSession.sparkContext.defaultParallelism)
+        report.snapshot = commit_store(handle, by_bucket(rows, tasks), state)
     finally:
         parsed.unpersist()
     log.info("stream %s: run %d appended %s", spec.name, run, counted(report.appended, "record"))

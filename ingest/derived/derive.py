@@ -32,12 +32,12 @@ from pyspark.sql import SparkSession
 
 from versiq import layout, storage
 from versiq.ingest.config import Pipeline
-from versiq.ingest.delta import local_frame
 from versiq.ingest.derived.expressions import key_string, parse_value
 from versiq.ingest.derived.operators import ForeignKeyJoin
 from versiq.ingest.derived.spec import TableSpec
 from versiq.ingest.derived.state import SnapshotReader, TableState
 from versiq.ingest.derived.topology import DerivedNode, Emission, SourceRecord, Topology
+from versiq.ingest.frames import local_frame
 from versiq.ingest.reports import TableReport
 from versiq.ingest.store import (
     LockTimeout,

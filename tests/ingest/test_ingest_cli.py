@@ -205,7 +205,7 @@ def test_kill_9_then_rerun_equals_an_uninterrupted_run(spark, tmp_path):
     assert re.search(r"driver JVM options: .*-XX:TieredStopAtLevel=1", result.stderr), result.stderr
     assert "bytes of new input: a small run (expressions interpreted" in result.stderr, result.stderr
     # ... and parsed its files in its own process (parse.parse_here), the reference in Spark tasks
-    assert re.search(r"[\d,]+ records parsed in this process \(a small run\)", result.stderr), result.stderr
+    assert re.search(r"[\d,]+ records parsed in this process", result.stderr), result.stderr
     path = os.path.join(wh, "k")
     assert store_versions(path) == store_versions(ref)
     assert stream_times(path) == stream_times(ref)

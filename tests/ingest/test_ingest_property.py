@@ -78,8 +78,12 @@ def _chunks(n: int, cuts: list[int]) -> list[tuple[int, int]]:
 def test_ingest_matches_reference_model(spark, tmp_path_factory, data):
     """Each run evaluates Spark's expressions either interpreted (small runs: every run here) or
     through generated code (larger runs), at random: both code paths must agree with the model.
-    A run may be followed by a compaction (``COMPACTIONS``), which must not change what a query
-    can return (rule 22: history that ended at or before the horizon may go)."""
+    Runs 1 and 3 parse their files in this process when small and in Spark tasks when planned
+    as larger runs (as a run beyond ``parse.PARSE_HERE_BYTES`` is), run 2 the other way (a small
+    run parsed by Spark tasks: ``VERSIQ_PARSE_HERE_BYTES=0``; a larger one parsed here, as a run
+    of up to ``PARSE_HERE_BYTES`` is). A run may
+    be followed by a compaction (``COMPACTIONS``), which must not change what a query can return
+    (rule 22: history that ended at or before the horizon may go)."""
     logs, retention, kind, generated_code, compactions, buckets = data
     root = tmp_path_factory.mktemp("prop")
     src, wh = str(root / "src"), str(root / "wh")
@@ -102,7 +106,8 @@ def test_ingest_matches_reference_model(spark, tmp_path_factory, data):
             ]
             write_jsonl(src, source, [record_line(x) for x in recs])
             run_records += recs
-        with expressions(generated=generated_code[r]):
+        parsed_here = generated_code[r] if r == 1 else not generated_code[r]
+        with expressions(generated=generated_code[r], parsed_here=parsed_here):
             report = run_ingest(spark, wh, [StoreSpec("p", src, kind=kind, history_retention_ms=retention,
                                                       partitions=partitions, buckets=buckets)])
         entry = report.stores["p"]

@@ -1,8 +1,9 @@
-"""A small run parses its files in its own process (``parse.parse_here``) and takes its parse
-statistics from the Arrow table (``pipeline._parse_stats_here``); a larger one parses in Spark
-tasks (``parse.parse_files``) and aggregates in Spark (``pipeline._parse_stats``). Both must
-give the same rows and the same figures for any input: random files of valid records, broken
-lines, records naming partitions (some out of range) and offsets."""
+"""A run of up to ``PARSE_HERE_BYTES`` of text files, small or not, parses its files in its own
+process (``parse.parse_here``) and takes its parse statistics from the Arrow table
+(``pipeline._parse_stats_here``); another parses in Spark tasks (``parse.parse_files``) and
+aggregates in Spark (``pipeline._parse_stats``). Both must give the same rows and the same
+figures for any input: random files of valid records, broken lines, records naming partitions
+(some out of range) and offsets."""
 
 from __future__ import annotations
 
@@ -15,12 +16,20 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pyspark.sql import DataFrame
 
 from tests.support.ingest import write_jsonl
-from versiq.ingest.parse import parse_files, parse_here, parses_here
+from versiq.ingest.parse import (
+    PARSE_HERE_BYTES,
+    PARSE_HERE_BYTES_ENV,
+    parse_files,
+    parse_here,
+    parse_run,
+    parses_here,
+)
 from versiq.ingest.pipeline import RUN_KEYS, _parse_stats, _parse_stats_here
 from versiq.ingest.reports import StoreReport
-from versiq.ingest.spark import INTERPRETED_RUN_BYTES, SparkOnDemand, start_soon
+from versiq.ingest.spark import INTERPRETED_RUN_BYTES, INTERPRETED_RUN_BYTES_ENV, SparkOnDemand, start_soon
 
 
 @st.composite
@@ -76,15 +85,39 @@ def test_a_run_parsed_here_has_the_rows_and_figures_of_one_parsed_by_spark(spark
         (report_there.read, report_there.rejected, report_there.skipped)
 
 
-def test_which_runs_parse_here(tmp_path):
-    """Small runs of text files; not Parquet (a few MB on disk can hold millions of rows), not a
-    larger run, not a run whose size is unknown (S3 sources)."""
+def test_which_runs_parse_here(monkeypatch):
+    """Runs of text files up to ``PARSE_HERE_BYTES``, small or not; not Parquet (a few MB on
+    disk can hold millions of rows), not a larger run, not a run whose size is unknown (S3
+    sources); ``VERSIQ_PARSE_HERE_BYTES`` sets the limit (0: none)."""
+    monkeypatch.delenv(PARSE_HERE_BYTES_ENV, raising=False)
     files = {"a.jsonl": "/x/a.jsonl", "b.csv": "/x/b.csv"}
     assert parses_here(files, None, 1000)
-    assert not parses_here(files, None, INTERPRETED_RUN_BYTES + 1)
+    assert parses_here(files, None, INTERPRETED_RUN_BYTES + 1)  # beyond a small run
+    assert parses_here(files, None, PARSE_HERE_BYTES)
+    assert not parses_here(files, None, PARSE_HERE_BYTES + 1)
     assert not parses_here(files, None, None)
     assert not parses_here({**files, "c.parquet": "/x/c.parquet"}, None, 1000)
     assert not parses_here(files, "parquet", 1000)
+    monkeypatch.setenv(PARSE_HERE_BYTES_ENV, "0")
+    assert not parses_here(files, None, 1000)
+    monkeypatch.setenv(PARSE_HERE_BYTES_ENV, "2000")
+    assert parses_here(files, None, 2000) and not parses_here(files, None, 2001)
+
+
+def test_a_run_beyond_a_small_run_parses_here(spark, tmp_path, monkeypatch):
+    """``parse_run`` of a run larger than a small run (planned with generated code): an Arrow
+    table parsed here, up to ``VERSIQ_PARSE_HERE_BYTES``; beyond it, Spark's rows."""
+    monkeypatch.setenv(INTERPRETED_RUN_BYTES_ENV, "10")  # every run below is larger than a small run
+    monkeypatch.delenv(PARSE_HERE_BYTES_ENV, raising=False)
+    path = write_jsonl(str(tmp_path), "a.jsonl", ['{"key":"a","value":1,"timestamp":5}', "{broken"])
+    files, size = {"a.jsonl": path}, os.path.getsize(path)
+    table = parse_run(spark, files, None, 1, None, size)
+    assert isinstance(table, pa.Table)
+    assert table.column("reason").to_pylist() == [None, "malformed"]
+    monkeypatch.setenv(PARSE_HERE_BYTES_ENV, str(size - 1))
+    frame = parse_run(spark, files, None, 1, None, size)
+    assert isinstance(frame, DataFrame)
+    assert sorted(r["reason"] or "" for r in frame.collect()) == ["", "malformed"]
 
 
 def test_an_empty_run_parsed_here_is_an_empty_table(tmp_path):

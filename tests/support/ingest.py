@@ -39,15 +39,18 @@ def write_jsonl(folder: str, name: str, lines: list[str]) -> str:
 
 
 @contextlib.contextmanager
-def expressions(*, generated: bool) -> Iterator[None]:
+def expressions(*, generated: bool, parsed_here: bool | None = None) -> Iterator[None]:
     """Runs inside plan as a large run does (``generated``: generated code, adaptive execution,
     the session's shuffle partitions, the run's keys in a job of their own), or as a small run
     does by default (``ingest.spark.plans_for_input``: interpreted expressions, no adaptive
-    execution, a shuffle partition per core, the keys with the parse statistics): both paths
-    must write the same store. (pytest's ``monkeypatch`` fixture is per test; hypothesis
-    examples need a scope of their own.)"""
+    execution, a shuffle partition per core, the keys with the parse statistics); and parse
+    their files in this process (``parsed_here``, ``parse.parse_here``: a run of up to
+    ``parse.PARSE_HERE_BYTES``) or in Spark tasks (a larger one, ``VERSIQ_PARSE_HERE_BYTES``);
+    None: as the run's size says. Every combination must write the same store. (pytest's ``monkeypatch`` fixture is per
+    test; hypothesis examples need a scope of their own.)"""
     import pytest
 
+    from versiq.ingest.parse import PARSE_HERE_BYTES, PARSE_HERE_BYTES_ENV
     from versiq.ingest.spark import INTERPRETED_RUN_BYTES_ENV
 
     with pytest.MonkeyPatch.context() as patch:
@@ -55,6 +58,10 @@ def expressions(*, generated: bool) -> Iterator[None]:
             patch.setenv(INTERPRETED_RUN_BYTES_ENV, "0")
         else:
             patch.delenv(INTERPRETED_RUN_BYTES_ENV, raising=False)
+        if parsed_here is None:
+            patch.delenv(PARSE_HERE_BYTES_ENV, raising=False)
+        else:
+            patch.setenv(PARSE_HERE_BYTES_ENV, str(PARSE_HERE_BYTES) if parsed_here else "0")
         yield
 
 
