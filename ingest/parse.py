@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator
+from typing import overload
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -16,7 +17,7 @@ from versiq.ingest.frames import rows_frame
 from versiq.ingest.order import MAX_FILES, RUN_SCHEMA, with_order
 from versiq.ingest.records import format_of, parse_file
 from versiq.ingest.sources import read_error
-from versiq.ingest.spark import start_soon
+from versiq.ingest.spark import runs_locally, small_run, start_soon
 from versiq.logs import counted
 
 #: New input (bytes of new text files) up to which a run parses its files in this process
@@ -38,18 +39,28 @@ PARSE_HERE_BYTES = 128 << 20
 #: Overrides ``PARSE_HERE_BYTES`` (0: every run parses in Spark tasks).
 PARSE_HERE_BYTES_ENV = "VERSIQ_PARSE_HERE_BYTES"
 
+#: The most records a run parses in this process, whatever its size on disk: 128 MiB of tiny CSV
+#: records (``a,1,1``) would be over 20M records, an Arrow table of over 1 GB held twice by the
+#: driver. A run found to hold more while it parses here is parsed again by Spark tasks (the
+#: time of the parse so far is lost: about 7 s at this many, a rare case).
+PARSE_HERE_ROWS = 2_000_000
+
 
 def parse_run(spark: SparkSession, files: dict[str, str], fmt: str | None, partitions: int | None,
               max_timestamp: int | None, input_bytes: int | None) -> DataFrame | pa.Table:
     """A run's new files parsed: here when ``parses_here`` (the session, if it has yet to
-    start, starts meanwhile on a thread of its own: ``spark.start_soon``), else by Spark."""
-    if parses_here(files, fmt, input_bytes):
+    start, starts meanwhile on a thread of its own: ``spark.start_soon``), else by Spark; also
+    by Spark when they hold more than ``PARSE_HERE_ROWS`` records."""
+    log = logging.getLogger("versiq.ingest")
+    if parses_here(files, fmt, input_bytes, local_master=runs_locally(spark)):
         _check_files(files)  # a run refused here starts no JVM
         start_soon(spark)
-        table = parse_here(files, fmt, partitions, max_timestamp)
-        logging.getLogger("versiq.ingest").debug("%s parsed in this process",
-                                                 counted(table.num_rows, "record"))
-        return table
+        table = parse_here(files, fmt, partitions, max_timestamp, max_rows=PARSE_HERE_ROWS)
+        if table is not None:
+            log.debug("%s parsed in this process", counted(table.num_rows, "record"))
+            return table
+        log.info("more than %s in %s of new files: Spark tasks parse them", counted(PARSE_HERE_ROWS, "record"),
+                 counted(input_bytes or 0, "byte"))
     return parse_files(spark, files, fmt, partitions, max_timestamp)
 
 
@@ -71,27 +82,52 @@ def parse_files(spark: SparkSession, files: dict[str, str], fmt: str | None, par
     return frame.mapInArrow(parse, from_arrow_schema(RUN_SCHEMA))
 
 
+@overload
 def parse_here(files: dict[str, str], fmt: str | None, partitions: int | None,
-               max_timestamp: int | None = None) -> pa.Table:
+               max_timestamp: int | None = None) -> pa.Table: ...
+
+
+@overload
+def parse_here(files: dict[str, str], fmt: str | None, partitions: int | None,
+               max_timestamp: int | None = None, *, max_rows: int) -> pa.Table | None: ...
+
+
+def parse_here(files: dict[str, str], fmt: str | None, partitions: int | None,
+               max_timestamp: int | None = None, *, max_rows: int | None = None) -> pa.Table | None:
     """The rows ``parse_files`` gives, parsed in this process (``parses_here``): for a small
     run, whose Spark job would cost more than its parse, and for a larger one up to
     ``PARSE_HERE_BYTES``. A CLI run of 10k
     events took 2.7 s in that job with a new JVM (the Python workers' start, Arrow's exchange),
     and its parse takes 0.1 s here; the parse and the reads that follow need no Spark, so they
-    also overlap the JVM's start (``spark.start_soon``)."""
+    also overlap the JVM's start (``spark.start_soon``). With ``max_rows``: None once the files
+    hold more records than that (the caller has Spark parse them)."""
     _check_files(files)
-    batches = [batch for index, (rel, full) in enumerate(files.items())
-               for batch in _parsed_file(full, rel, format_of(rel, fmt), index, partitions, max_timestamp)]
+    batches: list[pa.RecordBatch] = []
+    rows = 0
+    for index, (rel, full) in enumerate(files.items()):
+        for batch in _parsed_file(full, rel, format_of(rel, fmt), index, partitions, max_timestamp):
+            rows += batch.num_rows
+            if max_rows is not None and rows > max_rows:
+                return None
+            batches.append(batch)
     return pa.Table.from_batches(batches, schema=RUN_SCHEMA)
 
 
-def parses_here(files: dict[str, str], fmt: str | None, input_bytes: int | None) -> bool:
+def parses_here(files: dict[str, str], fmt: str | None, input_bytes: int | None, *,
+                local_master: bool = True) -> bool:
     """Whether a run over ``input_bytes`` of new ``files`` parses them in this process
-    (``parse_here``): up to ``PARSE_HERE_BYTES`` (``VERSIQ_PARSE_HERE_BYTES``), never a run of
-    unknown size (S3 sources) or one with Parquet files, whose size on disk says little about
-    the rows they hold (a compressed file of a few MB can hold millions)."""
-    limit = int(os.environ.get(PARSE_HERE_BYTES_ENV) or PARSE_HERE_BYTES)
-    return input_bytes is not None and input_bytes <= limit and all(format_of(rel, fmt) != "parquet" for rel in files)
+    (``parse_here``): up to ``PARSE_HERE_BYTES`` (``VERSIQ_PARSE_HERE_BYTES``; 0: never) with a
+    local master; with a cluster's (not ``local_master``), only a small run (``spark.small_run``):
+    its tasks would carry the parsed batches over the network, and its executors parse on more
+    cores than this process has. Never a run of unknown size (S3 sources) or one with Parquet
+    files, whose size on disk says little about the rows they hold (a compressed file of a few MB
+    can hold millions)."""
+    if input_bytes is None or any(format_of(rel, fmt) == "parquet" for rel in files):
+        return False
+    explicit = os.environ.get(PARSE_HERE_BYTES_ENV)
+    if explicit:
+        return 0 < int(explicit) and input_bytes <= int(explicit)
+    return input_bytes <= PARSE_HERE_BYTES if local_master else small_run(input_bytes)
 
 
 def _check_files(files: dict[str, str]) -> None:

@@ -24,6 +24,11 @@ from versiq.layout import REJECTED_DIR, REJECTED_SCHEMA, StoreState
 #: Up to this many rejections in a run, ``_rejected`` is written on the driver (``write_rejected``).
 DRIVER_REJECTIONS = 20_000
 
+#: The same for a run parsed on the driver (``parse.parse_here``), which held all of its records
+#: there already (at most ``parse.PARSE_HERE_ROWS``). Bounded still: the rows are written by one
+#: task, each with its text and detail (about 250 bytes: some 60 MB at this many).
+PARSED_HERE_REJECTIONS = 250_000
+
 
 def write_rejected(parsed: DataFrame, classified: DataFrame | None, store_path: str, state: StoreState,
                    new: dict[str, str], fmt: str | None, decided: int = 0, total: int | None = None,
@@ -32,12 +37,12 @@ def write_rejected(parsed: DataFrame, classified: DataFrame | None, store_path: 
     given and ``decided`` > 0, those rejected by the decisions, whose text is read again from
     their files (``ingest.order``: the run does not carry the text of parsed records).
 
-    With ``total`` (all rejections of the run) up to ``DRIVER_REJECTIONS``, or in a run
-    ``parsed_here`` (``parse.parse_here``: the driver held all of its records already), the
-    rows are collected and assembled on the driver: the same rows, without about five Spark
-    jobs and the Python workers that read the texts (an incremental batch's usual case; a CLI
-    run of 1M events parsed here rejecting 72,549 as late: 4.9 -> 2.7 s for ``_rejected``); else
-    Spark assembles them. Written before the run's store commit (``commit_side``), replacing
+    With ``total`` (all rejections of the run) up to ``DRIVER_REJECTIONS``, or up to
+    ``PARSED_HERE_REJECTIONS`` in a run ``parsed_here`` (``parse.parse_here``), the rows are
+    collected and assembled on the driver: the same rows, without about five Spark jobs and the
+    Python workers that read the texts (an incremental batch's usual case; a CLI run of 1M
+    events parsed here rejecting 72,549 as late: 4.9 -> 2.7 s for ``_rejected``); else Spark
+    assembles them. Written before the run's store commit (``commit_side``), replacing
     what an unfinished attempt of the run left."""
     run = state.run
     if total == 0:
@@ -51,7 +56,7 @@ def write_rejected(parsed: DataFrame, classified: DataFrame | None, store_path: 
         later = classified.filter(F.col("outcome") != "accepted").select(
             "seq", "part", "offset", F.col("outcome").alias("reason"), "detail")
     ingested_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    if parsed_here or (total is not None and total <= DRIVER_REJECTIONS):
+    if total is not None and total <= (PARSED_HERE_REJECTIONS if parsed_here else DRIVER_REJECTIONS):
         parts = [rejected.toArrow()]
         if later is not None:
             decided_rows = later.toArrow()

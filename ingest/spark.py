@@ -407,6 +407,13 @@ def _ship_project(spark: SparkSession) -> None:
     spark.sparkContext.addPyFile(target)
 
 
+def runs_locally(spark: SparkSession) -> bool:
+    """Whether ``spark``'s master is local (its tasks run in the driver's JVM), known without
+    starting a session that starts on demand."""
+    url = spark.master_url() if isinstance(spark, SparkOnDemand) else spark.sparkContext.master
+    return (url or "").startswith("local")
+
+
 def start_soon(spark: SparkSession) -> None:
     """Have ``spark`` start now, on a thread of its own, when it is a session that starts on
     demand (``SparkOnDemand.start_soon``); a running session: nothing to do."""
@@ -458,9 +465,13 @@ class SparkOnDemand:
             on_start()
         return get_spark(self._master, self._app_name, short_lived=True)
 
+    def master_url(self) -> str:
+        """The master the session has or will have (``master_url``)."""
+        return master_url(self._master)
+
     def start_soon(self) -> None:
-        """Start the session on a thread of its own while the run goes on in Python (a small
-        run parses its files and reads its keys' stored versions meanwhile: ``parse.parse_run``,
+        """Start the session on a thread of its own while the run goes on in Python (a run
+        parses its files and reads its keys' stored versions meanwhile: ``parse.parse_run``,
         ``pipeline``); the first use of the session waits for it. Measured on the 2-core
         machine: a CLI run of 10k events into a 2M-version store spends about 2.6 s starting
         Spark, and the parse and DuckDB's read of the stored versions (about 0.8 s) now happen

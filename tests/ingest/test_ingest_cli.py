@@ -176,7 +176,7 @@ def test_kill_9_then_rerun_equals_an_uninterrupted_run(spark, tmp_path):
     src = tmp_path / "src"
     make_changelog(src, files=4, keys=400, per_key=5)
     reference_wh = str(tmp_path / "ref")
-    with expressions(generated=True):
+    with expressions(generated=True, parsed_here=False):
         run_ingest(spark, reference_wh, [StoreSpec("k", str(src), history_retention_ms=3000)])
     ref = os.path.join(reference_wh, "k")
     # killed as the run starts its store's commit (its _rejected rows committed): a point in the

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyspark.sql import DataFrame
 
+import versiq.ingest.parse as parse_module
 from tests.support.ingest import write_jsonl
 from versiq.ingest.parse import (
     PARSE_HERE_BYTES,
@@ -86,10 +87,12 @@ def test_a_run_parsed_here_has_the_rows_and_figures_of_one_parsed_by_spark(spark
 
 
 def test_which_runs_parse_here(monkeypatch):
-    """Runs of text files up to ``PARSE_HERE_BYTES``, small or not; not Parquet (a few MB on
-    disk can hold millions of rows), not a larger run, not a run whose size is unknown (S3
-    sources); ``VERSIQ_PARSE_HERE_BYTES`` sets the limit (0: none)."""
+    """Runs of text files up to ``PARSE_HERE_BYTES``, small or not (with a cluster's master, small
+    runs only); not Parquet (a few MB on disk can hold millions of rows), not a run beyond the
+    limit, not a run whose size is unknown (S3 sources); ``VERSIQ_PARSE_HERE_BYTES`` sets the
+    limit (0: none, not even an empty run)."""
     monkeypatch.delenv(PARSE_HERE_BYTES_ENV, raising=False)
+    monkeypatch.delenv(INTERPRETED_RUN_BYTES_ENV, raising=False)
     files = {"a.jsonl": "/x/a.jsonl", "b.csv": "/x/b.csv"}
     assert parses_here(files, None, 1000)
     assert parses_here(files, None, INTERPRETED_RUN_BYTES + 1)  # beyond a small run
@@ -98,8 +101,10 @@ def test_which_runs_parse_here(monkeypatch):
     assert not parses_here(files, None, None)
     assert not parses_here({**files, "c.parquet": "/x/c.parquet"}, None, 1000)
     assert not parses_here(files, "parquet", 1000)
+    assert parses_here(files, None, INTERPRETED_RUN_BYTES, local_master=False)
+    assert not parses_here(files, None, INTERPRETED_RUN_BYTES + 1, local_master=False)
     monkeypatch.setenv(PARSE_HERE_BYTES_ENV, "0")
-    assert not parses_here(files, None, 1000)
+    assert not parses_here(files, None, 1000) and not parses_here(files, None, 0)
     monkeypatch.setenv(PARSE_HERE_BYTES_ENV, "2000")
     assert parses_here(files, None, 2000) and not parses_here(files, None, 2001)
 
@@ -118,6 +123,21 @@ def test_a_run_beyond_a_small_run_parses_here(spark, tmp_path, monkeypatch):
     frame = parse_run(spark, files, None, 1, None, size)
     assert isinstance(frame, DataFrame)
     assert sorted(r["reason"] or "" for r in frame.collect()) == ["", "malformed"]
+
+
+def test_a_run_of_more_records_than_parse_here_rows_is_parsed_by_spark(spark, tmp_path, monkeypatch):
+    """Few bytes can hold many records: past ``PARSE_HERE_ROWS`` the parse here stops and Spark
+    tasks parse the files, giving the same rows."""
+    monkeypatch.delenv(PARSE_HERE_BYTES_ENV, raising=False)
+    lines = [json.dumps({"key": f"k{i}", "value": i, "timestamp": i}) for i in range(5)]
+    files = {"a.jsonl": write_jsonl(str(tmp_path), "a.jsonl", lines[:3]),
+             "b.jsonl": write_jsonl(str(tmp_path), "b.jsonl", lines[3:])}
+    assert parse_here(files, None, 1, max_rows=5) is not None
+    assert parse_here(files, None, 1, max_rows=4) is None
+    monkeypatch.setattr(parse_module, "PARSE_HERE_ROWS", 4)
+    frame = parse_run(spark, files, None, 1, None, 100)
+    assert isinstance(frame, DataFrame)
+    assert sorted(r["key"] for r in frame.collect()) == [f"k{i}" for i in range(5)]
 
 
 def test_an_empty_run_parsed_here_is_an_empty_table(tmp_path):

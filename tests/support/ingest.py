@@ -46,7 +46,9 @@ def expressions(*, generated: bool, parsed_here: bool | None = None) -> Iterator
     execution, a shuffle partition per core, the keys with the parse statistics); and parse
     their files in this process (``parsed_here``, ``parse.parse_here``: a run of up to
     ``parse.PARSE_HERE_BYTES``) or in Spark tasks (a larger one, ``VERSIQ_PARSE_HERE_BYTES``);
-    None: as the run's size says. Every combination must write the same store. (pytest's ``monkeypatch`` fixture is per
+    None: as the run's size says. Every combination must write the same store. A table parsed
+    here is spread over every core however small (``frames.SPREAD_ROWS``), as a larger run's
+    is. (pytest's ``monkeypatch`` fixture is per
     test; hypothesis examples need a scope of their own.)"""
     import pytest
 
@@ -54,6 +56,7 @@ def expressions(*, generated: bool, parsed_here: bool | None = None) -> Iterator
     from versiq.ingest.spark import INTERPRETED_RUN_BYTES_ENV
 
     with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("versiq.ingest.frames.SPREAD_ROWS", 2)
         if generated:
             patch.setenv(INTERPRETED_RUN_BYTES_ENV, "0")
         else:
