@@ -3,12 +3,12 @@
 ``SparkSession.createDataFrame`` of Python rows (a list, even an empty one) makes an RDD of
 pickled rows, which Python workers unpickle when a job reads it: the first such job of a JVM
 starts them (``pyspark.daemon`` and a worker per task). A run that parses in this process
-(``parse.parse_here``) otherwise needs no Python worker at all, so one empty frame of stored
-versions cost a cold run of 1M events a 3.4 s job (docs/benchmarks.md, "Larger runs parse in
-the driver"). An Arrow table reaches the JVM as Arrow batches instead, read by the JVM alone
-(a ``LocalRelation`` up to ``spark.LOCAL_RELATION_BYTES``, else an RDD of the batches): every
-frame the ingest job makes of the driver's rows is one, made here or by ``createDataFrame`` of
-an Arrow table.
+(``parse.parse_here``) otherwise needs no Python worker at all, yet one empty frame of stored
+versions started them in a cold run of 1M events: a 3.4 s job beside the run's first decode
+(docs/benchmarks.md, "Larger runs parse in the driver"). An Arrow table reaches the JVM as
+Arrow batches instead, read by the JVM alone (a ``LocalRelation`` up to
+``spark.LOCAL_RELATION_BYTES``, else an RDD of the batches): every frame the ingest job makes of
+the driver's rows is one, made here or by ``createDataFrame`` of an Arrow table.
 """
 
 from __future__ import annotations

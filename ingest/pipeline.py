@@ -303,8 +303,8 @@ def _decide_and_commit(spark: SparkSession, handle: StoreHandle, spec: StoreSpec
                        parsed: DataFrame, per_file: bool, rejections: WriteRejections,
                        advance: Callable[[StoreState], StoreState], small: bool, has_versions: bool,
                        stats: ParseStats | None, existing_arrow: pa.Table | None) -> None:
-    """``_run_once`` from the parsed DataFrame on (cached when Spark parsed it); ``stats`` and ``existing_arrow``
-    when the caller has them already."""
+    """``_run_once`` from the parsed DataFrame on (cached when Spark parsed it); ``stats`` and
+    ``existing_arrow`` when the caller has them already."""
     settings = handle.settings
     if stats is None:
         stats = _parse_stats(parsed, report, settings.partitions if per_file else None,
