@@ -47,7 +47,11 @@ BATCH_EVENTS = 10_000
 
 PHASES: dict[str, float] = {}
 PHASE_NAMES = {
+    "parse_run": "parse in the driver (a run of up to 128 MiB; for Spark's parse only its plan)",
     "_parse_stats": "parse + cache (first action)",
+    "_parse_stats_here": "statistics of a run parsed in the driver (Arrow)",
+    "classify_here": "decisions in the driver (DuckDB)",
+    "rows_to_write_here": "the store's rows in the driver (DuckDB)",
     "existing_versions": "read existing versions (delta-rs/DuckDB)",
     "_next_state": "classify: outcome counts + stream time (window functions)",
     "write_rejected": "write + commit _rejected (delta-spark, before the store commit)",

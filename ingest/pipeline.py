@@ -23,6 +23,7 @@ from pyspark.sql import functions as F
 from versiq import layout, storage
 from versiq.durations import DEFAULT_HISTORY_RETENTION_MS
 from versiq.ingest.bucketing import write_tasks
+from versiq.ingest.decisions_here import classify_here, outcome_rows, rows_to_write_here, task_frame
 from versiq.ingest.errors import UsageError
 from versiq.ingest.frames import local_frame, spread_frame
 from versiq.ingest.future import DEFAULT_MAX_FUTURE_MS, future_bound
@@ -35,7 +36,6 @@ from versiq.ingest.kafka import (
     read_records,
     read_report,
 )
-from versiq.ingest.order import POS_BITS
 from versiq.ingest.parse import parse_run
 from versiq.ingest.records.kafka_rows import SKIPPED
 from versiq.ingest.rejections import write_rejected, write_source_rejected
@@ -60,7 +60,6 @@ from versiq.layout import (
     STORE_SCHEMA,
     StoreSettings,
     StoreState,
-    default_partition_of,
 )
 from versiq.logs import counted
 from versiq.names import check_store_name
@@ -215,9 +214,10 @@ def ingest_store(spark: SparkSession, warehouse: str, spec: StoreSpec, lock_time
                            input_bytes)
         parsed_here = isinstance(parsed, pa.Table)
 
-        def rejections(parsed: DataFrame, classified: DataFrame, state: StoreState, decided: int, total: int) -> None:
-            write_rejected(parsed, classified, handle.path, state, new, spec.format, decided=decided, total=total,
-                           parsed_here=parsed_here)
+        def rejections(parsed: DataFrame | pa.Table, classified: DataFrame | pa.Table, state: StoreState,
+                       decided: int, total: int) -> None:
+            write_rejected(spark, parsed, classified, handle.path, state, new, spec.format, decided=decided,
+                           total=total, parsed_here=parsed_here)
         _run_once(spark, handle, spec, run, report, parsed, per_file, rejections,
                   lambda state: replace(state, done_files=sorted(done | set(new))), input_bytes)
         return report
@@ -244,7 +244,9 @@ def _ingest_topic(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, sou
     report.run = run
     log.info("store %s: run %d over %s", spec.name, run, describe_read(source, read))
 
-    def rejections(parsed: DataFrame, classified: DataFrame, state: StoreState, decided: int, total: int) -> None:
+    def rejections(parsed: DataFrame | pa.Table, classified: DataFrame | pa.Table, state: StoreState,
+                   decided: int, total: int) -> None:
+        assert isinstance(parsed, DataFrame) and isinstance(classified, DataFrame)  # Kafka: Spark decides
         write_source_rejected(parsed, classified, handle.path, state, source.name, decided=decided, total=total)
 
     with read_errors(source):
@@ -260,8 +262,10 @@ def _ingest_topic(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, sou
 ParseStats = tuple[dict[str, int], dict[tuple[int, int], int] | None, pa.Table | None]
 
 
-#: Writes a run's ``_rejected`` rows: (parsed, classified, state, rejected by the decisions, all rejected).
-WriteRejections = Callable[[DataFrame, DataFrame, StoreState, int, int], None]
+#: Writes a run's ``_rejected`` rows: (parsed, classified, state, rejected by the decisions, all
+#: rejected); both tables are Arrow tables in a run decided here (``_decide_here_and_commit``).
+WriteRejections = Callable[[DataFrame | pa.Table, DataFrame | pa.Table, StoreState, int, int], None]
+
 
 
 def _run_once(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, run: int, report: StoreReport,
@@ -276,49 +280,69 @@ def _run_once(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, run: in
     (``spark.plans_for_input``), whose keys come back with the parse statistics instead of in a
     Spark job of their own.
 
-    A run parsed here also takes its statistics and its keys' stored versions without Spark
-    (``_parse_stats_here``, DuckDB), before its first use of the session, so both overlap the
-    JVM's start (``spark.start_soon``)."""
-    settings = handle.settings
+    A run parsed here is decided here too (``_decide_here_and_commit``, DuckDB): its statistics,
+    its keys' stored versions and its decisions need no Spark, so all of them overlap the JVM's
+    start (``spark.start_soon``), and Spark only writes."""
     has_versions = handle.table is not None and bool(handle.data_files())
-    stats = existing_arrow = None
     if isinstance(parsed, pa.Table):
-        stats = _parse_stats_here(parsed, report, settings.partitions if per_file else None, keys=has_versions)
-        existing_arrow = existing_versions(handle, _key_table(stats[2]))
+        _decide_here_and_commit(spark, handle, spec, run, report, parsed, rejections, advance, has_versions,
+                                input_bytes)
+        return
     with plans_for_input(spark, input_bytes) as small:
-        if isinstance(parsed, pa.Table):
-            # read twice (decisions, _rejected) from the JVM's copy of the Arrow batches: decoding
-            # them again costs less than caching them as rows (1M records: 2.7 s on two cores)
-            parsed = spread_frame(spark, parsed)
-        else:  # parsed by Spark tasks: cached, not parsed again
-            parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
+        parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)  # parsed by Spark tasks: not parsed again
         try:
             _decide_and_commit(spark, handle, spec, run, report, parsed, per_file, rejections, advance,
-                               small, has_versions, stats, existing_arrow)
+                               small, has_versions)
         finally:
             parsed.unpersist()
 
 
+def _decide_here_and_commit(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, run: int,
+                            report: StoreReport, parsed: pa.Table, rejections: WriteRejections,
+                            advance: Callable[[StoreState], StoreState], has_versions: bool,
+                            input_bytes: int | None) -> None:
+    """``_run_once`` of a run parsed in this process, decided here too (``ingest.decisions_here``):
+    the session is first needed for the writes, so everything before them overlaps its start."""
+    settings = handle.settings
+    flags, new_keys = _parse_stats_here(parsed, report, keys=has_versions)
+    log.info("store %s: parsed %s", spec.name, counted(report.read, "record"))
+    existing = existing_versions(handle, _key_table(new_keys))
+    ctx = RunContext(settings, handle.state, run, explicit_partitions=flags["part"] > 0,
+                     any_offsets=flags["offset"] > 0)
+    classified = classify_here(parsed, existing, ctx)
+    parse_rejections = sum(report.rejected.values())
+    state = advance(_next_state(outcome_rows(classified), handle.state, run, report))
+    rows = rows_to_write_here(classified, existing, settings, run)
+    rejected = sum(report.rejected.values())
+    log.info("store %s: %d accepted, %d rejected; writing", spec.name,
+             report.accepted_latest + report.accepted_out_of_order, rejected)
+    with plans_for_input(spark, input_bytes):
+        # side tables first, the store commit (data + state) last: docs in versiq.ingest.delta
+        rejections(parsed, classified, state, rejected - parse_rejections, rejected)
+        if keeps_changelog(spec, handle.state):
+            if state.changelog_since is None:
+                state.changelog_since = run
+            _write_changelog(spread_frame(spark, classified), handle.path, state, ctx)
+        log.info("store %s: committing run %d", spec.name, run)
+        tasks = write_tasks(settings.buckets, report.read, spark.sparkContext.defaultParallelism)
+        report.snapshot = commit_store(handle, task_frame(spark, rows, tasks), state)
+
+
 def _decide_and_commit(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, run: int, report: StoreReport,
                        parsed: DataFrame, per_file: bool, rejections: WriteRejections,
-                       advance: Callable[[StoreState], StoreState], small: bool, has_versions: bool,
-                       stats: ParseStats | None, existing_arrow: pa.Table | None) -> None:
-    """``_run_once`` from the parsed DataFrame on (cached when Spark parsed it); ``stats`` and
-    ``existing_arrow`` when the caller has them already."""
+                       advance: Callable[[StoreState], StoreState], small: bool, has_versions: bool) -> None:
+    """``_run_once`` of a run parsed by Spark tasks, from its cached DataFrame on: Spark decides."""
     settings = handle.settings
-    if stats is None:
-        stats = _parse_stats(parsed, report, settings.partitions if per_file else None,
-                             keys=small and has_versions)
-    flags, file_max, new_keys = stats
+    flags, file_max, new_keys = _parse_stats(parsed, report, settings.partitions if per_file else None,
+                                             keys=small and has_versions)
     if report.skipped:  # counted, neither records nor rejections (records.kafka_rows.SKIPPED)
         parsed = parsed.filter(F.col("reason").isNull() | (F.col("reason") != SKIPPED))
     good = parsed.filter(F.col("reason").isNull()).select("seq", "fst", "key", "value", "ts", "part", "offset")
     log.info("store %s: parsed %s", spec.name, counted(report.read, "record"))
-    if existing_arrow is None:
-        keys = _key_table(new_keys)
-        if has_versions and new_keys is None:
-            keys = good.groupBy("key").agg(F.expr("min(ts) AS from_ts")).toArrow()
-        existing_arrow = existing_versions(handle, keys)
+    keys = _key_table(new_keys)
+    if has_versions and new_keys is None:
+        keys = good.groupBy("key").agg(F.expr("min(ts) AS from_ts")).toArrow()
+    existing_arrow = existing_versions(handle, keys)
     existing = spark.createDataFrame(existing_arrow)
     ctx = RunContext(settings, handle.state, run, explicit_partitions=flags["part"] > 0,
                      any_offsets=flags["offset"] > 0, file_max=file_max,
@@ -331,7 +355,7 @@ def _decide_and_commit(spark: SparkSession, handle: StoreHandle, spec: StoreSpec
         StorageLevel.MEMORY_AND_DISK)
     try:
         parse_rejections = sum(report.rejected.values())
-        state = advance(_next_state(classified, handle.state, run, report))
+        state = advance(_next_state(_outcome_rows(classified), handle.state, run, report))
         log.info("store %s: %d accepted, %d rejected; writing", spec.name,
                  report.accepted_latest + report.accepted_out_of_order, sum(report.rejected.values()))
         # side tables first, the store commit (data + state) last: docs in versiq.ingest.delta
@@ -426,10 +450,11 @@ def _parse_stats(parsed: DataFrame, report: StoreReport, partitions: int | None,
     return flags, file_max, keys_table
 
 
-def _parse_stats_here(parsed: pa.Table, report: StoreReport, partitions: int | None, keys: bool = False
-                      ) -> ParseStats:
+def _parse_stats_here(parsed: pa.Table, report: StoreReport, keys: bool = False
+                      ) -> tuple[dict[str, int], pa.Table | None]:
     """``_parse_stats`` of a run parsed in this process (``parse.parse_here``), from its Arrow
-    table: the same figures without a Spark job (a test compares the two)."""
+    table, without a Spark job (a test compares the two): the flags and the run's keys
+    (with ``keys``), not the per-file maxima, which only Spark's decisions use."""
     report.read += parsed.num_rows
     reasons = parsed.column("reason")
     for entry in pc.value_counts(pc.drop_null(reasons)).to_pylist():
@@ -437,31 +462,25 @@ def _parse_stats_here(parsed: pa.Table, report: StoreReport, partitions: int | N
         counts[entry["values"]] = counts.get(entry["values"], 0) + entry["counts"]
     valid = parsed.filter(pc.is_null(reasons))
     flags = {name: valid.num_rows - valid.column(name).null_count for name in ("part", "offset")}
-    file_max: dict[tuple[int, int], int] | None = None
-    if partitions is not None:
-        if partitions == 1:
-            default_p = pa.repeat(pa.scalar(0, pa.int32()), valid.num_rows)
-        else:
-            default_p = pa.array([default_partition_of(key, partitions) for key in valid.column("key").to_pylist()],
-                                 pa.int32())
-        maxima = pa.table({"p": default_p, "file": pc.shift_right(valid.column("seq"), POS_BITS),
-                           "ts": valid.column("ts")}).group_by(["p", "file"]).aggregate([("ts", "max")])
-        file_max = dict(zip(zip(maxima.column("p").to_pylist(), maxima.column("file").to_pylist(), strict=True),
-                            maxima.column("ts_max").to_pylist(), strict=True))
     run_keys = None
     if keys:
         run_keys = valid.group_by("key").aggregate([("ts", "min")]).rename_columns({"ts_min": "from_ts"}).select(
             RUN_KEYS.names).cast(RUN_KEYS)
-    return flags, file_max, run_keys
+    return flags, run_keys
 
 
-def _next_state(classified: DataFrame, state: StoreState, run: int, report: StoreReport) -> StoreState:
-    """Outcome counts for the report and the store state after this run (without what the run
-    read: the caller's ``advance``)."""
-    rows = classified.groupBy("outcome", "p").agg(F.expr("count(1) AS n"), F.expr(
+def _outcome_rows(classified: DataFrame) -> list[Any]:
+    """The classified records counted per (outcome, partition), for ``_next_state`` (Spark's;
+    ``decisions_here.outcome_rows`` is the same of a table decided here)."""
+    return classified.groupBy("outcome", "p").agg(F.expr("count(1) AS n"), F.expr(
         "sum(CAST(latest AS INT)) AS latest"), F.expr("sum(CAST(replaced AS INT)) AS replaced"), F.expr(
         "sum(CAST(value IS NULL AS INT)) AS tombstones"), F.expr("max(ts) AS st"), F.expr("max(`offset`) AS off"),
     ).collect()
+
+
+def _next_state(rows: list[Any], state: StoreState, run: int, report: StoreReport) -> StoreState:
+    """Outcome counts for the report and the store state after this run (without what the run
+    read: the caller's ``advance``), from ``_outcome_rows``."""
     stream_time = dict(state.stream_time)
     max_offset = dict(state.max_offset)
     for row in rows:

@@ -11,10 +11,11 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from pyspark.sql import DataFrame
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from versiq.ingest.frames import local_frame, rows_frame
+from versiq.ingest.frames import local_frame, rows_frame, spread_frame
 from versiq.ingest.order import MAX_POS, file_seq_base, split_seq
 from versiq.ingest.records import BATCH_ROWS, format_of, raw_texts
 from versiq.ingest.sqltext import file_of_sql
@@ -30,9 +31,9 @@ DRIVER_REJECTIONS = 20_000
 PARSED_HERE_REJECTIONS = 250_000
 
 
-def write_rejected(parsed: DataFrame, classified: DataFrame | None, store_path: str, state: StoreState,
-                   new: dict[str, str], fmt: str | None, decided: int = 0, total: int | None = None,
-                   parsed_here: bool = False) -> None:
+def write_rejected(spark: SparkSession, parsed: DataFrame | pa.Table, classified: DataFrame | pa.Table | None,
+                   store_path: str, state: StoreState, new: dict[str, str], fmt: str | None, decided: int = 0,
+                   total: int | None = None, parsed_here: bool = False) -> None:
     """The run's rejected records: the parser's (with their text), and, when ``classified`` is
     given and ``decided`` > 0, those rejected by the decisions, whose text is read again from
     their files (``ingest.order``: the run does not carry the text of parsed records).
@@ -43,23 +44,20 @@ def write_rejected(parsed: DataFrame, classified: DataFrame | None, store_path: 
     Python workers that read the texts (an incremental batch's usual case; a CLI run of 1M
     events parsed here rejecting 72,549 as late: 4.9 -> 2.7 s for ``_rejected``); else Spark
     assembles them. Written before the run's store commit (``commit_side``), replacing
-    what an unfinished attempt of the run left."""
+    what an unfinished attempt of the run left. ``parsed`` and ``classified`` are Arrow tables
+    in a run decided in this process (``ingest.decisions_here``)."""
     run = state.run
     if total == 0:
-        _none_rejected(parsed, store_path, state)
+        _none_rejected(spark, store_path, state)
         return
     files = [(full, format_of(rel, fmt)) for rel, full in new.items()]
     sources = list(new)
-    rejected = parsed.filter(F.col("reason").isNotNull()).select("seq", "part", "offset", "reason", "detail", "raw")
-    later = None
-    if classified is not None and decided:
-        later = classified.filter(F.col("outcome") != "accepted").select(
-            "seq", "part", "offset", F.col("outcome").alias("reason"), "detail")
     ingested_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     if total is not None and total <= (PARSED_HERE_REJECTIONS if parsed_here else DRIVER_REJECTIONS):
-        parts = [rejected.toArrow()]
-        if later is not None:
-            decided_rows = later.toArrow()
+        parts = [_arrow(parsed.filter(pc.is_valid(parsed.column("reason"))).select(_PARSED_REJECTED)
+                        if isinstance(parsed, pa.Table) else _parsed_rejected(parsed))]
+        if classified is not None and decided:
+            decided_rows = _arrow(_decided_rejected(classified))
             texts = pa.Table.from_batches(list(_read_texts(files, decided_rows.column("seq").to_numpy())),
                                           schema=_TEXT_SCHEMA)
             parts.append(decided_rows.join(texts, "seq").select(parts[0].column_names))
@@ -79,9 +77,14 @@ def write_rejected(parsed: DataFrame, classified: DataFrame | None, store_path: 
             "detail": table.column("detail"),
             "ingested_at": pa.array([ingested_at] * len(seq), pa.string()),
         })
-        commit_side(store_path, REJECTED_DIR, state, local_frame(parsed.sparkSession, out), empty=out.num_rows == 0)
+        commit_side(store_path, REJECTED_DIR, state, local_frame(spark, out), empty=out.num_rows == 0)
         return
-    spark = parsed.sparkSession
+    if isinstance(parsed, pa.Table):
+        parsed = spread_frame(spark, parsed)
+    rejected = _parsed_rejected(parsed)
+    later = None
+    if classified is not None and decided:
+        later = _decided_rejected(classified if isinstance(classified, DataFrame) else spread_frame(spark, classified))
     names = rows_frame(spark, [(index, rel, files[index][1] == "parquet") for index, rel in enumerate(sources)],
                        pa.schema([("file", pa.int32()), ("source", pa.string()), ("is_row", pa.bool_())]))
     if later is not None:
@@ -111,7 +114,7 @@ def write_source_rejected(parsed: DataFrame, classified: DataFrame | None, store
     (``raw``; Kafka: a record cannot be read again from a file), named ``source`` with their
     partition and offset (no line or row). Written like ``write_rejected``."""
     if total == 0:
-        _none_rejected(parsed, store_path, state)
+        _none_rejected(parsed.sparkSession, store_path, state)
         return
     rejected = parsed.filter(F.col("reason").isNotNull()).select("seq", "part", "offset", "reason", "detail", "raw")
     if classified is not None and decided:
@@ -126,10 +129,29 @@ def write_source_rejected(parsed: DataFrame, classified: DataFrame | None, store
     commit_side(store_path, REJECTED_DIR, state, frame.repartition(1).sortWithinPartitions("seq"), empty=False)
 
 
-def _none_rejected(parsed: DataFrame, store_path: str, state: StoreState) -> None:
+def _none_rejected(spark: SparkSession, store_path: str, state: StoreState) -> None:
     """A run without rejections: nothing to add, but an unfinished attempt's rows are replaced."""
-    commit_side(store_path, REJECTED_DIR, state, local_frame(parsed.sparkSession, REJECTED_SCHEMA.empty_table()),
-                empty=True)
+    commit_side(store_path, REJECTED_DIR, state, local_frame(spark, REJECTED_SCHEMA.empty_table()), empty=True)
+
+
+_PARSED_REJECTED = ["seq", "part", "offset", "reason", "detail", "raw"]
+
+
+def _parsed_rejected(parsed: DataFrame) -> DataFrame:
+    return parsed.filter(F.col("reason").isNotNull()).select(*_PARSED_REJECTED)
+
+
+def _decided_rejected(classified: DataFrame | pa.Table) -> DataFrame | pa.Table:
+    """The records the run's decisions rejected, with ``reason`` (their outcome) and ``detail``."""
+    if isinstance(classified, pa.Table):
+        return classified.filter(pc.not_equal(classified.column("outcome"), "accepted")).select(
+            ["seq", "part", "offset", "outcome", "detail"]).rename_columns({"outcome": "reason"})
+    return classified.filter(F.col("outcome") != "accepted").select(
+        "seq", "part", "offset", F.col("outcome").alias("reason"), "detail")
+
+
+def _arrow(rows: DataFrame | pa.Table) -> pa.Table:
+    return rows if isinstance(rows, pa.Table) else rows.toArrow()
 
 
 _TEXT_SCHEMA = pa.schema([pa.field("seq", pa.int64()), pa.field("raw", pa.string())])

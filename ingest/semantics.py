@@ -60,6 +60,7 @@ from versiq.ingest.bucketing import by_slot, slot_sql
 from versiq.ingest.frames import rows_frame
 from versiq.ingest.sqltext import crc32_mod_sql, file_of_sql, sql_string
 from versiq.layout import StoreSettings, StoreState
+from versiq.timestamps import SQL_RFC3339_MS
 
 
 @dataclass(frozen=True)
@@ -122,8 +123,12 @@ def files_before(file_max: dict[tuple[int, int], int]) -> list[tuple[int, int, i
 
 def _rfc3339(millis: str) -> str:
     """Epoch ms as the RFC 3339 UTC text of ``versiq.timestamps.format_timestamp`` (the session's
-    time zone is UTC), for details people read."""
-    return f"""date_format(timestamp_millis({millis}), "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'")"""
+    time zone is UTC), for details people read; outside ``SQL_RFC3339_MS`` as the milliseconds
+    (``timestamp_millis`` of a stream time past about year 294,000 overflowed, failing the run)."""
+    low, high = SQL_RFC3339_MS
+    return (f"CASE WHEN {millis} BETWEEN {low} AND {high} "
+            f"""THEN date_format(timestamp_millis({millis}), "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'") """
+            f"ELSE concat(CAST({millis} AS STRING), ' ms since the epoch') END")
 
 
 #: Processing order inside a partition (``ord0``: the offset when the partition is ordered by

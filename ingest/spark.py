@@ -530,10 +530,12 @@ class SparkOnDemand:
 # Recipe 6: the warm-up's small runs parse in the driver. Recipe 7: Arrow tables above
 # ``LOCAL_RELATION_BYTES`` reach Spark as RDDs of Arrow batches (another set of classes). Recipe 8:
 # the warm-up's parsed batches are no longer cached as rows, and every frame of the driver's rows
-# is an Arrow table (``ingest.frames``).
+# is an Arrow table (``ingest.frames``). Recipe 9: the first two runs are decided in the driver
+# (``ingest.decisions_here``: Spark writes Arrow tables of whole buckets per task); the third is
+# parsed by Spark tasks and decided by Spark.
 
 #: The archive's contents change with what the writing JVM runs: a new recipe, a new file.
-CLASS_ARCHIVE_RECIPE = 8
+CLASS_ARCHIVE_RECIPE = 9
 
 #: What the archive's JVM runs (in a child process, so nothing here imports the pipeline): the
 #: warm-up runs of ``ingest.warm_up``.

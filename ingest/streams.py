@@ -119,8 +119,8 @@ def ingest_stream(spark: SparkSession, warehouse: str, spec: StreamSpec, lock_ti
             frame = spread_frame(spark, parsed) if isinstance(parsed, pa.Table) else parsed
             _append_run(handle, spec, run, report, frame,
                         StoreState(run=run, done_files=sorted(done | set(new))),
-                        lambda parsed, state, total: write_rejected(parsed, None, handle.path, state, new,
-                                                                    spec.format, total=total))
+                        lambda parsed, state, total: write_rejected(spark, parsed, None, handle.path, state,
+                                                                    new, spec.format, total=total))
         return report
 
 

@@ -15,8 +15,11 @@ from typing import Any
 def warm_up(spark: Any) -> None:
     """Three runs into a scratch warehouse that load and compile what a real run does: a new
     store with a changelog and a rejected line (a small run: interpreted expressions), a run
-    into stored keys with a tombstone, and one through generated code (as larger runs plan).
-    ``VERSIQ_INTERPRETED_RUN_BYTES`` is as it was afterwards."""
+    into stored keys with a tombstone, both parsed and decided in this process as runs of local
+    files up to ``parse.PARSE_HERE_BYTES`` are, and one parsed by Spark tasks and decided by
+    Spark through generated code (as larger runs and Kafka's are).
+    ``VERSIQ_INTERPRETED_RUN_BYTES`` and ``VERSIQ_PARSE_HERE_BYTES`` are as they were afterwards."""
+    from versiq.ingest.parse import PARSE_HERE_BYTES_ENV
     from versiq.ingest.pipeline import StoreSpec, run_ingest
     from versiq.ingest.spark import INTERPRETED_RUN_BYTES_ENV
 
@@ -25,7 +28,7 @@ def warm_up(spark: Any) -> None:
             f.writelines(json.dumps(record) + "\n" for record in records)
             f.write(extra)
 
-    saved = os.environ.get(INTERPRETED_RUN_BYTES_ENV)
+    saved = {name: os.environ.get(name) for name in (INTERPRETED_RUN_BYTES_ENV, PARSE_HERE_BYTES_ENV)}
     try:
         with tempfile.TemporaryDirectory(prefix="versiq-driver-warm-up-") as folder:
             source, warehouse = os.path.join(folder, "src"), os.path.join(folder, "wh")
@@ -39,12 +42,14 @@ def warm_up(spark: Any) -> None:
             for n, (records, extra) in enumerate(runs):
                 if n == len(runs) - 1:
                     os.environ[INTERPRETED_RUN_BYTES_ENV] = "0"
+                    os.environ[PARSE_HERE_BYTES_ENV] = "0"
                 write(os.path.join(source, f"{n}.jsonl"), records, extra)
                 report = run_ingest(spark, warehouse, [spec])
                 if report.failed:
                     raise RuntimeError(f"the driver's warm-up run failed: {report.to_json()}")
     finally:
-        if saved is None:
-            os.environ.pop(INTERPRETED_RUN_BYTES_ENV, None)
-        else:
-            os.environ[INTERPRETED_RUN_BYTES_ENV] = saved
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

@@ -69,6 +69,13 @@ def parse_timestamp(text: str, *, query_string: bool = False) -> int:
     return millis
 
 
+#: The instants (epoch ms) that SQL engines write as ``format_timestamp`` does: years 1 to 9999.
+#: Spark's ``date_format`` writes year 0 as 0001 (its year of era) and years past 9999 with a
+#: sign, and overflows past about year 294,000; the ingest's SQL writes the others as
+#: ``format_timestamp`` writes those past 9999 (``ingest.semantics``, ``ingest.decisions_here``).
+SQL_RFC3339_MS = (-62_135_596_800_000, 253_402_300_799_999)
+
+
 def format_timestamp(millis: int) -> str:
     """Render epoch ms as an RFC 3339 UTC instant (for humans: logs, CLI summaries).
 

@@ -57,9 +57,9 @@ def lines(draw) -> list[str]:
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(lines(), min_size=1, max_size=3), st.sampled_from([1, 3]), st.booleans(), st.booleans())
+@given(st.lists(lines(), min_size=1, max_size=3), st.sampled_from([1, 3]), st.booleans())
 def test_a_run_parsed_here_has_the_rows_and_figures_of_one_parsed_by_spark(spark, tmp_path_factory, files,
-                                                                          partitions, per_file, keys):
+                                                                          partitions, keys):
     folder = tmp_path_factory.mktemp("parse-here")
     new = {f"f{i}.jsonl": write_jsonl(str(folder), f"f{i}.jsonl", body) for i, body in enumerate(files)}
     here = parse_here(new, None, partitions)
@@ -67,21 +67,20 @@ def test_a_run_parsed_here_has_the_rows_and_figures_of_one_parsed_by_spark(spark
     assert here.schema.names == there.columns
     assert here.sort_by("seq").to_pylist() == there.toArrow().cast(here.schema).sort_by("seq").to_pylist()
 
-    stats_partitions = partitions if per_file else None
     report_here, report_there = StoreReport(), StoreReport()
-    got = _parse_stats_here(here, report_here, stats_partitions, keys=keys)
-    want = _parse_stats(there, report_there, stats_partitions, keys=keys)
-    assert got[:2] == want[:2]
+    got = _parse_stats_here(here, report_here, keys=keys)
+    want = _parse_stats(there, report_there, None, keys=keys)
+    assert got[0] == want[0]
     if keys:  # each valid record's key with the smallest timestamp of its records
         valid = [r for r in here.to_pylist() if r["reason"] is None]
         from_ts = {r["key"]: min(v["ts"] for v in valid if v["key"] == r["key"]) for r in valid}
-        for run_keys in (got[2], want[2]):
+        for run_keys in (got[1], want[2]):
             assert run_keys is not None and run_keys.schema == RUN_KEYS
             assert dict(zip(run_keys.column("key").to_pylist(), run_keys.column("from_ts").to_pylist(),
                             strict=True)) == from_ts
             assert run_keys.num_rows == len(from_ts)
     else:
-        assert got[2] is None and want[2] is None
+        assert got[1] is None and want[2] is None
     assert (report_here.read, report_here.rejected, report_here.skipped) == \
         (report_there.read, report_there.rejected, report_there.skipped)
 

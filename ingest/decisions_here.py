@@ -1,0 +1,273 @@
+"""A run's decisions in this process: ``ingest.semantics`` in DuckDB, over the Arrow table of a
+run parsed here (``parse.parse_here``), before the JVM is needed.
+
+The same rules, column for column (docs/semantics.md, rules 1-12 and 19-22; the module
+docstring of ``ingest.semantics`` explains the windows), with one simplification: stream time is
+always the running maximum over each partition in processing order, one window that DuckDB
+computes in a single pass, where Spark needs the per-file maxima of the parse to avoid sorting
+every record on one core. The result is the classified table of ``semantics.classify`` and the
+rows of ``semantics.rows_to_write`` as Arrow tables; Spark only writes them
+(``task_frame``). The property tests run both implementations against the reference model.
+
+Why: a run parsed here already holds its records in this process, and a JVM started for the
+run takes seconds to be ready. Deciding here overlaps the decisions with that start, where in
+Spark they were its longest stage: 1M events into a new store spent about 8 s in the decisions'
+Spark jobs (a sort and window stage at about 10 µs per record on two cores, then its cache);
+DuckDB takes about a second (docs/benchmarks.md, "A run parsed here is decided here").
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import reduce
+from typing import Any
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame, SparkSession
+
+from versiq import storage
+from versiq.durations import format_duration
+from versiq.ingest.bucketing import by_bucket
+from versiq.ingest.frames import spread_frame
+from versiq.ingest.semantics import RunContext
+from versiq.ingest.spark import LOCAL_RELATION_BYTES
+from versiq.layout import StoreSettings
+from versiq.timestamps import SQL_RFC3339_MS
+
+#: The classified records (``semantics.classify``'s columns).
+CLASSIFIED_SCHEMA = pa.schema([
+    ("seq", pa.int64()), ("key", pa.string()), ("value", pa.string()), ("ts", pa.int64()),
+    ("part", pa.int64()), ("offset", pa.int64()), ("p", pa.int32()), ("ord0", pa.int64()),
+    ("bucket", pa.int32()), ("outcome", pa.string()), ("detail", pa.string()), ("st_before", pa.int64()),
+    ("latest", pa.bool_()), ("replaced", pa.bool_()), ("final", pa.bool_()), ("valid_to", pa.int64()),
+])
+
+def rfc3339_sql(millis: str) -> str:
+    """Epoch ms as the text of ``semantics._rfc3339`` (``versiq.timestamps.format_timestamp``), in DuckDB."""
+    low, high = SQL_RFC3339_MS
+    return (f"CASE WHEN {millis} BETWEEN {low} AND {high} THEN strftime(epoch_ms({millis}), '%Y-%m-%dT%H:%M:%S.%gZ') "
+            f"ELSE CAST({millis} AS VARCHAR) || ' ms since the epoch' END")
+
+
+def duckdb_string(text: str) -> str:
+    """``text`` as a DuckDB string literal (no backslash escapes there)."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+def with_key_crc(table: pa.Table) -> pa.Table:
+    """``table`` with ``crc``: the zlib CRC-32 of each key's UTF-8 bytes (``layout.bucket_of``,
+    ``layout.default_partition_of``), computed once per distinct key."""
+    encoded = pc.dictionary_encode(table.column("key")).combine_chunks()
+    crcs = np.fromiter((zlib.crc32(key) for key in encoded.dictionary.cast(pa.binary()).to_pylist()),
+                       dtype=np.int64, count=len(encoded.dictionary))
+    crc = pa.array(crcs, pa.int64()).take(encoded.indices) if len(crcs) else pa.array([], pa.int64())
+    return table.append_column("crc", crc)
+
+
+def _connect() -> duckdb.DuckDBPyConnection:
+    return storage.duckdb_connect(config={"preserve_insertion_order": False})
+
+
+def classify_here(parsed: pa.Table, existing: pa.Table, ctx: RunContext) -> pa.Table:
+    """``semantics.classify`` of the valid records of ``parsed`` (``order.RUN_SCHEMA``) against
+    ``existing`` (``store.existing_versions``), as a ``CLASSIFIED_SCHEMA`` table. Of ``ctx``
+    only the settings, the state before the run and the flags say which windows are needed."""
+    settings, state = ctx.settings, ctx.state
+    P, B = int(settings.partitions), int(settings.buckets)
+    retention = int(settings.history_retention_ms)
+    good = with_key_crc(parsed.filter(pc.is_null(parsed.column("reason"))).select(
+        ["seq", "key", "value", "ts", "part", "offset"]))
+    parts = sorted(set(state.stream_time) | set(state.max_offset))
+    prior = pa.table({"p": pa.array(parts, pa.int32()),
+                      "prev_st": pa.array([state.stream_time.get(p) for p in parts], pa.int64()),
+                      "prev_off": pa.array([state.max_offset.get(p) for p in parts], pa.int64())})
+    stored = existing.num_rows > 0
+    bad = f"(part IS NOT NULL AND part >= {P})"
+    home = "coalesce(home_stored, home_run)" if stored else "home_run"
+    conflict = f"(NOT bad AND p != {home})"
+    order = "ord0 ASC NULLS FIRST, seq ASC"
+    before = "ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING"
+    by_key = "PARTITION BY key, accepted"
+    if settings.kind == "timestamped":
+        w = f"({by_key} ORDER BY ord)"
+        latest = f"(coalesce(lag(ts) OVER {w}, stored_max) IS NULL OR ts >= coalesce(lag(ts) OVER {w}, stored_max))"
+        replaced = "false"
+        final = f"(lead(ord) OVER {w} IS NULL)"
+        valid_to = "CAST(NULL AS BIGINT)"
+        late = "false"
+    else:
+        w = f"({by_key} ORDER BY ts DESC, ord DESC)"
+        processed_before = f"min(ord) OVER ({by_key} ORDER BY ts DESC, ord DESC {before})"
+        latest = (f"((stored_max IS NULL OR ts >= stored_max) AND "
+                  f"({processed_before} IS NULL OR {processed_before} > ord))")
+        replaced = f"(stored_hit IS NOT NULL OR coalesce(lead(ts) OVER {w} = ts, false))"
+        final = f"(lag(ts) OVER {w} IS NULL OR lag(ts) OVER {w} != ts)"
+        valid_to = f"lag(ts) OVER {w}"
+        late = f"(valid1 AND st_before IS NOT NULL AND ts < st_before - {retention})"
+    if ctx.explicit_partitions:
+        home_run = ("first_value(CASE WHEN NOT bad THEN p END IGNORE NULLS) OVER (PARTITION BY key ORDER BY seq "
+                    "ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)")
+    else:  # every partition is crc32(key) mod P: a key's records all agree
+        home_run = "p"
+    if ctx.any_offsets:
+        ord0 = ('CASE WHEN count(CASE WHEN outcome0 IS NULL THEN 1 END) OVER (PARTITION BY p) '
+                '= count(CASE WHEN outcome0 IS NULL THEN "offset" END) OVER (PARTITION BY p) THEN "offset" END')
+        dup = ('(outcome0 IS NULL AND "offset" IS NOT NULL AND ((prev_off IS NOT NULL AND "offset" <= prev_off) '
+               f'OR row_number() OVER (PARTITION BY p, "offset", outcome0 IS NULL ORDER BY {order}) > 1))')
+    else:
+        ord0, dup = "CAST(NULL AS BIGINT)", "false"
+    joins = "LEFT JOIN homes USING (key) LEFT JOIN stored_ts USING (key, ts)" if stored else ""
+    stored_cols = "" if stored else ", CAST(NULL AS BIGINT) AS stored_max, CAST(NULL AS BOOLEAN) AS stored_hit"
+    late_detail = (
+        "printf('timestamp %s (%d) is older than stream time %s minus history retention %s (horizon %s)', "
+        f"{rfc3339_sql('ts')}, ts, {rfc3339_sql('st_before')}, {duckdb_string(format_duration(retention))}, "
+        f"{rfc3339_sql(f'st_before - {retention}')})")
+    sql = f"""
+    WITH r0 AS (
+      SELECT *, {bad} AS bad,
+             CASE WHEN {bad} THEN CAST(NULL AS INTEGER) WHEN part IS NOT NULL THEN CAST(part AS INTEGER)
+                  ELSE CAST(crc % {P} AS INTEGER) END AS p,
+             CAST(crc % {B} AS INTEGER) AS bucket {stored_cols}
+      FROM good {joins}
+    ), r1 AS (
+      SELECT *, {home_run} AS home_run FROM r0 LEFT JOIN prior USING (p)
+    ), r2 AS (
+      SELECT *, CASE WHEN bad THEN 'bad_partition' WHEN {conflict} THEN 'partition_conflict' END AS outcome0,
+             CASE WHEN bad THEN printf('partition %d is not in [0, %d)', part, {P})
+                  WHEN {conflict} THEN printf('key belongs to partition %d, record names partition %d', {home}, p)
+             END AS detail0
+      FROM r1
+    ), r3 AS (
+      SELECT *, {ord0} AS ord0 FROM r2
+    ), r4 AS (
+      SELECT *, {dup} AS dup FROM r3
+    ), r5 AS (
+      SELECT *, outcome0 IS NULL AND NOT dup AS valid1 FROM r4
+    ), r6 AS (
+      SELECT *, CASE WHEN valid1 THEN greatest(prev_st, max(CASE WHEN valid1 THEN ts END)
+                  OVER (PARTITION BY p ORDER BY {order} {before})) END AS st_before
+      FROM r5
+    ), r7 AS (
+      SELECT *, {late} AS late, coalesce(ord0, seq) AS ord FROM r6
+    ), r8 AS (
+      SELECT *, valid1 AND NOT late AS accepted FROM r7
+    )
+    SELECT seq, key, value, ts, part, "offset", p, ord0, bucket,
+           coalesce(outcome0, CASE WHEN dup THEN 'duplicate_offset' END, CASE WHEN late THEN 'late' END,
+                    'accepted') AS outcome,
+           coalesce(detail0,
+                    CASE WHEN dup THEN printf('offset %d of partition %d was already processed', "offset", p) END,
+                    CASE WHEN late THEN {late_detail} END) AS detail,
+           CASE WHEN late THEN st_before END AS st_before,
+           CASE WHEN accepted THEN {latest} END AS latest,
+           CASE WHEN accepted THEN {replaced} END AS replaced,
+           accepted AND {final} AS final,
+           CASE WHEN accepted AND {final} THEN {valid_to} END AS valid_to
+    FROM r8"""
+    con = _connect()
+    try:
+        con.register("good", good)
+        con.register("prior", prior)
+        if stored:
+            con.register("homes", existing.group_by("key").aggregate([("partition", "min"), ("valid_from", "max")])
+                         .rename_columns(["key", "home_stored", "stored_max"]))
+            con.register("stored_ts", existing.select(["key", "valid_from"]).rename_columns(["key", "ts"])
+                         .append_column("stored_hit", pa.repeat(pa.scalar(True), existing.num_rows)))
+        return con.sql(sql).to_arrow_table().cast(CLASSIFIED_SCHEMA)
+    finally:
+        con.close()
+
+
+def outcome_rows(classified: pa.Table) -> list[dict[str, Any]]:
+    """``pipeline.next_state``'s aggregation of a classified table: a row per (outcome, partition)."""
+    con = _connect()
+    try:
+        con.register("classified", classified)
+        result = con.sql(
+            'SELECT outcome, p, count(*) AS n, sum(CAST(latest AS INTEGER)) AS latest, '
+            'sum(CAST(replaced AS INTEGER)) AS replaced, sum(CAST(value IS NULL AS INTEGER)) AS tombstones, '
+            'max(ts) AS st, max("offset") AS off FROM classified GROUP BY outcome, p')
+        names = result.columns
+        return [dict(zip(names, row, strict=True)) for row in result.fetchall()]
+    finally:
+        con.close()
+
+
+def rows_to_write_here(classified: pa.Table, existing: pa.Table, settings: StoreSettings, run: int) -> pa.Table:
+    """``semantics.rows_to_write`` of a table of ``classify_here``: the store rows the run
+    appends (``layout.STORE_SCHEMA``'s columns)."""
+    B = int(settings.buckets)
+    con = _connect()
+    try:
+        con.register("classified", classified)
+        run_col = f"CAST({int(run)} AS BIGINT) AS run"
+        if settings.kind == "timestamped" or existing.num_rows == 0:
+            valid_to = "CAST(NULL AS BIGINT)" if settings.kind == "timestamped" else "valid_to"
+            sql = (f"SELECT bucket, key, ts AS valid_from, {valid_to} AS valid_to, value, value IS NULL AS tombstone, "
+                   f"p AS \"partition\", {run_col} FROM classified WHERE final")
+        else:
+            con.register("existing", with_key_crc(existing))
+            sql = f"""
+            WITH merged AS (
+              SELECT key, ts AS valid_from, value, value IS NULL AS tombstone, p AS "partition", bucket, 1 AS src,
+                     CAST(NULL AS BIGINT) AS old_valid_to FROM classified WHERE final
+              UNION ALL
+              SELECT key, valid_from, value, tombstone, CAST("partition" AS INTEGER), CAST(crc % {B} AS INTEGER),
+                     0, valid_to FROM existing
+            ), kept AS (
+              SELECT * FROM merged QUALIFY lag(valid_from) OVER (PARTITION BY key ORDER BY valid_from, src DESC)
+                                            IS DISTINCT FROM valid_from
+            ), ends AS (
+              SELECT *, lead(valid_from) OVER (PARTITION BY key ORDER BY valid_from) AS valid_to FROM kept
+            )
+            SELECT bucket, key, valid_from, valid_to, value, tombstone, "partition", {run_col}
+            FROM ends WHERE src = 1 OR valid_to IS DISTINCT FROM old_valid_to"""
+        return con.sql(sql).to_arrow_table()
+    finally:
+        con.close()
+
+
+def task_frame(spark: SparkSession, rows: pa.Table, tasks: int) -> DataFrame:
+    """``rows`` (with ``bucket``) as a DataFrame of ``tasks`` partitions holding whole buckets,
+    bucket ``b`` in partition ``b mod tasks`` (as ``bucketing.by_bucket``, without its shuffle):
+    the writer's input, one file per bucket.
+
+    Spark makes a partition of each Arrow batch of a table it is handed (``createDataFrame``,
+    batches of at most ``spark.sql.execution.arrow.maxRecordsPerBatch`` rows), so each task's
+    rows go as one batch, and the frames of the tasks are concatenated (a union; not of
+    ``coalesce(1)`` frames, which Spark 4 unites into one partition,
+    ``spark.sql.unionOutputPartitioning``). A task's rows of at most ``LOCAL_RELATION_BYTES``
+    would become a local relation, which Spark spreads over several partitions: with such
+    a task (a run of few keys per task) the rows are shuffled into place instead."""
+    if tasks <= 1:
+        return spark.createDataFrame(rows).coalesce(1)
+    task_of = rows.column("bucket").to_numpy(zero_copy_only=False) % tasks
+    parts = [rows.filter(pa.array(task_of == task)).combine_chunks() for task in range(tasks)]
+    if any(part.nbytes <= LOCAL_RELATION_BYTES for part in parts):
+        return by_bucket(spread_frame(spark, rows), tasks).drop("slot")
+    with _arrow_batch_rows(spark, max(part.num_rows for part in parts)):
+        frames = [spark.createDataFrame(part) for part in parts]
+    return reduce(DataFrame.union, frames)
+
+
+_BATCH_ROWS_CONF = "spark.sql.execution.arrow.maxRecordsPerBatch"
+
+
+@contextmanager
+def _arrow_batch_rows(spark: SparkSession, rows: int) -> Iterator[None]:
+    """Arrow batches of up to ``rows`` rows for ``createDataFrame`` calls inside (read when
+    called; a call elsewhere meanwhile gets other partitions, never other rows)."""
+    before = spark.conf.get(_BATCH_ROWS_CONF)
+    spark.conf.set(_BATCH_ROWS_CONF, str(max(rows, 1)))
+    try:
+        yield
+    finally:
+        if before is None:
+            spark.conf.unset(_BATCH_ROWS_CONF)
+        else:
+            spark.conf.set(_BATCH_ROWS_CONF, before)
