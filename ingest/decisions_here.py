@@ -200,7 +200,9 @@ def outcome_rows(classified: pa.Table) -> list[dict[str, Any]]:
 
 def rows_to_write_here(classified: pa.Table, existing: pa.Table, settings: StoreSettings, run: int) -> pa.Table:
     """``semantics.rows_to_write`` of a table of ``classify_here``: the store rows the run
-    appends (``layout.STORE_SCHEMA``'s columns)."""
+    appends (``layout.STORE_SCHEMA``'s columns), in the order the writer sorts each file
+    (``store.table_sort``): Spark's sort of sorted rows costs less (1M events into a new store:
+    the write's stage 4.1 -> 3.8 s on two cores; DuckDB sorts before the JVM is needed)."""
     B = int(settings.buckets)
     con = _connect()
     try:
@@ -209,7 +211,7 @@ def rows_to_write_here(classified: pa.Table, existing: pa.Table, settings: Store
         if settings.kind == "timestamped" or existing.num_rows == 0:
             valid_to = "CAST(NULL AS BIGINT)" if settings.kind == "timestamped" else "valid_to"
             sql = (f"SELECT bucket, key, ts AS valid_from, {valid_to} AS valid_to, value, value IS NULL AS tombstone, "
-                   f"p AS \"partition\", {run_col} FROM classified WHERE final")
+                   f"p AS \"partition\", {run_col} FROM classified WHERE final ORDER BY bucket, key, valid_from")
         else:
             con.register("existing", with_key_crc(existing))
             sql = f"""
@@ -226,7 +228,7 @@ def rows_to_write_here(classified: pa.Table, existing: pa.Table, settings: Store
               SELECT *, lead(valid_from) OVER (PARTITION BY key ORDER BY valid_from) AS valid_to FROM kept
             )
             SELECT bucket, key, valid_from, valid_to, value, tombstone, "partition", {run_col}
-            FROM ends WHERE src = 1 OR valid_to IS DISTINCT FROM old_valid_to"""
+            FROM ends WHERE src = 1 OR valid_to IS DISTINCT FROM old_valid_to ORDER BY bucket, key, valid_from"""
         return con.sql(sql).to_arrow_table()
     finally:
         con.close()
