@@ -21,19 +21,18 @@ from versiq.ingest.spark import runs_locally, small_run, start_soon
 from versiq.logs import counted
 
 #: New input (bytes of new text files) up to which a run parses its files in this process
-#: (``parse_here``), far above a small run (``spark.small_run``). The parse takes one core, about
-#: 3.3 µs per JSONL record, and Spark then reads the Arrow batches without Python workers or a
-#: cache of the parsed rows (``pipeline._run_once``). 1M JSONL events (80 MB) into a new store,
-#: measured (docs/benchmarks.md, "Larger runs parse in the driver"):
+#: (``parse_here``), far above a small run (``spark.small_run``), and decides them here too
+#: (``ingest.decisions_here``, DuckDB): Spark only writes. The parse takes one core, about 3.3 µs
+#: per JSONL record. 1M JSONL events (80 MB) into a new store, measured (docs/benchmarks.md,
+#: "Larger runs parse in the driver" and "A run parsed in the driver is decided there"):
 #:
-#: - through the CLI with a JVM of its own, whose start overlaps the parse: 21.8 s instead of
-#:   28.5 s parsed by Spark tasks;
-#: - by a resident driver: 9.2-10.4 s instead of 12.8-14.0 s;
-#: - in a warm session in process: 10.0-11.3 s instead of 10.6-11.9 s. (Only the first run of a
-#:   new process that compiles with the full JIT was slower: 22.4 s against 15.6 s.)
+#: - through the CLI with a JVM of its own, whose start overlaps the parse and the decisions:
+#:   13.9 s, against 21.5 s decided by Spark and 28.5 s parsed by Spark tasks too;
+#: - by a resident driver: 8.0-8.7 s;
+#: - in a warm session in process: 7.3-7.7 s, against 11.6-13.7 s parsed and decided by Spark.
 #:
-#: The driver holds such a run's records twice (its Arrow table, and the JVM's copy of the
-#: batches): about 150 MB each at this size, within the driver JVM's 4 GB (``spark.driver.memory``).
+#: The driver's Python process holds such a run's records, their decisions and the store's rows
+#: as Arrow tables: at 1M events it peaked at 0.84 GB, most of it DuckDB's decisions.
 PARSE_HERE_BYTES = 128 << 20
 
 #: Overrides ``PARSE_HERE_BYTES`` (0: every run parses in Spark tasks).

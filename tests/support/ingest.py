@@ -44,8 +44,9 @@ def expressions(*, generated: bool, parsed_here: bool | None = None) -> Iterator
     the session's shuffle partitions, the run's keys in a job of their own), or as a small run
     does by default (``ingest.spark.plans_for_input``: interpreted expressions, no adaptive
     execution, a shuffle partition per core, the keys with the parse statistics); and parse
-    their files in this process (``parsed_here``, ``parse.parse_here``: a run of up to
-    ``parse.PARSE_HERE_BYTES``) or in Spark tasks (a larger one, ``VERSIQ_PARSE_HERE_BYTES``);
+    their files in this process and decide them there with DuckDB (``parsed_here``,
+    ``parse.parse_here``, ``ingest.decisions_here``: a run of up to ``parse.PARSE_HERE_BYTES``)
+    or parse them in Spark tasks and decide them in Spark (a larger one, ``VERSIQ_PARSE_HERE_BYTES``);
     None: as the run's size says. Every combination must write the same store. A table parsed
     here is spread over every core however small (``frames.SPREAD_ROWS``), as a larger run's
     is. (pytest's ``monkeypatch`` fixture is per
