@@ -53,9 +53,10 @@ PHASE_NAMES = {
     "classify_here": "decisions in the driver (DuckDB)",
     "rows_to_write_here": "the store's rows in the driver (DuckDB)",
     "existing_versions": "read existing versions (delta-rs/DuckDB)",
-    "_next_state": "classify: outcome counts + stream time (window functions)",
+    "_outcome_rows": "Spark's decisions (window functions) + outcome counts, a run Spark parsed",
+    "outcome_rows": "outcome counts of a run decided in the driver (DuckDB)",
     "write_rejected": "write + commit _rejected (delta-spark, before the store commit)",
-    "commit_store": "decide + write + commit the store's rows (delta-spark)",
+    "commit_store": "write + commit the store's rows (delta-spark; Spark's rows_to_write for a run Spark decided)",
 }
 
 

@@ -35,7 +35,7 @@ from versiq.durations import format_duration
 from versiq.ingest.bucketing import by_bucket
 from versiq.ingest.frames import spread_frame
 from versiq.ingest.semantics import RunContext
-from versiq.ingest.spark import LOCAL_RELATION_BYTES
+from versiq.ingest.spark import local_relation_bytes
 from versiq.layout import StoreSettings
 from versiq.timestamps import SQL_RFC3339_MS
 
@@ -159,7 +159,7 @@ def classify_here(parsed: pa.Table, existing: pa.Table, ctx: RunContext) -> pa.T
     ), r8 AS (
       SELECT *, valid1 AND NOT late AS accepted FROM r7
     )
-    SELECT p, ord0, bucket,
+    SELECT seq AS decided_seq, p, ord0, bucket,
            coalesce(outcome0, CASE WHEN dup THEN 'duplicate_offset' END, CASE WHEN late THEN 'late' END,
                     'accepted') AS outcome,
            coalesce(detail0,
@@ -186,6 +186,9 @@ def classify_here(parsed: pa.Table, existing: pa.Table, ctx: RunContext) -> pa.T
         decided = con.sql(sql).to_arrow_table()
     finally:
         con.close()
+    if not decided.column("decided_seq").equals(good.column("seq")):  # one row per record, as in ``good``
+        raise RuntimeError("the run's decisions do not match its records one to one (duplicate stored versions?)")
+    decided = decided.drop_columns(["decided_seq"])
     columns = {name: good.column(name) for name in good.column_names}
     columns.update({name: decided.column(name) for name in decided.column_names})
     return pa.table(columns).select(CLASSIFIED_SCHEMA.names).cast(CLASSIFIED_SCHEMA)
@@ -251,14 +254,15 @@ def task_frame(spark: SparkSession, rows: pa.Table, tasks: int) -> DataFrame:
     batches of at most ``spark.sql.execution.arrow.maxRecordsPerBatch`` rows), so each task's
     rows go as one batch, and the frames of the tasks are concatenated (a union; not of
     ``coalesce(1)`` frames, which Spark 4 unites into one partition,
-    ``spark.sql.unionOutputPartitioning``). A task's rows of at most ``LOCAL_RELATION_BYTES``
+    ``spark.sql.unionOutputPartitioning``). A task's rows of at most the session's
+    ``spark.sql.execution.arrow.localRelationThreshold`` (``spark.LOCAL_RELATION_BYTES``)
     would become a local relation, which Spark spreads over several partitions: with such
     a task (a run of few keys per task) the rows are shuffled into place instead."""
     if tasks <= 1:
         return spark.createDataFrame(rows).coalesce(1)
     task_of = rows.column("bucket").to_numpy(zero_copy_only=False) % tasks
     parts = [rows.filter(pa.array(task_of == task)).combine_chunks() for task in range(tasks)]
-    if any(part.nbytes <= LOCAL_RELATION_BYTES for part in parts):
+    if any(part.nbytes <= local_relation_bytes(spark) for part in parts):
         return by_bucket(spread_frame(spark, rows), tasks).drop("slot")
     with _arrow_batch_rows(spark, max(part.num_rows for part in parts)):
         frames = [spark.createDataFrame(part) for part in parts]

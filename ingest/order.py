@@ -14,7 +14,8 @@ parsed them from ``ingest.records.PARSED_SCHEMA`` batches:
   one pass here, where in Spark it needed a shuffle and a sort of every record. It is used only
   when every partition of the run is the default one and no record carries an offset (then
   processing order is (source, pos) and a record's stream time is this value combined with the
-  earlier files' maxima, ``ingest.semantics``); otherwise it is ignored.
+  earlier files' maxima, ``ingest.semantics``); otherwise it is ignored. A run parsed in the
+  driver is decided there (``ingest.decisions_here``), which never reads it: null there.
 
 Valid here means: accepted by the parser (``reason`` null). On the run shapes where ``fst`` is
 used no later check can reject a record before the grace check (no partitions to conflict, no

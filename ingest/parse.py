@@ -32,7 +32,7 @@ from versiq.logs import counted
 #: - in a warm session in process: 7.3-7.7 s, against 11.6-13.7 s parsed and decided by Spark.
 #:
 #: The driver's Python process holds such a run's records, their decisions and the store's rows
-#: as Arrow tables: at 1M events it peaked at 0.84 GB, most of it DuckDB's decisions.
+#: as Arrow tables: a CLI run of 1M events peaked at 0.83 GB resident, most of it DuckDB's decisions.
 PARSE_HERE_BYTES = 128 << 20
 
 #: Overrides ``PARSE_HERE_BYTES`` (0: every run parses in Spark tasks).
@@ -54,7 +54,9 @@ def parse_run(spark: SparkSession, files: dict[str, str], fmt: str | None, parti
     if parses_here(files, fmt, input_bytes, local_master=runs_locally(spark)):
         _check_files(files)  # a run refused here starts no JVM
         start_soon(spark)
-        table = parse_here(files, fmt, partitions, max_timestamp, max_rows=PARSE_HERE_ROWS)
+        # no ``fst``: only Spark's decisions read it, and a run parsed here is decided here
+        # (with several partitions it costs a CRC per record in Python)
+        table = parse_here(files, fmt, None, max_timestamp, max_rows=PARSE_HERE_ROWS)
         if table is not None:
             log.debug("%s parsed in this process", counted(table.num_rows, "record"))
             return table

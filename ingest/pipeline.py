@@ -274,7 +274,7 @@ def _run_once(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, run: in
     """Decide and commit one run over ``parsed`` (``order.RUN_SCHEMA`` rows of the new input:
     a Spark DataFrame, or the Arrow table of a run parsed in this process,
     ``parse.parse_here``): ``per_file`` collects per-file stream-time maxima (file sources of
-    few files), ``rejections(parsed, classified, state, decided, total)`` writes ``_rejected``,
+    few files, for Spark's decisions), ``rejections(parsed, classified, state, decided, total)`` writes ``_rejected``,
     and ``advance(state)`` adds what the run read to the store's state (files done, offsets).
     ``input_bytes``: the size of the new input, which says whether the run plans as a small run
     (``spark.plans_for_input``), whose keys come back with the parse statistics instead of in a

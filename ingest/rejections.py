@@ -79,12 +79,13 @@ def write_rejected(spark: SparkSession, parsed: DataFrame | pa.Table, classified
         })
         commit_side(store_path, REJECTED_DIR, state, local_frame(spark, out), empty=out.num_rows == 0)
         return
-    if isinstance(parsed, pa.Table):
-        parsed = spread_frame(spark, parsed)
-    rejected = _parsed_rejected(parsed)
+    # tables of a run decided here: only their rejected rows go to Spark
+    rejected = (spread_frame(spark, parsed.filter(pc.is_valid(parsed.column("reason"))).select(_PARSED_REJECTED))
+                if isinstance(parsed, pa.Table) else _parsed_rejected(parsed))
     later = None
     if classified is not None and decided:
-        later = _decided_rejected(classified if isinstance(classified, DataFrame) else spread_frame(spark, classified))
+        later_rows = _decided_rejected(classified)
+        later = spread_frame(spark, later_rows) if isinstance(later_rows, pa.Table) else later_rows
     names = rows_frame(spark, [(index, rel, files[index][1] == "parquet") for index, rel in enumerate(sources)],
                        pa.schema([("file", pa.int32()), ("source", pa.string()), ("is_row", pa.bool_())]))
     if later is not None:

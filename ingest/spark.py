@@ -251,6 +251,22 @@ SHORT_LIVED_JIT_OPTION = "-XX:TieredStopAtLevel=1"
 #: the class archive and a resident driver's warm-up load its classes.
 LOCAL_RELATION_BYTES = 32 * 1024
 
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "g": 1 << 30, "gb": 1 << 30,
+               "t": 1 << 40, "tb": 1 << 40, "p": 1 << 50, "pb": 1 << 50}
+
+
+def local_relation_bytes(spark: SparkSession) -> int:
+    """The session's ``spark.sql.execution.arrow.localRelationThreshold`` in bytes: an Arrow
+    table up to it becomes a local relation (``LOCAL_RELATION_BYTES`` in sessions made here;
+    Spark's default, 48 MB, in one a caller of ``run_ingest`` made); a text not understood here
+    counts as no limit (every table a local relation: the cautious answer for its callers)."""
+    text = str(spark.conf.get("spark.sql.execution.arrow.localRelationThreshold", "48MB")).strip().lower()
+    digits = text.rstrip("bkmgtp")
+    try:
+        return int(digits) * _SIZE_UNITS[text[len(digits):]]
+    except (KeyError, ValueError):
+        return 1 << 62
+
 
 #: New input (bytes of new files) up to which a run is a *small run* and plans for little data
 #: (``_SMALL_RUN``):
@@ -531,8 +547,8 @@ class SparkOnDemand:
 # ``LOCAL_RELATION_BYTES`` reach Spark as RDDs of Arrow batches (another set of classes). Recipe 8:
 # the warm-up's parsed batches are no longer cached as rows, and every frame of the driver's rows
 # is an Arrow table (``ingest.frames``). Recipe 9: the first two runs are decided in the driver
-# (``ingest.decisions_here``: Spark writes Arrow tables of whole buckets per task); the third is
-# parsed by Spark tasks and decided by Spark.
+# (``ingest.decisions_here``: Spark writes their Arrow tables; with a write task each, not the
+# several tasks' batches of a larger run); the third is parsed by Spark tasks and decided by Spark.
 
 #: The archive's contents change with what the writing JVM runs: a new recipe, a new file.
 CLASS_ARCHIVE_RECIPE = 9
@@ -545,6 +561,7 @@ from versiq.ingest.spark import INTERPRETED_RUN_BYTES_ENV, get_spark
 from versiq.ingest.warm_up import warm_up
 
 os.environ.pop(INTERPRETED_RUN_BYTES_ENV, None)
+os.environ.pop('VERSIQ_PARSE_HERE_BYTES', None)
 spark = get_spark('local[1]', 'versiq-class-archive')
 warm_up(spark)
 gateway = spark.sparkContext._gateway

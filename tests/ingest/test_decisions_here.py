@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 from versiq.ingest.decisions_here import CLASSIFIED_SCHEMA, classify_here, rows_to_write_here, task_frame
 from versiq.ingest.order import POS_BITS, RUN_SCHEMA
 from versiq.ingest.semantics import RunContext, classify, rows_to_write, stored_homes
-from versiq.ingest.spark import LOCAL_RELATION_BYTES
+from versiq.ingest.spark import LOCAL_RELATION_BYTES, local_relation_bytes
 from versiq.layout import STORE_SCHEMA, StoreSettings, StoreState, default_partition_of
 
 #: A stream time far past what Spark's ``timestamp_millis`` can convert (about year 294,000).
@@ -30,15 +30,16 @@ def _run(kind: str, partitions: int, buckets: int, retention: int, records: list
          stored: dict[str, list[tuple]], stream_time: dict[int, int], max_offset: dict[int, int]
          ) -> tuple[StoreSettings, StoreState, pa.Table, pa.Table]:
     """(settings, state, parsed, existing) of a run: ``records`` (key, value, ts, partition,
-    offset, file index) in processing order; ``stored``: per key its versions' (ts, value) and
-    their partition last."""
+    offset, file index) in processing order, a record without a key one the parser rejected;
+    ``stored``: per key its versions' (ts, value) and their partition last."""
     store = StoreSettings(kind=kind, partitions=partitions, buckets=buckets, history_retention_ms=retention)
     seqs = [(file << POS_BITS) | pos for pos, (*_, file) in enumerate(records, start=1)]
     n = len(records)
     parsed = pa.table({
         "seq": pa.array(seqs, pa.int64()), "key": [r[0] for r in records], "value": [r[1] for r in records],
-        "ts": pa.array([r[2] for r in records], pa.int64()), "part": pa.array([r[3] for r in records], pa.int64()),
-        "offset": pa.array([r[4] for r in records], pa.int64()), "reason": pa.nulls(n, pa.string()),
+        "ts": pa.array([None if r[0] is None else r[2] for r in records], pa.int64()),
+        "part": pa.array([r[3] for r in records], pa.int64()), "offset": pa.array([r[4] for r in records], pa.int64()),
+        "reason": pa.array([None if r[0] is not None else "no_key" for r in records], pa.string()),
         "detail": pa.nulls(n, pa.string()), "raw": pa.nulls(n, pa.string()), "fst": pa.nulls(n, pa.int64())},
         schema=RUN_SCHEMA)
     rows = []
@@ -64,7 +65,7 @@ def runs(draw):  # type: ignore[no-untyped-def]
     named = draw(st.booleans())
     offsets = draw(st.booleans())
     records = draw(st.lists(st.tuples(
-        st.sampled_from(keys), values, stamps,
+        st.sampled_from([*keys, None]), values, stamps,
         st.one_of(st.none(), st.integers(0, partitions)) if named else st.none(),
         st.one_of(st.none(), st.integers(0, 6)) if offsets else st.none(),
         st.integers(0, 2)), max_size=40))
@@ -153,3 +154,16 @@ def test_task_frame_holds_whole_buckets(spark, value_bytes):
     assert frame.count() == rows
     if value_bytes > 1:
         assert 400 * rows // tasks > LOCAL_RELATION_BYTES  # the batch path was taken
+
+
+@pytest.mark.parametrize(("text", "size"), [("32768", 32768), ("48MB", 48 << 20), ("1g", 1 << 30)])
+def test_the_sessions_local_relation_threshold_is_read(spark, text, size):
+    """``task_frame`` compares a task's rows with the session's own threshold (Spark's default
+    is 48 MB in a session ``run_ingest`` did not make)."""
+    name = "spark.sql.execution.arrow.localRelationThreshold"
+    before = spark.conf.get(name)
+    try:
+        spark.conf.set(name, text)
+        assert local_relation_bytes(spark) == size
+    finally:
+        spark.conf.set(name, before)

@@ -84,12 +84,18 @@ def test_a_record_no_longer_in_the_file_is_an_error(tmp_path):
         list(raw_texts(path, "jsonl", [1, 1]))
 
 
-@pytest.mark.parametrize("driver_limit", [rejections.DRIVER_REJECTIONS, 0], ids=["driver", "spark"])
-def test_late_and_duplicate_records_keep_their_text_in_every_format(spark, tmp_path, monkeypatch, driver_limit):
+@pytest.mark.parametrize("with_parquet", [True, False], ids=["spark-parsed", "parsed-here"])
+@pytest.mark.parametrize("driver_limit", [None, 0], ids=["driver", "spark"])
+def test_late_and_duplicate_records_keep_their_text_in_every_format(spark, tmp_path, monkeypatch, driver_limit,
+                                                                    with_parquet):
     """One run over a JSONL, a CSV and a Parquet file: its late records and duplicate offsets
     are rejected after parsing, and ``_rejected`` holds their exact original text, whether the
-    driver or Spark writes it (``DRIVER_REJECTIONS``), next to the parser's own rejections."""
-    monkeypatch.setattr(rejections, "DRIVER_REJECTIONS", driver_limit)
+    driver or Spark writes it (``DRIVER_REJECTIONS``, ``PARSED_HERE_REJECTIONS``), next to the
+    parser's own rejections. Without the Parquet file the run is parsed and decided in the
+    driver (``ingest.decisions_here``), whose Arrow tables Spark then assembles."""
+    if driver_limit is not None:
+        monkeypatch.setattr(rejections, "DRIVER_REJECTIONS", driver_limit)
+        monkeypatch.setattr(rejections, "PARSED_HERE_REJECTIONS", driver_limit)
     src = tmp_path / "src"
     src.mkdir()
     jsonl = ['{"key":"a","value":1,"timestamp":1000}', '{"key":"b","value": 2,"timestamp":5}',
@@ -98,7 +104,8 @@ def test_late_and_duplicate_records_keep_their_text_in_every_format(spark, tmp_p
     (src / "2.csv").write_text('key,value,timestamp\nd,"[1,\n2]",7\ne,4,1001\n', encoding="utf-8")
     table = pa.table({"key": ["f", "g"], "value": ['{"x": 1}', "5"],
                       "timestamp": pa.array([1_000_000, 5], pa.int64()).cast(pa.timestamp("ms", "UTC"))})
-    pq.write_table(table, str(src / "3.parquet"))
+    if with_parquet:
+        pq.write_table(table, str(src / "3.parquet"))
     (src / "0.jsonl").write_text('not json\n{"key":"z","value":1,"timestamp":1}\n', encoding="utf-8")
     (src / "4.jsonl").write_text('{"key":"h","value":1,"timestamp":3,"partition":0,"offset":1}\n'
                                  '{"key":"h","value":2,"timestamp":2000000,"partition":0,"offset":1}\n',
@@ -116,11 +123,11 @@ def test_late_and_duplicate_records_keep_their_text_in_every_format(spark, tmp_p
         ("0.jsonl", 1, None): ("malformed", "not json"),
         ("1.jsonl", 2, None): ("late", jsonl[1]),
         ("2.csv", 2, None): ("late", 'd,"[1,\n2]",7'),
-        ("3.parquet", None, 1): ("late", json.dumps({"key": "g", "value": "5", "timestamp": 5})),
         ("4.jsonl", 1, None): ("late", '{"key":"h","value":1,"timestamp":3,"partition":0,"offset":1}'),
         ("4.jsonl", 2, None): ("duplicate_offset",
                                '{"key":"h","value":2,"timestamp":2000000,"partition":0,"offset":1}'),
-    }
+    } | ({("3.parquet", None, 1): ("late", json.dumps({"key": "g", "value": "5", "timestamp": 5}))}
+         if with_parquet else {})
 
 
 def test_a_byte_order_mark_is_not_part_of_the_first_record(tmp_path):
