@@ -13,7 +13,7 @@ Why: a run parsed here already holds its records in this process, and a JVM star
 run takes seconds to be ready. Deciding here overlaps the decisions with that start, where in
 Spark they were its longest stage: 1M events into a new store spent about 8 s in the decisions'
 Spark jobs (a sort and window stage at about 10 µs per record on two cores, then its cache);
-DuckDB takes about a second (docs/benchmarks.md, "A run parsed here is decided here").
+DuckDB takes about a second (docs/benchmarks.md, "A run parsed in the driver is decided there").
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from versiq import storage
 from versiq.durations import format_duration
 from versiq.ingest.bucketing import by_bucket
 from versiq.ingest.frames import spread_frame
-from versiq.ingest.semantics import RunContext
+from versiq.ingest.semantics import BEFORE, ORDER, RunContext, put_decisions_sql
 from versiq.ingest.spark import local_relation_bytes
 from versiq.layout import StoreSettings
 from versiq.timestamps import SQL_RFC3339_MS
@@ -46,6 +46,7 @@ CLASSIFIED_SCHEMA = pa.schema([
     ("bucket", pa.int32()), ("outcome", pa.string()), ("detail", pa.string()), ("st_before", pa.int64()),
     ("latest", pa.bool_()), ("replaced", pa.bool_()), ("final", pa.bool_()), ("valid_to", pa.int64()),
 ])
+
 
 def rfc3339_sql(millis: str) -> str:
     """Epoch ms as the text of ``semantics._rfc3339`` (``versiq.timestamps.format_timestamp``), in DuckDB."""
@@ -92,25 +93,9 @@ def classify_here(parsed: pa.Table, existing: pa.Table, ctx: RunContext) -> pa.T
     bad = f"(part IS NOT NULL AND part >= {P})"
     home = "coalesce(home_stored, home_run)" if stored else "home_run"
     conflict = f"(NOT bad AND p != {home})"
-    order = "ord0 ASC NULLS FIRST, seq ASC"
-    before = "ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING"
-    by_key = "PARTITION BY key, accepted"
-    if settings.kind == "timestamped":
-        w = f"({by_key} ORDER BY ord)"
-        latest = f"(coalesce(lag(ts) OVER {w}, stored_max) IS NULL OR ts >= coalesce(lag(ts) OVER {w}, stored_max))"
-        replaced = "false"
-        final = f"(lead(ord) OVER {w} IS NULL)"
-        valid_to = "CAST(NULL AS BIGINT)"
-        late = "false"
-    else:
-        w = f"({by_key} ORDER BY ts DESC, ord DESC)"
-        processed_before = f"min(ord) OVER ({by_key} ORDER BY ts DESC, ord DESC {before})"
-        latest = (f"((stored_max IS NULL OR ts >= stored_max) AND "
-                  f"({processed_before} IS NULL OR {processed_before} > ord))")
-        replaced = f"(stored_hit IS NOT NULL OR coalesce(lead(ts) OVER {w} = ts, false))"
-        final = f"(lag(ts) OVER {w} IS NULL OR lag(ts) OVER {w} != ts)"
-        valid_to = f"lag(ts) OVER {w}"
-        late = f"(valid1 AND st_before IS NOT NULL AND ts < st_before - {retention})"
+    latest, replaced, final, valid_to = put_decisions_sql(settings.kind, "PARTITION BY key, accepted")
+    late = ("false" if settings.kind == "timestamped"
+            else f"(valid1 AND st_before IS NOT NULL AND ts < st_before - {retention})")
     if ctx.explicit_partitions:
         home_run = ("first_value(CASE WHEN NOT bad THEN p END IGNORE NULLS) OVER (PARTITION BY key ORDER BY seq "
                     "ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)")
@@ -120,7 +105,7 @@ def classify_here(parsed: pa.Table, existing: pa.Table, ctx: RunContext) -> pa.T
         ord0 = ('CASE WHEN count(CASE WHEN outcome0 IS NULL THEN 1 END) OVER (PARTITION BY p) '
                 '= count(CASE WHEN outcome0 IS NULL THEN "offset" END) OVER (PARTITION BY p) THEN "offset" END')
         dup = ('(outcome0 IS NULL AND "offset" IS NOT NULL AND ((prev_off IS NOT NULL AND "offset" <= prev_off) '
-               f'OR row_number() OVER (PARTITION BY p, "offset", outcome0 IS NULL ORDER BY {order}) > 1))')
+               f'OR row_number() OVER (PARTITION BY p, "offset", outcome0 IS NULL ORDER BY {ORDER}) > 1))')
     else:
         ord0, dup = "CAST(NULL AS BIGINT)", "false"
     joins = "LEFT JOIN homes USING (key) LEFT JOIN stored_ts USING (key, ts)" if stored else ""
@@ -152,7 +137,7 @@ def classify_here(parsed: pa.Table, existing: pa.Table, ctx: RunContext) -> pa.T
       SELECT *, outcome0 IS NULL AND NOT dup AS valid1 FROM r4
     ), r6 AS (
       SELECT *, CASE WHEN valid1 THEN greatest(prev_st, max(CASE WHEN valid1 THEN ts END)
-                  OVER (PARTITION BY p ORDER BY {order} {before})) END AS st_before
+                  OVER (PARTITION BY p ORDER BY {ORDER} {BEFORE})) END AS st_before
       FROM r5
     ), r7 AS (
       SELECT *, {late} AS late, coalesce(ord0, seq) AS ord FROM r6
@@ -262,7 +247,8 @@ def task_frame(spark: SparkSession, rows: pa.Table, tasks: int) -> DataFrame:
         return spark.createDataFrame(rows).coalesce(1)
     task_of = rows.column("bucket").to_numpy(zero_copy_only=False) % tasks
     parts = [rows.filter(pa.array(task_of == task)).combine_chunks() for task in range(tasks)]
-    if any(part.nbytes <= local_relation_bytes(spark) for part in parts):
+    local_relation = local_relation_bytes(spark)
+    if any(part.nbytes <= local_relation for part in parts):
         return by_bucket(spread_frame(spark, rows), tasks).drop("slot")
     with _arrow_batch_rows(spark, max(part.num_rows for part in parts)):
         frames = [spark.createDataFrame(part) for part in parts]

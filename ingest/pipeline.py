@@ -267,18 +267,17 @@ ParseStats = tuple[dict[str, int], dict[tuple[int, int], int] | None, pa.Table |
 WriteRejections = Callable[[DataFrame | pa.Table, DataFrame | pa.Table, StoreState, int, int], None]
 
 
-
 def _run_once(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, run: int, report: StoreReport,
               parsed: DataFrame | pa.Table, per_file: bool, rejections: WriteRejections,
               advance: Callable[[StoreState], StoreState], input_bytes: int | None) -> None:
     """Decide and commit one run over ``parsed`` (``order.RUN_SCHEMA`` rows of the new input:
     a Spark DataFrame, or the Arrow table of a run parsed in this process,
     ``parse.parse_here``): ``per_file`` collects per-file stream-time maxima (file sources of
-    few files, for Spark's decisions), ``rejections(parsed, classified, state, decided, total)`` writes ``_rejected``,
-    and ``advance(state)`` adds what the run read to the store's state (files done, offsets).
-    ``input_bytes``: the size of the new input, which says whether the run plans as a small run
-    (``spark.plans_for_input``), whose keys come back with the parse statistics instead of in a
-    Spark job of their own.
+    few files, for Spark's decisions), ``rejections(parsed, classified, state, decided, total)``
+    writes ``_rejected``, and ``advance(state)`` adds what the run read to the store's state
+    (files done, offsets). ``input_bytes``: the size of the new input, which says whether the
+    run plans as a small run (``spark.plans_for_input``), whose keys come back with the parse
+    statistics instead of in a Spark job of their own.
 
     A run parsed here is decided here too (``_decide_here_and_commit``, DuckDB): its statistics,
     its keys' stored versions and its decisions need no Spark, so all of them overlap the JVM's

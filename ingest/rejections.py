@@ -54,8 +54,7 @@ def write_rejected(spark: SparkSession, parsed: DataFrame | pa.Table, classified
     sources = list(new)
     ingested_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     if total is not None and total <= (PARSED_HERE_REJECTIONS if parsed_here else DRIVER_REJECTIONS):
-        parts = [_arrow(parsed.filter(pc.is_valid(parsed.column("reason"))).select(_PARSED_REJECTED)
-                        if isinstance(parsed, pa.Table) else _parsed_rejected(parsed))]
+        parts = [_arrow(_parsed_rejected(parsed))]
         if classified is not None and decided:
             decided_rows = _arrow(_decided_rejected(classified))
             texts = pa.Table.from_batches(list(_read_texts(files, decided_rows.column("seq").to_numpy())),
@@ -80,12 +79,8 @@ def write_rejected(spark: SparkSession, parsed: DataFrame | pa.Table, classified
         commit_side(store_path, REJECTED_DIR, state, local_frame(spark, out), empty=out.num_rows == 0)
         return
     # tables of a run decided here: only their rejected rows go to Spark
-    rejected = (spread_frame(spark, parsed.filter(pc.is_valid(parsed.column("reason"))).select(_PARSED_REJECTED))
-                if isinstance(parsed, pa.Table) else _parsed_rejected(parsed))
-    later = None
-    if classified is not None and decided:
-        later_rows = _decided_rejected(classified)
-        later = spread_frame(spark, later_rows) if isinstance(later_rows, pa.Table) else later_rows
+    rejected = _frame(spark, _parsed_rejected(parsed))
+    later = _frame(spark, _decided_rejected(classified)) if classified is not None and decided else None
     names = rows_frame(spark, [(index, rel, files[index][1] == "parquet") for index, rel in enumerate(sources)],
                        pa.schema([("file", pa.int32()), ("source", pa.string()), ("is_row", pa.bool_())]))
     if later is not None:
@@ -135,11 +130,12 @@ def _none_rejected(spark: SparkSession, store_path: str, state: StoreState) -> N
     commit_side(store_path, REJECTED_DIR, state, local_frame(spark, REJECTED_SCHEMA.empty_table()), empty=True)
 
 
-_PARSED_REJECTED = ["seq", "part", "offset", "reason", "detail", "raw"]
-
-
-def _parsed_rejected(parsed: DataFrame) -> DataFrame:
-    return parsed.filter(F.col("reason").isNotNull()).select(*_PARSED_REJECTED)
+def _parsed_rejected(parsed: DataFrame | pa.Table) -> DataFrame | pa.Table:
+    """The records the parser rejected, with their ``reason``, ``detail`` and text."""
+    columns = ["seq", "part", "offset", "reason", "detail", "raw"]
+    if isinstance(parsed, pa.Table):
+        return parsed.filter(pc.is_valid(parsed.column("reason"))).select(columns)
+    return parsed.filter(F.col("reason").isNotNull()).select(*columns)
 
 
 def _decided_rejected(classified: DataFrame | pa.Table) -> DataFrame | pa.Table:
@@ -153,6 +149,10 @@ def _decided_rejected(classified: DataFrame | pa.Table) -> DataFrame | pa.Table:
 
 def _arrow(rows: DataFrame | pa.Table) -> pa.Table:
     return rows if isinstance(rows, pa.Table) else rows.toArrow()
+
+
+def _frame(spark: SparkSession, rows: DataFrame | pa.Table) -> DataFrame:
+    return spread_frame(spark, rows) if isinstance(rows, pa.Table) else rows
 
 
 _TEXT_SCHEMA = pa.schema([pa.field("seq", pa.int64()), pa.field("raw", pa.string())])

@@ -228,23 +228,7 @@ def classify(spark: SparkSession, records: DataFrame, existing: DataFrame, ctx: 
     # ``slot`` (a function of the key) keeps the bucket partitioning for the window. ``key``
     # first: Spark sorts by a prefix of the first sort column, and a task holds one bucket, so
     # a leading ``slot`` would make every comparison a full row comparison.
-    by_key = "PARTITION BY key, slot, accepted"
-    if s.kind == "timestamped":
-        w = f"({by_key} ORDER BY ord)"
-        prev_ts = f"coalesce(lag(ts) OVER {w}, stored_max)"
-        latest = f"({prev_ts} IS NULL OR ts >= {prev_ts})"
-        replaced = "false"
-        final = f"(lead(ord) OVER {w} IS NULL)"
-        valid_to = "CAST(NULL AS BIGINT)"
-    else:
-        w = f"({by_key} ORDER BY ts DESC, ord DESC)"
-        processed_before = f"min(ord) OVER ({by_key} ORDER BY ts DESC, ord DESC {BEFORE})"
-        latest = (f"((stored_max IS NULL OR ts >= stored_max) AND "
-                  f"({processed_before} IS NULL OR {processed_before} > ord))")
-        replaced = f"(stored_hit IS NOT NULL OR coalesce(lead(ts) OVER {w} = ts, false))"
-        newer = f"lag(ts) OVER {w}"
-        final = f"({newer} IS NULL OR {newer} != ts)"
-        valid_to = newer
+    latest, replaced, final, valid_to = put_decisions_sql(s.kind, "PARTITION BY key, slot, accepted")
     retention = int(s.history_retention_ms)
     outcome = ("coalesce(outcome0, CASE WHEN dup THEN 'duplicate_offset' END, CASE WHEN late THEN 'late' END, "
                "'accepted')")
@@ -262,6 +246,24 @@ def classify(spark: SparkSession, records: DataFrame, existing: DataFrame, ctx: 
                          f"CASE WHEN accepted THEN {replaced} END AS replaced",
                          f"accepted AND {final} AS `final`",
                          f"CASE WHEN accepted AND {final} THEN {valid_to} END AS valid_to")
+
+
+def put_decisions_sql(kind: str, by_key: str) -> tuple[str, str, str, str]:
+    """The SQL of a record's put decisions, ``latest``, ``replaced``, ``final`` and ``valid_to``
+    (the module docstring), over its key's window ``by_key`` (a ``PARTITION BY`` clause of the
+    key and ``accepted``). Spark and DuckDB read the same text (``ingest.decisions_here``)."""
+    if kind == "timestamped":
+        w = f"({by_key} ORDER BY ord)"
+        prev_ts = f"coalesce(lag(ts) OVER {w}, stored_max)"
+        return f"({prev_ts} IS NULL OR ts >= {prev_ts})", "false", f"(lead(ord) OVER {w} IS NULL)", \
+            "CAST(NULL AS BIGINT)"
+    w = f"({by_key} ORDER BY ts DESC, ord DESC)"
+    processed_before = f"min(ord) OVER ({by_key} ORDER BY ts DESC, ord DESC {BEFORE})"
+    latest = (f"((stored_max IS NULL OR ts >= stored_max) AND "
+              f"({processed_before} IS NULL OR {processed_before} > ord))")
+    replaced = f"(stored_hit IS NOT NULL OR coalesce(lead(ts) OVER {w} = ts, false))"
+    newer = f"lag(ts) OVER {w}"
+    return latest, replaced, f"({newer} IS NULL OR {newer} != ts)", newer
 
 
 def _with_stream_time(spark: SparkSession, df: DataFrame, ctx: RunContext,
