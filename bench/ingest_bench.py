@@ -5,6 +5,10 @@
   Default 1M events (100k keys x 10 versions); ``--big`` adds 10M (1M keys x 10).
 - Baseline of the JSONL build (issue 17): right after it, one DuckDB query builds the versions
   of the same JSONL files (``duckdb_build``); the ratio of the two is printed.
+- Warm (``--warm ROUNDS``, issue 17): the JSONL build again in the same session, each round
+  followed by the DuckDB baseline, the ratio of the medians printed; ``--warm-baseline-env
+  NAME=VALUE`` alternates each round's build with one under that setting (the same run's
+  baseline of a change behind a variable, e.g. ``VERSIQ_PARSE_WORKERS=1``).
 - Incremental: after a full build, a 10k-event JSONL batch (random existing keys, 10% out of
   order, 1% tombstones, 0.1% late) is ingested ``--batches`` times into the same store; the
   median is the figure, for the 1M-version store and (``--big``) the 10M-version store, and the
@@ -31,6 +35,7 @@ import statistics
 import sys
 import time
 from datetime import UTC, datetime
+from unittest import mock
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -186,6 +191,31 @@ def duckdb_build(work: str, keys: int) -> dict:
     return out_info
 
 
+def warm_builds(spark, work: str, keys: int, rounds: int, baseline_env: str | None) -> dict:  # type: ignore[no-untyped-def]
+    """Issue 17's "same build in a warm session vs a one-query DuckDB build, same run": the
+    JSONL full build again in the session that already built once, ``rounds`` times, each
+    followed by ``duckdb_build``; with ``baseline_env`` (``NAME=VALUE``) each round also builds
+    once with that variable set, alternating, as the same run's baseline of a setting."""
+    settings: list[tuple[str, dict[str, str]]] = [("default", {})]
+    if baseline_env:
+        name, _, value = baseline_env.partition("=")
+        settings.append((baseline_env, {name: value}))
+    seconds: dict[str, list[float]] = {label: [] for label, _ in settings}
+    duck: list[float] = []
+    for r in range(rounds):
+        for label, env in (settings if r % 2 == 0 else settings[::-1]):
+            with mock.patch.dict(os.environ, env):
+                print(f"warm build, round {r + 1}, {label}:", flush=True)
+                seconds[label].append(full_build(spark, work, keys, "jsonl")["seconds"])
+        duck.append(duckdb_build(work, keys)["seconds"])
+    out: dict = {"events": keys * VERSIONS, "rounds": rounds, "seconds": seconds, "duckdb_s": duck,
+                 "duckdb_median_s": statistics.median(duck)}
+    for label, values in seconds.items():
+        out[label] = {"median_s": statistics.median(values),
+                      "ratio_to_duckdb": round(statistics.median(values) / statistics.median(duck), 2)}
+    return out
+
+
 def incremental(spark, work: str, keys: int, fmt: str, batches: int, profile: bool) -> dict:  # type: ignore[no-untyped-def]
     """Batches into the store that ``full_build(keys, fmt)`` left behind."""
     events = keys * VERSIONS
@@ -243,6 +273,12 @@ def main() -> None:
     ap.add_argument("--reuse-big", action="store_true",
                     help="with --big: no 10M full build, batches into the 10M store a previous run built")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--warm", type=int, default=0, metavar="ROUNDS",
+                    help="after the first builds, the JSONL build ROUNDS more times in the same session, each "
+                         "followed by the DuckDB baseline (issue 17's warm ratio)")
+    ap.add_argument("--warm-baseline-env", metavar="NAME=VALUE",
+                    help="with --warm: each round also builds once with this environment variable set "
+                         "(e.g. VERSIQ_PARSE_WORKERS=1), alternating with the default")
     ap.add_argument("--label", default="", help="results file ingest-<date>-<label>.json")
     ap.add_argument("--results", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     args = ap.parse_args()
@@ -270,6 +306,8 @@ def main() -> None:
                 baseline = duckdb_build(args.work, keys)
                 baseline["ratio"] = round(result["full_build"][-1]["seconds"] / baseline["seconds"], 2)
                 result.setdefault("duckdb_baseline", []).append(baseline)
+        if args.warm and "jsonl" in formats and not (keys == 1_000_000 and args.reuse_big):
+            result["warm_jsonl"] = warm_builds(spark, args.work, keys, args.warm, args.warm_baseline_env)
         # batches go into the store built from the last format (the 10M store of an earlier run
         # with --reuse-big: it was built from JSONL)
         inc_fmt = "jsonl" if (keys == 1_000_000 and args.reuse_big) else formats[-1]
@@ -290,6 +328,10 @@ def main() -> None:
     for base in result.get("duckdb_baseline", []):
         print(f"{'DuckDB one-query build ' + format(base['events'], ','):48s} {base['seconds']:9.2f} "
               f"{'JSONL build ' + str(base['ratio']) + 'x':>16s}")
+    warm = result.get("warm_jsonl")
+    for label in warm["seconds"] if warm else []:
+        print(f"{'warm JSONL build ' + format(warm['events'], ',') + ' (' + label + ', median)':48s} "
+              f"{warm[label]['median_s']:9.2f} {'DuckDB ' + str(warm[label]['ratio_to_duckdb']) + 'x':>16s}")
     for inc in result["incremental"]:
         label = f"incremental {inc['batch_events']:,} into {inc['store_versions']:,} versions (median)"
         print(f"{label:48s} {inc['median_s']:9.2f} {'':>16s}")

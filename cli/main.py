@@ -414,8 +414,18 @@ def run() -> None:  # pragma: no cover - the process entry point
         sys.stdout.flush()
         sys.stderr.flush()
     finally:
+        _stop_parse_workers()
         logging.shutdown()
         os._exit(code)
+
+
+def _stop_parse_workers() -> None:
+    """The worker processes of a large run parsed here (``ingest.parse_workers``), if this
+    process started any: they would end with it anyway, but their semaphores would be reported
+    as leaked. Looked up, not imported: most commands never load the ingest."""
+    workers = sys.modules.get("versiq.ingest.parse_workers")
+    if workers is not None:
+        workers.stop_pool()
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -66,14 +66,19 @@ def with_order(batches: Iterator[pa.RecordBatch], file_index: int,
         seq = pc.add(pos, pa.scalar(base, pa.int64()))
         fst = (pa.nulls(batch.num_rows, pa.int64()) if partitions is None
                else _file_stream_time(batch, partitions, running))
-        reason = batch.column(PARSED_SCHEMA.get_field_index("reason"))
-        raw = batch.column(PARSED_SCHEMA.get_field_index("raw"))
-        if reason.null_count == batch.num_rows:  # every record valid: no text to keep
-            raw = pa.nulls(batch.num_rows, pa.string())
-        elif reason.null_count:
-            raw = pc.if_else(reason.is_null(), pa.scalar(None, pa.string()), raw)
         columns = [batch.column(PARSED_SCHEMA.get_field_index(name)) for name in _KEPT[:-1]]
-        yield pa.RecordBatch.from_arrays([seq, *columns, raw, fst], schema=RUN_SCHEMA)
+        yield pa.RecordBatch.from_arrays([seq, *columns, rejected_raw(batch), fst], schema=RUN_SCHEMA)
+
+
+def rejected_raw(batch: pa.RecordBatch) -> pa.Array:
+    """The ``raw`` column of a ``PARSED_SCHEMA`` batch with the text of its rejections only."""
+    reason = batch.column(PARSED_SCHEMA.get_field_index("reason"))
+    raw = batch.column(PARSED_SCHEMA.get_field_index("raw"))
+    if reason.null_count == batch.num_rows:  # every record valid: no text to keep
+        return pa.nulls(batch.num_rows, pa.string())
+    if reason.null_count:
+        return pc.if_else(reason.is_null(), pa.scalar(None, pa.string()), raw)
+    return raw
 
 
 def _file_stream_time(batch: pa.RecordBatch, partitions: int, running: dict[int, int]) -> pa.Array:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator
+from concurrent.futures.process import BrokenProcessPool
 from typing import overload
 
 import pyarrow as pa
@@ -15,6 +16,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from versiq.ingest.frames import rows_frame
 from versiq.ingest.order import MAX_FILES, RUN_SCHEMA, with_order
+from versiq.ingest.parse_workers import parse_workers, parsed_in_workers, plan_pieces, stop_pool
 from versiq.ingest.records import format_of, parse_file
 from versiq.ingest.sources import read_error
 from versiq.ingest.spark import runs_locally, small_run, start_soon
@@ -22,17 +24,21 @@ from versiq.logs import counted
 
 #: New input (bytes of new text files) up to which a run parses its files in this process
 #: (``parse_here``), far above a small run (``spark.small_run``), and decides them here too
-#: (``ingest.decisions_here``, DuckDB): Spark only writes. The parse takes one core, about 3.3 µs
-#: per JSONL record. 1M JSONL events (80 MB) into a new store, measured (docs/benchmarks.md,
-#: "Larger runs parse in the driver" and "A run parsed in the driver is decided there"):
+#: (``ingest.decisions_here``, DuckDB): Spark only writes. The parse takes about 3.3 µs per JSONL
+#: record on one core; from ``parse_workers.PARALLEL_PARSE_BYTES`` on, worker processes parse on
+#: every core. 1M JSONL events (80 MB) into a new store, measured (docs/benchmarks.md, "Larger
+#: runs parse in the driver", "A run parsed in the driver is decided there", "The driver parses
+#: on every core"):
 #:
 #: - through the CLI with a JVM of its own, whose start overlaps the parse and the decisions:
-#:   13.9 s, against 21.5 s decided by Spark and 28.5 s parsed by Spark tasks too;
-#: - by a resident driver: 8.0-8.7 s;
-#: - in a warm session in process: 7.3-7.7 s, against 11.6-13.7 s parsed and decided by Spark.
+#:   13.9-14.2 s, against 21.5 s decided by Spark and 28.5 s parsed by Spark tasks too;
+#: - by a resident driver: 6.5 s once its parse workers have started (8.7 s for the first);
+#: - in a warm session in process: 5.5-5.6 s (6.6-7.0 s parsed by the driver alone), against
+#:   11.6-13.7 s parsed and decided by Spark.
 #:
 #: The driver's Python process holds such a run's records, their decisions and the store's rows
-#: as Arrow tables: a CLI run of 1M events peaked at 0.83 GB resident, most of it DuckDB's decisions.
+#: as Arrow tables: a CLI run of 1M events peaked at 0.89 GB resident, most of it DuckDB's
+#: decisions, and each parse worker at 0.17 GB.
 PARSE_HERE_BYTES = 128 << 20
 
 #: Overrides ``PARSE_HERE_BYTES`` (0: every run parses in Spark tasks).
@@ -78,7 +84,7 @@ def parse_files(spark: SparkSession, files: dict[str, str], fmt: str | None, par
     def parse(batches):  # type: ignore[no-untyped-def]
         for batch in batches:
             for full, rel, file_fmt, index in zip(*(batch.column(i).to_pylist() for i in range(4)), strict=True):
-                yield from _parsed_file(full, rel, file_fmt, index, partitions, max_timestamp)
+                yield from _ordered(full, parse_file(full, rel, file_fmt, max_timestamp), index, partitions)
 
     return frame.mapInArrow(parse, from_arrow_schema(RUN_SCHEMA))
 
@@ -101,12 +107,31 @@ def parse_here(files: dict[str, str], fmt: str | None, partitions: int | None,
     events took 2.7 s in that job with a new JVM (the Python workers' start, Arrow's exchange),
     and its parse takes 0.1 s here; the parse and the reads that follow need no Spark, so they
     also overlap the JVM's start (``spark.start_soon``). With ``max_rows``: None once the files
-    hold more records than that (the caller has Spark parse them)."""
+    hold more records than that (the caller has Spark parse them). A run of at least
+    ``parse_workers.PARALLEL_PARSE_BYTES`` is parsed by worker processes, one per core."""
     _check_files(files)
+    workers = parse_workers()
+    pieces = plan_pieces(files, fmt, workers)
+    if pieces is not None:
+        try:
+            return _collect(files, parsed_in_workers(pieces, max_timestamp, workers), partitions, max_rows)
+        except BrokenProcessPool:
+            stop_pool(wait=False)
+            logging.getLogger("versiq.ingest").warning("a parse worker process died: this run parses in the driver")
+    parsed = ((index, parse_file(full, rel, format_of(rel, fmt), max_timestamp))
+              for index, (rel, full) in enumerate(files.items()))
+    return _collect(files, parsed, partitions, max_rows)
+
+
+def _collect(files: dict[str, str], parsed: Iterator[tuple[int, Iterator[pa.RecordBatch]]], partitions: int | None,
+             max_rows: int | None) -> pa.Table | None:
+    """(file index, its parsed batches) of every file in order -> the run's table; None past
+    ``max_rows`` records."""
+    paths = list(files.values())
     batches: list[pa.RecordBatch] = []
     rows = 0
-    for index, (rel, full) in enumerate(files.items()):
-        for batch in _parsed_file(full, rel, format_of(rel, fmt), index, partitions, max_timestamp):
+    for index, file_batches in parsed:
+        for batch in _ordered(paths[index], file_batches, index, partitions):
             rows += batch.num_rows
             if max_rows is not None and rows > max_rows:
                 return None
@@ -138,9 +163,10 @@ def _check_files(files: dict[str, str]) -> None:
         raise ValueError("source files must be given in (relative path) order")
 
 
-def _parsed_file(full: str, rel: str, fmt: str, index: int, partitions: int | None,
-                 max_timestamp: int | None) -> Iterator[pa.RecordBatch]:
+def _ordered(full: str, batches: Iterator[pa.RecordBatch], index: int,
+             partitions: int | None) -> Iterator[pa.RecordBatch]:
+    """A file's parsed ``batches`` with the columns of ``ingest.order``."""
     try:
-        yield from with_order(parse_file(full, rel, fmt, max_timestamp), index, partitions)
+        yield from with_order(batches, index, partitions)
     except OSError as exc:  # the parsers turn content errors into rejections: the OS refused
         raise read_error(full, exc) from None
