@@ -65,7 +65,8 @@ _POS = PARSED_SCHEMA.get_field_index("pos")
 
 @dataclass(frozen=True)
 class Piece:
-    """Whole lines of one of a run's files: bytes ``span`` of it, or the whole file (None)."""
+    """Whole lines of one of a run's files (``path``, absolute): bytes ``span`` of it, or the
+    whole file (None)."""
 
     file_index: int
     path: str
@@ -96,13 +97,14 @@ def plan_pieces(files: dict[str, str], fmt: str | None, workers: int,
     piece_bytes = piece_bytes or PIECE_BYTES
     pieces: list[Piece] = []
     total = 0
-    for index, (rel, full) in enumerate(files.items()):
+    for index, (rel, path) in enumerate(files.items()):
         file_fmt = format_of(rel, fmt)
+        full = os.path.abspath(path)  # the workers keep the directory they started in (a driver changes its)
         try:
             size = os.path.getsize(full)
             starts = line_starts(full, piece_bytes) if file_fmt == "jsonl" and size > piece_bytes else [0]
         except OSError as exc:
-            raise read_error(full, exc) from None
+            raise read_error(path, exc) from None
         total += size
         if len(starts) == 1:
             pieces.append(Piece(index, full, rel, file_fmt, None))

@@ -301,9 +301,13 @@ def _decide_here_and_commit(spark: SparkSession, handle: StoreHandle, spec: Stor
                             advance: Callable[[StoreState], StoreState], has_versions: bool,
                             input_bytes: int | None) -> None:
     """``_run_once`` of a run parsed in this process, decided here too (``ingest.decisions_here``):
-    the session is first needed for the writes, so everything before them overlaps its start."""
+    the session is first needed for the writes, so everything before them overlaps its start.
+    (Computing the store's rows on a thread while Spark writes ``_rejected`` saved nothing on
+    two cores: each took twice as long.)"""
     settings = handle.settings
     flags, new_keys = _parse_stats_here(parsed, report, keys=has_versions)
+    if report.skipped:  # counted, neither records nor rejections (as in ``_decide_and_commit``)
+        parsed = parsed.filter(pc.fill_null(pc.not_equal(parsed.column("reason"), SKIPPED), True))
     log.info("store %s: parsed %s", spec.name, counted(report.read, "record"))
     existing = existing_versions(handle, _key_table(new_keys))
     ctx = RunContext(settings, handle.state, run, explicit_partitions=flags["part"] > 0,

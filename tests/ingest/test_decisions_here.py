@@ -167,3 +167,29 @@ def test_the_sessions_local_relation_threshold_is_read(spark, text, size):
         assert local_relation_bytes(spark) == size
     finally:
         spark.conf.set(name, before)
+
+
+def test_a_skipped_row_of_a_run_decided_here_is_counted_not_rejected(spark, tmp_path, monkeypatch):
+    """A parser's ``skipped`` rows (a Debezium delete's null-value marker, ``kafka_rows.SKIPPED``)
+    are counted apart and never written to ``_rejected``, whichever engine decides the run."""
+    import versiq.ingest.pipeline as pipeline
+    from tests.support.ingest import write_jsonl
+    from versiq.ingest.records.kafka_rows import SKIPPED, SKIPPED_DETAIL
+    from versiq.rejected import committed_rejected
+
+    real_parse_run = pipeline.parse_run
+
+    def with_a_skipped_row(*args, **kwargs):  # type: ignore[no-untyped-def]
+        table = real_parse_run(*args, **kwargs)
+        assert isinstance(table, pa.Table)  # a run parsed here
+        row = {name: None for name in RUN_SCHEMA.names} | {"seq": 99, "reason": SKIPPED, "detail": SKIPPED_DETAIL}
+        return pa.concat_tables([table, pa.Table.from_pylist([row], schema=RUN_SCHEMA)])
+
+    monkeypatch.setattr(pipeline, "parse_run", with_a_skipped_row)
+    src = tmp_path / "src"
+    write_jsonl(str(src), "a.jsonl", ['{"key":"a","value":1,"timestamp":5}', "{broken"])
+    report = pipeline.run_ingest(spark, str(tmp_path / "wh"), [pipeline.StoreSpec("s", str(src))])
+    entry = report.stores["s"]
+    assert entry.error is None, entry.error
+    assert entry.skipped == {SKIPPED: 1} and {k: n for k, n in entry.rejected.items() if n} == {"malformed": 1}
+    assert committed_rejected(str(tmp_path / "wh" / "s"), 1).column("reason").to_pylist() == ["malformed"]

@@ -218,3 +218,17 @@ def test_workers_end_with_the_process_that_started_them(tmp_path, end):
     assert not any(_alive(pid) for pid in pids)
     if end == "cli":
         assert "leaked" not in done.stderr, done.stderr
+
+
+def test_relative_paths_are_read_from_the_callers_directory(tmp_path, in_pieces, monkeypatch):
+    """A resident driver runs each request in its caller's directory; the workers stay in the
+    one they started in."""
+    monkeypatch.setattr(parse_workers, "PIECE_BYTES", 100)
+    started = tmp_path / "started"
+    started.mkdir()
+    monkeypatch.chdir(started)
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(b"\n".join(_LINES * 3))
+    expected = parse_here({"a.jsonl": str(path)}, None, None).to_pylist()  # the pool starts (if not yet)
+    monkeypatch.chdir(tmp_path)
+    assert parse_here({"a.jsonl": "a.jsonl"}, None, None).to_pylist() == expected
