@@ -7,6 +7,7 @@ add, never rename. Exit status: 0 success, 1 a store failed, 2 usage or configur
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -425,7 +426,8 @@ def _stop_parse_workers() -> None:
     as leaked. Looked up, not imported: most commands never load the ingest."""
     workers = sys.modules.get("versiq.ingest.parse_workers")
     if workers is not None:
-        workers.stop_pool()
+        with contextlib.suppress(BaseException):  # a second Ctrl-C: the process ends all the same
+            workers.stop_pool()
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -16,7 +16,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from versiq.ingest.frames import rows_frame
 from versiq.ingest.order import MAX_FILES, RUN_SCHEMA, with_order
-from versiq.ingest.parse_workers import parse_workers, parsed_in_workers, plan_pieces, stop_pool
+from versiq.ingest.parse_workers import WorkerRun, parse_workers, plan_pieces
 from versiq.ingest.records import format_of, parse_file
 from versiq.ingest.sources import read_error
 from versiq.ingest.spark import runs_locally, small_run, start_soon
@@ -114,13 +114,25 @@ def parse_here(files: dict[str, str], fmt: str | None, partitions: int | None,
     pieces = plan_pieces(files, fmt, workers)
     if pieces is not None:
         try:
-            return _collect(files, parsed_in_workers(pieces, max_timestamp, workers), partitions, max_rows)
-        except BrokenProcessPool:
-            stop_pool(wait=False)
-            logging.getLogger("versiq.ingest").warning("a parse worker process died: this run parses in the driver")
+            run = WorkerRun.start(pieces, max_timestamp, workers)
+        except BrokenProcessPool as exc:
+            _parse_here_instead(str(exc))
+        else:
+            try:
+                return _collect(files, run.files(), partitions, max_rows)
+            except BrokenProcessPool as exc:
+                run.stop()
+                _parse_here_instead(f"a parse worker process died ({exc})")
+            finally:
+                run.close()
     parsed = ((index, parse_file(full, rel, format_of(rel, fmt), max_timestamp))
               for index, (rel, full) in enumerate(files.items()))
     return _collect(files, parsed, partitions, max_rows)
+
+
+def _parse_here_instead(why: str) -> None:
+    """The parse workers failed (the run's files did not: they are parsed again here)."""
+    logging.getLogger("versiq.ingest").warning("%s: this run parses in the driver", why)
 
 
 def _collect(files: dict[str, str], parsed: Iterator[tuple[int, Iterator[pa.RecordBatch]]], partitions: int | None,

@@ -19,8 +19,10 @@ gives, in the same order (tests/ingest/test_parse_workers.py).
 The pool lives as long as the process: a resident driver's (``versiq driver``) later runs find
 its workers started. Its processes are forked by a fork server, a fresh interpreter that has
 imported this module, never from the driver itself, which holds the JVM gateway's threads and
-DuckDB's. A worker that dies (killed, out of memory) breaks the pool: the caller parses in its
-own process instead (``stop_pool``), and the next run starts another pool. As with every
+DuckDB's. A worker that dies (killed, out of memory) breaks the pool, and a pool may fail to
+start (a process limit, no file handles left): either way the caller parses in its own process
+instead (``parse.parse_here``), and the next run starts another pool. An error a worker raises
+is the run's error (an OSError names the file; any other comes back as text). As with every
 ``multiprocessing`` start method but fork, each worker imports the main module of the process
 that started the pool (under another name): a script that runs an ingest in its own process
 keeps its work under ``if __name__ == "__main__":``.
@@ -34,8 +36,10 @@ import multiprocessing.connection
 import os
 import signal
 import threading
+import traceback
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -77,14 +81,28 @@ class Piece:
 
 def parse_workers() -> int:
     """How many worker processes parse a large run: ``VERSIQ_PARSE_WORKERS``, else one per core
-    this process may run on."""
+    this process may run on, within its cgroup's CPU quota (a container's ``--cpus``)."""
     explicit = os.environ.get(PARSE_WORKERS_ENV)
     if explicit:
         try:
             return max(1, int(explicit))
         except ValueError:
             raise ValueError(f"{PARSE_WORKERS_ENV}={explicit!r}: expected a number of processes") from None
-    return len(os.sched_getaffinity(0))
+    cores = len(os.sched_getaffinity(0))
+    quota = cpu_quota()
+    return cores if quota is None else max(1, min(cores, quota))
+
+
+def cpu_quota(path: str = "/sys/fs/cgroup/cpu.max") -> int | None:
+    """Whole cores the cgroup (v2) of this process may use, rounded down, or None (no limit, no
+    cgroup v2): ``sched_getaffinity`` counts the host's cores inside a container limited by CPU
+    time, and a pool of that many would share a few cores' time."""
+    try:
+        with open(path) as handle:
+            quota, period = handle.read().split()[:2]
+        return None if quota == "max" else int(quota) // int(period)
+    except (OSError, ValueError):
+        return None
 
 
 def plan_pieces(files: dict[str, str], fmt: str | None, workers: int,
@@ -140,23 +158,52 @@ def line_starts(path: str, piece_bytes: int) -> list[int]:
     return starts
 
 
-def parsed_in_workers(pieces: list[Piece], max_timestamp: int | None,
-                      workers: int) -> Iterator[tuple[int, Iterator[pa.RecordBatch]]]:
-    """(file index, that file's ``PARSED_SCHEMA`` batches in file order) for each file of the
-    run, in order, parsed by the pool's ``workers``. Consume each file's batches before the next
-    file's. A piece's OSError is raised while its file's batches are read; a dead worker raises
-    ``BrokenProcessPool`` (then ``stop_pool(wait=False)`` and parse in this process)."""
-    pool = _executor(workers)
-    futures = [pool.submit(_parse_piece, piece, max_timestamp) for piece in pieces]
-    try:
+class WorkerRun:
+    """A run's pieces handed to the pool (``start``): their batches file by file (``files``);
+    ``close`` drops the pieces not yet started (the caller stopped early: too many records, an
+    error, Ctrl-C) and ``stop`` stops a pool that broke."""
+
+    def __init__(self, pool: ProcessPoolExecutor, pieces: list[Piece],
+                 futures: list[Future[tuple[pa.Buffer, int]]]) -> None:
+        self.pool, self.pieces, self.futures = pool, pieces, futures
+
+    @classmethod
+    def start(cls, pieces: list[Piece], max_timestamp: int | None, workers: int) -> WorkerRun:
+        """Submit every piece to the pool of ``workers``. Whatever keeps the pool from starting
+        its processes (a process limit, no file handles left, a dead fork server) is raised as
+        ``BrokenProcessPool``, as a worker's death is: the caller parses in its own process."""
+        pool: ProcessPoolExecutor | None = None
+        futures: list[Future[tuple[pa.Buffer, int]]] = []
+        try:
+            pool = _executor(workers)
+            for piece in pieces:
+                futures.append(pool.submit(_parse_piece, piece, max_timestamp))
+        except Exception as exc:
+            for future in futures:
+                future.cancel()
+            if pool is not None:
+                stop_pool(pool, wait=False)
+            if isinstance(exc, BrokenProcessPool):
+                raise
+            raise BrokenProcessPool(f"the parse workers could not start ({exc})") from exc
+        return cls(pool, pieces, futures)
+
+    def files(self) -> Iterator[tuple[int, Iterator[pa.RecordBatch]]]:
+        """(file index, that file's ``PARSED_SCHEMA`` batches in file order) for each file of
+        the run, in order; consume each file's batches before the next file's. A piece's OSError
+        is raised while its file's batches are read; a dead worker raises ``BrokenProcessPool``."""
         by_file: dict[int, list[Future[tuple[pa.Buffer, int]]]] = {}
-        for piece, future in zip(pieces, futures, strict=True):
+        for piece, future in zip(self.pieces, self.futures, strict=True):
             by_file.setdefault(piece.file_index, []).append(future)
         for index, file_futures in by_file.items():
             yield index, _renumbered(file_futures)
-    finally:  # the caller stopped early (too many records, an error): drop the pieces not started
-        for future in futures:
+
+    def close(self) -> None:
+        for future in self.futures:
             future.cancel()
+
+    def stop(self) -> None:
+        stop_pool(self.pool, wait=False)
 
 
 def _renumbered(futures: list[Future[tuple[pa.Buffer, int]]]) -> Iterator[pa.RecordBatch]:
@@ -174,11 +221,17 @@ def _renumbered(futures: list[Future[tuple[pa.Buffer, int]]]) -> Iterator[pa.Rec
 def _parse_piece(piece: Piece, max_timestamp: int | None) -> tuple[pa.Buffer, int]:
     """In a worker: the piece's batches (lines numbered from 1 at its start) and its number of
     lines (0 for a piece that ends the file: nothing is numbered after it)."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, PARSED_SCHEMA) as writer:
-        for batch in parse_file(piece.path, piece.source, piece.fmt, max_timestamp, piece.span):
-            writer.write_batch(batch.set_column(_RAW, PARSED_SCHEMA.field(_RAW), rejected_raw(batch)))
-    return sink.getvalue(), _lines(piece)
+    try:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, PARSED_SCHEMA) as writer:
+            for batch in parse_file(piece.path, piece.source, piece.fmt, max_timestamp, piece.span):
+                writer.write_batch(batch.set_column(_RAW, PARSED_SCHEMA.field(_RAW), rejected_raw(batch)))
+        return sink.getvalue(), _lines(piece)
+    except OSError:  # the run's error, naming the file (``parse._ordered``)
+        raise
+    except Exception as exc:  # sent back as text: not every exception survives pickling
+        raise RuntimeError(f"parsing {piece.source} (bytes {piece.span or 'all'}): {type(exc).__name__}: {exc}\n"
+                           f"{traceback.format_exc()}") from None
 
 
 def _lines(piece: Piece) -> int:
@@ -207,8 +260,8 @@ def _executor(workers: int) -> ProcessPoolExecutor:
     global _pool, _pool_workers
     with _pool_lock:
         if _pool is None or _pool_workers != workers:
-            if _pool is not None:
-                _pool.shutdown(wait=False, cancel_futures=True)
+            if _pool is not None:  # another run may still be using it: it ends once that is done
+                _pool.shutdown(wait=False)
             context = multiprocessing.get_context("forkserver")
             context.set_forkserver_preload([__name__])
             _pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_started)
@@ -216,14 +269,17 @@ def _executor(workers: int) -> ProcessPoolExecutor:
         return _pool
 
 
-def stop_pool(wait: bool = True) -> None:
-    """Stop the pool's workers; the next large run starts another pool. ``wait``: until they
-    have ended, then release the pool's semaphores too: a process that ends without exit
-    handlers (the CLI, ``cli.main.run``) would leave them to ``multiprocessing``'s resource
-    tracker, which warns of them as leaked. Not ``wait``: a worker died and the pool is broken."""
+def stop_pool(pool: ProcessPoolExecutor | None = None, wait: bool = True) -> None:
+    """Stop ``pool`` (by default the current one); the next large run starts another. ``wait``:
+    until its workers have ended, then release its semaphores too: a process that ends without
+    exit handlers (the CLI, ``cli.main.run``) would leave them to ``multiprocessing``'s resource
+    tracker, which warns of them as leaked. Not ``wait``: the pool broke (``WorkerRun.stop``)."""
     global _pool
     with _pool_lock:
-        pool, _pool = _pool, None
+        if pool is None:
+            pool = _pool
+        if pool is _pool:
+            _pool = None
     if pool is not None:
         pool.shutdown(wait=wait, cancel_futures=True)
         del pool
@@ -238,6 +294,7 @@ def _worker_started() -> None:
     handler, and the CLI ends without them (``cli.main.run``), as a killed process does; its
     workers would wait for work forever, holding its stdout open."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.chdir("/")  # pieces name absolute paths; hold no directory the driver's callers may remove
     parent = multiprocessing.parent_process()
     if parent is not None:
         threading.Thread(target=_end_with, args=(parent.sentinel,), name="versiq-parse-parent", daemon=True).start()

@@ -17,9 +17,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import versiq.ingest.parse as parse_module
 import versiq.ingest.parse_workers as parse_workers
 from versiq.ingest.parse import parse_here
-from versiq.ingest.parse_workers import PARSE_WORKERS_ENV, line_starts, plan_pieces
+from versiq.ingest.parse_workers import PARSE_WORKERS_ENV, Piece, WorkerRun, cpu_quota, line_starts, plan_pieces
 from versiq.ingest.sources import SourceError
 
 _LINES = [
@@ -57,11 +58,18 @@ def in_pieces(monkeypatch):
     monkeypatch.setenv(PARSE_WORKERS_ENV, "2")
 
 
+def workers_must_not_fail(why: str) -> None:
+    """Stands for ``parse._parse_here_instead`` where a run must be parsed by the workers: their
+    failure would go unseen, parsing the run again in one process gives the same table."""
+    raise AssertionError(f"the parse workers failed: {why}")
+
+
 def _parse_both(files: dict[str, str], partitions: int | None, max_timestamp: int | None, piece_bytes: int):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(PARSE_WORKERS_ENV, "1")
         alone = parse_here(files, None, partitions, max_timestamp)
     with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(parse_module, "_parse_here_instead", workers_must_not_fail)
         patch.setenv(PARSE_WORKERS_ENV, "2")
         patch.setattr(parse_workers, "PARALLEL_PARSE_BYTES", 0)
         patch.setattr(parse_workers, "PIECE_BYTES", piece_bytes)
@@ -169,7 +177,7 @@ def test_a_dead_worker_makes_the_run_parse_in_this_process(tmp_path, in_pieces, 
     assert pool._broken  # type: ignore[attr-defined]
     with caplog.at_level(logging.WARNING, logger="versiq.ingest"):
         assert parse_here(files, None, None).to_pylist() == expected
-    assert "a parse worker process died: this run parses in the driver" in caplog.text
+    assert "the process pool is not usable anymore: this run parses in the driver" in caplog.text
     assert parse_workers._pool is None  # stopped: the next run starts another
     assert parse_here(files, None, None).to_pylist() == expected
     assert parse_workers._executor(2) is not pool
@@ -177,6 +185,7 @@ def test_a_dead_worker_makes_the_run_parse_in_this_process(tmp_path, in_pieces, 
 
 _ENDS = """
 import os, sys
+import versiq.ingest.parse as parse_module
 import versiq.ingest.parse_workers as parse_workers
 from versiq.ingest.parse import parse_here
 
@@ -229,6 +238,62 @@ def test_relative_paths_are_read_from_the_callers_directory(tmp_path, in_pieces,
     monkeypatch.chdir(started)
     path = tmp_path / "a.jsonl"
     path.write_bytes(b"\n".join(_LINES * 3))
+    monkeypatch.setattr(parse_module, "_parse_here_instead", workers_must_not_fail)
     expected = parse_here({"a.jsonl": str(path)}, None, None).to_pylist()  # the pool starts (if not yet)
     monkeypatch.chdir(tmp_path)
     assert parse_here({"a.jsonl": "a.jsonl"}, None, None).to_pylist() == expected
+
+
+def test_an_error_in_a_worker_fails_the_run_with_its_text_and_keeps_the_pool(tmp_path, in_pieces):
+    """An exception a worker raises reaches the run as text (not every exception can be
+    pickled back), names the piece, and leaves the pool in service."""
+    path = tmp_path / "a.parquet"
+    path.write_bytes(b"PAR1")
+    run = WorkerRun.start([Piece(0, str(path), "a.parquet", "parquet", (0, 4))], None, 2)
+    with pytest.raises(RuntimeError, match=r"parsing a.parquet \(bytes \(0, 4\)\): ValueError: only a JSONL file "
+                                           r"can be parsed in pieces, not parquet"):
+        for _index, batches in run.files():
+            list(batches)
+    run.close()
+    assert parse_workers._pool is run.pool and not run.pool._broken  # type: ignore[attr-defined]
+
+
+_NO_START = """
+import logging, os, sys, multiprocessing
+import versiq.ingest.parse_workers as parse_workers
+from versiq.ingest.parse import parse_here
+
+logging.basicConfig(level=logging.WARNING)
+parse_workers.PARALLEL_PARSE_BYTES = 0
+parse_workers.PIECE_BYTES = 50
+files = {"a.jsonl": sys.argv[1]}
+os.environ["VERSIQ_PARSE_WORKERS"] = "1"
+alone = parse_here(files, None, None)
+os.environ["VERSIQ_PARSE_WORKERS"] = "2"
+multiprocessing.set_executable("/nonexistent/python")  # the fork server cannot start
+assert parse_here(files, None, None).equals(alone)
+print("same table", parse_workers._pool is None)
+"""
+
+
+def test_a_pool_that_cannot_start_makes_the_run_parse_in_this_process(tmp_path):
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(b"".join(b'{"key":"k%d","value":1,"timestamp":1}\n' % i for i in range(40)))
+    done = subprocess.run([sys.executable, "-c", _NO_START, str(path)], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["same", "table", "True"]
+    assert "the parse workers could not start" in done.stderr and "this run parses in the driver" in done.stderr
+
+
+@pytest.mark.parametrize(("text", "cores"), [("200000 100000\n", 2), ("150000 100000\n", 1), ("50000 100000\n", 0),
+                                             ("max 100000\n", None), ("", None)])
+def test_the_cgroup_cpu_quota_caps_the_workers(tmp_path, monkeypatch, text, cores):
+    cpu_max = tmp_path / "cpu.max"
+    cpu_max.write_text(text)
+    assert cpu_quota(str(cpu_max)) == cores
+    assert cpu_quota(str(tmp_path / "none")) is None
+    monkeypatch.delenv(PARSE_WORKERS_ENV, raising=False)
+    monkeypatch.setattr(parse_workers, "cpu_quota", lambda: cores)
+    expected = len(os.sched_getaffinity(0)) if cores is None else max(1, min(len(os.sched_getaffinity(0)), cores))
+    assert parse_workers.parse_workers() == expected

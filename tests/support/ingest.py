@@ -69,12 +69,19 @@ def expressions(*, generated: bool, parsed_here: bool | None = None) -> Iterator
         else:
             patch.setenv(PARSE_HERE_BYTES_ENV, str(PARSE_HERE_BYTES) if parsed_here else "0")
         if generated and parsed_here:
+            patch.setattr("versiq.ingest.parse._parse_here_instead", _workers_must_not_fail)
             patch.setattr("versiq.ingest.parse_workers.PARALLEL_PARSE_BYTES", 0)
             patch.setattr("versiq.ingest.parse_workers.PIECE_BYTES", 64)
             patch.setenv(PARSE_WORKERS_ENV, "2")
         else:
             patch.setenv(PARSE_WORKERS_ENV, "1")
         yield
+
+
+def _workers_must_not_fail(why: str) -> None:
+    """``parse._parse_here_instead`` where a run must be parsed by the parse workers: parsing it
+    again in one process gives the same store, so their failure would go unseen."""
+    raise AssertionError(f"the parse workers failed: {why}")
 
 
 def records_from(source: str, specs: list[tuple]) -> list[InRecord]:
