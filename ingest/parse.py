@@ -114,17 +114,10 @@ def parse_here(files: dict[str, str], fmt: str | None, partitions: int | None,
     pieces = plan_pieces(files, fmt, workers)
     if pieces is not None:
         try:
-            run = WorkerRun.start(pieces, max_timestamp, workers)
-        except BrokenProcessPool as exc:
-            _parse_here_instead(str(exc))
-        else:
-            try:
+            with WorkerRun.start(pieces, max_timestamp, workers) as run:
                 return _collect(files, run.files(), partitions, max_rows)
-            except BrokenProcessPool as exc:
-                run.stop()
-                _parse_here_instead(f"a parse worker process died ({exc})")
-            finally:
-                run.close()
+        except BrokenProcessPool as exc:  # the pool could not start, or a worker died
+            _parse_here_instead(str(exc))
     parsed = ((index, parse_file(full, rel, format_of(rel, fmt), max_timestamp))
               for index, (rel, full) in enumerate(files.items()))
     return _collect(files, parsed, partitions, max_rows)

@@ -13,7 +13,7 @@ there; docs/benchmarks.md, "The driver parses on every core"). So a run of at le
 A worker sends back its piece's ``PARSED_SCHEMA`` batches as one Arrow IPC stream, without the
 text of valid records (``order.rejected_raw``: the run drops it anyway), and the number of
 lines in the piece. The caller renumbers a piece's lines after those of the file's earlier
-pieces (``parsed_in_workers``), so a file's batches are the rows its parse in one process
+pieces (``WorkerRun.files``), so a file's batches are the rows its parse in one process
 gives, in the same order (tests/ingest/test_parse_workers.py).
 
 The pool lives as long as the process: a resident driver's (``versiq driver``) later runs find
@@ -159,9 +159,9 @@ def line_starts(path: str, piece_bytes: int) -> list[int]:
 
 
 class WorkerRun:
-    """A run's pieces handed to the pool (``start``): their batches file by file (``files``);
-    ``close`` drops the pieces not yet started (the caller stopped early: too many records, an
-    error, Ctrl-C) and ``stop`` stops a pool that broke."""
+    """A run's pieces handed to the pool (``start``): their batches file by file (``files``).
+    Leaving its ``with`` block drops the pieces not yet started (the caller stopped early: too
+    many records, an error, Ctrl-C), and stops the pool if it broke (``BrokenProcessPool``)."""
 
     def __init__(self, pool: ProcessPoolExecutor, pieces: list[Piece],
                  futures: list[Future[tuple[pa.Buffer, int]]]) -> None:
@@ -198,12 +198,14 @@ class WorkerRun:
         for index, file_futures in by_file.items():
             yield index, _renumbered(file_futures)
 
-    def close(self) -> None:
+    def __enter__(self) -> WorkerRun:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
         for future in self.futures:
             future.cancel()
-
-    def stop(self) -> None:
-        stop_pool(self.pool, wait=False)
+        if isinstance(exc, BrokenProcessPool):
+            stop_pool(self.pool, wait=False)
 
 
 def _renumbered(futures: list[Future[tuple[pa.Buffer, int]]]) -> Iterator[pa.RecordBatch]:
@@ -273,7 +275,7 @@ def stop_pool(pool: ProcessPoolExecutor | None = None, wait: bool = True) -> Non
     """Stop ``pool`` (by default the current one); the next large run starts another. ``wait``:
     until its workers have ended, then release its semaphores too: a process that ends without
     exit handlers (the CLI, ``cli.main.run``) would leave them to ``multiprocessing``'s resource
-    tracker, which warns of them as leaked. Not ``wait``: the pool broke (``WorkerRun.stop``)."""
+    tracker, which warns of them as leaked. Not ``wait``: the pool broke (``WorkerRun``)."""
     global _pool
     with _pool_lock:
         if pool is None:

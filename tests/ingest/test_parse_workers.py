@@ -249,12 +249,11 @@ def test_an_error_in_a_worker_fails_the_run_with_its_text_and_keeps_the_pool(tmp
     pickled back), names the piece, and leaves the pool in service."""
     path = tmp_path / "a.parquet"
     path.write_bytes(b"PAR1")
-    run = WorkerRun.start([Piece(0, str(path), "a.parquet", "parquet", (0, 4))], None, 2)
     with pytest.raises(RuntimeError, match=r"parsing a.parquet \(bytes \(0, 4\)\): ValueError: only a JSONL file "
-                                           r"can be parsed in pieces, not parquet"):
+                                           r"can be parsed in pieces, not parquet"), \
+            WorkerRun.start([Piece(0, str(path), "a.parquet", "parquet", (0, 4))], None, 2) as run:
         for _index, batches in run.files():
             list(batches)
-    run.close()
     assert parse_workers._pool is run.pool and not run.pool._broken  # type: ignore[attr-defined]
 
 
