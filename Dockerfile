@@ -40,11 +40,11 @@ RUN pip install --no-cache-dir . && rm -rf /src/build
 
 COPY --from=jars /jars /opt/versiq/jars
 
-# The driver JVM's class-data-sharing archive (versiq/ingest/spark.py): every Spark start of the
+# The driver JVM's class-data-sharing archive (versiq/ingest/class_archive.py, best effort): every Spark start of the
 # image maps the classes Spark loads instead of parsing them again (~2.5 s shorter).
 ENV VERSIQ_JVM_ARCHIVE_DIR=/opt/versiq/jvm
 RUN VERSIQ_SPARK_JARS=/opt/versiq/jars PYSPARK_PYTHON=python3 \
-    python3 -c "from versiq.ingest.spark import write_class_archive; write_class_archive()"
+    python3 -c "from versiq.ingest.class_archive import write_class_archive; write_class_archive()"
 
 RUN mkdir -p /warehouse /data /var/cache/versiq && chown versiq:versiq /warehouse /data /var/cache/versiq
 USER versiq

@@ -45,12 +45,9 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import glob
-import hashlib
 import importlib.metadata
 import logging
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
 import zipfile
@@ -61,6 +58,7 @@ import pyspark
 from pyspark.sql import SparkSession
 
 import versiq
+from versiq.ingest.class_archive import DRIVER_JAVA_OPTIONS_ENV, class_archive_option
 from versiq.package import package_files, package_root
 
 DEFAULT_MASTER = "local[*]"
@@ -82,10 +80,6 @@ _S3A_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "fs.s3a.access.key", "AWS_SECRET_ACCESS
                     "AWS_SESSION_TOKEN": "fs.s3a.session.token"}
 
 
-#: Extra options of the driver JVM (e.g. ``-XX:ArchiveClassesAtExit=FILE`` for ``write_class_archive``).
-DRIVER_JAVA_OPTIONS_ENV = "VERSIQ_DRIVER_JAVA_OPTIONS"
-#: The environment variable naming the folder of the driver's class-data-sharing archive.
-CLASS_ARCHIVE_DIR_ENV = "VERSIQ_JVM_ARCHIVE_DIR"
 
 
 def master_url(master: str | None = None) -> str:
@@ -358,7 +352,7 @@ def driver_java_options(short_lived: bool) -> str:
     """The driver JVM's options: the class archive, Spark's quiet logging, C1 only for a
     ``short_lived`` process, then ``VERSIQ_DRIVER_JAVA_OPTIONS`` last (the JVM takes the last of
     a repeated option, so the user's win)."""
-    return " ".join(filter(None, [_class_archive_option(), _quiet_log_option(),
+    return " ".join(filter(None, [class_archive_option(), _quiet_log_option(),
                                   SHORT_LIVED_JIT_OPTION if short_lived else None,
                                   os.environ.get(DRIVER_JAVA_OPTIONS_ENV)]))
 
@@ -519,108 +513,3 @@ class SparkOnDemand:
     def as_session(self) -> SparkSession:
         """This object typed as the session it stands for (every attribute is the session's)."""
         return self  # type: ignore[return-value]
-
-
-# ---------------------------------------------------------------------------------------------
-# Class data sharing: a JVM that starts in 3.3 s instead of 5 s, and runs its first job in 1.1 s
-# instead of 2 s (measured on the 2-core machine), because the classes Spark loads at every start
-# (Scala, Spark SQL, Hadoop) are mapped from an archive instead of being parsed and verified again.
-#
-# Java 17 writes such a "dynamic" archive when a JVM started with ``-XX:ArchiveClassesAtExit``
-# exits; later JVMs map it with ``-XX:SharedArchiveFile``. A truncated archive crashes the JVM
-# (SIGBUS), so an archive is only ever used under its final name, which it gets by a rename once
-# the JVM that wrote it has exited (``write_class_archive``, run by ``make``). Its name carries the
-# Java binary, PySpark's version and ``CLASS_ARCHIVE_RECIPE``: another JDK, Spark or recipe gets
-# another file, never a stale one. Without an archive (a wheel installed elsewhere, or a JVM that
-# cannot write one) Spark starts as before.
-#
-# The JVM that writes it runs small ingest runs: the classes of Delta's commit, Parquet's
-# writer, the Python workers' Arrow exchange and the run's side tables are archived too (recipe 2:
-# 17,200 of a one-record CLI run's 25,800 classes come from the archive instead of 13,500; the run
-# 15.2 -> 13.7 s, docs/benchmarks.md "C1 for one-shot runs"). Recipe 3: the first run evaluates
-# expressions interpreted, as every small run does (``plans_for_input``), the second through
-# generated code, as larger runs do; recipe 2 archived the generated-code path only. Recipe 4:
-# the resident driver's warm-up runs (``ingest.warm_up``: recipe 3's two runs with a run into
-# stored keys between them), one definition for both. Recipe 5: the same runs with Delta's
-# checksum files, which a commit now reads (protocol, metadata, the read snapshot's state) and writes.
-# Recipe 6: the warm-up's small runs parse in the driver. Recipe 7: Arrow tables above
-# ``LOCAL_RELATION_BYTES`` reach Spark as RDDs of Arrow batches (another set of classes). Recipe 8:
-# the warm-up's parsed batches are no longer cached as rows, and every frame of the driver's rows
-# is an Arrow table (``ingest.frames``). Recipe 9: the first two runs are decided in the driver
-# (``ingest.decisions_here``: Spark writes their Arrow tables; with a write task each, not the
-# several tasks' batches of a larger run); the third is parsed by Spark tasks and decided by Spark.
-
-#: The archive's contents change with what the writing JVM runs: a new recipe, a new file.
-CLASS_ARCHIVE_RECIPE = 9
-
-#: What the archive's JVM runs (in a child process, so nothing here imports the pipeline): the
-#: warm-up runs of ``ingest.warm_up``.
-_CLASS_ARCHIVE_SCRIPT = """
-import os
-from versiq.ingest.spark import INTERPRETED_RUN_BYTES_ENV, get_spark
-from versiq.ingest.warm_up import warm_up
-
-os.environ.pop(INTERPRETED_RUN_BYTES_ENV, None)
-os.environ.pop('VERSIQ_PARSE_HERE_BYTES', None)
-spark = get_spark('local[1]', 'versiq-class-archive')
-warm_up(spark)
-gateway = spark.sparkContext._gateway
-spark.stop()
-proc = gateway.proc
-gateway.shutdown()
-proc.stdin.close()  # the JVM exits when its stdin closes; it writes the archive as it exits
-proc.wait(timeout=120)
-"""
-
-
-def _java_identity() -> str:
-    home = os.environ.get("JAVA_HOME")
-    java = os.path.join(home, "bin", "java") if home else shutil.which("java")
-    if not java or not os.path.exists(java):
-        return ""
-    real = os.path.realpath(java)
-    stat = os.stat(real)
-    return f"{real}:{stat.st_size}:{int(stat.st_mtime)}"
-
-
-def class_archive_path() -> str | None:
-    """Where the driver's class-data-sharing archive of this JDK and PySpark lives:
-    ``VERSIQ_JVM_ARCHIVE_DIR``, else ``.cache/jvm`` of the checkout this package runs from;
-    None when no Java is found."""
-    identity = _java_identity()
-    if not identity:
-        return None
-    root = os.path.dirname(os.path.dirname(os.path.realpath(versiq.__file__ or "")))
-    folder = os.environ.get(CLASS_ARCHIVE_DIR_ENV) or os.path.join(root, ".cache", "jvm")
-    digest = hashlib.sha256(f"{identity}\0{pyspark.__version__}\0{CLASS_ARCHIVE_RECIPE}".encode()).hexdigest()[:16]
-    return os.path.join(folder, f"spark-driver-{digest}.jsa")
-
-
-def _class_archive_option() -> str | None:
-    path = class_archive_path()
-    return f"-XX:SharedArchiveFile={path}" if path is not None and os.path.isfile(path) else None
-
-
-def write_class_archive() -> str | None:
-    """Write the archive (when missing) from a JVM that runs ``_CLASS_ARCHIVE_SCRIPT``, in a
-    child process; returns its path, or None when it could not be written (Spark then starts
-    without one). The child waits for its JVM to exit, so the file is whole before its rename."""
-    path = class_archive_path()
-    if path is None or os.path.isfile(path):
-        return path
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    partial = f"{path}.{os.getpid()}.partial"
-    env = {**os.environ, DRIVER_JAVA_OPTIONS_ENV: f"-XX:ArchiveClassesAtExit={partial}",
-           CLASS_ARCHIVE_DIR_ENV: os.path.join(os.path.dirname(path), "none")}  # not the archive being written
-    try:
-        done = subprocess.run([sys.executable, "-c", _CLASS_ARCHIVE_SCRIPT], env=env, capture_output=True,
-                              text=True, timeout=300)
-        if done.returncode != 0 or not os.path.isfile(partial) or os.path.getsize(partial) == 0:
-            print(f"the JVM class archive could not be written (exit {done.returncode}):\n{done.stderr[-2000:]}",
-                  file=sys.stderr)
-            return None
-        os.replace(partial, path)
-        return path
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(partial)

@@ -1,6 +1,6 @@
 """Runs that exercise what a real ingest run does, in a session that is to run more: the
 resident driver's warm-up before it serves (``ingest.driver``) and the recipe of the driver
-JVM's class-data-sharing archive (``spark._CLASS_ARCHIVE_SCRIPT``), so both load and compile the
+JVM's class-data-sharing archive (``class_archive``), so both load and compile the
 same paths: Delta's commit, Parquet's writer, the Python workers' Arrow exchange, the side
 tables, interpreted and generated expressions."""
 
