@@ -148,6 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "often only where the kernel cannot notify")
     ing.add_argument("--lock-timeout", default="60s",
                      help="how long to wait for another writer of the same store (default 60s)")
+    ing.add_argument("--progress", default="auto", metavar="auto|off|INTERVAL",
+                     help="while a phase lasts, repeat it on stderr with its duration and Spark's task "
+                          "progress: every 15s when stderr is a terminal (auto, the default), never (off), "
+                          "or every INTERVAL (e.g. 5s)")
     _add_logging(ing)
 
     drv = sub.add_parser(

@@ -24,6 +24,7 @@ from versiq import layout
 from versiq.durations import DurationError, parse_duration_ms
 from versiq.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from versiq.ingest.errors import UsageError
+from versiq.ingest.progress import Heartbeat, interval_from
 from versiq.ingest.store import LockTimeout
 from versiq.logs import counted
 
@@ -141,6 +142,7 @@ def ingest_command(args: argparse.Namespace, parser: argparse.ArgumentParser | N
         lock_timeout = _seconds(args.lock_timeout, "--lock-timeout")
         interval = _seconds(args.trigger_interval, "--trigger-interval")
         watch = None if args.watch_interval is None else _seconds(args.watch_interval, "--watch-interval")
+        heartbeat = interval_from(getattr(args, "progress", "off"))
     except (UsageError, ValueError) as exc:
         print(f"versiq ingest: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -154,7 +156,8 @@ def ingest_command(args: argparse.Namespace, parser: argparse.ArgumentParser | N
         # The JVM starts only when the run has data to read (nothing new, a refused setting: none).
         on_demand = SparkOnDemand(args.master, on_start=on_spark_start)
         try:
-            return _one_run(on_demand.as_session(), args, pipeline, lock_timeout)
+            with Heartbeat(heartbeat, on_demand.running):
+                return _one_run(on_demand.as_session(), args, pipeline, lock_timeout)
         finally:
             on_demand.stop()  # the demo serves in the same process afterwards: free the JVM
     from versiq.ingest.pipeline import open_for
@@ -181,7 +184,8 @@ def ingest_command(args: argparse.Namespace, parser: argparse.ArgumentParser | N
     state_ahead = StateAhead(spark)
 
     def one_run() -> Any:
-        return run_pipeline(spark, args.warehouse, pipeline, lock_timeout_s=lock_timeout)
+        with Heartbeat(heartbeat, lambda: spark):
+            return run_pipeline(spark, args.warehouse, pipeline, lock_timeout_s=lock_timeout)
 
     def after_run(report: Any) -> None:
         data = report.to_json()

@@ -50,11 +50,13 @@ import logging
 import os
 import sys
 import tempfile
+import time
 import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pyspark
+from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 import versiq
@@ -398,7 +400,13 @@ def get_spark(master: str | None = None, app_name: str = "versiq-ingest", *,
     logging.getLogger("versiq.ingest").debug("driver JVM options: %s", java_options)
     if java_options:
         builder = builder.config("spark.driver.extraJavaOptions", java_options)
+    starting = SparkContext._active_spark_context is None
+    if starting:
+        logging.getLogger("versiq.ingest").info("starting Spark (%s) ...", url)
+    started = time.monotonic()
     spark = _with_delta(builder).getOrCreate()
+    if starting:
+        logging.getLogger("versiq.ingest").info("Spark ready in %.1f s", time.monotonic() - started)
     spark.sparkContext.setLogLevel("ERROR")
     configure_s3(spark)
     if not url.startswith("local"):
@@ -474,6 +482,10 @@ class SparkOnDemand:
             on_start, self._on_start = self._on_start, None
             on_start()
         return get_spark(self._master, self._app_name, short_lived=True)
+
+    def running(self) -> SparkSession | None:
+        """The session if it has started, else None (never starts one)."""
+        return self._session
 
     def master_url(self) -> str:
         """The master the session has or will have (``master_url``)."""
