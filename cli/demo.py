@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import socket
 import subprocess
 import sys
 import tempfile
@@ -130,6 +131,34 @@ def _rejected_hint(report_path: Path, warehouse: Path) -> str | None:
             f"--format table, or the console's store page")
 
 
+def _can_bind(host: str, port: int) -> bool:
+    """Whether a server could listen on (host, port) now, bound as uvicorn binds (SO_REUSEADDR:
+    a port in TIME_WAIT counts as free)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror:
+        return True  # a host that does not resolve: the server's own error names it
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError:
+            return False
+    return True
+
+
+def port_in_use(host: str, port: int, tries: int = 20) -> str | None:
+    """None when the demo can serve on (host, port); else the one line that says it cannot and
+    names a free port to use instead (checked before anything is generated or ingested)."""
+    if _can_bind(host, port):
+        return None
+    free = next((p for p in range(port + 1, min(port + 1 + tries, 65536)) if _can_bind(host, p)), None)
+    suggestion = (f"; port {free} is free: versiq demo --port {free} (make demo DEMO_ARGS='--port {free}')"
+                  if free else "; choose another with --port")
+    return f"cannot serve on {host}:{port}: the port is in use (another server?){suggestion}"
+
+
 def run_in_child(argv: list[str]) -> int:
     """``versiq <argv>`` in a child process of the same interpreter, waited for: the ingest's
     Spark JVM ends with it, so the demo serves without one (~1.3 GB less while serving)."""
@@ -146,6 +175,10 @@ def demo_command(args: argparse.Namespace, main: Callable[[list[str]], int],
 
     data = Path(args.data)
     warehouse = Path(args.warehouse)
+    busy = None if args.no_serve else port_in_use(args.host, args.port)
+    if busy:
+        print(f"versiq demo: {busy}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         summary = _sample(data, args.keys)
     except ValueError as exc:

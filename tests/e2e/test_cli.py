@@ -297,6 +297,25 @@ def test_demo_drives_the_cli_contract(tmp_path: Path, monkeypatch: pytest.Monkey
     assert [c[0] for c in calls] == ["ingest", "serve"]
 
 
+def test_demo_on_a_busy_port_says_so_before_generating_or_ingesting(tmp_path: Path) -> None:
+    """`versiq demo` whose port another server holds: exit 2 at once with one line that names a
+    free port, before any data is generated or ingested."""
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        done = versiq("demo", "--data", str(tmp_path / "d"), "--warehouse", str(tmp_path / "w"),
+                      "--port", str(port))
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"versiq demo: cannot serve on 127.0.0.1:{port}: the port is in use")
+    free = int(re.search(r"port (\d+) is free: versiq demo --port \1", lines[0]).group(1))  # type: ignore[union-attr]
+    assert free != port
+    assert done.stdout == "" and not (tmp_path / "d").exists() and not (tmp_path / "w").exists()
+
+
 @pytest.mark.slow
 def test_demo_curls_answer_correctly(tmp_path: Path) -> None:
     """End to end: the demo's real ingest, then its printed curl URLs against a live server."""
