@@ -14,16 +14,16 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
 from versiq import layout, storage
-from versiq.durations import DurationError, parse_duration_ms
+from versiq.durations import DurationError, format_duration, parse_duration_ms
 from versiq.ingest.delta import commit_table, replace_run, set_description
 from versiq.ingest.errors import LockTimeout, UsageError
 from versiq.ingest.sources import SourceError
@@ -48,7 +48,7 @@ from versiq.layout import (
     read_rule_sql,
     read_state,
 )
-from versiq.names import check_store_name
+from versiq.names import check_store_name, unknown_name
 
 if TYPE_CHECKING:
     from versiq.ingest.lease import Lease
@@ -154,7 +154,10 @@ def existing_store_path(warehouse: str, store: str) -> str:
         raise UsageError(str(exc)) from None
     path = layout.table_path(warehouse, store)
     if not has_table(path):
-        raise UsageError(f"no store {store!r} in warehouse {warehouse}")
+        if not storage.isdir(warehouse):
+            raise UsageError(f"the warehouse {warehouse} does not exist")
+        stores = [name for name, folder in storage.subdirectories(warehouse) if has_table(folder)]
+        raise UsageError(unknown_name("store", store, stores, f"warehouse {warehouse}"))
     return path
 
 
@@ -195,12 +198,12 @@ def open_store(path: str, requested: StoreSettings, explicit: set[str]) -> Store
         "partitions": (settings.partitions, requested.partitions),
         "buckets": (settings.buckets, requested.buckets),
     }
+    shown: dict[str, Callable[[Any], str]] = {"history_retention": format_duration}
     for name, (have, want) in fields.items():
         if name in explicit and have != want:
-            raise UsageError(
-                f"store {storage.basename(path)!r} was created with {name} = {have}; "
-                f"it cannot be changed to {want} (create a new store instead)"
-            )
+            show = shown.get(name, str)
+            raise UsageError(f"store {storage.basename(path)!r} was created with {name} = {show(have)}; "
+                             f"it cannot be changed to {show(want)} (create a new store instead)")
     return StoreHandle(path, settings, table, read_state(path, table.version()))
 
 

@@ -392,7 +392,7 @@ class Catalog:
                 raise error(f"{kind} {name!r} is refused: {reason}")
             if name in other:
                 raise error(f"no {kind} {name!r}: {name!r} is a {other_kind} (/v1/{other_kind}s/{name})")
-            raise error(f"no {kind} {name!r}")
+            raise error(names.unknown_name(kind, name, sorted(own)))
         return handle
 
     def current_store(self, store: str) -> LoadedStore:

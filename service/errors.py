@@ -32,9 +32,9 @@ def query_problem(exc: QueryError, what: str, store: str, snapshot: int | None, 
     name: dict[str, Any] = {what: store}
     detail = str(exc)
     if isinstance(exc, StoreNotFound):
-        return Problem("store-not-found", detail or f"no store named {store!r} in the warehouse", store=store)
+        return Problem("store-not-found", detail or f"no store {store!r} in the warehouse", store=store)
     if isinstance(exc, StreamNotFound):
-        return Problem("stream-not-found", detail or f"no stream named {store!r} in the warehouse", stream=store)
+        return Problem("stream-not-found", detail or f"no stream {store!r} in the warehouse", stream=store)
     if isinstance(exc, (StoreUnavailable, StreamUnavailable)):
         # the engine retries at every refresh: worth asking again after one interval
         retry = {"retry-after": str(max(1, round(retry_after_s)))}

@@ -26,6 +26,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from versiq import storage
 from versiq.exits import EXIT_FAILED, EXIT_NO_VALUE, EXIT_OK, EXIT_USAGE
 from versiq.query import lookups
 from versiq.query.api import (
@@ -96,6 +97,9 @@ def _snapshot(engine: Engine, args: argparse.Namespace) -> int | None:
 
 def _run(name: str, args: argparse.Namespace, body: Callable[[Engine], int]) -> int:
     """Run ``body`` with a loaded engine; engine errors become the command's messages."""
+    if not storage.isdir(args.warehouse):
+        print(f"versiq {name}: the warehouse {args.warehouse} does not exist", file=sys.stderr)
+        return EXIT_USAGE
     try:
         with _engine(args) as engine:
             status = body(engine)
@@ -104,8 +108,8 @@ def _run(name: str, args: argparse.Namespace, body: Callable[[Engine], int]) -> 
     except _Usage as exc:
         print(f"versiq {name}: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except StoreNotFound:
-        print(f"versiq {name}: no store named {args.store!r} in {args.warehouse!r}", file=sys.stderr)
+    except StoreNotFound as exc:
+        print(f"versiq {name}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except (InvalidQuery, UnsupportedQuery, SnapshotNotFound) as exc:
         print(f"versiq {name}: {exc}", file=sys.stderr)

@@ -76,7 +76,7 @@ def timestamp_from_json(value: Any, present: bool) -> int:
             return parse_timestamp(value)
         except TimestampError as exc:
             raise Reject("bad_timestamp", str(exc)) from None
-    raise Reject("bad_timestamp", f"'timestamp' must be epoch ms or an ISO-8601 instant, got {compact(value)}")
+    raise Reject("bad_timestamp", f"'timestamp' must be epoch ms or an RFC 3339 instant, got {compact(value)}")
 
 
 def optional_int(value: Any, name: str, reason: str) -> int | None:

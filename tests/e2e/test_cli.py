@@ -426,3 +426,28 @@ def test_get_prints_the_http_answer_or_its_problem_with_exit_4(tmp_path: Path) -
     both = versiq("get", *wh, "--snapshot", "0", "--as-of-system-time", "2100-01-01T00:00:00Z")
     assert both.returncode == 2 and "not both" in both.stderr
     assert versiq("get", *wh, "--snapshot", "7").returncode == 2
+
+
+def test_unknown_stores_and_warehouses_are_named_one_way_with_a_suggestion(tmp_path: Path) -> None:
+    """Every read command says "no store X in ...; did you mean Y?" (else the stores there), and a
+    mistyped warehouse is named as such, not as a missing store; the HTTP API's detail is the
+    same text (versiq.names.unknown_name)."""
+    from tests.support.storebuilder import StoreBuilder
+    from versiq.names import unknown_name
+
+    StoreBuilder(str(tmp_path), "prices", history_retention_ms=10 ** 9).apply([("a", "1", 1_000)])
+    wh = ["--warehouse", str(tmp_path)]
+    for command in (["get", "--key", "a"], ["keys"], ["history"], ["rejected"]):
+        out = versiq(command[0], *wh, "--store", "pricse", *command[1:])
+        assert out.returncode == 2, (command, out.stderr)
+        assert "no store 'pricse' in " in out.stderr and "did you mean 'prices'?" in out.stderr, (command, out.stderr)
+        out = versiq(command[0], "--warehouse", str(tmp_path / "nowhere"), "--store", "prices", *command[1:])
+        assert out.returncode == 2, (command, out.stderr)
+        assert f"the warehouse {tmp_path / 'nowhere'} does not exist" in out.stderr, (command, out.stderr)
+    out = versiq("keys", *wh, "--store", "zzz")
+    assert out.returncode == 2 and "no store 'zzz' in the warehouse; its stores: prices" in out.stderr, out.stderr
+
+    assert unknown_name("store", "x", []) == "no store 'x' in the warehouse; it has no stores"
+    many = [f"s{i}" for i in range(20)]
+    assert unknown_name("store", "zzzz", many) == "no store 'zzzz' in the warehouse (20 stores there)"
+    assert unknown_name("stream", "clickz", ["clicks", "views"]).endswith("did you mean 'clicks'?")

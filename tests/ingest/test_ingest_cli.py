@@ -354,12 +354,12 @@ def test_work_that_needs_no_data_never_starts_a_jvm(spark, tmp_path):
     refused = versiq_without_java("ingest", "--warehouse", wh, "--store", "s", "--source", str(src),
                                   "--history-retention", "1h")
     assert refused.returncode == 2, refused.stderr
-    assert "was created with history_retention = 86400000; it cannot be changed to 3600000" in refused.stderr
+    assert "was created with history_retention = 1d; it cannot be changed to 1h" in refused.stderr
     # continuous mode checks its stores before its one SparkSession starts, too
     refused = versiq_without_java("ingest", "--warehouse", wh, "--store", "s", "--source", str(src),
                                   "--history-retention", "1h", "--continuous")
     assert refused.returncode == 2, refused.stderr
-    assert "was created with history_retention = 86400000; it cannot be changed to 3600000" in refused.stderr
+    assert "was created with history_retention = 1d; it cannot be changed to 1h" in refused.stderr
     assert "Traceback" not in refused.stderr
     switched = versiq_without_java("ingest", "--warehouse", wh, "--store", "s", "--kafka-bootstrap", "127.0.0.1:9",
                                    "--topic", "t", "--continuous")

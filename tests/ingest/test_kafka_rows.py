@@ -173,10 +173,10 @@ def test_a_record_without_kafka_timestamp_is_bad_timestamp(ts, detail):
      ("bad_timestamp", "'updated_at': '2024-01-01T00:00:00' is not a timestamp: expected epoch milliseconds "
                        "(a non-negative integer) or an RFC 3339 instant with offset such as 2024-01-31T12:00:00Z")),
     ("updated_at", b'{"updated_at":1.5}',
-     ("bad_timestamp", "'updated_at' must be epoch ms or an ISO-8601 instant, got 1.5")),
+     ("bad_timestamp", "'updated_at' must be epoch ms or an RFC 3339 instant, got 1.5")),
     ("updated_at", b'{"updated_at":-5}', ("bad_timestamp", "'updated_at': timestamp -5 is outside [0, 2^63-1]")),
     ("updated_at", b'{"updated_at":true}',
-     ("bad_timestamp", "'updated_at' must be epoch ms or an ISO-8601 instant, got true")),
+     ("bad_timestamp", "'updated_at' must be epoch ms or an RFC 3339 instant, got true")),
     ("meta.ts", b'{"meta":{"at":1}}', ("missing_field", "missing field 'meta.ts' in the value")),
     ("meta.ts", b'{"v":1}', ("missing_field", "missing field 'meta.ts' in the value")),
     ("meta.ts", b'{"meta":7}',
