@@ -90,6 +90,7 @@ class _Lines:
         return self._size - _line_end(self._last)
 
     def over(self) -> bool:
+        """Whether the record read so far is over the limit (then so is the whole record)."""
         return self._size > self._limit and self.record_bytes() > self._limit
 
     def _take(self) -> str:
@@ -114,7 +115,8 @@ class _Lines:
         """Read the rest of a record the csv reader gave up on (it passed the limit, or it is
         invalid CSV), up to the first line end outside a quoted field. Left to itself, the csv
         reader goes on at the next physical line, which may be inside a quoted value: text in a
-        value would be read as records. The reader never read past the kept text (``over``)."""
+        value would be read as records. The csv reader never reads past the kept text: ``__next__``
+        stops it at the line that passes the limit."""
         quoted = False
         for line in self.text:
             quoted = _quoted_at_end(line, quoted)
