@@ -4,7 +4,7 @@ guard, re-reading the text of records rejected after parsing, and in-memory pars
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -17,7 +17,8 @@ from versiq.ingest.records.parquet_rows import parquet_row_text, parse_parquet, 
 from versiq.ingest.records.schema import BATCH_ROWS, FORMAT_BY_EXTENSION, PARSED_SCHEMA
 from versiq.timestamps import format_timestamp
 
-PARSERS = {"jsonl": parse_jsonl, "csv": parse_csv, "parquet": parse_parquet}
+PARSERS: dict[str, Callable[[str, str], Iterator[pa.RecordBatch]]] = {
+    "jsonl": parse_jsonl, "csv": parse_csv, "parquet": parse_parquet}
 
 
 def format_of(path: str, explicit: str | None) -> str:

@@ -21,6 +21,7 @@ import versiq.ingest.parse as parse_module
 import versiq.ingest.parse_workers as parse_workers
 from versiq.ingest.parse import parse_here
 from versiq.ingest.parse_workers import PARSE_WORKERS_ENV, Piece, WorkerRun, cpu_quota, line_starts, plan_pieces
+from versiq.ingest.records import MAX_RECORD_BYTES
 from versiq.ingest.sources import SourceError
 
 _LINES = [
@@ -296,3 +297,13 @@ def test_the_cgroup_cpu_quota_caps_the_workers(tmp_path, monkeypatch, text, core
     monkeypatch.setattr(parse_workers, "cpu_quota", lambda: cores)
     expected = len(os.sched_getaffinity(0)) if cores is None else max(1, min(len(os.sched_getaffinity(0)), cores))
     assert parse_workers.parse_workers() == expected
+
+
+def test_a_csv_value_over_the_record_limit_is_one_rejection_in_workers(tmp_path):
+    filler = "x" * 200 + "\n"
+    value = filler * (MAX_RECORD_BYTES // len(filler) + 10) + "smuggled,1,1700000000001\n" + filler
+    (tmp_path / "a.csv").write_text(f'key,value,timestamp\nk,"{value}",5\nafter,1,6\n', encoding="utf-8")
+    alone, in_workers = _parse_both({"a.csv": str(tmp_path / "a.csv")}, None, None, 40)
+    assert in_workers.to_pylist() == alone.to_pylist()
+    rows = sorted((r["seq"], r["key"], r["reason"]) for r in alone.to_pylist())  # one file: seq is the line
+    assert rows == [(2, None, "too_large"), (2 + value.count("\n") + 1, "after", None)]
