@@ -74,7 +74,7 @@ SETTINGS: dict[str, dict[str, str]] = {
     # PYTHONPATH, the same class archive folder); set in main()
     "previous": {},
     # the same CLI with VERSIQ_DRIVER_AUTOSTART: its first run starts a driver in the background
-    # (README, "Started by the CLI"), the runs after it are that driver's; set in main()
+    # (docs/cli.md, "Started by the CLI"), the runs after it are that driver's; set in main()
     "autostart": {},
     # the same CLI, its runs made by a resident driver (``versiq driver``, started by this bench,
     # warm-up included; its start is reported apart): VERSIQ_DRIVER_SOCKET is set in main()

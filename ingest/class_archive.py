@@ -166,7 +166,7 @@ def _write(path: str, timeout: float) -> tuple[str, str]:
         return "written", path
 
 
-def _kill_group(child: subprocess.Popen[str]) -> None:
+def _kill_group(child: subprocess.Popen[bytes]) -> None:
     """SIGKILL the child's process group (the Python child and the JVM it started; a JVM busy
     writing its archive may ignore SIGTERM for minutes) and reap the child."""
     with contextlib.suppress(ProcessLookupError, PermissionError):

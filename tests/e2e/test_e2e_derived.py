@@ -173,7 +173,7 @@ def _latest(path: Path) -> dict[str, str | None]:
 
 
 def test_a_table_added_over_the_demo_store_through_the_cli(tmp_path: Path) -> None:
-    """Issue 10 item 12 as the README shows it: `versiq demo` (what `make demo` runs) ingests
+    """Issue 10 item 12 as docs/cli.md shows it: `versiq demo` (what `make demo` runs) ingests
     `prices` without any table; a pipeline file then adds a filter table over it, and later runs
     (one without the pipeline file, as `make demo` or `versiq ingest --store` do) keep it exact."""
     data, wh = tmp_path / "demo-data", tmp_path / "warehouse"

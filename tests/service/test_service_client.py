@@ -36,7 +36,7 @@ EXAMPLE = ROOT / "tests" / "support" / "client_example.py"
 
 @pytest.fixture(scope="module")
 def s_generated_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A folder holding the generated package ``versiq_client`` and the README's example
+    """A folder holding the generated package ``versiq_client`` and docs/http-api.md's example
     (tests/support/client_example.py) beside it."""
     out = tmp_path_factory.mktemp("gen")
     generator = shutil.which("openapi-python-client", path=str(VENV_BIN)) or "openapi-python-client"
@@ -243,7 +243,7 @@ def test_generated_client_issue_16_endpoints(s_generated: Any, s_wh: Warehouse) 
 def test_generated_client_types_under_mypy_strict(s_generated_dir: Path, tmp_path: Path) -> None:
     """Auth is declared once for the whole API (``security: [{}, {bearerAuth: []}]``), so every
     call takes a plain ``Client`` (a server without tokens) or an ``AuthenticatedClient``; the
-    package and the README's example pass ``mypy --strict``."""
+    package and docs/http-api.md's example pass ``mypy --strict``."""
     api = s_generated_dir / "versiq_client" / "api"
     calls = sorted(api.rglob("*.py"))
     assert len([p for p in calls if p.name != "__init__.py"]) >= 17
@@ -260,7 +260,7 @@ def test_generated_client_types_under_mypy_strict(s_generated_dir: Path, tmp_pat
 
 
 def test_client_example_with_auth_off_and_on(s_generated: Any, s_wh: Warehouse) -> None:
-    """The README's example: a plain ``Client`` against a server without tokens (an empty token
+    """docs/http-api.md's example: a plain ``Client`` against a server without tokens (an empty token
     also means no token), an ``AuthenticatedClient`` against one with tokens."""
     import client_example
     from versiq_client import Client

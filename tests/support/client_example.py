@@ -1,4 +1,4 @@
-"""The README's example of the Python client generated from openapi.yaml (openapi-python-client):
+"""docs/http-api.md's example of the Python client generated from openapi.yaml (openapi-python-client):
 tests/service/test_service_client.py copies it next to the generated ``versiq_client`` package,
 checks both with ``mypy --strict`` and runs ``latest_and_history`` against live servers, with
 authentication off (a plain ``Client``) and on (an ``AuthenticatedClient``)."""
