@@ -1,20 +1,17 @@
-"""A run's decisions in this process: ``ingest.semantics`` in DuckDB, over the Arrow table of a
-run parsed here (``parse.parse_here``), before the JVM is needed.
+"""The DuckDB executor of the rule book (``ingest.rules``): a run parsed in this process
+(``parse.parse_here``) is decided here, over its Arrow table, before the JVM is needed.
 
-The same rules, column for column (docs/semantics.md, rules 1-12 and 19-22; the module
-docstring of ``ingest.semantics`` explains the windows), with one simplification: stream time is
-always the running maximum over each partition in processing order, one window that DuckDB
-computes in a single pass, where Spark needs the per-file maxima of the parse to avoid sorting
-every record on one core. The result is the classified table of ``semantics.classify`` and the
-rows of ``semantics.rows_to_write`` as Arrow tables; Spark only writes them
-(``task_frame``). The property tests run both implementations against the reference model.
+The rules are ``ingest.rules``'; this module only arranges them: each column one step of a chain
+of CTEs, stream time always the rule's one window (DuckDB computes it in a single pass, where
+Spark needs the per-file maxima of the parse to avoid sorting every record on one core). The
+result is the classified table of ``semantics.classify`` and the rows of
+``semantics.rows_to_write`` as Arrow tables; Spark only writes them (``task_frame``).
+``tests/ingest/test_decisions_here.py`` runs both executors on random runs, column for column.
 
-Why: a run parsed here already holds its records in this process, and a JVM started for the
-run takes seconds to be ready. Deciding here overlaps the decisions with that start, where in
-Spark they were its longest stage: 1M events into a new store spent about 8 s in the decisions'
-Spark jobs (a sort and window stage at about 10 µs per record on two cores, then its cache);
-DuckDB takes about a second (docs/benchmarks.md, "A run parsed in the driver is decided there").
-"""
+Why a second executor: a run parsed here already holds its records in this process, and a JVM
+started for the run takes seconds to be ready. Deciding here overlaps the decisions with that
+start, where in Spark they were its longest stage (docs/benchmarks.md, "A run parsed in the
+driver is decided there")."""
 
 from __future__ import annotations
 
@@ -31,13 +28,12 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 
 from versiq import storage
-from versiq.durations import format_duration
+from versiq.ingest import rules
 from versiq.ingest.bucketing import by_bucket
 from versiq.ingest.frames import spread_frame
-from versiq.ingest.semantics import BEFORE, ORDER, RunContext, put_decisions_sql
+from versiq.ingest.semantics import RunContext
 from versiq.ingest.spark import local_relation_bytes
 from versiq.layout import StoreSettings
-from versiq.timestamps import SQL_RFC3339_MS
 
 #: The classified records (``semantics.classify``'s columns).
 CLASSIFIED_SCHEMA = pa.schema([
@@ -46,18 +42,6 @@ CLASSIFIED_SCHEMA = pa.schema([
     ("bucket", pa.int32()), ("outcome", pa.string()), ("detail", pa.string()), ("st_before", pa.int64()),
     ("latest", pa.bool_()), ("replaced", pa.bool_()), ("final", pa.bool_()), ("valid_to", pa.int64()),
 ])
-
-
-def rfc3339_sql(millis: str) -> str:
-    """Epoch ms as the text of ``semantics._rfc3339`` (``versiq.timestamps.format_timestamp``), in DuckDB."""
-    low, high = SQL_RFC3339_MS
-    return (f"CASE WHEN {millis} BETWEEN {low} AND {high} THEN strftime(epoch_ms({millis}), '%Y-%m-%dT%H:%M:%S.%gZ') "
-            f"ELSE CAST({millis} AS VARCHAR) || ' ms since the epoch' END")
-
-
-def duckdb_string(text: str) -> str:
-    """``text`` as a DuckDB string literal (no backslash escapes there)."""
-    return "'" + text.replace("'", "''") + "'"
 
 
 def with_key_crc(table: pa.Table) -> pa.Table:
@@ -76,11 +60,12 @@ def _connect() -> duckdb.DuckDBPyConnection:
 
 def classify_here(parsed: pa.Table, existing: pa.Table, ctx: RunContext) -> pa.Table:
     """``semantics.classify`` of the valid records of ``parsed`` (``order.RUN_SCHEMA``) against
-    ``existing`` (``store.existing_versions``), as a ``CLASSIFIED_SCHEMA`` table. Of ``ctx``
-    only the settings, the state before the run and the flags say which windows are needed."""
+    ``existing`` (``store.existing_versions``), as a ``CLASSIFIED_SCHEMA`` table: the columns of
+    ``ingest.rules``, one step of a chain of DuckDB CTEs each. Of ``ctx`` only the settings, the
+    state before the run and the flags say which windows are needed."""
     settings, state = ctx.settings, ctx.state
     P, B = int(settings.partitions), int(settings.buckets)
-    retention = int(settings.history_retention_ms)
+    d = rules.DUCKDB
     good = parsed.filter(pc.is_null(parsed.column("reason"))).select(["seq", "key", "value", "ts", "part", "offset"])
     seq = good.column("seq").to_numpy()
     if not (np.diff(seq) > 0).all():  # a parse yields records in processing order; if not, sort
@@ -90,72 +75,46 @@ def classify_here(parsed: pa.Table, existing: pa.Table, ctx: RunContext) -> pa.T
                       "prev_st": pa.array([state.stream_time.get(p) for p in parts], pa.int64()),
                       "prev_off": pa.array([state.max_offset.get(p) for p in parts], pa.int64())})
     stored = existing.num_rows > 0
-    bad = f"(part IS NOT NULL AND part >= {P})"
-    home = "coalesce(home_stored, home_run)" if stored else "home_run"
-    conflict = f"(NOT bad AND p != {home})"
-    latest, replaced, final, valid_to = put_decisions_sql(settings.kind, "PARTITION BY key, accepted")
-    late = ("false" if settings.kind == "timestamped"
-            else f"(valid1 AND st_before IS NOT NULL AND ts < st_before - {retention})")
-    if ctx.explicit_partitions:
-        home_run = ("first_value(CASE WHEN NOT bad THEN p END IGNORE NULLS) OVER (PARTITION BY key ORDER BY seq "
-                    "ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)")
-    else:  # every partition is crc32(key) mod P: a key's records all agree
-        home_run = "p"
+    home = rules.home(stored)
+    latest, replaced, final, valid_to = rules.put_decisions(settings.kind, "PARTITION BY key, accepted")
     if ctx.any_offsets:
-        ord0 = ('CASE WHEN count(CASE WHEN outcome0 IS NULL THEN 1 END) OVER (PARTITION BY p) '
-                '= count(CASE WHEN outcome0 IS NULL THEN "offset" END) OVER (PARTITION BY p) THEN "offset" END')
-        dup = ('(outcome0 IS NULL AND "offset" IS NOT NULL AND ((prev_off IS NOT NULL AND "offset" <= prev_off) '
-               f'OR row_number() OVER (PARTITION BY p, "offset", outcome0 IS NULL ORDER BY {ORDER}) > 1))')
+        ord0, dup = rules.offset_order(d), rules.duplicate_offset(d)
     else:
         ord0, dup = "CAST(NULL AS BIGINT)", "false"
     joins = "LEFT JOIN homes USING (key) LEFT JOIN stored_ts USING (key, ts)" if stored else ""
     stored_cols = "" if stored else ", CAST(NULL AS BIGINT) AS stored_max, CAST(NULL AS BOOLEAN) AS stored_hit"
-    late_detail = (
-        "printf('timestamp %s (%d) is older than stream time %s minus history retention %s (horizon %s)', "
-        f"{rfc3339_sql('ts')}, ts, {rfc3339_sql('st_before')}, {duckdb_string(format_duration(retention))}, "
-        f"{rfc3339_sql(f'st_before - {retention}')})")
     sql = f"""
     WITH r0 AS (
-      SELECT *, {bad} AS bad,
-             CASE WHEN {bad} THEN CAST(NULL AS INTEGER) WHEN part IS NOT NULL THEN CAST(part AS INTEGER)
-                  ELSE CAST(crc % {P} AS INTEGER) END AS p,
-             CAST(crc % {B} AS INTEGER) AS bucket {stored_cols}
+      SELECT *, {rules.partition(d, P)} AS p, {d.key_mod(B)} AS bucket {stored_cols}
       FROM good {joins}
     ), r1 AS (
-      SELECT *, {home_run} AS home_run FROM r0 LEFT JOIN prior USING (p)
+      SELECT *, {rules.home_run(d, P, ctx.explicit_partitions)} AS home_run FROM r0 LEFT JOIN prior USING (p)
     ), r2 AS (
-      SELECT *, CASE WHEN bad THEN 'bad_partition' WHEN {conflict} THEN 'partition_conflict' END AS outcome0,
-             CASE WHEN bad THEN printf('partition %d is not in [0, %d)', part, {P})
-                  WHEN {conflict} THEN printf('key belongs to partition %d, record names partition %d', {home}, p)
-             END AS detail0
-      FROM r1
+      SELECT *, {rules.outcome0(P, home)} AS outcome0, {rules.detail0(d, P, home)} AS detail0 FROM r1
     ), r3 AS (
-      SELECT *, {ord0} AS ord0 FROM r2
+      SELECT *, {rules.valid0()} AS valid0 FROM r2
     ), r4 AS (
-      SELECT *, {dup} AS dup FROM r3
+      SELECT *, {ord0} AS ord0 FROM r3
     ), r5 AS (
-      SELECT *, outcome0 IS NULL AND NOT dup AS valid1 FROM r4
+      SELECT *, {dup} AS dup FROM r4
     ), r6 AS (
-      SELECT *, CASE WHEN valid1 THEN greatest(prev_st, max(CASE WHEN valid1 THEN ts END)
-                  OVER (PARTITION BY p ORDER BY {ORDER} {BEFORE})) END AS st_before
-      FROM r5
+      SELECT *, {rules.valid1()} AS valid1 FROM r5
     ), r7 AS (
-      SELECT *, {late} AS late, coalesce(ord0, seq) AS ord FROM r6
+      SELECT *, {rules.stream_time_before()} AS st_before FROM r6
     ), r8 AS (
-      SELECT *, valid1 AND NOT late AS accepted FROM r7
+      SELECT *, {rules.late(settings.kind, settings.history_retention_ms)} AS late, {rules.KEY_ORDER} AS ord FROM r7
+    ), r9 AS (
+      SELECT *, {rules.accepted()} AS accepted FROM r8
     )
     SELECT seq AS decided_seq, p, ord0, bucket,
-           coalesce(outcome0, CASE WHEN dup THEN 'duplicate_offset' END, CASE WHEN late THEN 'late' END,
-                    'accepted') AS outcome,
-           coalesce(detail0,
-                    CASE WHEN dup THEN printf('offset %d of partition %d was already processed', "offset", p) END,
-                    CASE WHEN late THEN {late_detail} END) AS detail,
+           {rules.OUTCOME} AS outcome,
+           {rules.detail(d, settings.history_retention_ms)} AS detail,
            CASE WHEN late THEN st_before END AS st_before,
            CASE WHEN accepted THEN {latest} END AS latest,
            CASE WHEN accepted THEN {replaced} END AS replaced,
            accepted AND {final} AS final,
            CASE WHEN accepted AND {final} THEN {valid_to} END AS valid_to
-    FROM r8 ORDER BY seq"""
+    FROM r9 ORDER BY seq"""
     con = _connect()
     try:
         # the values (most of the bytes) stay out of DuckDB's windows: its result, in the order
@@ -215,16 +174,15 @@ def rows_to_write_here(classified: pa.Table, existing: pa.Table, settings: Store
               SELECT key, ts AS valid_from, value, value IS NULL AS tombstone, p AS "partition", bucket, 1 AS src,
                      CAST(NULL AS BIGINT) AS old_valid_to FROM classified WHERE final
               UNION ALL
-              SELECT key, valid_from, value, tombstone, CAST("partition" AS INTEGER), CAST(crc % {B} AS INTEGER),
+              SELECT key, valid_from, value, tombstone, CAST("partition" AS INTEGER), {rules.DUCKDB.key_mod(B)},
                      0, valid_to FROM existing
             ), kept AS (
-              SELECT * FROM merged QUALIFY lag(valid_from) OVER (PARTITION BY key ORDER BY valid_from, src DESC)
-                                            IS DISTINCT FROM valid_from
+              SELECT * FROM merged QUALIFY {rules.kept_version("PARTITION BY key")}
             ), ends AS (
-              SELECT *, lead(valid_from) OVER (PARTITION BY key ORDER BY valid_from) AS valid_to FROM kept
+              SELECT *, {rules.merged_valid_to("PARTITION BY key")} AS valid_to FROM kept
             )
             SELECT bucket, key, valid_from, valid_to, value, tombstone, "partition", {run_col}
-            FROM ends WHERE src = 1 OR valid_to IS DISTINCT FROM old_valid_to ORDER BY bucket, key, valid_from"""
+            FROM ends WHERE {rules.WRITTEN} ORDER BY bucket, key, valid_from"""
         return con.sql(sql).to_arrow_table()
     finally:
         con.close()

@@ -61,12 +61,11 @@ import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from versiq.durations import format_duration
+from versiq.ingest import rules
 from versiq.ingest.bucketing import by_slot, slot_sql
 from versiq.ingest.frames import rows_frame
-from versiq.ingest.sqltext import crc32_mod_sql, file_of_sql, sql_string
+from versiq.ingest.sqltext import crc32_mod_sql, file_of_sql
 from versiq.layout import StoreSettings, StoreState
-from versiq.timestamps import SQL_RFC3339_MS
 
 
 @dataclass(frozen=True)
@@ -127,22 +126,6 @@ def files_before(file_max: dict[tuple[int, int], int]) -> list[tuple[int, int, i
     return out
 
 
-def _rfc3339(millis: str) -> str:
-    """Epoch ms as the RFC 3339 UTC text of ``versiq.timestamps.format_timestamp`` (the session's
-    time zone is UTC), for details people read; outside ``SQL_RFC3339_MS`` as the milliseconds
-    (``timestamp_millis`` of a stream time past about year 294,000 overflowed, failing the run)."""
-    low, high = SQL_RFC3339_MS
-    return (f"CASE WHEN {millis} BETWEEN {low} AND {high} "
-            f"""THEN date_format(timestamp_millis({millis}), "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'") """
-            f"ELSE concat(CAST({millis} AS STRING), ' ms since the epoch') END")
-
-
-#: Processing order inside a partition (``ord0``: the offset when the partition is ordered by
-#: offsets; ``seq``: source file and position).
-ORDER = "ord0 ASC NULLS FIRST, seq ASC"
-BEFORE = "ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING"
-
-
 def stored_homes(existing: pa.Table) -> pa.Table:
     """Per stored key of a run (``existing``: the current rows of the run's keys, on the driver,
     ``store.existing_versions``, which always holds a key's newest version): ``home_stored``,
@@ -157,90 +140,56 @@ def stored_homes(existing: pa.Table) -> pa.Table:
 
 def classify(spark: SparkSession, records: DataFrame, existing: DataFrame, ctx: RunContext,
              homes: DataFrame | None = None) -> DataFrame:
-    """Every record of the run with its ``outcome`` and, for accepted ones, the put decisions;
-    partitioned by write bucket into ``ctx.tasks`` partitions. ``existing``: the stored versions
-    of the run's keys, or of each key at least the suffix of its history from the version valid
-    at its earliest record of the run on (``store.existing_versions``: contiguous, and holding
-    the newest version); ``homes``: their ``stored_homes``, None when no key of the run is stored.
+    """Every record of the run with its ``outcome`` and, for accepted ones, the put decisions
+    (``ingest.rules``); partitioned by write bucket into ``ctx.tasks`` partitions. ``existing``:
+    the stored versions of the run's keys, or of each key at least the suffix of its history from
+    the version valid at its earliest record of the run on (``store.existing_versions``:
+    contiguous, and holding the newest version); ``homes``: their ``stored_homes``, None when no
+    key of the run is stored.
 
-    The decisions are SQL text, as few DataFrame steps as the window functions allow (a
-    window's input cannot hold another window): built from PySpark ``Column`` calls and a
-    ``withColumn`` each, they cost a py4j round trip per call and a plan analysis per step,
-    most of a small run's driver time."""
+    As few DataFrame steps as the window functions allow (a window's input cannot hold another
+    window): a step costs a py4j round trip and a plan analysis, most of a small run's driver
+    time, so columns used once are inlined as their rule's expression."""
     s = ctx.settings
     existing_empty = homes is None
     P = int(s.partitions)
-    bad_part = f"(part IS NOT NULL AND part >= {P})"
-    # A bad partition (any int64) must not reach the int cast: ANSI mode raises on overflow.
-    df = records.withColumn("p", _x(
-        f"CASE WHEN {bad_part} THEN CAST(NULL AS INT) WHEN part IS NOT NULL THEN CAST(part AS INT) "
-        f"ELSE {crc32_mod_sql('key', P)} END"))
+    df = records.withColumn("p", _x(rules.partition(rules.SPARK, P)))
     df = _with_prior_state(spark, df, ctx.state)
     if homes is not None:
         # the key's stored home partition, its newest stored version, and stored timestamps
         stored_ts = existing.selectExpr("key", "valid_from AS ts", "true AS stored_hit")
         df = df.join(homes, "key", "left").join(stored_ts, ["key", "ts"], "left")
     if ctx.explicit_partitions:
-        df = df.withColumn("home_run", _x(
-            f"first(CASE WHEN NOT {bad_part} THEN p END, true) OVER (PARTITION BY key ORDER BY seq "
-            "ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)"))
-        home_run = "home_run"
-    else:  # every partition is crc32(key) mod P: a key's records all agree
-        home_run = "p"
-    home = home_run if existing_empty else f"coalesce(home_stored, {home_run})"
-    conflict = f"(NOT {bad_part} AND p != {home})"
-    outcome0 = f"CASE WHEN {bad_part} THEN 'bad_partition' WHEN {conflict} THEN 'partition_conflict' END"
-    valid0 = f"(({outcome0}) IS NULL)"
-    first = {
-        "outcome0": _x(outcome0),
-        "detail0": _x(
-            f"CASE WHEN {bad_part} THEN format_string('partition %d is not in [0, %d)', part, {P}) "
-            f"WHEN {conflict} THEN format_string('key belongs to partition %d, record names partition %d', "
-            f"{home}, p) END"),
-        "valid0": _x(valid0),
-    }
-    # Processing order inside a partition: by offset when every (valid) record of it has one.
+        df = df.withColumn("home_run", _x(rules.home_run(rules.SPARK, P, True)))
+        home = rules.home(not existing_empty)
+    else:
+        home = rules.home(not existing_empty, rules.home_run(rules.SPARK, P, False))
+    outcome0 = rules.outcome0(P, home)
+    first = {"outcome0": _x(outcome0), "detail0": _x(rules.detail0(rules.SPARK, P, home)),
+             "valid0": _x(rules.valid0(outcome0))}
     if ctx.any_offsets:
-        df = df.withColumns(first).withColumn("ord0", _x(
-            "CASE WHEN count(CASE WHEN valid0 THEN 1 END) OVER (PARTITION BY p) = "
-            "count(CASE WHEN valid0 THEN `offset` END) OVER (PARTITION BY p) THEN `offset` END"))
-        dup = ("(valid0 AND `offset` IS NOT NULL AND ((prev_off IS NOT NULL AND `offset` <= prev_off) OR "
-               f"row_number() OVER (PARTITION BY p, `offset`, valid0 ORDER BY {ORDER}) > 1))")
-        df = df.withColumns({"dup": _x(dup), "valid1": _x(f"valid0 AND NOT {dup}")})
+        df = df.withColumns(first).withColumn("ord0", _x(rules.offset_order(rules.SPARK)))
+        dup = rules.duplicate_offset(rules.SPARK)
+        df = df.withColumns({"dup": _x(dup), "valid1": _x(rules.valid1(dup=dup))})
     else:
         df = df.withColumns({**first, "ord0": _x("CAST(NULL AS BIGINT)"), "dup": _x("false"),
-                             "valid1": _x(valid0)})
-    df, st_before = _with_stream_time(spark, df, ctx, existing_empty)
-    st_before = f"(CASE WHEN valid1 THEN {st_before} END)"
-    if s.kind == "versioned":
-        late = f"(valid1 AND {st_before} IS NOT NULL AND ts < {st_before} - {int(s.history_retention_ms)})"
-    else:
-        late = "false"
-    # A key's accepted records share one partition (conflicts are rejected), so inside a key
-    # processing order is the offset when the partition is ordered by offsets, else ``seq``.
+                             "valid1": _x("valid0")})
+    df, running = _running_stream_time(spark, df, ctx, existing_empty)
+    st_before = rules.stream_time_before(running)
+    late = rules.late(s.kind, s.history_retention_ms, st_before=st_before)
     bucket = crc32_mod_sql("key", s.buckets)
-    decided = {"st_before": _x(st_before), "late": _x(late), "accepted": _x(f"valid1 AND NOT {late}"),
-               "ord": _x("coalesce(ord0, seq)"), "bucket": _x(bucket), "slot": _x(slot_sql(bucket, ctx.tasks))}
+    decided = {"st_before": _x(st_before), "late": _x(late), "accepted": _x(rules.accepted(late=late)),
+               "ord": _x(rules.KEY_ORDER), "bucket": _x(bucket), "slot": _x(slot_sql(bucket, ctx.tasks))}
     if existing_empty:
         decided |= {"stored_max": _x("CAST(NULL AS BIGINT)"), "stored_hit": _x("CAST(NULL AS BOOLEAN)")}
     df = by_slot(df.withColumns(decided), ctx.tasks)
-    # Put outcomes of accepted records against the key's stored versions and earlier records.
-    # ``slot`` (a function of the key) keeps the bucket partitioning for the window. ``key``
+    # ``slot`` (a function of the key) keeps the bucket partitioning for the key window. ``key``
     # first: Spark sorts by a prefix of the first sort column, and a task holds one bucket, so
     # a leading ``slot`` would make every comparison a full row comparison.
-    latest, replaced, final, valid_to = put_decisions_sql(s.kind, "PARTITION BY key, slot, accepted")
-    retention = int(s.history_retention_ms)
-    outcome = ("coalesce(outcome0, CASE WHEN dup THEN 'duplicate_offset' END, CASE WHEN late THEN 'late' END, "
-               "'accepted')")
-    detail = (
-        "coalesce(detail0, "
-        "CASE WHEN dup THEN format_string('offset %d of partition %d was already processed', `offset`, p) END, "
-        "CASE WHEN late THEN format_string("
-        "'timestamp %s (%d) is older than stream time %s minus history retention %s (horizon %s)', "
-        f"{_rfc3339('ts')}, ts, {_rfc3339('st_before')}, {sql_string(format_duration(retention))}, "
-        f"{_rfc3339(f'st_before - {retention}')}) END)")
+    latest, replaced, final, valid_to = rules.put_decisions(s.kind, "PARTITION BY key, slot, accepted")
     return df.selectExpr("seq", "key", "value", "ts", "part", "`offset`", "p", "ord0", "bucket",
-                         f"{outcome} AS outcome", f"{detail} AS detail",
+                         f"{rules.OUTCOME} AS outcome",
+                         f"{rules.detail(rules.SPARK, s.history_retention_ms)} AS detail",
                          "CASE WHEN late THEN st_before END AS st_before",
                          f"CASE WHEN accepted THEN {latest} END AS latest",
                          f"CASE WHEN accepted THEN {replaced} END AS replaced",
@@ -248,32 +197,13 @@ def classify(spark: SparkSession, records: DataFrame, existing: DataFrame, ctx: 
                          f"CASE WHEN accepted AND {final} THEN {valid_to} END AS valid_to")
 
 
-def put_decisions_sql(kind: str, by_key: str) -> tuple[str, str, str, str]:
-    """The SQL of a record's put decisions, ``latest``, ``replaced``, ``final`` and ``valid_to``
-    (the module docstring), over its key's window ``by_key`` (a ``PARTITION BY`` clause of the
-    key and ``accepted``). Spark and DuckDB read the same text (``ingest.decisions_here``)."""
-    if kind == "timestamped":
-        w = f"({by_key} ORDER BY ord)"
-        prev_ts = f"coalesce(lag(ts) OVER {w}, stored_max)"
-        return f"({prev_ts} IS NULL OR ts >= {prev_ts})", "false", f"(lead(ord) OVER {w} IS NULL)", \
-            "CAST(NULL AS BIGINT)"
-    w = f"({by_key} ORDER BY ts DESC, ord DESC)"
-    processed_before = f"min(ord) OVER ({by_key} ORDER BY ts DESC, ord DESC {BEFORE})"
-    latest = (f"((stored_max IS NULL OR ts >= stored_max) AND "
-              f"({processed_before} IS NULL OR {processed_before} > ord))")
-    replaced = f"(stored_hit IS NOT NULL OR coalesce(lead(ts) OVER {w} = ts, false))"
-    newer = f"lag(ts) OVER {w}"
-    return latest, replaced, f"({newer} IS NULL OR {newer} != ts)", newer
-
-
-def _with_stream_time(spark: SparkSession, df: DataFrame, ctx: RunContext,
-                      existing_empty: bool) -> tuple[DataFrame, str]:
-    """``df`` (with what it needs joined) and the SQL of stream time before each valid record:
-    the running max of the earlier valid timestamps of its partition in processing order and of
-    the partition's stream time of earlier runs (``prev_st``)."""
-    valid_ts = "CASE WHEN valid1 THEN ts END"
+def _running_stream_time(spark: SparkSession, df: DataFrame, ctx: RunContext,
+                         existing_empty: bool) -> tuple[DataFrame, str]:
+    """``df`` (with what it needs joined) and the SQL of ``rules.RUNNING_STREAM_TIME`` for this
+    run: the rule's one window, or for a large first build the same value without sorting a
+    whole partition on one core."""
     if ctx.any_offsets or not existing_empty:
-        return df, f"greatest(prev_st, max({valid_ts}) OVER (PARTITION BY p ORDER BY {ORDER} {BEFORE}))"
+        return df, rules.RUNNING_STREAM_TIME
     if not ctx.explicit_partitions and ctx.file_max is not None:
         # Every record's partition is its default one and order is (source, pos): the parser's
         # running max of the file (``fst``) and the earlier files' maxima, joined from the driver.
@@ -292,10 +222,11 @@ def _with_stream_time(spark: SparkSession, df: DataFrame, ctx: RunContext,
     # every record): within the file (a window per partition and file) and over the earlier
     # files of the partition (a window over one row per partition and file).
     df = df.withColumn("file", _x(file_of_sql("seq")))
-    earlier_files = df.groupBy("p", "file").agg(F.max(_x(valid_ts)).alias("file_max")).selectExpr(
-        "p", "file", f"max(file_max) OVER (PARTITION BY p ORDER BY file {BEFORE}) AS files_before")
+    earlier_files = df.groupBy("p", "file").agg(F.max(_x(rules.VALID_TS)).alias("file_max")).selectExpr(
+        "p", "file", f"max(file_max) OVER (PARTITION BY p ORDER BY file {rules.BEFORE}) AS files_before")
     df = df.join(earlier_files, ["p", "file"], "left")
-    return df, f"greatest(prev_st, files_before, max({valid_ts}) OVER (PARTITION BY p, file ORDER BY seq {BEFORE}))"
+    return df, (f"greatest(prev_st, files_before, "
+                f"max({rules.VALID_TS}) OVER (PARTITION BY p, file ORDER BY seq {rules.BEFORE}))")
 
 
 def rows_to_write(classified: DataFrame, existing: DataFrame, ctx: RunContext,
@@ -322,11 +253,9 @@ def rows_to_write(classified: DataFrame, existing: DataFrame, ctx: RunContext,
                               f"{bucket} AS bucket", f"{slot_sql(bucket, ctx.tasks)} AS slot", "0 AS src",
                               "valid_to AS old_valid_to")
     merged = by_slot(new.unionByName(old), ctx.tasks)
-    # a new version replaces the stored one at the same (key, valid_from): it sorts first
-    merged = merged.withColumn(
-        "prev_from", _x("lag(valid_from) OVER (PARTITION BY key, slot ORDER BY valid_from, src DESC)")).filter(
-        "prev_from IS NULL OR prev_from != valid_from")
-    merged = merged.withColumn(
-        "valid_to", _x("lead(valid_from) OVER (PARTITION BY key, slot ORDER BY valid_from)"))
-    return merged.filter("src = 1 OR NOT (valid_to <=> old_valid_to)").selectExpr(
+    by_key = "PARTITION BY key, slot"
+    # (Spark evaluates no window function in a filter: each is a column first)
+    merged = merged.withColumn("kept", _x(rules.kept_version(by_key))).filter("kept")
+    merged = merged.withColumn("valid_to", _x(rules.merged_valid_to(by_key)))
+    return merged.filter(rules.WRITTEN).selectExpr(
         "key", "valid_from", "valid_to", "value", "tombstone", "`partition`", "bucket", run)
