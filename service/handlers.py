@@ -26,7 +26,7 @@ from versiq.query.lookups import (
     read_pairs,
 )
 from versiq.query.streams import StreamPosition, StreamRecordsQuery
-from versiq.service.bodies import BodyBudget, parse_json_off_loop
+from versiq.service.bodies import BodyBudget, parse_json
 from versiq.service.errors import query_problem
 from versiq.service.metrics import Metrics
 from versiq.service.params import (
@@ -241,6 +241,12 @@ def _lookup_request(request: Any) -> tuple[list[tuple[str, int | None]], dict[st
     if system_time is not None:
         fields["asOfSystemTime"] = system_time
     return pairs, fields
+
+
+def _lookup_json(raw: bytes) -> tuple[list[tuple[str, int | None]], dict[str, Any]]:
+    """``_lookup_request`` of a raw JSON body: parsed and checked together in the thread pool
+    (100,000 pairs take a good part of a second, which the event loop must not wait for)."""
+    return _lookup_request(parse_json(raw, MAX_LOOKUP_OBJECTS))
 
 
 def _body_version(request: dict[str, Any], name: str) -> int | None:
@@ -606,7 +612,7 @@ class Service:
         answer_type = negotiate(accept)
         fields: dict[str, Any] = {}
         if media_type == "application/json":
-            pairs, fields = _lookup_request(await parse_json_off_loop(raw, MAX_LOOKUP_OBJECTS))
+            pairs, fields = await run_in_threadpool(_lookup_json, raw)
         elif media_type in TABLE_MEDIA_TYPES:
             try:
                 pairs = await run_in_threadpool(read_pairs, raw, media_type)
