@@ -142,14 +142,12 @@ def _pair_columns(schema: pa.Schema) -> list[str]:
 def _parquet_table(data: bytes) -> pa.Table:
     """The pair columns of a Parquet file: rows and page sizes checked from the footer, keys
     read dictionary-encoded and expanded only once their decoded size is known to fit."""
-    source = pq.ParquetFile(io.BytesIO(data), read_dictionary=["key"])
-    metadata = source.metadata
+    footer = pq.ParquetFile(io.BytesIO(data))
+    metadata = footer.metadata
     _check_rows(metadata.num_rows)
-    schema = source.schema_arrow
-    if "key" in schema.names and pa.types.is_dictionary(schema.field("key").type):  # read_dictionary's doing
-        schema = schema.set(schema.get_field_index("key"), schema.field("key").with_type(
-            schema.field("key").type.value_type))
+    schema = footer.schema_arrow
     columns = _pair_columns(schema)
+    source = pq.ParquetFile(io.BytesIO(data), read_dictionary=["key"])
     pages = sum(group.column(i).total_uncompressed_size
                 for group in (metadata.row_group(g) for g in range(metadata.num_row_groups))
                 for i in range(group.num_columns) if group.column(i).path_in_schema in columns)
