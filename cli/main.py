@@ -193,7 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve the HTTP query API",
         description="Serve VersionedKeyQuery / MultiVersionedKeyQuery over HTTP for every store "
         "of the warehouse. Every option also reads an environment variable.",
-        epilog="A request head must arrive within VERSIQ_REQUEST_HEAD_TIMEOUT (default 10s); request "
+        epilog="A request head must arrive within VERSIQ_REQUEST_HEAD_TIMEOUT (default 10s) and its body "
+        "within VERSIQ_REQUEST_BODY_TIMEOUT (default 60s) after it; request "
         "targets over 64 KiB are refused 414 and headers over 64 KiB 431. Exit status: 0 stopped, "
         "2 usage or configuration error, 3 could not start serving (e.g. the address is in use).",
     )

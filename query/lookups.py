@@ -3,8 +3,9 @@ each exactly as the single-key read (latest when ``asOf`` is null, else as of it
 This is a feature store's point-in-time-correct join: a training row stamped T sees the value
 the store held at T, never a later one.
 
-The pairs come as a table (``pairs_from_table``: an uploaded Arrow IPC stream or Parquet file,
-or ``versiq lookup --input``) or as JSON; the answers go out as an Arrow table
+The pairs come as a table (``pairs_from_table``: an uploaded Arrow IPC stream or Parquet file
+read by ``read_pairs`` within bounds checked before anything is decoded, or ``versiq lookup
+--input``) or as JSON; the answers go out as an Arrow table
 (``answers_table``, also written as Parquet) with one row per pair, in input order. The HTTP
 JSON and NDJSON shapes are ``service.render``'s.
 """
@@ -23,6 +24,12 @@ from versiq.query.api import KeyResult
 
 #: At most this many pairs per request or CLI input table (one snapshot answers them all).
 MAX_LOOKUPS = 100_000
+#: Bytes an uploaded table may decode to (the Arrow IPC stream: all of it; Parquet: its key
+#: and asOf columns): twice the largest JSON body, far more than 100,000 keys of usual length.
+#: A few KiB of compressed repetition can otherwise decode to gigabytes.
+MAX_DECODED_BYTES = 64 * 1024 * 1024
+#: Rows of a Parquet file decoded at once.
+_PARQUET_BATCH_ROWS = 8192
 
 #: The answer table: the pair, then what the single-key read says. ``outcome`` is ``ok``,
 #: ``not-found`` or ``expired``; ``value`` is the record's JSON text; ``deleted_at`` the tombstone
@@ -67,6 +74,10 @@ def pairs_from_table(table: pa.Table) -> list[tuple[str, int | None]]:
         raise LookupInputError(f"column 'key' must be strings, not {keys_column.type}")
     if table.num_rows > MAX_LOOKUPS:
         raise LookupInputError(f"{table.num_rows} pairs; at most {MAX_LOOKUPS} per lookup")
+    try:
+        keys_column.validate(full=True)  # Arrow does not check UTF-8 when it reads a table
+    except pa.ArrowInvalid as exc:
+        raise LookupInputError(f"column 'key' is not valid UTF-8 strings: {exc}") from None
     keys = keys_column.to_pylist()
     as_of_column = _as_of_column(table)
     as_ofs = as_of_column.to_pylist() if as_of_column is not None else [None] * len(keys)
@@ -81,16 +92,153 @@ def pairs_from_table(table: pa.Table) -> list[tuple[str, int | None]]:
 
 
 def read_pairs(data: bytes, media_type: str) -> list[tuple[str, int | None]]:
-    """The pairs of an uploaded table: an Arrow IPC stream or a Parquet file."""
+    """The pairs of an uploaded table: an Arrow IPC stream or a Parquet file. Its row count
+    (at most ``MAX_LOOKUPS``) and decoded size (at most ``MAX_DECODED_BYTES``) are checked from
+    its metadata before it is decoded, so a small compressed body cannot decode to gigabytes;
+    the memory the decoding took is handed back to the allocator's pool afterwards."""
     try:
         if media_type == "application/vnd.apache.parquet":
-            table = pq.read_table(io.BytesIO(data))
+            table = _parquet_table(data)
         else:
-            with pa.ipc.open_stream(data) as reader:
-                table = reader.read_all()
+            table = _ipc_table(data)
+        return pairs_from_table(table)
     except (pa.ArrowInvalid, OSError) as exc:
         raise LookupInputError(f"the body is not a readable {media_type} table: {exc}") from None
-    return pairs_from_table(table)
+    finally:
+        table = None
+        pa.default_memory_pool().release_unused()
+
+
+def _check_rows(rows: int) -> None:
+    if rows > MAX_LOOKUPS:
+        raise LookupInputError(f"{rows} pairs; at most {MAX_LOOKUPS} per lookup")
+
+
+def _check_decoded(size: int, what: str) -> None:
+    if size > MAX_DECODED_BYTES:
+        raise LookupInputError(f"{what} would decode to {size} bytes or more; at most {MAX_DECODED_BYTES} per lookup")
+
+
+def _pair_columns(schema: pa.Schema) -> list[str]:
+    """The columns a lookup reads (``key``, ``asOf``/``as_of``), their types checked from the
+    schema alone (a column of the wrong type is never decoded)."""
+    if "key" not in schema.names:
+        raise LookupInputError(f"the table needs a 'key' column (it has {', '.join(schema.names) or 'none'})")
+    key_type = schema.field("key").type
+    if not (pa.types.is_string(key_type) or pa.types.is_large_string(key_type)):
+        raise LookupInputError(f"column 'key' must be strings, not {key_type}")
+    columns = ["key"]
+    for name in ("asOf", "as_of"):
+        if name in schema.names:
+            kind = schema.field(name).type
+            if not (pa.types.is_timestamp(kind) or pa.types.is_integer(kind) or pa.types.is_null(kind)):
+                raise LookupInputError(f"column {name!r} must hold epoch milliseconds (integers) or timestamps, "
+                                       f"not {kind}")
+            columns.append(name)
+            break
+    return columns
+
+
+def _parquet_table(data: bytes) -> pa.Table:
+    """The pair columns of a Parquet file: rows and page sizes checked from the footer, keys
+    read dictionary-encoded and expanded only once their decoded size is known to fit."""
+    footer = pq.ParquetFile(io.BytesIO(data))
+    metadata = footer.metadata
+    _check_rows(metadata.num_rows)
+    schema = footer.schema_arrow
+    columns = _pair_columns(schema)
+    source = pq.ParquetFile(io.BytesIO(data), read_dictionary=["key"])
+    pages = sum(group.column(i).total_uncompressed_size
+                for group in (metadata.row_group(g) for g in range(metadata.num_row_groups))
+                for i in range(group.num_columns) if group.column(i).path_in_schema in columns)
+    _check_decoded(pages, "the key and asOf columns")
+    batches: list[pa.RecordBatch] = []
+    decoded = 0
+    for batch in source.iter_batches(batch_size=_PARQUET_BATCH_ROWS, columns=columns):
+        keys = batch.column(0)
+        if pa.types.is_dictionary(keys.type):
+            lengths = pc.take(pc.binary_length(keys.dictionary), keys.indices)
+            decoded += (pc.sum(lengths).as_py() or 0) + 8 * len(batch) * batch.num_columns
+            _check_decoded(decoded, "the key and asOf columns")
+            keys = keys.dictionary_decode()
+            batch = pa.record_batch([keys, *batch.columns[1:]], names=batch.schema.names)
+        else:
+            decoded += batch.nbytes
+            _check_decoded(decoded, "the key and asOf columns")
+        batches.append(batch)
+    if not batches:
+        return pa.schema([schema.field(c) for c in columns]).empty_table()
+    return pa.Table.from_batches(batches)
+
+
+def _ipc_table(data: bytes) -> pa.Table:
+    """An Arrow IPC stream, read once its messages' metadata show at most ``MAX_LOOKUPS`` rows
+    and at most ``MAX_DECODED_BYTES`` of buffers once decompressed."""
+    rows = decoded = 0
+    for message in pa.ipc.MessageReader.open_stream(pa.BufferReader(data)):
+        if message.type not in ("record batch", "dictionary"):
+            continue
+        batch_rows, size = _batch_extent(bytes(message.metadata), message.body)
+        if message.type == "record batch":
+            rows += batch_rows
+            _check_rows(rows)
+        decoded += size
+        _check_decoded(decoded, "the table")
+    with pa.ipc.open_stream(data) as reader:
+        return reader.read_all()
+
+
+# Arrow IPC messages are flatbuffers (format/Message.fs, Schema.fs): a table starts with the
+# signed offset back to its vtable, a vtable lists the offsets of the table's fields.
+def _uint(buf: bytes, at: int, size: int, signed: bool = False) -> int:
+    if at < 0 or at + size > len(buf):
+        raise pa.ArrowInvalid("truncated IPC message metadata")
+    return int.from_bytes(buf[at:at + size], "little", signed=signed)
+
+
+def _field(buf: bytes, table: int, index: int) -> int | None:
+    """Where field ``index`` of the flatbuffer table at ``table`` is, None when absent."""
+    vtable = table - _uint(buf, table, 4, signed=True)
+    slot = 4 + 2 * index
+    if slot + 2 > _uint(buf, vtable, 2):
+        return None
+    offset = _uint(buf, vtable + slot, 2)
+    return table + offset if offset else None
+
+
+def _table_at(buf: bytes, field: int | None) -> int:
+    if field is None:
+        raise pa.ArrowInvalid("IPC message metadata without a record batch")
+    return field + _uint(buf, field, 4)
+
+
+def _batch_extent(metadata: bytes, body: pa.Buffer | None) -> tuple[int, int]:
+    """The row count and decompressed buffer bytes of a record batch or dictionary message
+    (``Message.header`` is field 2; a ``DictionaryBatch`` holds its ``RecordBatch`` in field 1;
+    a ``RecordBatch`` has ``length`` (0), ``buffers`` (2) and ``compression`` (3), and each
+    compressed buffer begins with its decompressed length, -1 when it was left uncompressed)."""
+    header = _table_at(metadata, _field(metadata, _uint(metadata, 0, 4), 2))
+    header_type = _field(metadata, _uint(metadata, 0, 4), 1)
+    if header_type is not None and _uint(metadata, header_type, 1) == 2:  # DictionaryBatch
+        header = _table_at(metadata, _field(metadata, header, 1))
+    length_at = _field(metadata, header, 0)
+    rows = 0 if length_at is None else _uint(metadata, length_at, 8, signed=True)
+    buffers_at = _field(metadata, header, 2)
+    compressed = _field(metadata, header, 3) is not None
+    size = 0
+    if buffers_at is not None:
+        vector = buffers_at + _uint(metadata, buffers_at, 4)
+        for i in range(_uint(metadata, vector, 4)):
+            offset = _uint(metadata, vector + 4 + 16 * i, 8, signed=True)
+            length = _uint(metadata, vector + 12 + 16 * i, 8, signed=True)
+            if compressed and length >= 8:
+                if body is None or offset < 0 or offset + 8 > body.size:
+                    raise pa.ArrowInvalid("IPC buffer outside the message body")
+                unpacked = _uint(body.slice(offset, 8).to_pybytes(), 0, 8, signed=True)
+                size += length - 8 if unpacked == -1 else unpacked
+            else:
+                size += length
+    return rows, size
 
 
 def answers_table(pairs: list[tuple[str, int | None]], results: list[KeyResult], snapshot: int) -> pa.Table:

@@ -30,13 +30,13 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from versiq.service.auth import authorized
-from versiq.service.bodies import media_type_of, read_body, read_json_body
+from versiq.service.bodies import media_type_of, parse_json_off_loop, require_json
 from versiq.service.console_pages import CONSOLE_ROUTES, add_console_routes
 from versiq.service.docs_pages import DOCS_ROUTES, add_docs_routes
 from versiq.service.errors import internal_error, method_not_allowed, problem_response, send_problem
 from versiq.service.errors import send as send_response
 from versiq.service.etags import etag_of, not_modified
-from versiq.service.handlers import NDJSON, Service, negotiate
+from versiq.service.handlers import MAX_BATCH_OBJECTS, NDJSON, Service, negotiate
 from versiq.service.problems import Problem, bad_request
 from versiq.service.render import JSON, dumps
 from versiq.service.routes import POST_ROUTES, ROUTE_CHANGES, ROUTE_LOOKUPS, match_v1, split_path
@@ -127,12 +127,14 @@ class VersiqMiddleware:
                 if scope["method"] != "POST":
                     raise method_not_allowed(scope["method"], "POST")
                 if route.template == ROUTE_LOOKUPS:
-                    raw = await read_body(scope, receive)
-                    media, chunks = await self.service.lookups(route, query_string, media_type_of(scope), raw,
-                                                               _header(scope, b"accept"))
+                    async with self.service.bodies.read(scope, receive) as raw:
+                        media, chunks = await self.service.lookups(route, query_string, media_type_of(scope),
+                                                                   raw, _header(scope, b"accept"))
                     await _send_chunks(send, media, chunks)
                     return template
-                request = await read_json_body(scope, receive)
+                require_json(scope)
+                async with self.service.bodies.read(scope, receive) as raw:
+                    request = await parse_json_off_loop(raw, MAX_BATCH_OBJECTS)
                 body = await self.service.handle_post(route, query_string, request)
             else:
                 if scope["method"] != "GET":

@@ -11,7 +11,7 @@ from typing import Any
 from versiq import storage
 from versiq.durations import DurationError
 from versiq.exits import EXIT_OK, EXIT_SERVE_FAILED, EXIT_USAGE
-from versiq.service.http import VersiqHttpProtocol, head_timeout_s
+from versiq.service.http import VersiqHttpProtocol, body_timeout_s, head_timeout_s
 from versiq.service.settings import ConfigError, Settings
 
 
@@ -62,6 +62,7 @@ def serve_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     try:
         Settings.from_env()  # fail fast on bad configuration, before forking workers
         head_timeout_s()
+        body_timeout_s()
     except (ConfigError, DurationError) as exc:
         print(f"versiq serve: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -78,7 +79,7 @@ def serve_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
             log_config=uvicorn_log_config(args.log_format, args.log_level),
             access_log=True,
             proxy_headers=False,
-            http=VersiqHttpProtocol,  # head timeouts, size limits, problem+json refusals (service.http)
+            http=VersiqHttpProtocol,  # head and body timeouts, size limits, problem+json refusals (service.http)
         )
     except SystemExit as exc:  # uvicorn exits when it cannot start serving (e.g. address in use)
         if exc.code in (None, 0):

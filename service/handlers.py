@@ -26,7 +26,7 @@ from versiq.query.lookups import (
     read_pairs,
 )
 from versiq.query.streams import StreamPosition, StreamRecordsQuery
-from versiq.service.bodies import parse_json
+from versiq.service.bodies import BodyBudget, parse_json
 from versiq.service.errors import query_problem
 from versiq.service.metrics import Metrics
 from versiq.service.params import (
@@ -82,6 +82,10 @@ log = logging.getLogger("versiq.service")
 _NAME_RULE = "1-100 letters, digits, '_', '-' or '.', starting with a letter or digit"
 #: Keys one ``keys:batchGet`` request may ask for.
 MAX_BATCH_KEYS = 1000
+#: JSON objects a ``keys:batchGet`` body may hold (the body itself; keys are strings).
+MAX_BATCH_OBJECTS = 1
+#: JSON objects a ``lookups`` body may hold: the body and one per pair.
+MAX_LOOKUP_OBJECTS = MAX_LOOKUPS + 1
 
 
 def _range_params(params: dict[str, str]) -> tuple[int | None, int | None, str, int]:
@@ -239,6 +243,12 @@ def _lookup_request(request: Any) -> tuple[list[tuple[str, int | None]], dict[st
     return pairs, fields
 
 
+def _lookup_json(raw: bytes) -> tuple[list[tuple[str, int | None]], dict[str, Any]]:
+    """``_lookup_request`` of a raw JSON body: parsed and checked together in the thread pool
+    (100,000 pairs take a good part of a second, which the event loop must not wait for)."""
+    return _lookup_request(parse_json(raw, MAX_LOOKUP_OBJECTS))
+
+
 def _body_version(request: dict[str, Any], name: str) -> int | None:
     """A Delta-version field of a JSON body (``snapshot``, ``minSnapshot``); 400 naming it."""
     value = request.get(name)
@@ -276,6 +286,7 @@ class Service:
         self.engine = engine
         self.tokens = PageTokens(settings.token_secret, settings.token_ttl_s)
         self.metrics = Metrics(self.readiness)
+        self.bodies = BodyBudget(settings.body_budget_bytes)
         self._routes: dict[str, Callable[[Route, bytes], Awaitable[bytes]]] = {
             ROUTE_STORES: self._stores,
             ROUTE_STORE: self._store,
@@ -601,10 +612,10 @@ class Service:
         answer_type = negotiate(accept)
         fields: dict[str, Any] = {}
         if media_type == "application/json":
-            pairs, fields = _lookup_request(parse_json(raw))
+            pairs, fields = await run_in_threadpool(_lookup_json, raw)
         elif media_type in TABLE_MEDIA_TYPES:
             try:
-                pairs = read_pairs(raw, media_type)
+                pairs = await run_in_threadpool(read_pairs, raw, media_type)
             except LookupInputError as exc:
                 raise bad_request(str(exc)) from None
         else:

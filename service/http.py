@@ -7,6 +7,11 @@ protocol with three things uvicorn does not do (issue 10):
   of every request (from the connection's opening, or from the first byte of a later request,
   to the end of its headers) must arrive within ``VERSIQ_REQUEST_HEAD_TIMEOUT`` (default 10 s);
   otherwise the connection is closed, with a 408 problem when part of a request had arrived.
+- **Slow request bodies are timed out too.** The body of a request (from the end of its head to
+  its last byte) must arrive within ``VERSIQ_REQUEST_BODY_TIMEOUT`` (default 60 s: 32 MiB at
+  about 0.5 MB/s); otherwise the connection is closed, with a 408 problem unless the answer
+  has begun. A client that sends a head and part of a body, then stalls, would otherwise hold
+  its connection, and what the handler buffered of the body, for ever.
 - **Request size limits answer problem+json.** A request line longer than ``MAX_URL_BYTES``
   is a 414, headers larger than ``MAX_HEADER_BYTES`` in total a 431, both well above what the
   largest key (4 KiB of UTF-8, percent-encoded, plus a page token that repeats it) needs.
@@ -34,20 +39,32 @@ MAX_HEADER_BYTES = 64 * 1024
 #: Default time allowed for a request head to arrive.
 DEFAULT_HEAD_TIMEOUT_S = 10.0
 HEAD_TIMEOUT_ENV = "VERSIQ_REQUEST_HEAD_TIMEOUT"
+#: Default time allowed for a request body to arrive, from the end of its head.
+DEFAULT_BODY_TIMEOUT_S = 60.0
+BODY_TIMEOUT_ENV = "VERSIQ_REQUEST_BODY_TIMEOUT"
 
 _REASONS = {400: b"Bad Request", 408: b"Request Timeout", 414: b"URI Too Long",
             431: b"Request Header Fields Too Large"}
 
 
-def head_timeout_s(env: dict[str, str] | None = None) -> float:
-    """The configured head timeout in seconds; raises ``DurationError`` for a bad value."""
-    text = (os.environ if env is None else env).get(HEAD_TIMEOUT_ENV)
+def _timeout_s(name: str, default: float, env: dict[str, str] | None) -> float:
+    text = (os.environ if env is None else env).get(name)
     if not text:
-        return DEFAULT_HEAD_TIMEOUT_S
+        return default
     millis = parse_duration_ms(text)
     if millis <= 0:
-        raise DurationError(f"{HEAD_TIMEOUT_ENV} must be positive, got {text!r}")
+        raise DurationError(f"{name} must be positive, got {text!r}")
     return millis / 1000
+
+
+def head_timeout_s(env: dict[str, str] | None = None) -> float:
+    """The configured head timeout in seconds; raises ``DurationError`` for a bad value."""
+    return _timeout_s(HEAD_TIMEOUT_ENV, DEFAULT_HEAD_TIMEOUT_S, env)
+
+
+def body_timeout_s(env: dict[str, str] | None = None) -> float:
+    """The configured body timeout in seconds; raises ``DurationError`` for a bad value."""
+    return _timeout_s(BODY_TIMEOUT_ENV, DEFAULT_BODY_TIMEOUT_S, env)
 
 
 class _Refused(Exception):
@@ -55,12 +72,15 @@ class _Refused(Exception):
 
 
 class VersiqHttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with head timeouts, size limits and problem+json refusals."""
+    """uvicorn's httptools protocol with head and body timeouts, size limits and problem+json
+    refusals."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._head_timeout_s = head_timeout_s()
         self._head_timer: TimerHandle | None = None
+        self._body_timeout_s = body_timeout_s()
+        self._body_timer: TimerHandle | None = None
         self._head_bytes_seen = False
         self._url_bytes = 0
         self._header_bytes = 0
@@ -86,12 +106,31 @@ class VersiqHttpProtocol(HttpToolsProtocol):
         else:  # an idle connection: nothing to answer
             self.transport.close()
 
+    # ------------------------------------------------------------------ body timeout
+    def _cancel_body_timer(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _body_timed_out(self) -> None:
+        """The body did not arrive in time: 408 unless the answer has begun (then only close:
+        the handler sees a disconnect and lets go of what it buffered)."""
+        self._body_timer = None
+        if self.transport.is_closing():
+            return
+        if self.cycle is not None and not self.cycle.response_started:
+            self._refuse(408, "request-timeout",
+                         f"the request body did not arrive within {self._body_timeout_s:g} s")
+        else:
+            self.transport.close()
+
     def connection_made(self, transport: Any) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm_head_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
+        self._cancel_body_timer()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -126,7 +165,13 @@ class VersiqHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._cancel_head_timer()
         self._head_bytes_seen = False
+        self._cancel_body_timer()
+        self._body_timer = self.loop.call_later(self._body_timeout_s, self._body_timed_out)
         super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._cancel_body_timer()
+        super().on_message_complete()
 
     # ------------------------------------------------------------------ refusals
     def send_400_response(self, msg: str) -> None:
@@ -137,6 +182,7 @@ class VersiqHttpProtocol(HttpToolsProtocol):
 
     def _refuse(self, status: int, name: str, detail: str) -> None:
         self._cancel_head_timer()
+        self._cancel_body_timer()
         title = PROBLEM_TYPES[name][1]
         body = json.dumps({"type": PROBLEM_BASE + name, "title": title, "status": status,
                            "detail": detail}).encode("utf-8")

@@ -32,6 +32,7 @@ PROBLEM_TYPES: dict[str, tuple[int, str]] = {
     "header-fields-too-large": (431, "Request header fields too large"),
     "internal-error": (500, "Internal server error"),
     "not-ready": (503, "Not ready"),
+    "server-busy": (503, "Server busy"),
     "store-unavailable": (503, "Store unavailable"),
     "stream-unavailable": (503, "Stream unavailable"),
 }
@@ -61,7 +62,13 @@ class Problem(Exception):
         return payload
 
     def body(self) -> bytes:
-        return json.dumps(self.payload(), ensure_ascii=False).encode("utf-8")
+        """The problem as UTF-8 JSON; a text that cannot be UTF-8 (a lone surrogate from a JSON
+        request body, named in the detail) is written with ASCII escapes instead of failing."""
+        payload = self.payload()
+        try:
+            return json.dumps(payload, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            return json.dumps(payload).encode("ascii")
 
 
 def bad_request(detail: str, **extensions: Any) -> Problem:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from versiq.durations import parse_duration_ms
+from versiq.service.bodies import MAX_BUFFERED_BODY_BYTES
 
 DEFAULT_TOKEN_TTL_S = 3600.0
 _D = TypeVar("_D", float, None)
@@ -44,6 +45,8 @@ class Settings:
     token_ttl_s: float = DEFAULT_TOKEN_TTL_S
     api_tokens: frozenset[str] | None = field(default=None, repr=False)
     cors_origins: tuple[str, ...] = ()
+    #: Bytes of request bodies buffered at once over all requests (``service.bodies``).
+    body_budget_bytes: int = MAX_BUFFERED_BODY_BYTES
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
