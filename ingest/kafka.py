@@ -26,6 +26,11 @@ partition it was first seen in, so a record of a known key that arrives in anoth
 with fewer partitions than the store, or a partition that ends before the store's position,
 means the topic was deleted and created again: the run fails.
 
+**The topic's id.** Offsets alone cannot tell a recreated topic that is already longer than the
+store's position from the old one, so the position keeps the topic's id and every run compares
+it (``check_topic_id``): another id fails the run. A position committed before ids were kept
+adopts the topic's id at its next committed run.
+
 **Client options.** ``options`` (the pipeline file) and ``VERSIQ_KAFKA_<NAME>`` environment
 variables (``VERSIQ_KAFKA_SASL_JAAS_CONFIG`` is ``sasl.jaas.config``; the environment wins) are
 Kafka (Java) client settings given to both Spark's source and the metadata consumer of this
