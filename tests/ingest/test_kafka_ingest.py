@@ -432,6 +432,30 @@ def test_a_recreated_topic_of_any_shape_fails_every_run(spark, kafka_broker, tmp
         assert DeltaTable(path).version() == before
 
 
+def test_a_stream_of_a_recreated_topic_fails_too(spark, kafka_broker, tmp_path):
+    """A stream keeps the topic's id in its position as a store does: 2 records appended, the
+    topic created again with 3, the run fails and appends nothing."""
+    from versiq.ingest.config import Pipeline
+    from versiq.ingest.run import run_pipeline
+    from versiq.ingest.streams import StreamSpec
+
+    topic = new_topic(kafka_broker, "restream", 1)
+    kafka_broker.produce(topic, _records(2, 0))
+    source = KafkaSource(bootstrap=kafka_broker.bootstrap, topic=topic)
+    pipeline = Pipeline(stores=[], streams=[StreamSpec("c", source.name, max_future_ms=None, kafka=source)])
+    wh = str(tmp_path / "wh")
+    assert run_pipeline(spark, wh, pipeline).streams["c"].appended == 2
+    path = os.path.join(wh, "c")
+    state = read_state(path, DeltaTable(path).version())
+    assert state.kafka is not None and state.kafka.topic_id is not None
+    before = DeltaTable(path).version()
+    kafka_broker.recreate_topic(topic, 1, {"retention.ms": "-1"})
+    kafka_broker.produce(topic, _records(3, 100))
+    error = run_pipeline(spark, wh, pipeline).streams["c"].error
+    assert error is not None and "deleted and created again" in error, error
+    assert DeltaTable(path).version() == before
+
+
 def _same_store(path: str, reference: str) -> None:
     assert store_versions(path) == store_versions(reference)
     assert stream_times(path) == stream_times(reference)
