@@ -26,6 +26,11 @@ partition it was first seen in, so a record of a known key that arrives in anoth
 with fewer partitions than the store, or a partition that ends before the store's position,
 means the topic was deleted and created again: the run fails.
 
+**The topic's id.** Offsets alone cannot tell a recreated topic that is already longer than the
+store's position from the old one, so the position keeps the topic's id and every run compares
+it (``check_topic_id``): another id fails the run. A position committed before ids were kept
+adopts the topic's id at its next committed run.
+
 **Client options.** ``options`` (the pipeline file) and ``VERSIQ_KAFKA_<NAME>`` environment
 variables (``VERSIQ_KAFKA_SASL_JAAS_CONFIG`` is ``sasl.jaas.config``; the environment wins) are
 Kafka (Java) client settings given to both Spark's source and the metadata consumer of this
@@ -161,6 +166,9 @@ class TopicOffsets:
     #: Per partition, the earliest offset still stored and the end offset (next to be written).
     earliest: dict[int, int]
     end: dict[int, int]
+    #: The topic's id (``TopicDescription.topicId()``), asked after the offsets: the offsets are
+    #: those of the topic with this id. None: the broker keeps no topic ids (before Kafka 2.8).
+    topic_id: str | None = None
 
 
 @dataclass
@@ -171,6 +179,8 @@ class KafkaRead:
     ranges: dict[int, tuple[int, int]]
     #: Ranges lost to retention, allowed by the source: ``{"partition", "from", "to"}``.
     gaps: list[dict[str, int]] = field(default_factory=list)
+    #: The id of the topic the ranges are offsets of (``TopicOffsets.topic_id``).
+    topic_id: str | None = None
 
     @property
     def empty(self) -> bool:
@@ -192,12 +202,13 @@ class KafkaRead:
         return not self.empty or bool(self.gaps)
 
     def position(self, before: KafkaPosition | None, topic: str, run: int) -> KafkaPosition:
-        """The store's position after this run."""
+        """The store's position after this run, with the id of the topic it read (a position
+        committed before ids were kept adopts the topic's id here)."""
         offsets = dict(before.next_offsets) if before is not None else {}
         offsets.update({p: end for p, (_start, end) in self.ranges.items()})
         gaps = list(before.gaps) if before is not None else []
         gaps += [{**gap, "run": run} for gap in self.gaps]
-        return KafkaPosition(topic=topic, next_offsets=offsets, gaps=gaps)
+        return KafkaPosition(topic=topic, next_offsets=offsets, gaps=gaps, topic_id=self.topic_id)
 
 
 def check_position(what: str, exists: bool, position: KafkaPosition | None, source: KafkaSource) -> None:
@@ -221,6 +232,7 @@ def plan_read(source: KafkaSource, position: KafkaPosition | None, offsets: Topi
     """Which offsets a run reads (module docstring): from ``position`` (None: a new store) to
     the end offsets the broker reported. Raises ``KafkaSourceError`` for a recreated topic and
     for offsets lost to retention (unless the source allows gaps)."""
+    check_topic_id(source, position, offsets.topic_id)
     known = position.next_offsets if position is not None else {}
     if known and max(known) >= offsets.partitions:
         raise KafkaSourceError(
@@ -251,7 +263,23 @@ def plan_read(source: KafkaSource, position: KafkaPosition | None, offsets: Topi
             f"topic {source.topic}: records the store had not read yet were deleted by the topic's retention: "
             f"{'; '.join(lost)}. Rerun with --allow-offset-gaps (pipeline: allow_offset_gaps: true) to record "
             "the gap and read on")
-    return KafkaRead(partitions=offsets.partitions, ranges=ranges, gaps=gaps)
+    return KafkaRead(partitions=offsets.partitions, ranges=ranges, gaps=gaps, topic_id=offsets.topic_id)
+
+
+def check_topic_id(source: KafkaSource, position: KafkaPosition | None, topic_id: str | None) -> None:
+    """The store's position is a position in the topic it was read from: a topic deleted and
+    created again under the same name has another id, and its offsets name other records
+    (whatever its length: a longer new topic would otherwise be read from the old position,
+    its first records skipped). Raises ``KafkaSourceError`` when the ids differ, or when the
+    broker reports no id for a topic the store knows by id (then nothing tells the two apart).
+    A position without an id (committed before ids were kept) is not checked: the run adopts
+    the topic's id (``KafkaRead.position``)."""
+    if position is None or position.topic_id is None or position.topic_id == topic_id:
+        return
+    now = f"has id {topic_id}" if topic_id is not None else "has no topic id on this broker"
+    raise KafkaSourceError(
+        f"topic {source.topic} {now} but the store read topic id {position.topic_id}: the topic was deleted "
+        "and created again; its offsets are not the store's. Ingest it into a new store")
 
 
 def read_report(source: KafkaSource, read: KafkaRead) -> dict[str, Any]:
@@ -301,19 +329,26 @@ def read_errors(source: KafkaSource) -> Iterator[None]:
         raise failure from None
 
 
+def _client_properties(jvm: Any, source: KafkaSource, extra: Mapping[str, str]) -> Any:
+    """The Java ``Properties`` of a metadata client: the timeouts, the source's client
+    settings, then ``extra``."""
+    props = jvm.java.util.Properties()
+    for name, value in [*CLIENT_TIMEOUTS.items(), *source.client_options().items(), *extra.items()]:
+        props.setProperty(name, value)
+    return props
+
+
 def topic_offsets(spark: SparkSession, source: KafkaSource) -> TopicOffsets:
     """Partition count, earliest and end offsets of the topic, asked with the Java Kafka
-    client (the one Spark's source uses, with the same settings). Raises ``KafkaSourceError``
-    when the broker does not answer or the topic does not exist."""
+    client (the one Spark's source uses, with the same settings), then the topic's id
+    (``topic_id``): asked after the offsets, so a topic recreated meanwhile has the new id and
+    fails the run. Raises ``KafkaSourceError`` when the broker does not answer or the topic
+    does not exist."""
     jvm = spark.sparkContext._jvm
     assert jvm is not None
-    props = jvm.java.util.Properties()
     deserializer = "org.apache.kafka.common.serialization.ByteArrayDeserializer"
-    for name, value in [*CLIENT_TIMEOUTS.items(), *source.client_options().items()]:
-        props.setProperty(name, value)
-    for name, value in (("key.deserializer", deserializer), ("value.deserializer", deserializer),
-                        ("enable.auto.commit", "false"), ("client.id", "versiq-metadata")):
-        props.setProperty(name, value)
+    props = _client_properties(jvm, source, {"key.deserializer": deserializer, "value.deserializer": deserializer,
+                                             "enable.auto.commit": "false", "client.id": "versiq-metadata"})
     timeout = jvm.java.time.Duration.ofSeconds(METADATA_TIMEOUT_S)
     try:
         consumer = jvm.org.apache.kafka.clients.consumer.KafkaConsumer(props)
@@ -346,9 +381,35 @@ def topic_offsets(spark: SparkSession, source: KafkaSource) -> TopicOffsets:
         def offsets(found: Any) -> dict[int, int]:
             return {int(tp.partition()): int(found.get(tp)) for tp in found.keySet()}
 
-        return TopicOffsets(partitions=len(parts), earliest=offsets(earliest), end=offsets(end))
+        found_earliest, found_end = offsets(earliest), offsets(end)
     finally:
         consumer.close()
+    return TopicOffsets(partitions=len(parts), earliest=found_earliest, end=found_end,
+                        topic_id=topic_id(jvm, source))
+
+
+def topic_id(jvm: Any, source: KafkaSource) -> str | None:
+    """The topic's id (``TopicDescription.topicId()``, Kafka 2.8 and later; None from a broker
+    that keeps no ids), asked with the Java admin client and the source's settings. Raises
+    ``KafkaSourceError`` when the broker does not answer or the topic does not exist."""
+    props = _client_properties(jvm, source, {"client.id": "versiq-metadata"})
+    try:
+        admin = jvm.org.apache.kafka.clients.admin.AdminClient.create(props)
+    except Exception as exc:  # noqa: BLE001 - a bad setting: the client's own message
+        raise KafkaSourceError(redacted(f"cannot create a Kafka client for {source.bootstrap}: {_java_error(exc)}",
+                                        source)) from None
+    try:
+        topics = jvm.java.util.Collections.singletonList(source.topic)
+        try:
+            described = admin.describeTopics(topics).allTopicNames().get(
+                METADATA_TIMEOUT_S, jvm.java.util.concurrent.TimeUnit.SECONDS)
+        except Exception as exc:  # noqa: BLE001 - broker down, topic deleted meanwhile: one line
+            raise KafkaSourceError(redacted(
+                f"cannot describe topic {source.topic} at {source.bootstrap}: {_java_error(exc)}", source)) from None
+        found = described.get(source.topic).topicId()
+        return None if found.equals(jvm.org.apache.kafka.common.Uuid.ZERO_UUID) else str(found.toString())
+    finally:
+        admin.close(jvm.java.time.Duration.ofSeconds(METADATA_TIMEOUT_S))
 
 
 # ---------------------------------------------------------------- reading the records

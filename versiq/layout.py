@@ -306,18 +306,24 @@ class KafkaPosition:
     #: Offset ranges deleted by the topic's retention before they were read, accepted with
     #: ``--allow-offset-gaps``: ``{"partition": p, "from": a, "to": b, "run": r}`` ([a, b) lost).
     gaps: list[dict[str, int]] = field(default_factory=list)
+    #: The id Kafka gave the topic when it was created (``TopicDescription.topicId()``): the
+    #: offsets above are offsets of that topic only; one deleted and created again under the
+    #: same name has another id. None in a position committed before ids were kept.
+    topic_id: str | None = None
 
     def to_dict(self) -> dict[str, object]:
-        return {"topic": self.topic, "nextOffsets": {str(p): o for p, o in sorted(self.next_offsets.items())},
-                "gaps": self.gaps}
+        return {"topic": self.topic, **({"topicId": self.topic_id} if self.topic_id is not None else {}),
+                "nextOffsets": {str(p): o for p, o in sorted(self.next_offsets.items())}, "gaps": self.gaps}
 
     @staticmethod
     def from_dict(data: dict[str, object]) -> KafkaPosition:
         offsets = data.get("nextOffsets") or {}
         gaps = data.get("gaps") or []
+        topic_id = data.get("topicId")
         assert isinstance(offsets, dict) and isinstance(gaps, list)
         return KafkaPosition(topic=str(data["topic"]), next_offsets={int(p): int(o) for p, o in offsets.items()},
-                             gaps=[{k: int(v) for k, v in gap.items()} for gap in gaps])
+                             gaps=[{k: int(v) for k, v in gap.items()} for gap in gaps],
+                             topic_id=None if topic_id is None else str(topic_id))
 
 
 @dataclass

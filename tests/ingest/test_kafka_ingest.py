@@ -382,6 +382,80 @@ def test_partitions_added_to_the_topic_get_their_own_stream_time(spark, kafka_br
         assert client.get("/v1/stores/g/keys/c").json()["timestamp"] == 5
 
 
+def _records(n: int, base: int, partitions: int = 1) -> list[dict[str, Any]]:
+    return [{"key": f"k{base + i}", "value": str(base + i), "partition": i % partitions, "timestamp_ms": 1_000 + i}
+            for i in range(n)]
+
+
+def test_a_recreated_topic_fails_the_next_run_whatever_its_length(kafka_broker, tmp_path):
+    """5 records ingested, the topic deleted and created again, 8 records produced: the new
+    topic is longer than the store's position, so offsets alone cannot tell; its id does. The
+    run fails with one line, exit 1, and commits nothing (its first 5 records are not skipped)."""
+    topic = new_topic(kafka_broker, "recreated", 1)
+    kafka_broker.produce(topic, _records(5, 0))
+    wh, report = str(tmp_path / "wh"), tmp_path / "report.json"
+    args = [*VERSIQ, "ingest", "--warehouse", wh, "--store", "s", "--kafka-bootstrap", kafka_broker.bootstrap,
+            "--topic", topic, "--max-future", "none", "--report", str(report)]
+    first = subprocess.run(args, env=_env(), capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    path = os.path.join(wh, "s")
+    before = DeltaTable(path).version()
+    kafka_broker.recreate_topic(topic, 1, {"retention.ms": "-1"})
+    kafka_broker.produce(topic, _records(8, 100))
+    second = subprocess.run(args, env=_env(), capture_output=True, text=True, timeout=300)
+    assert second.returncode == 1, second.stderr
+    failed = [line for line in second.stderr.splitlines() if line.startswith("store s: FAILED")]
+    assert len(failed) == 1 and f"topic {topic} has id" in failed[0], second.stderr
+    assert "deleted and created again" in failed[0], second.stderr
+    assert DeltaTable(path).version() == before  # nothing committed
+    assert set(store_versions(path)) == {f"k{i}" for i in range(5)}
+
+
+@pytest.mark.parametrize("partitions, produced", [(1, 5), (2, 2), (2, 0)],
+                         ids=["fewer-partitions", "shorter", "empty"])
+def test_a_recreated_topic_of_any_shape_fails_every_run(spark, kafka_broker, tmp_path, partitions, produced):
+    """A store of a 2-partition topic that read 3 records per partition; the topic is created
+    again with fewer partitions, or fewer records, or none: every run fails, none commits."""
+    topic = new_topic(kafka_broker, "reshaped", 2)
+    kafka_broker.produce(topic, _records(6, 0, partitions=2))
+    wh = str(tmp_path / "wh")
+    spec = _spec("s", kafka_broker, topic)
+    assert run_ingest(spark, wh, [spec]).stores["s"].error is None
+    path = os.path.join(wh, "s")
+    before = DeltaTable(path).version()
+    kafka_broker.recreate_topic(topic, partitions, {"retention.ms": "-1"})
+    kafka_broker.produce(topic, _records(produced, 100, partitions))
+    for _ in range(2):  # a failed run adopts nothing: the next one fails too
+        error = run_ingest(spark, wh, [spec]).stores["s"].error
+        assert error is not None and "deleted and created again" in error, error
+        assert "\n" not in error
+        assert DeltaTable(path).version() == before
+
+
+def test_a_stream_of_a_recreated_topic_fails_too(spark, kafka_broker, tmp_path):
+    """A stream keeps the topic's id in its position as a store does: 2 records appended, the
+    topic created again with 3, the run fails and appends nothing."""
+    from versiq.ingest.config import Pipeline
+    from versiq.ingest.run import run_pipeline
+    from versiq.ingest.streams import StreamSpec
+
+    topic = new_topic(kafka_broker, "restream", 1)
+    kafka_broker.produce(topic, _records(2, 0))
+    source = KafkaSource(bootstrap=kafka_broker.bootstrap, topic=topic)
+    pipeline = Pipeline(stores=[], streams=[StreamSpec("c", source.name, max_future_ms=None, kafka=source)])
+    wh = str(tmp_path / "wh")
+    assert run_pipeline(spark, wh, pipeline).streams["c"].appended == 2
+    path = os.path.join(wh, "c")
+    state = read_state(path, DeltaTable(path).version())
+    assert state.kafka is not None and state.kafka.topic_id is not None
+    before = DeltaTable(path).version()
+    kafka_broker.recreate_topic(topic, 1, {"retention.ms": "-1"})
+    kafka_broker.produce(topic, _records(3, 100))
+    error = run_pipeline(spark, wh, pipeline).streams["c"].error
+    assert error is not None and "deleted and created again" in error, error
+    assert DeltaTable(path).version() == before
+
+
 def _same_store(path: str, reference: str) -> None:
     assert store_versions(path) == store_versions(reference)
     assert stream_times(path) == stream_times(reference)

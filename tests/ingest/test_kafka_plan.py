@@ -67,6 +67,32 @@ def test_a_recreated_topic_fails_the_run() -> None:
         plan_read(SOURCE, KafkaPosition(topic="prices", next_offsets={0: 1, 2: 1}), _offsets([0, 0], [3, 3]))
 
 
+def test_a_recreated_topic_is_told_by_its_id_whatever_its_offsets() -> None:
+    position = KafkaPosition(topic="prices", next_offsets={0: 5}, topic_id="old-id")
+    longer = TopicOffsets(partitions=1, earliest={0: 0}, end={0: 8}, topic_id="new-id")
+    with pytest.raises(KafkaSourceError, match=r"topic prices has id new-id but the store read topic id old-id: "
+                                               "the topic was deleted and created again"):
+        plan_read(SOURCE, position, longer)
+    with pytest.raises(KafkaSourceError, match="has no topic id on this broker"):
+        plan_read(SOURCE, position, TopicOffsets(partitions=1, earliest={0: 0}, end={0: 8}))
+    same = plan_read(SOURCE, position, TopicOffsets(partitions=1, earliest={0: 0}, end={0: 8}, topic_id="old-id"))
+    assert same.ranges == {0: (5, 8)}
+    assert same.position(position, "prices", run=2).topic_id == "old-id"
+
+
+def test_a_position_without_an_id_adopts_the_topics_id_and_keeps_it() -> None:
+    legacy = StoreState.from_json(StoreState(run=1, kafka=KafkaPosition(topic="prices", next_offsets={0: 5}))
+                                  .to_json())
+    assert legacy.kafka is not None and legacy.kafka.topic_id is None
+    assert "topicId" not in legacy.to_json()
+    read = plan_read(SOURCE, legacy.kafka, TopicOffsets(partitions=1, earliest={0: 0}, end={0: 8}, topic_id="t-id"))
+    after = read.position(legacy.kafka, "prices", run=2)
+    assert after.topic_id == "t-id" and after.next_offsets == {0: 8}
+    assert StoreState.from_json(StoreState(run=2, kafka=after).to_json()).kafka == after
+    assert plan_read(SOURCE, None, TopicOffsets(partitions=1, earliest={0: 0}, end={0: 3},
+                                                topic_id="t-id")).position(None, "prices", 1).topic_id == "t-id"
+
+
 def test_client_options_come_from_the_source_and_the_environment_and_managed_ones_are_refused(
         monkeypatch: pytest.MonkeyPatch) -> None:
     source = KafkaSource(bootstrap="b:1", topic="t", options={"security.protocol": "SASL_SSL",

@@ -105,8 +105,8 @@ class KafkaBroker(ServerProcess):
 
     ``start()``/``stop()``/``kill()``/``restart()`` manage the process; ``bootstrap`` is the
     ``bootstrap.servers`` value; ``create_topic``, ``add_partitions``, ``delete_records``,
-    ``delete_topic``, ``end_offsets``, ``start_offsets`` and ``produce`` talk to it. Every wait has a
-    timeout, and every error carries the tail of the broker's log.
+    ``delete_topic``, ``recreate_topic``, ``end_offsets``, ``start_offsets`` and ``produce`` talk
+    to it. Every wait has a timeout, and every error carries the tail of the broker's log.
     """
 
     error = KafkaBrokerError
@@ -293,6 +293,21 @@ class KafkaBroker(ServerProcess):
         """Delete topic ``name``."""
         admin = self._admin()
         self._result(admin.delete_topics([name], operation_timeout=30), "delete_topics")
+
+    def recreate_topic(self, name: str, partitions: int = 1, config: Mapping[str, str] | None = None,
+                       timeout: float = 30.0) -> str:
+        """Delete topic ``name`` and create it again (``create_topic``): same name, new topic id,
+        offsets from 0. The broker refuses the creation while the deletion is under way, so it
+        is retried until ``timeout``."""
+        self.delete_topic(name)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self.create_topic(name, partitions, config)
+            except KafkaBrokerError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
     def add_partitions(self, name: str, total: int) -> None:
         """Grow topic ``name`` to ``total`` partitions (Kafka never shrinks a topic)."""
