@@ -6,8 +6,9 @@ same key holds a *lease* instead, written only with S3's conditional puts (boto3
 that sends them; docs/research/s3-warehouse.md, section 5):
 
 - **acquire**: ``PUT If-None-Match: *`` creates the object (a JSON body naming the holder: owner
-  id, host, pid, generation, ttl, since). A 412 means it is held: the holder is read back, and when
-  its lease has expired it is taken over with ``PUT If-Match: <the etag seen>`` (of several
+  id, host, pid, boot id, PID namespace, generation, ttl, since). A 412 means it is held: the
+  holder is read back, and when its lease has expired, or its holder is provably gone
+  (``_Seen.abandoned``), it is taken over with ``PUT If-Match: <the etag seen>`` (of several
   contenders exactly one wins). Otherwise the writer polls until its ``timeout_s`` and fails with
   the same ``LockTimeout`` message as the local lock.
 - **expiry** is judged by the *server's* clock (the ``Date`` of the GET against the object's
@@ -32,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import email.utils
+import functools
 import json
 import logging
 import os
@@ -76,6 +78,11 @@ class LeaseBody:
     generation: int
     ttl_s: float
     since: str
+    #: The holder's kernel boot (``/proc/sys/kernel/random/boot_id``) and PID namespace
+    #: (``/proc/self/ns/pid``): its ``pid`` means a process only to a reader with both equal.
+    #: Empty when unknown (not Linux, or a lease written before they were recorded).
+    boot_id: str = ""
+    pid_ns: str = ""
 
     def encode(self) -> bytes:
         return json.dumps(dataclasses.asdict(self), sort_keys=True).encode()
@@ -86,7 +93,8 @@ class LeaseBody:
         try:
             raw = json.loads(data)
             return cls(owner=str(raw["owner"]), host=str(raw["host"]), pid=int(raw["pid"]),
-                       generation=int(raw["generation"]), ttl_s=float(raw["ttl_s"]), since=str(raw["since"]))
+                       generation=int(raw["generation"]), ttl_s=float(raw["ttl_s"]), since=str(raw["since"]),
+                       boot_id=str(raw.get("boot_id") or ""), pid_ns=str(raw.get("pid_ns") or ""))
         except (ValueError, TypeError, KeyError):
             return None
 
@@ -110,11 +118,19 @@ class _Seen:
         return self.server_now > self.last_modified + timedelta(seconds=ttl + CLOCK_GRANULARITY_S)
 
     def abandoned(self) -> bool:
-        """Whether the holder is a process of this host that no longer exists (a killed run): its
-        lease can be taken over at once instead of after its ttl. Another host's holder is never
-        judged this way (its processes cannot be seen from here)."""
+        """Whether the holder is provably a process that no longer exists (a killed run): its
+        lease can be taken over at once instead of after its ttl.
+
+        Only a holder this process can see is judged so: same host name, same kernel boot, same
+        PID namespace (``process_identity``). A host name is not enough: containers with host
+        networking share it, and a pid of another PID namespace (or of a previous boot) names
+        some other process here, or none, while the holder may be alive. Any other holder, or one
+        whose identity is unknown, is waited for until its lease expires."""
         body = self.body
+        boot_id, pid_ns = process_identity()
         if body is None or body.host != socket.gethostname() or body.pid == os.getpid():
+            return False
+        if not (boot_id and pid_ns and body.boot_id == boot_id and body.pid_ns == pid_ns):
             return False
         try:
             os.kill(body.pid, 0)
@@ -126,6 +142,27 @@ class _Seen:
 
     def describe(self) -> str:
         return self.body.describe() if self.body is not None else "an unreadable lease object"
+
+
+def _read_identity(path: str, *, link: bool) -> str:
+    """The target of the link, or the text of the file, at ``path``; ``""`` when unreadable."""
+    try:
+        if link:
+            return os.readlink(path).strip()
+        with open(path, encoding="ascii") as handle:
+            return handle.read().strip()
+    except (OSError, ValueError):
+        return ""
+
+
+@functools.cache
+def process_identity() -> tuple[str, str]:
+    """``(boot id, PID namespace)`` of this process: what makes its pid meaningful to a reader
+    (``/proc/sys/kernel/random/boot_id``; ``pid:[4026531836]`` from ``/proc/self/ns/pid``).
+    Either is ``""`` where the system does not tell (not Linux): then no holder is judged gone by
+    its pid. Both are fixed for a process's life."""
+    return (_read_identity("/proc/sys/kernel/random/boot_id", link=False),
+            _read_identity("/proc/self/ns/pid", link=True))
 
 
 def _status(exc: ClientError) -> int | None:
@@ -198,8 +235,9 @@ class Lease:
         self._bucket, self._key = split_s3(uri)
         self._owner = str(uuid.uuid4())
         self._mutex = threading.Lock()
+        boot_id, pid_ns = process_identity()
         self._body = LeaseBody(owner=self._owner, host=socket.gethostname(), pid=os.getpid(), generation=1,
-                               ttl_s=ttl_s, since=_utc_now())
+                               ttl_s=ttl_s, since=_utc_now(), boot_id=boot_id, pid_ns=pid_ns)
         self._etag: str | None = None
         self._last_ok = 0.0  # monotonic start of the last write known to have landed
         self._unconfirmed_since: float | None = None  # start of the oldest write of unknown outcome
