@@ -41,14 +41,14 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from versiq.ingest.errors import LockTimeout
+from versiq.ingest.errors import LeaseLost, LockTimeout
 from versiq.layout import PRIVATE_DIR
 from versiq.storage import CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S, basename, endpoint, region, s3_client, split_s3
 
@@ -61,11 +61,6 @@ CLOCK_GRANULARITY_S = 1.0
 #: Error codes of a request worth repeating (besides every 5xx and every connection error).
 _TRANSIENT_CODES = frozenset({"RequestTimeout", "RequestTimeTooSkewed", "SlowDown", "Throttling",
                               "ThrottlingException", "ServiceUnavailable", "InternalError"})
-
-
-class LeaseLost(Exception):
-    """This writer's lease of a store was taken over, deleted, or not renewed within its ttl: the
-    writer must not commit (if it did, the commit protocol would refuse a conflicting commit)."""
 
 
 @dataclass(frozen=True)
@@ -245,6 +240,8 @@ class Lease:
         self._last_error: str | None = None  # of the renewals since the last successful write
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._on_lost: list[Callable[[str], None]] = []
+        self._told = False  # whether the callbacks were called
 
     # -- what the writer asks ------------------------------------------------------------------
 
@@ -270,6 +267,24 @@ class Lease:
         (final: a lease lost once is never held again)."""
         return self._loss() is not None
 
+    def on_lost(self, callback: Callable[[str], None]) -> None:
+        """Have ``callback(reason)`` called once, from the renewing thread, as soon as it finds
+        the lease lost (taken over, deleted, or no renewal within the ttl): the writer's way to
+        stop work that would not reach a ``check()`` soon (a Spark job writing to a dead server).
+        Not called for a lease released by its holder. A callback must not raise or block long."""
+        self._on_lost.append(callback)
+
+    def _tell_lost(self, reason: str) -> None:
+        with self._mutex:
+            if self._told:
+                return
+            self._told = True
+        for callback in self._on_lost:
+            try:
+                callback(reason)
+            except Exception:  # noqa: BLE001 - the renewing thread must end quietly
+                log.warning("a callback of the lost lease of store %r failed", self.store, exc_info=True)
+
     def check(self) -> None:
         """Raise ``LeaseLost`` unless this writer still holds the lease (call it before a commit)."""
         reason = self._loss()
@@ -290,6 +305,7 @@ class Lease:
             if self._lost_reason is None:
                 self._lost_reason = reason
         log.error("lost the lease of store %r: %s", self.store, reason)
+        self._tell_lost(reason)
 
     # -- S3 requests -----------------------------------------------------------------------------
 
@@ -416,6 +432,7 @@ class Lease:
             reason = self._loss()
             if reason is not None:
                 log.error("lost the lease of store %r: %s", self.store, reason)
+                self._tell_lost(reason)
                 return
             with self._mutex:
                 body = dataclasses.replace(self._body, generation=self._body.generation + 1)
