@@ -27,8 +27,10 @@ class StorageFailed(Exception):
     the run fails, commits nothing (a rerun completes it), and says so in one line."""
 
 
-#: The S3A or AWS SDK exception of a Java failure (Spark's error text carries the Java stack).
-_S3_ERROR = re.compile(r"((?:org\.apache\.hadoop\.fs\.s3a|software\.amazon\.awssdk)\.[\w.$]*(?:Exception|Error)\b[^\n]*)")
+#: An S3A or AWS SDK exception of a Java failure's text (which carries the Java stack): a line
+#: (or a "Caused by:", or a message's ": ...") that starts with its class, never a stack frame.
+_S3_ERROR = re.compile(r"(?:^|Caused by: |: )((?:org\.apache\.hadoop\.fs\.s3a|software\.amazon\.awssdk)\.[\w.$]*"
+                       r"(?:Exception|Error)(?::[^\n]*)?)$", re.MULTILINE)
 
 
 def storage_error_in(exc: BaseException) -> StorageFailed | None:

@@ -328,3 +328,66 @@ def test_a_lease_names_the_boot_and_pid_namespace_of_its_holder(s3: Any) -> None
     boot_id, pid_ns = process_identity()
     assert boot_id and pid_ns.startswith("pid:[")
     assert seen is not None and (seen[0]["boot_id"], seen[0]["pid_ns"]) == (boot_id, pid_ns)
+
+
+@pytest.mark.parametrize("then", ["commit", "fail"])
+def test_a_run_whose_lease_was_lost_fails_in_one_line_without_a_traceback(
+        s3: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, then: str) -> None:
+    """Another writer takes the lease in the middle of a store's run. ``commit``: the run reaches
+    its commit check; ``fail``: the run's own work fails first (its Spark jobs cancelled, S3
+    gone). Either way the store fails with ``LeaseLost`` in one log line, no traceback, and the
+    others' runs go on; the renewing thread has started cancelling the process's Spark jobs."""
+    from types import SimpleNamespace
+
+    from versiq import storage
+    from versiq.ingest.pipeline import ingest_each
+    from versiq.ingest.reports import StoreReport
+    from versiq.ingest.store import check_still_writer, writer_lock
+
+    monkeypatch.setenv("VERSIQ_LEASE_TTL", "3s")
+    caplog.set_level(logging.INFO, logger="versiq.ingest")
+    store = f"s3://{BUCKET}/warehouse/lost-{uuid.uuid4().hex[:8]}"
+
+    def run(spec: Any) -> StoreReport:
+        if spec.name == "other":
+            return StoreReport()
+        with writer_lock(store, 5):
+            _write_by_hand(storage.join(store, "_versiq", "lock"), host="thief", pid=4243)
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:  # the next renewal (every ttl/3) finds the thief
+                try:
+                    check_still_writer(store)
+                except LeaseLost:
+                    break
+                time.sleep(0.05)
+            if then == "commit":
+                check_still_writer(store)
+            raise RuntimeError("py4j: An error occurred while calling o42.save.\n\tat org.example.Job.run")
+
+    reports = ingest_each([SimpleNamespace(name="lost"), SimpleNamespace(name="other")], run,
+                          lambda error: StoreReport(error=error), "store")
+    assert reports["other"].error is None
+    error = reports["lost"].error
+    assert error is not None and error.startswith("LeaseLost: the lease of store 'lost-") and "thief" in error
+    failed = [r for r in caplog.records if r.getMessage().startswith("store lost failed")]
+    assert len(failed) == 1 and failed[0].exc_info is None and "\n" not in failed[0].getMessage()
+    assert any("cancelling this process's Spark jobs" in r.getMessage() for r in caplog.records)
+
+
+def test_an_s3_failure_in_a_java_error_is_named_in_one_line() -> None:
+    from versiq.ingest.errors import storage_error_in
+
+    text = ("An error occurred while calling o95.save.\n"
+            ": org.apache.spark.SparkException: Job aborted: org.apache.hadoop.fs.s3a.AWSClientIOException: PUT "
+            "on s3a://b/k: software.amazon.awssdk.core.exception.SdkClientException: Unable to execute HTTP request\n"
+            "\tat software.amazon.awssdk.core.internal.http.RetryableStageHelper.retryPolicyDisallowedRetryException"
+            "(RetryableStageHelper.java:168)\n"
+            "Caused by: software.amazon.awssdk.core.exception.SdkClientException: Connect to 127.0.0.1:9 failed: "
+            "Connection refused\n"
+            "\tat software.amazon.awssdk.core.exception.SdkClientException$BuilderImpl.build(S.java:1)\n"
+            "Caused by: java.net.ConnectException: Connection refused\n")
+    assert str(storage_error_in(RuntimeError(text))) == (
+        "S3 failed: software.amazon.awssdk.core.exception.SdkClientException: Connect to 127.0.0.1:9 failed: "
+        "Connection refused")
+    frame_only = "java.lang.IllegalStateException: boom\n\tat software.amazon.awssdk.Stage.retryException(S.java:1)"
+    assert storage_error_in(RuntimeError(frame_only)) is None
