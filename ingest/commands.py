@@ -23,7 +23,7 @@ from typing import Any
 from versiq import layout
 from versiq.durations import DurationError, parse_duration_ms
 from versiq.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
-from versiq.ingest.errors import UsageError
+from versiq.ingest.errors import LeaseLost, StorageFailed, UsageError, storage_error_in
 from versiq.ingest.progress import Heartbeat, interval_from
 from versiq.ingest.store import LockTimeout
 from versiq.logs import counted
@@ -197,8 +197,8 @@ def ingest_command(args: argparse.Namespace, parser: argparse.ArgumentParser | N
         for name in [s.name for s in pipeline.stores] + [t.name for t in pipeline.tables if not t.is_stream]:
             try:
                 compact_if_due(args.warehouse, name, lock_timeout, lambda: spark)
-            except Exception:  # noqa: BLE001 - maintenance failure must not stop ingest
-                log.exception("maintenance of %s failed", name)
+            except Exception as exc:  # noqa: BLE001 - maintenance failure must not stop ingest
+                _log_failure(f"maintenance of {name} failed", exc)
         # what the next micro-batch's commits need from Delta, computed while nothing waits for it
         # (tables whose runs commit with a transaction id)
         state_ahead.start([path for path in (layout.table_path(args.warehouse, name) for name in committed)
@@ -212,6 +212,18 @@ def ingest_command(args: argparse.Namespace, parser: argparse.ArgumentParser | N
             spark.stop()
         except Exception:  # noqa: BLE001 - the JVM may have been signalled with us
             log.debug("spark.stop() failed", exc_info=True)
+
+
+def _log_failure(what: str, exc: Exception) -> None:
+    """Log ``what`` failed: in one line for a failure of the environment or of the writer lock
+    (``pipeline.EXPLAINED_FAILURES``, S3), with the traceback for anything else (a defect)."""
+    from versiq.ingest.pipeline import EXPLAINED_FAILURES
+
+    explained = exc if isinstance(exc, EXPLAINED_FAILURES) else storage_error_in(exc)
+    if explained is not None:
+        log.error("%s: %s", what, explained)
+    else:
+        log.exception("%s", what)
 
 
 def _one_run(spark: Any, args: argparse.Namespace, pipeline: Any, lock_timeout: float) -> int:
@@ -260,8 +272,14 @@ def maintain_command(args: argparse.Namespace) -> int:
     except UsageError as exc:
         print(f"versiq maintain: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except LockTimeout as exc:
+    except (LockTimeout, LeaseLost, StorageFailed) as exc:
         print(f"versiq maintain: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except Exception as exc:
+        failure = storage_error_in(exc)  # S3 failed a Spark or Delta call: one line
+        if failure is None:
+            raise
+        print(f"versiq maintain: error: {failure}", file=sys.stderr)
         return EXIT_FAILED
     print(json.dumps(result), file=sys.stderr)
     return EXIT_OK

@@ -6,8 +6,9 @@ same key holds a *lease* instead, written only with S3's conditional puts (boto3
 that sends them; docs/research/s3-warehouse.md, section 5):
 
 - **acquire**: ``PUT If-None-Match: *`` creates the object (a JSON body naming the holder: owner
-  id, host, pid, generation, ttl, since). A 412 means it is held: the holder is read back, and when
-  its lease has expired it is taken over with ``PUT If-Match: <the etag seen>`` (of several
+  id, host, pid, boot id, PID namespace, generation, ttl, since). A 412 means it is held: the
+  holder is read back, and when its lease has expired, or its holder is provably gone
+  (``_Seen.abandoned``), it is taken over with ``PUT If-Match: <the etag seen>`` (of several
   contenders exactly one wins). Otherwise the writer polls until its ``timeout_s`` and fails with
   the same ``LockTimeout`` message as the local lock.
 - **expiry** is judged by the *server's* clock (the ``Date`` of the GET against the object's
@@ -32,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import email.utils
+import functools
 import json
 import logging
 import os
@@ -39,14 +41,14 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from versiq.ingest.errors import LockTimeout
+from versiq.ingest.errors import LeaseLost, LockTimeout
 from versiq.layout import PRIVATE_DIR
 from versiq.storage import CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S, basename, endpoint, region, s3_client, split_s3
 
@@ -61,11 +63,6 @@ _TRANSIENT_CODES = frozenset({"RequestTimeout", "RequestTimeTooSkewed", "SlowDow
                               "ThrottlingException", "ServiceUnavailable", "InternalError"})
 
 
-class LeaseLost(Exception):
-    """This writer's lease of a store was taken over, deleted, or not renewed within its ttl: the
-    writer must not commit (if it did, the commit protocol would refuse a conflicting commit)."""
-
-
 @dataclass(frozen=True)
 class LeaseBody:
     """The lease object's content: who holds it, and for how long after its last write."""
@@ -76,6 +73,11 @@ class LeaseBody:
     generation: int
     ttl_s: float
     since: str
+    #: The holder's kernel boot (``/proc/sys/kernel/random/boot_id``) and PID namespace
+    #: (``/proc/self/ns/pid``): its ``pid`` means a process only to a reader with both equal.
+    #: Empty when unknown (not Linux, or a lease written before they were recorded).
+    boot_id: str = ""
+    pid_ns: str = ""
 
     def encode(self) -> bytes:
         return json.dumps(dataclasses.asdict(self), sort_keys=True).encode()
@@ -86,7 +88,8 @@ class LeaseBody:
         try:
             raw = json.loads(data)
             return cls(owner=str(raw["owner"]), host=str(raw["host"]), pid=int(raw["pid"]),
-                       generation=int(raw["generation"]), ttl_s=float(raw["ttl_s"]), since=str(raw["since"]))
+                       generation=int(raw["generation"]), ttl_s=float(raw["ttl_s"]), since=str(raw["since"]),
+                       boot_id=str(raw.get("boot_id") or ""), pid_ns=str(raw.get("pid_ns") or ""))
         except (ValueError, TypeError, KeyError):
             return None
 
@@ -110,11 +113,19 @@ class _Seen:
         return self.server_now > self.last_modified + timedelta(seconds=ttl + CLOCK_GRANULARITY_S)
 
     def abandoned(self) -> bool:
-        """Whether the holder is a process of this host that no longer exists (a killed run): its
-        lease can be taken over at once instead of after its ttl. Another host's holder is never
-        judged this way (its processes cannot be seen from here)."""
+        """Whether the holder is provably a process that no longer exists (a killed run): its
+        lease can be taken over at once instead of after its ttl.
+
+        Only a holder this process can see is judged so: same host name, same kernel boot, same
+        PID namespace (``process_identity``). A host name is not enough: containers with host
+        networking share it, and a pid of another PID namespace (or of a previous boot) names
+        some other process here, or none, while the holder may be alive. Any other holder, or one
+        whose identity is unknown, is waited for until its lease expires."""
         body = self.body
+        boot_id, pid_ns = process_identity()
         if body is None or body.host != socket.gethostname() or body.pid == os.getpid():
+            return False
+        if not (boot_id and pid_ns and body.boot_id == boot_id and body.pid_ns == pid_ns):
             return False
         try:
             os.kill(body.pid, 0)
@@ -126,6 +137,27 @@ class _Seen:
 
     def describe(self) -> str:
         return self.body.describe() if self.body is not None else "an unreadable lease object"
+
+
+def _read_identity(path: str, *, link: bool) -> str:
+    """The target of the link, or the text of the file, at ``path``; ``""`` when unreadable."""
+    try:
+        if link:
+            return os.readlink(path).strip()
+        with open(path, encoding="ascii") as handle:
+            return handle.read().strip()
+    except (OSError, ValueError):
+        return ""
+
+
+@functools.cache
+def process_identity() -> tuple[str, str]:
+    """``(boot id, PID namespace)`` of this process: what makes its pid meaningful to a reader
+    (``/proc/sys/kernel/random/boot_id``; ``pid:[4026531836]`` from ``/proc/self/ns/pid``).
+    Either is ``""`` where the system does not tell (not Linux): then no holder is judged gone by
+    its pid. Both are fixed for a process's life."""
+    return (_read_identity("/proc/sys/kernel/random/boot_id", link=False),
+            _read_identity("/proc/self/ns/pid", link=True))
 
 
 def _status(exc: ClientError) -> int | None:
@@ -198,8 +230,9 @@ class Lease:
         self._bucket, self._key = split_s3(uri)
         self._owner = str(uuid.uuid4())
         self._mutex = threading.Lock()
+        boot_id, pid_ns = process_identity()
         self._body = LeaseBody(owner=self._owner, host=socket.gethostname(), pid=os.getpid(), generation=1,
-                               ttl_s=ttl_s, since=_utc_now())
+                               ttl_s=ttl_s, since=_utc_now(), boot_id=boot_id, pid_ns=pid_ns)
         self._etag: str | None = None
         self._last_ok = 0.0  # monotonic start of the last write known to have landed
         self._unconfirmed_since: float | None = None  # start of the oldest write of unknown outcome
@@ -207,6 +240,8 @@ class Lease:
         self._last_error: str | None = None  # of the renewals since the last successful write
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._on_lost: list[Callable[[str], None]] = []
+        self._told = False  # whether the callbacks were called
 
     # -- what the writer asks ------------------------------------------------------------------
 
@@ -232,6 +267,24 @@ class Lease:
         (final: a lease lost once is never held again)."""
         return self._loss() is not None
 
+    def on_lost(self, callback: Callable[[str], None]) -> None:
+        """Have ``callback(reason)`` called once, from the renewing thread, as soon as it finds
+        the lease lost (taken over, deleted, or no renewal within the ttl): the writer's way to
+        stop work that would not reach a ``check()`` soon (a Spark job writing to a dead server).
+        Not called for a lease released by its holder. A callback must not raise or block long."""
+        self._on_lost.append(callback)
+
+    def _tell_lost(self, reason: str) -> None:
+        with self._mutex:
+            if self._told:
+                return
+            self._told = True
+        for callback in self._on_lost:
+            try:
+                callback(reason)
+            except Exception:  # noqa: BLE001 - the renewing thread must end quietly
+                log.warning("a callback of the lost lease of store %r failed", self.store, exc_info=True)
+
     def check(self) -> None:
         """Raise ``LeaseLost`` unless this writer still holds the lease (call it before a commit)."""
         reason = self._loss()
@@ -252,6 +305,7 @@ class Lease:
             if self._lost_reason is None:
                 self._lost_reason = reason
         log.error("lost the lease of store %r: %s", self.store, reason)
+        self._tell_lost(reason)
 
     # -- S3 requests -----------------------------------------------------------------------------
 
@@ -378,6 +432,7 @@ class Lease:
             reason = self._loss()
             if reason is not None:
                 log.error("lost the lease of store %r: %s", self.store, reason)
+                self._tell_lost(reason)
                 return
             with self._mutex:
                 body = dataclasses.replace(self._body, generation=self._body.generation + 1)

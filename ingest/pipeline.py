@@ -24,7 +24,7 @@ from versiq import layout, storage
 from versiq.durations import DEFAULT_HISTORY_RETENTION_MS
 from versiq.ingest.bucketing import write_tasks
 from versiq.ingest.decisions_here import classify_here, outcome_rows, rows_to_write_here, task_frame
-from versiq.ingest.errors import UsageError
+from versiq.ingest.errors import LeaseLost, LockTimeout, StorageFailed, UsageError, storage_error_in
 from versiq.ingest.frames import local_frame, spread_frame
 from versiq.ingest.future import DEFAULT_MAX_FUTURE_MS, future_bound
 from versiq.ingest.kafka import (
@@ -149,6 +149,12 @@ def run_ingest(spark: SparkSession, warehouse: str, specs: list[StoreSpec], *,
     return report
 
 
+#: Failures of a run explained in one line, without a traceback: a source that cannot be read,
+#: another writer holding the store, a lost lease, S3 failing (anything else is logged with its
+#: traceback: a defect).
+EXPLAINED_FAILURES = (SourceError, LockTimeout, LeaseLost, StorageFailed)
+
+
 def ingest_each(specs: list[Any], ingest_one: Any, failed: Any, what: str) -> dict[str, Any]:
     """Run ``ingest_one(spec)`` for every spec, timing each; a failure becomes ``failed(error)``
     (its report with ``error``) and the others go on. Usage errors stop everything."""
@@ -159,14 +165,15 @@ def ingest_each(specs: list[Any], ingest_one: Any, failed: Any, what: str) -> di
             reports[spec.name] = ingest_one(spec)
         except UsageError:
             raise
-        except SourceError as exc:  # the environment, not a bug: one line, no traceback
+        except EXPLAINED_FAILURES as exc:  # the environment or another writer, not a bug: one line
             log.error("%s %s failed: %s", what, spec.name, exc)
             reports[spec.name] = failed(f"{type(exc).__name__}: {exc}")
         except Exception as exc:  # noqa: BLE001 - one failed store never stops the others
-            unread = source_error_in(exc)  # a parse task could not read a file
-            if unread is not None:
-                log.error("%s %s failed: %s", what, spec.name, unread)
-                reports[spec.name] = failed(f"{type(unread).__name__}: {unread}")
+            # a parse task could not read a file; S3 failed a write or read of Spark's
+            explained = source_error_in(exc) or storage_error_in(exc)
+            if explained is not None:
+                log.error("%s %s failed: %s", what, spec.name, explained)
+                reports[spec.name] = failed(f"{type(explained).__name__}: {explained}")
             else:
                 log.exception("%s %s failed", what, spec.name)
                 reports[spec.name] = failed(f"{type(exc).__name__}: {exc}")

@@ -80,6 +80,25 @@ _AWS_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_
                   "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 _S3A_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "fs.s3a.access.key", "AWS_SECRET_ACCESS_KEY": "fs.s3a.secret.key",
                     "AWS_SESSION_TOKEN": "fs.s3a.session.token"}
+#: S3A's retries and timeouts. Hadoop 3.5's defaults (5 SDK retries of a request inside up to 7
+#: S3A retries, sleeping from 500 ms up, a 200 s socket timeout) kept a run whose S3 server died
+#: during its commit retrying for minutes after its lease was lost. With these a request is sent
+#: at most (1 + 1) x (1 + 2) = 6 times, about 2 s of sleeps in all: an operation on an endpoint that
+#: refuses connections fails in seconds, one on an endpoint that accepts and never answers in
+#: at most 6 x 15 s. A run's whole stop is bounded by its lease too (``ingest.store.writer_lock``).
+#: Large uploads keep S3A's own ``fs.s3a.connection.part.upload.timeout``: the socket timeout
+#: still ends one whose server stopped answering. docs/contract.md, "Warehouses on S3".
+S3A_BOUNDS = {
+    "fs.s3a.attempts.maximum": "1",  # the AWS SDK's retries of one request
+    "fs.s3a.retry.limit": "2",  # S3A's retries of an operation whose requests failed
+    "fs.s3a.retry.interval": "500ms",
+    "fs.s3a.retry.throttle.limit": "3",
+    "fs.s3a.retry.throttle.interval": "500ms",
+    "fs.s3a.connection.establish.timeout": "5s",
+    "fs.s3a.connection.timeout": "15s",  # a read that receives nothing for this long fails
+    "fs.s3a.connection.request.timeout": "15s",
+    "fs.s3a.connection.acquisition.timeout": "15s",
+}
 
 
 
@@ -115,11 +134,11 @@ def s3_jars_present(folder: str | None = None) -> bool:
 
 
 def s3_settings(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The Hadoop settings (no secrets) for S3 from the standard AWS variables of ``environ``
-    (default: this process's environment): the endpoint with path-style requests (and TLS off for
-    ``http://``) when one is given, the region when one is given."""
+    """The Hadoop settings (no secrets) for S3: ``S3A_BOUNDS``, and from the standard AWS
+    variables of ``environ`` (default: this process's environment) the endpoint with path-style
+    requests (and TLS off for ``http://``) when one is given, the region when one is given."""
     env = os.environ if environ is None else environ
-    settings: dict[str, str] = {}
+    settings: dict[str, str] = dict(S3A_BOUNDS)
     endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
     if endpoint:
         settings["fs.s3a.endpoint"] = endpoint

@@ -13,6 +13,7 @@ import fcntl
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -25,7 +26,7 @@ from pyspark.sql import DataFrame, SparkSession
 from versiq import layout, storage
 from versiq.durations import DurationError, format_duration, parse_duration_ms
 from versiq.ingest.delta import commit_table, replace_run, set_description
-from versiq.ingest.errors import LockTimeout, UsageError
+from versiq.ingest.errors import LeaseLost, LockTimeout, UsageError, one_line
 from versiq.ingest.sources import SourceError
 from versiq.layout import (
     CHANGELOG_DIR,
@@ -56,6 +57,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("versiq.ingest")
 
 
+#: How often a writer whose lease was lost cancels its Spark jobs (``_cancel_spark_jobs_until``).
+_CANCEL_EVERY_S = 0.2
 #: The S3 leases this process holds: store path -> lease (``writer_lock``), checked before every
 #: commit to the store (``check_still_writer``).
 _leases: dict[str, Lease] = {}
@@ -77,13 +80,49 @@ def writer_lock(store_path: str, timeout_s: float) -> Iterator[None]:
 
         with s3_lease(storage.join(store_path, PRIVATE_DIR, LOCK_FILE), timeout_s, ttl_s=lease_ttl_s()) as lease:
             _leases[store_path] = lease
+            ended = threading.Event()
+            lease.on_lost(lambda _reason: _cancel_spark_jobs_until(ended))
             try:
                 yield
+            except LeaseLost:
+                raise
+            except Exception as exc:
+                if not lease.lost:
+                    raise
+                # The block failed after its lease was lost, most likely because its jobs were
+                # cancelled, or because S3 is gone (what the lease saw first): that is the cause.
+                log.info("store %s: the run's own error once its lease was lost: %s", storage.basename(store_path),
+                         one_line(exc))
+                lease.check()
+                raise
             finally:
+                ended.set()
                 _leases.pop(store_path, None)
         return
     with _local_lock(store_path, timeout_s):
         yield
+
+
+def _cancel_spark_jobs_until(ended: threading.Event) -> None:
+    """Cancel this process's Spark jobs, and those it starts, until ``ended`` is set (the writer
+    lock's block is over): a writer whose lease was lost must stop, and a job writing to a dead
+    S3 server would otherwise run through S3A's retries. A process writes one store at a time
+    (its runs and stores are sequential), so the jobs are that writer's; a job it starts in
+    the background (``delta.StateAhead``) is an optimisation that survives being cancelled."""
+
+    def cancel() -> None:
+        from pyspark import SparkContext
+
+        while not ended.is_set():
+            context = SparkContext._active_spark_context
+            if context is not None:
+                with contextlib.suppress(Exception):  # the JVM may be stopping with us
+                    context.cancelAllJobs()
+            ended.wait(_CANCEL_EVERY_S)
+
+    if not ended.is_set():
+        log.warning("the lease was lost: cancelling this process's Spark jobs until the run ends")
+        threading.Thread(target=cancel, name="versiq-lease-lost", daemon=True).start()
 
 
 def lease_ttl_s() -> float:

@@ -37,6 +37,7 @@ from versiq.ingest.derived.operators import ForeignKeyJoin
 from versiq.ingest.derived.spec import TableSpec
 from versiq.ingest.derived.state import SnapshotReader, TableState
 from versiq.ingest.derived.topology import DerivedNode, Emission, SourceRecord, Topology
+from versiq.ingest.errors import LeaseLost
 from versiq.ingest.frames import local_frame
 from versiq.ingest.reports import TableReport
 from versiq.ingest.store import (
@@ -72,9 +73,10 @@ class DeriveError(Exception):
 
 
 #: Failures the derive phase reports in one line (the report's ``error`` and one log line, no
-#: traceback): what the inputs kept, another writer's lock, the file system and Delta itself.
+#: traceback): what the inputs kept, another writer's lock or a lost lease, the file system and
+#: Delta itself.
 #: Anything else is a defect and is logged with its traceback.
-EXPLAINED_FAILURES = (DeriveError, LockTimeout, OSError, DeltaError)
+EXPLAINED_FAILURES = (DeriveError, LockTimeout, LeaseLost, OSError, DeltaError)
 
 
 @dataclass(frozen=True)

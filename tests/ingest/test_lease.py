@@ -4,7 +4,7 @@ ttl while renewed, is taken over once expired (and the old holder's ETag stops w
 to be lost when someone else overwrites it or when no renewal gets through within the ttl, lets
 exactly one of several racing threads in at a time, survives a restart of the S3 server that is
 shorter than its ttl, and is taken over at once when its holder was a process of this host that
-is gone (a killed run)."""
+is gone (a killed run), but not when the holder's pid belongs to another PID namespace or boot."""
 
 from __future__ import annotations
 
@@ -257,17 +257,33 @@ def test_a_lease_not_renewed_within_its_ttl_is_lost(
     assert any("releasing the lease of store" in record.getMessage() for record in caplog.records)
 
 
-def test_the_lease_of_a_killed_writer_on_this_host_is_taken_over_at_once(s3: Any) -> None:
-    """A run killed with SIGKILL leaves its lease behind; a rerun on the same host sees that the
-    holder's process is gone and takes the lease over without waiting for its ttl. A live
-    holder on this host, and any holder on another host, are waited for."""
+def _here(**body: Any) -> dict[str, Any]:
+    """A lease body's holder fields as a process of this host, boot and PID namespace writes them."""
     import socket
+
+    from versiq.ingest.lease import process_identity
+
+    boot_id, pid_ns = process_identity()
+    return {"host": socket.gethostname(), "boot_id": boot_id, "pid_ns": pid_ns, **body}
+
+
+def _dead_pid() -> int:
     import subprocess
 
     dead = subprocess.Popen(["true"])
     dead.wait()
+    return dead.pid
+
+
+def test_the_lease_of_a_killed_writer_on_this_host_is_taken_over_at_once(s3: Any) -> None:
+    """A run killed with SIGKILL leaves its lease behind; a rerun on the same host sees that the
+    holder's process is gone and takes the lease over without waiting for its ttl. A live
+    holder on this host, and any holder on another host, are waited for."""
+    import subprocess
+
+    dead = _dead_pid()
     uri = _lock_uri("killed")
-    _write_by_hand(uri, host=socket.gethostname(), pid=dead.pid, ttl_s=300.0)
+    _write_by_hand(uri, **_here(pid=dead, ttl_s=300.0))
     started = time.monotonic()
     with s3_lease(uri, 5, ttl_s=3):
         assert time.monotonic() - started < 3
@@ -275,11 +291,103 @@ def test_the_lease_of_a_killed_writer_on_this_host_is_taken_over_at_once(s3: Any
         assert seen is not None and seen[0]["pid"] == os.getpid()
     alive = subprocess.Popen(["sleep", "30"])
     try:
-        for host, pid in ((socket.gethostname(), alive.pid), ("elsewhere", dead.pid)):
+        for body in (_here(pid=alive.pid), _here(host="elsewhere", pid=dead)):
             other = _lock_uri("alive")
-            _write_by_hand(other, host=host, pid=pid, ttl_s=300.0)
-            with pytest.raises(LockTimeout, match=f"pid={pid} host={host}"), s3_lease(other, 1, ttl_s=3):
+            _write_by_hand(other, **body, ttl_s=300.0)
+            with pytest.raises(LockTimeout, match=f"pid={body['pid']} host={body['host']}"), \
+                    s3_lease(other, 1, ttl_s=3):
                 pass
     finally:
         alive.kill()
         alive.wait()
+
+
+@pytest.mark.parametrize("holder", [
+    {"pid_ns": "pid:[4026532999]"},  # a container with host networking: same host name, other pids
+    {"boot_id": "00000000-0000-4000-8000-000000000000"},  # this host before a reboot
+    {"boot_id": "", "pid_ns": ""},  # a holder that did not say (an older writer, not Linux)
+], ids=["other-pid-namespace", "other-boot", "unknown"])
+def test_a_holder_on_this_host_name_whose_pids_are_not_ours_is_waited_for(s3: Any, holder: dict[str, str]) -> None:
+    """A pid that no process of ours has proves nothing about a holder of another PID namespace
+    or boot: its lease is taken only once it expires, never at once."""
+    uri = _lock_uri("namespace")
+    body = _here(pid=_dead_pid(), ttl_s=300.0, **holder)
+    _write_by_hand(uri, **body)
+    with pytest.raises(LockTimeout, match=f"pid={body['pid']} host={body['host']}"), s3_lease(uri, 1, ttl_s=3):
+        pass
+    seen = _read(uri)
+    assert seen is not None and seen[0]["pid"] == body["pid"]
+
+
+def test_a_lease_names_the_boot_and_pid_namespace_of_its_holder(s3: Any) -> None:
+    from versiq.ingest.lease import process_identity
+
+    uri = _lock_uri("identity")
+    with s3_lease(uri, 5, ttl_s=3):
+        seen = _read(uri)
+    boot_id, pid_ns = process_identity()
+    assert boot_id and pid_ns.startswith("pid:[")
+    assert seen is not None and (seen[0]["boot_id"], seen[0]["pid_ns"]) == (boot_id, pid_ns)
+
+
+@pytest.mark.parametrize("then", ["commit", "fail"])
+def test_a_run_whose_lease_was_lost_fails_in_one_line_without_a_traceback(
+        s3: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, then: str) -> None:
+    """Another writer takes the lease in the middle of a store's run. ``commit``: the run reaches
+    its commit check; ``fail``: the run's own work fails first (its Spark jobs cancelled, S3
+    gone). Either way the store fails with ``LeaseLost`` in one log line, no traceback, and the
+    others' runs go on; the renewing thread has started cancelling the process's Spark jobs."""
+    from types import SimpleNamespace
+
+    from versiq import storage
+    from versiq.ingest.pipeline import ingest_each
+    from versiq.ingest.reports import StoreReport
+    from versiq.ingest.store import check_still_writer, writer_lock
+
+    monkeypatch.setenv("VERSIQ_LEASE_TTL", "3s")
+    caplog.set_level(logging.INFO, logger="versiq.ingest")
+    store = f"s3://{BUCKET}/warehouse/lost-{uuid.uuid4().hex[:8]}"
+
+    def run(spec: Any) -> StoreReport:
+        if spec.name == "other":
+            return StoreReport()
+        with writer_lock(store, 5):
+            _write_by_hand(storage.join(store, "_versiq", "lock"), host="thief", pid=4243)
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:  # the next renewal (every ttl/3) finds the thief
+                try:
+                    check_still_writer(store)
+                except LeaseLost:
+                    break
+                time.sleep(0.05)
+            if then == "commit":
+                check_still_writer(store)
+            raise RuntimeError("py4j: An error occurred while calling o42.save.\n\tat org.example.Job.run")
+
+    reports = ingest_each([SimpleNamespace(name="lost"), SimpleNamespace(name="other")], run,
+                          lambda error: StoreReport(error=error), "store")
+    assert reports["other"].error is None
+    error = reports["lost"].error
+    assert error is not None and error.startswith("LeaseLost: the lease of store 'lost-") and "thief" in error
+    failed = [r for r in caplog.records if r.getMessage().startswith("store lost failed")]
+    assert len(failed) == 1 and failed[0].exc_info is None and "\n" not in failed[0].getMessage()
+    assert any("cancelling this process's Spark jobs" in r.getMessage() for r in caplog.records)
+
+
+def test_an_s3_failure_in_a_java_error_is_named_in_one_line() -> None:
+    from versiq.ingest.errors import storage_error_in
+
+    text = ("An error occurred while calling o95.save.\n"
+            ": org.apache.spark.SparkException: Job aborted: org.apache.hadoop.fs.s3a.AWSClientIOException: PUT "
+            "on s3a://b/k: software.amazon.awssdk.core.exception.SdkClientException: Unable to execute HTTP request\n"
+            "\tat software.amazon.awssdk.core.internal.http.RetryableStageHelper.retryPolicyDisallowedRetryException"
+            "(RetryableStageHelper.java:168)\n"
+            "Caused by: software.amazon.awssdk.core.exception.SdkClientException: Connect to 127.0.0.1:9 failed: "
+            "Connection refused\n"
+            "\tat software.amazon.awssdk.core.exception.SdkClientException$BuilderImpl.build(S.java:1)\n"
+            "Caused by: java.net.ConnectException: Connection refused\n")
+    assert str(storage_error_in(RuntimeError(text))) == (
+        "S3 failed: software.amazon.awssdk.core.exception.SdkClientException: Connect to 127.0.0.1:9 failed: "
+        "Connection refused")
+    frame_only = "java.lang.IllegalStateException: boom\n\tat software.amazon.awssdk.Stage.retryException(S.java:1)"
+    assert storage_error_in(RuntimeError(frame_only)) is None
