@@ -45,6 +45,7 @@ from versiq.notify import FileChanges
 from versiq.query import index_files
 from versiq.query.api import StoreNotFound, StoreUnavailable, StreamNotFound, StreamUnavailable
 from versiq.query.index import LoadedStore, build_loaded
+from versiq.query.published import Published
 from versiq.query.streams import StreamSnapshot
 
 log = logging.getLogger("versiq.query.catalog")
@@ -148,6 +149,9 @@ class Catalog:
         #: The kernel's notifications of commit files written (a local warehouse), while the
         #: refresh thread runs.
         self._commits: FileChanges | None = None
+        #: Set for a table's waiters when its snapshot moves, it leaves, or its refresh fails
+        #: (``query.published``): a long poll sleeps on it instead of polling.
+        self.published = Published()
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -280,6 +284,7 @@ class Catalog:
             for name in [n for n in table if n not in present]:
                 del table[name]
                 log.info("%s is no longer in the warehouse: not served any more", name)
+                self.published.publish(name)
 
     def _discover(self, name: str, path: str) -> None:
         try:
@@ -317,8 +322,19 @@ class Catalog:
 
     def _refresh_table(self, handle: StoreHandle | StreamHandle, kind: str,
                        load: Callable[[DeltaTable], None]) -> None:
-        """Bring ``handle``'s Delta table up to date and ``load`` its snapshot; on any failure keep
-        serving the last good snapshot, say why in ``handle.error`` and re-read the log next time."""
+        """Bring ``handle``'s Delta table up to date and ``load`` its snapshot (``_load_table``);
+        a new snapshot, once set, wakes the table's waiters (``published``)."""
+        before = handle.loaded
+        try:
+            self._load_table(handle, kind, load)
+        finally:
+            if handle.loaded is not before:
+                self.published.publish(handle.name)
+
+    def _load_table(self, handle: StoreHandle | StreamHandle, kind: str,
+                    load: Callable[[DeltaTable], None]) -> None:
+        """On any failure keep serving the last good snapshot, say why in ``handle.error`` and
+        re-read the log next time."""
         if not layout.has_delta_log(handle.path):
             handle.error = f"{kind} directory or its _delta_log is gone (serving last good snapshot)"
             return

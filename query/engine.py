@@ -36,6 +36,7 @@ applies); ``get`` with ``as_of`` and every ``versions``/``iter_versions`` call r
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -287,6 +288,12 @@ class Engine:
 
     def current_snapshot(self, store: str) -> int:
         return self.catalog.current_store(store).snapshot
+
+    def next_snapshot_event(self, name: str) -> asyncio.Event:
+        """An event of the running event loop that is set when store or stream ``name`` has a
+        new current snapshot (or leaves the warehouse): a long poll awaits it instead of polling
+        (``query.published``). Take it before reading the current snapshot, then await it."""
+        return self.catalog.published.event(name)
 
     def get(self, store: str, query: VersionedKeyQuery, snapshot: int | None = None) -> KeyResult:
         """VersionedKeyQuery: latest (rule 6) or as of ``query.as_of`` (rules 7-8, retention edges).
