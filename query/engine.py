@@ -67,7 +67,7 @@ from versiq.query.catalog import Catalog, StoreHandle, StreamHandle
 from versiq.query.files import latest_version_on_disk
 from versiq.query.history import Commit
 from versiq.query.index import StoreView
-from versiq.query.rejected import RejectedTables, rejected_page
+from versiq.query.rejected import RejectedTables, rejected_page, rejected_record
 from versiq.query.snapshots import SnapshotCache, store_snapshot, stream_snapshot
 from versiq.query.streams import (
     StreamInfo,
@@ -238,6 +238,13 @@ class Engine:
         path = self.catalog.store_handle(store).path
         table, counts = self._rejected.get(path, view.state.run)
         return rejected_page(table, counts, view.snapshot, reason, resume_after, limit)
+
+    def rejected_record(self, store: str, record_id: int, snapshot: int | None = None) -> tuple[int, dict[str, Any]]:
+        """The snapshot read and one record it rejected, raw text whole (``query.rejected``);
+        RecordNotFound when it has no record ``record_id``."""
+        view = self._view(store, snapshot)
+        table, _counts = self._rejected.get(self.catalog.store_handle(store).path, view.state.run)
+        return view.snapshot, rejected_record(table, record_id)
 
     def history(self, name: str, what: str = "store") -> list[Commit]:
         """The commits of a store or stream up to its current snapshot, newest first

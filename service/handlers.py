@@ -49,6 +49,7 @@ from versiq.service.render import (
     key_json,
     keys_json,
     rejected_json,
+    rejected_record_json,
     result_lines,
     store_info_json,
     stream_info_json,
@@ -62,6 +63,7 @@ from versiq.service.routes import (
     ROUTE_KEY,
     ROUTE_KEYS,
     ROUTE_REJECTED,
+    ROUTE_REJECTED_RECORD,
     ROUTE_STORE,
     ROUTE_STORES,
     ROUTE_STREAM,
@@ -282,6 +284,7 @@ class Service:
             ROUTE_KEYS: self._keys,
             ROUTE_HISTORY: self._history,
             ROUTE_REJECTED: self._rejected,
+            ROUTE_REJECTED_RECORD: self._rejected_record,
             ROUTE_CHANGES: self._changes,
             ROUTE_KEY: self._get,
             ROUTE_VERSIONS: self._versions,
@@ -519,6 +522,19 @@ class Service:
         if page.resume_after is not None:
             next_token = self.tokens.issue(bound, page.snapshot, page.resume_after)
         return rejected_json(store, page, next_token)
+
+    async def _rejected_record(self, route: Route, query_string: bytes) -> bytes:
+        """``GET /v1/stores/{store}/rejected/{id}``: one rejected record with its raw text whole
+        (a listing shows the start of a long one)."""
+        store = _checked_name(route.store, "store")
+        text = route.record or ""
+        if not text.isascii() or not text.isdigit() or len(text) > 18:
+            raise bad_request(f"the record id {text!r} is not an id of a listed record (a non-negative integer)")
+        snapshot = await self._snapshot(store, parse_query(query_string, ("snapshot", "asOfSystemTime",
+                                                                          "minSnapshot")))
+        engine = self.require_engine()
+        answered, record = await self._call(store, snapshot, engine.rejected_record, store, int(text), snapshot)
+        return rejected_record_json(store, answered, record)
 
     async def _get(self, route: Route, query_string: bytes) -> bytes:
         store = _checked_name(route.store, "store")
