@@ -247,7 +247,7 @@ class Catalog:
             try:
                 entries = storage.subdirectories(self.warehouse)
             except OSError as exc:  # the bucket cannot be reached (a local warehouse is never listed in vain)
-                error = f"cannot list the warehouse: {exc}"
+                error = f"cannot list the warehouse: {storage.error_line(exc)}"
                 if self._warehouse_error != error:
                     log.error("%s (serving what is loaded; retried at every refresh)", error)
                 self._warehouse_error = error
@@ -294,7 +294,7 @@ class Catalog:
             if not has_commits(path):  # a store being created: its first commit is not written yet
                 log.debug("skipping %s: %s", path, exc)
                 return
-            error = f"cannot read the Delta table: {type(exc).__name__}: {exc}"
+            error = f"cannot read the Delta table: {type(exc).__name__}: {storage.error_line(exc)}"
             if self._unavailable.get(name) != error:
                 log.error("store %s is unavailable: %s", name, error)
             self._unavailable[name] = error
@@ -346,7 +346,7 @@ class Catalog:
             load(handle.dt)
             handle.last_refresh = time.monotonic()
         except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
+            error = f"{type(exc).__name__}: {storage.error_line(exc)}"
             if handle.error != error:  # once per failure, not at every refresh
                 if handle.loaded is None:
                     log.error("%s %s is unavailable: %s", kind, handle.name, error)

@@ -200,7 +200,8 @@ class Engine:
                             yield commit.snapshot, batch
                     except duckdb.IOException as exc:
                         raise SnapshotGone(f"the files of snapshot {commit.snapshot} of store {store!r} were "
-                                           f"vacuumed: its changes can no longer be read ({exc})") from None
+                                           "vacuumed: its changes can no longer be read "
+                                           f"({storage.error_line(exc)})") from None
             finally:
                 con.close()
 
@@ -222,7 +223,7 @@ class Engine:
                 out += changes_mod.commit_changes(self._con(), path, commit, after, limit + 1 - len(out))
             except duckdb.IOException as exc:
                 raise SnapshotGone(f"the files of snapshot {commit.snapshot} of store {store!r} were vacuumed: "
-                                   f"its changes can no longer be read ({exc})") from None
+                                   f"its changes can no longer be read ({storage.error_line(exc)})") from None
             if len(out) > limit:
                 break
         page = out[:limit]
