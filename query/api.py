@@ -178,6 +178,10 @@ class SnapshotGone(QueryError):
     """The requested snapshot can no longer be read (vacuumed or its log cleaned up)."""
 
 
+class RecordNotFound(QueryError):
+    """No rejected record with that id in the snapshot read."""
+
+
 class UnsupportedQuery(QueryError):
     """The query does not apply to this store (e.g. as-of on a timestamped store)."""
 

@@ -45,6 +45,7 @@ from versiq.notify import FileChanges
 from versiq.query import index_files
 from versiq.query.api import StoreNotFound, StoreUnavailable, StreamNotFound, StreamUnavailable
 from versiq.query.index import LoadedStore, build_loaded
+from versiq.query.published import Published
 from versiq.query.streams import StreamSnapshot
 
 log = logging.getLogger("versiq.query.catalog")
@@ -148,6 +149,9 @@ class Catalog:
         #: The kernel's notifications of commit files written (a local warehouse), while the
         #: refresh thread runs.
         self._commits: FileChanges | None = None
+        #: Set for a table's waiters when its snapshot moves, it leaves, or its refresh fails
+        #: (``query.published``): a long poll sleeps on it instead of polling.
+        self.published = Published()
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -243,7 +247,7 @@ class Catalog:
             try:
                 entries = storage.subdirectories(self.warehouse)
             except OSError as exc:  # the bucket cannot be reached (a local warehouse is never listed in vain)
-                error = f"cannot list the warehouse: {exc}"
+                error = f"cannot list the warehouse: {storage.error_line(exc)}"
                 if self._warehouse_error != error:
                     log.error("%s (serving what is loaded; retried at every refresh)", error)
                 self._warehouse_error = error
@@ -280,6 +284,7 @@ class Catalog:
             for name in [n for n in table if n not in present]:
                 del table[name]
                 log.info("%s is no longer in the warehouse: not served any more", name)
+                self.published.publish(name)
 
     def _discover(self, name: str, path: str) -> None:
         try:
@@ -289,7 +294,7 @@ class Catalog:
             if not has_commits(path):  # a store being created: its first commit is not written yet
                 log.debug("skipping %s: %s", path, exc)
                 return
-            error = f"cannot read the Delta table: {type(exc).__name__}: {exc}"
+            error = f"cannot read the Delta table: {type(exc).__name__}: {storage.error_line(exc)}"
             if self._unavailable.get(name) != error:
                 log.error("store %s is unavailable: %s", name, error)
             self._unavailable[name] = error
@@ -317,8 +322,19 @@ class Catalog:
 
     def _refresh_table(self, handle: StoreHandle | StreamHandle, kind: str,
                        load: Callable[[DeltaTable], None]) -> None:
-        """Bring ``handle``'s Delta table up to date and ``load`` its snapshot; on any failure keep
-        serving the last good snapshot, say why in ``handle.error`` and re-read the log next time."""
+        """Bring ``handle``'s Delta table up to date and ``load`` its snapshot (``_load_table``);
+        a new snapshot, once set, wakes the table's waiters (``published``)."""
+        before = handle.loaded
+        try:
+            self._load_table(handle, kind, load)
+        finally:
+            if handle.loaded is not before:
+                self.published.publish(handle.name)
+
+    def _load_table(self, handle: StoreHandle | StreamHandle, kind: str,
+                    load: Callable[[DeltaTable], None]) -> None:
+        """On any failure keep serving the last good snapshot, say why in ``handle.error`` and
+        re-read the log next time."""
         if not layout.has_delta_log(handle.path):
             handle.error = f"{kind} directory or its _delta_log is gone (serving last good snapshot)"
             return
@@ -330,7 +346,7 @@ class Catalog:
             load(handle.dt)
             handle.last_refresh = time.monotonic()
         except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
+            error = f"{type(exc).__name__}: {storage.error_line(exc)}"
             if handle.error != error:  # once per failure, not at every refresh
                 if handle.loaded is None:
                     log.error("%s %s is unavailable: %s", kind, handle.name, error)

@@ -36,6 +36,7 @@ applies); ``get`` with ``as_of`` and every ``versions``/``iter_versions`` call r
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -66,7 +67,7 @@ from versiq.query.catalog import Catalog, StoreHandle, StreamHandle
 from versiq.query.files import latest_version_on_disk
 from versiq.query.history import Commit
 from versiq.query.index import StoreView
-from versiq.query.rejected import RejectedTables, rejected_page
+from versiq.query.rejected import RejectedTables, rejected_page, rejected_record
 from versiq.query.snapshots import SnapshotCache, store_snapshot, stream_snapshot
 from versiq.query.streams import (
     StreamInfo,
@@ -199,7 +200,8 @@ class Engine:
                             yield commit.snapshot, batch
                     except duckdb.IOException as exc:
                         raise SnapshotGone(f"the files of snapshot {commit.snapshot} of store {store!r} were "
-                                           f"vacuumed: its changes can no longer be read ({exc})") from None
+                                           "vacuumed: its changes can no longer be read "
+                                           f"({storage.error_line(exc)})") from None
             finally:
                 con.close()
 
@@ -221,7 +223,7 @@ class Engine:
                 out += changes_mod.commit_changes(self._con(), path, commit, after, limit + 1 - len(out))
             except duckdb.IOException as exc:
                 raise SnapshotGone(f"the files of snapshot {commit.snapshot} of store {store!r} were vacuumed: "
-                                   f"its changes can no longer be read ({exc})") from None
+                                   f"its changes can no longer be read ({storage.error_line(exc)})") from None
             if len(out) > limit:
                 break
         page = out[:limit]
@@ -237,6 +239,13 @@ class Engine:
         path = self.catalog.store_handle(store).path
         table, counts = self._rejected.get(path, view.state.run)
         return rejected_page(table, counts, view.snapshot, reason, resume_after, limit)
+
+    def rejected_record(self, store: str, record_id: int, snapshot: int | None = None) -> tuple[int, dict[str, Any]]:
+        """The snapshot read and one record it rejected, raw text whole (``query.rejected``);
+        RecordNotFound when it has no record ``record_id``."""
+        view = self._view(store, snapshot)
+        table, _counts = self._rejected.get(self.catalog.store_handle(store).path, view.state.run)
+        return view.snapshot, rejected_record(table, record_id)
 
     def history(self, name: str, what: str = "store") -> list[Commit]:
         """The commits of a store or stream up to its current snapshot, newest first
@@ -287,6 +296,12 @@ class Engine:
 
     def current_snapshot(self, store: str) -> int:
         return self.catalog.current_store(store).snapshot
+
+    def next_snapshot_event(self, name: str) -> asyncio.Event:
+        """An event of the running event loop that is set when store or stream ``name`` has a
+        new current snapshot (or leaves the warehouse): a long poll awaits it instead of polling
+        (``query.published``). Take it before reading the current snapshot, then await it."""
+        return self.catalog.published.event(name)
 
     def get(self, store: str, query: VersionedKeyQuery, snapshot: int | None = None) -> KeyResult:
         """VersionedKeyQuery: latest (rule 6) or as of ``query.as_of`` (rules 7-8, retention edges).

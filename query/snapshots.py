@@ -55,7 +55,8 @@ class FilesSnapshot(StoreView):
         try:
             tbl = arrow(con, resolve_sql(self.settings.kind, "one"), {"files": files, "key": key})
         except duckdb.IOException as exc:
-            raise SnapshotGone(f"snapshot {self.snapshot} of store {self.name!r} is gone: {exc}") from exc
+            raise SnapshotGone(f"snapshot {self.snapshot} of store {self.name!r} is gone: "
+                               f"{storage.error_line(exc)}") from exc
         if tbl.num_rows == 0:
             return None
         vf, vt, tomb, values, part = rows_from_table(tbl)
@@ -76,7 +77,8 @@ class FilesSnapshot(StoreView):
             try:
                 tbl = arrow(con, resolve_sql(self.settings.kind, "many"), {"files": files, "keys": wanted})
             except duckdb.IOException as exc:
-                raise SnapshotGone(f"snapshot {self.snapshot} of store {self.name!r} is gone: {exc}") from exc
+                raise SnapshotGone(f"snapshot {self.snapshot} of store {self.name!r} is gone: "
+                                   f"{storage.error_line(exc)}") from exc
             vf, vt, tomb, values, part = rows_from_table(tbl)
             column = tbl.column("key").combine_chunks()
             starts, ends = key_runs(column)
@@ -114,7 +116,8 @@ class FilesSnapshot(StoreView):
         try:
             tbl = arrow(con, sql, params)
         except duckdb.IOException as exc:
-            raise SnapshotGone(f"snapshot {self.snapshot} of store {self.name!r} is gone: {exc}") from exc
+            raise SnapshotGone(f"snapshot {self.snapshot} of store {self.name!r} is gone: "
+                               f"{storage.error_line(exc)}") from exc
         if tbl.num_rows == 0:
             return []
         vf, vt, tomb, values, part = rows_from_table(tbl)
@@ -153,7 +156,8 @@ class SnapshotCache:
         try:
             view = open_snapshot(storage.delta_table(path, version=snapshot))
         except Exception as exc:
-            raise SnapshotGone(f"snapshot {snapshot} of {kind} {name!r} is no longer readable: {exc}") from exc
+            raise SnapshotGone(f"snapshot {snapshot} of {kind} {name!r} is no longer readable: "
+                               f"{storage.error_line(exc)}") from exc
         with self._lock:
             self._entries[key] = view
             while len(self._entries) > self.size:

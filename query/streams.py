@@ -237,7 +237,8 @@ class StreamSnapshot:
         try:
             tbl = arrow(con, sql, params)
         except duckdb.IOException as exc:
-            raise SnapshotGone(f"snapshot {self.snapshot} of stream {self.name!r} is gone: {exc}") from exc
+            raise SnapshotGone(f"snapshot {self.snapshot} of stream {self.name!r} is gone: "
+                               f"{storage.error_line(exc)}") from exc
         keys = tbl.column("key").to_pylist()
         values = tbl.column("value").to_pylist()
         stamps = tbl.column("timestamp").to_pylist()

@@ -13,6 +13,7 @@ from starlette.types import Send
 from versiq.query.api import (
     InvalidQuery,
     QueryError,
+    RecordNotFound,
     SnapshotGone,
     SnapshotNotFound,
     StoreNotFound,
@@ -45,6 +46,8 @@ def query_problem(exc: QueryError, what: str, store: str, snapshot: int | None, 
     if isinstance(exc, SnapshotGone):
         return Problem("gone", detail or f"snapshot {snapshot} of {what} {store!r} is no longer readable (vacuumed)",
                        **name, snapshot=snapshot)
+    if isinstance(exc, RecordNotFound):
+        return Problem("record-not-found", detail, store=store, snapshot=snapshot)
     if isinstance(exc, InvalidQuery):
         return bad_request(detail or "invalid query")
     if isinstance(exc, UnsupportedQuery):

@@ -6,7 +6,6 @@ parameters (``service.params``), asking the engine in the thread pool and render
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -25,6 +24,7 @@ from versiq.query.lookups import (
     parquet_bytes,
     read_pairs,
 )
+from versiq.query.published import wait_event
 from versiq.query.streams import StreamPosition, StreamRecordsQuery
 from versiq.service.bodies import BodyBudget, parse_json
 from versiq.service.errors import query_problem
@@ -49,6 +49,7 @@ from versiq.service.render import (
     key_json,
     keys_json,
     rejected_json,
+    rejected_record_json,
     result_lines,
     store_info_json,
     stream_info_json,
@@ -62,6 +63,7 @@ from versiq.service.routes import (
     ROUTE_KEY,
     ROUTE_KEYS,
     ROUTE_REJECTED,
+    ROUTE_REJECTED_RECORD,
     ROUTE_STORE,
     ROUTE_STORES,
     ROUTE_STREAM,
@@ -293,6 +295,7 @@ class Service:
             ROUTE_KEYS: self._keys,
             ROUTE_HISTORY: self._history,
             ROUTE_REJECTED: self._rejected,
+            ROUTE_REJECTED_RECORD: self._rejected_record,
             ROUTE_CHANGES: self._changes,
             ROUTE_KEY: self._get,
             ROUTE_VERSIONS: self._versions,
@@ -370,16 +373,16 @@ class Service:
             raise Problem("snapshot-not-found", f"{what} {name!r} has no snapshot {at_least} (minSnapshot): its newest "
                           f"commit is {newest}", **named, snapshot=at_least)
         while True:
-            current: int = await self._call(name, None, current_of, name, what=what)
+            event = engine.next_snapshot_event(name)  # before the look: a later snapshot sets it
+            current: int = await self._call(name, None, current_of, name, what=what, inline=True)
             if current >= at_least:
                 return current
-            if time.monotonic() >= deadline:
+            if not await wait_event(event, deadline - time.monotonic()):
                 retry = {"retry-after": str(max(1, round(self.settings.refresh_interval_s)))}
                 raise Problem(f"{what}-unavailable",
                               f"{what} {name!r} is at snapshot {current} here; minSnapshot {at_least} is not "
                               "loaded yet (it may not be committed, or this server has not refreshed): retry",
                               headers=retry, **{what: name}, snapshot=current, minSnapshot=at_least)
-            await asyncio.sleep(0.05)
 
     async def _resume(self, params: dict[str, str], bound: PageQuery, what: str = "store") -> tuple[int | None, Any]:
         """The snapshot to read and the token's position (None without ``pageToken``): a token
@@ -446,13 +449,32 @@ class Service:
         return changes_json(store, page, next_token)
 
     async def _wait_for_commit(self, store: str, since: int, wait_s: float) -> None:
-        """Long poll: return once ``store`` has a snapshot after ``since``, or after ``wait_s``."""
+        """Long poll: return once ``store`` has a snapshot after ``since``, or after ``wait_s``.
+        A ``since`` the store has not committed is a 400 at once, not after the wait. Waiting
+        holds no thread and polls nothing: the coroutine sleeps until the catalog publishes a
+        new snapshot of the store (``Engine.next_snapshot_event``)."""
         engine = self.require_engine()
         deadline = time.monotonic() + wait_s
-        while await self._call(store, None, engine.current_snapshot, store) <= since:
-            if time.monotonic() >= deadline:
+        checked = False
+        while True:
+            event = engine.next_snapshot_event(store)  # before the look: a later snapshot sets it
+            current: int = await self._call(store, None, engine.current_snapshot, store, inline=True)
+            if current > since:
                 return
-            await asyncio.sleep(0.05)
+            if not checked and since > current:
+                await self._check_since(store, since)
+            checked = True
+            if not await wait_event(event, deadline - time.monotonic()):
+                return
+
+    async def _check_since(self, store: str, since: int) -> None:
+        """400 when ``since`` is newer than every snapshot ``store`` has committed (a commit this
+        server has not loaded yet is worth waiting for)."""
+        engine = self.require_engine()
+        newest: int = await self._call(store, None, engine.newest_committed, store)
+        if since > newest:
+            raise bad_request(f"sinceSnapshot ({since}) must be -1 (from the start) or a snapshot of store "
+                              f"{store!r}: its newest is {newest}", parameter="sinceSnapshot")
 
     async def changes_stream(self, route: Route, query_string: bytes) -> tuple[dict[str, str], AsyncIterator[bytes]]:
         """The change feed as NDJSON in one pass (``Accept: application/x-ndjson``): every change
@@ -511,6 +533,19 @@ class Service:
         if page.resume_after is not None:
             next_token = self.tokens.issue(bound, page.snapshot, page.resume_after)
         return rejected_json(store, page, next_token)
+
+    async def _rejected_record(self, route: Route, query_string: bytes) -> bytes:
+        """``GET /v1/stores/{store}/rejected/{id}``: one rejected record with its raw text whole
+        (a listing shows the start of a long one)."""
+        store = _checked_name(route.store, "store")
+        text = route.record or ""
+        if not text.isascii() or not text.isdigit() or len(text) > 18:
+            raise bad_request(f"the record id {text!r} is not an id of a listed record (a non-negative integer)")
+        snapshot = await self._snapshot(store, parse_query(query_string, ("snapshot", "asOfSystemTime",
+                                                                          "minSnapshot")))
+        engine = self.require_engine()
+        answered, record = await self._call(store, snapshot, engine.rejected_record, store, int(text), snapshot)
+        return rejected_record_json(store, answered, record)
 
     async def _get(self, route: Route, query_string: bytes) -> bytes:
         store = _checked_name(route.store, "store")

@@ -21,6 +21,7 @@ PROBLEM_TYPES: dict[str, tuple[int, str]] = {
     "store-not-found": (404, "Store not found"),
     "stream-not-found": (404, "Stream not found"),
     "snapshot-not-found": (404, "Snapshot not found"),
+    "record-not-found": (404, "Rejected record not found"),
     "route-not-found": (404, "No such resource"),
     "method-not-allowed": (405, "Method not allowed"),
     "not-acceptable": (406, "Not acceptable"),

@@ -202,11 +202,22 @@ def history_json(store: str, commits: list[Commit]) -> bytes:
 
 def rejected_json(store: str, page: RejectedPage, next_token: str | None) -> bytes:
     """A page of ``GET /v1/stores/{store}/rejected``: the records as ``versiq rejected`` prints
-    them, with ``ingestedAt`` for the CLI's ``ingested_at``, the counts per reason and the total."""
-    records = []
-    for record in page.records:
-        out = dict(record)
-        out["ingestedAt"] = out.pop("ingested_at")
-        records.append(out)
+    them (``_rejected_record``), with the counts per reason and the total."""
+    records = [_rejected_record(record) for record in page.records]
     return dumps({"store": store, "snapshot": page.snapshot, "counts": page.counts, "total": page.total,
                   "records": records, "nextPageToken": next_token})
+
+
+def rejected_record_json(store: str, snapshot: int, record: dict[str, Any]) -> bytes:
+    """``GET /v1/stores/{store}/rejected/{id}``: one record, its raw text whole."""
+    return dumps({"store": store, "snapshot": snapshot, "record": _rejected_record(record)})
+
+
+def _rejected_record(record: dict[str, Any]) -> dict[str, Any]:
+    """A record as ``versiq rejected`` prints it, with ``ingestedAt`` for the CLI's
+    ``ingested_at``, and its ``id``, ``rawLength`` and ``rawTruncated`` (``query.rejected``)."""
+    out = dict(record)
+    out["ingestedAt"] = out.pop("ingested_at")
+    out["rawLength"] = out.pop("raw_length")
+    out["rawTruncated"] = out.pop("raw_truncated")
+    return out

@@ -29,6 +29,8 @@ class Route:
     store: str | None = None
     key: str | None = None
     stream: str | None = None
+    #: The id of one rejected record (still text: the handler checks it).
+    record: str | None = None
 
 
 ROUTE_STORES = "/v1/stores"
@@ -39,6 +41,7 @@ ROUTE_HISTORY = "/v1/stores/{store}/history"
 ROUTE_LOOKUPS = "/v1/stores/{store}/lookups"
 ROUTE_CHANGES = "/v1/stores/{store}/changes"
 ROUTE_REJECTED = "/v1/stores/{store}/rejected"
+ROUTE_REJECTED_RECORD = "/v1/stores/{store}/rejected/{id}"
 ROUTE_KEY = "/v1/stores/{store}/keys/{key}"
 ROUTE_VERSIONS = "/v1/stores/{store}/keys/{key}/versions"
 ROUTE_STREAMS = "/v1/streams"
@@ -84,6 +87,9 @@ def match_v1(segments: list[bytes]) -> Route | None:
         if action == "rejected":
             return Route(ROUTE_REJECTED, store)
         return Route(ROUTE_BATCH_GET, store) if action == "keys:batchGet" else None
+    if n == 5 and segments[3] == b"rejected":
+        return Route(ROUTE_REJECTED_RECORD, store,
+                     record=percent_decode(segments[4], plus_is_space=False, what="the record id"))
     if segments[3] != b"keys" or n not in (5, 6):
         return None
     if n == 6 and segments[5] != b"versions":

@@ -168,6 +168,19 @@ def delta_table(path: str, version: int | None = None) -> DeltaTable:
     return DeltaTable(path, version=version, storage_options=delta_options(path))
 
 
+#: The longest error line ``error_line`` gives (a corrupt log's error may quote a whole record).
+ERROR_LINE_CHARS = 500
+
+
+def error_line(exc: BaseException) -> str:
+    """The message of a storage error as one line, for answers and readiness: the first non-blank
+    line of ``str(exc)``, at most ``ERROR_LINE_CHARS`` characters (the exception's type when the
+    message is empty). delta-rs appends a Rust backtrace to its messages when ``RUST_BACKTRACE``
+    is set, and DuckDB may add context lines: those are for the log, not for an API client."""
+    line = next((text.strip() for text in str(exc).splitlines() if text.strip()), type(exc).__name__)
+    return line if len(line) <= ERROR_LINE_CHARS else line[: ERROR_LINE_CHARS - 1] + "…"
+
+
 def is_delta_table(path: str) -> bool:
     from deltalake import DeltaTable
 

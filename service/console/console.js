@@ -67,6 +67,106 @@ function parseTime(text) {
 }
 
 const json = (value) => JSON.stringify(value);
+
+/** JSON.parse of an API answer that also keeps the exact text of every member named "value"
+ * (a record's value, which the API sends as stored) as ``valueText`` beside it: a value is shown
+ * from that text, never parsed into doubles and written again (12345678901234567890 and 1.50
+ * stay as they are). Invalid JSON throws as JSON.parse does. */
+function parseAnswer(text) {
+  const parsed = JSON.parse(text);
+  let i = 0;
+  const space = () => { while (" \t\n\r".includes(text[i]) && i < text.length) i++; };
+  const skipString = () => { i++; while (text[i] !== '"') i += text[i] === "\\" ? 2 : 1; i++; };
+  function walk(target) {  // ``target``: the value parsed from the text at ``i`` (same shape)
+    space();
+    if (text[i] === "{") {
+      i++;
+      space();
+      while (text[i] !== "}") {
+        const start = i;
+        skipString();
+        const name = JSON.parse(text.slice(start, i));
+        space();
+        i++;  // ":"
+        space();
+        const from = i;
+        walk(target[name]);
+        if (name === "value" && target !== null && typeof target === "object") target.valueText = text.slice(from, i);
+        space();
+        if (text[i] === ",") i++;
+        space();
+      }
+      i++;
+    } else if (text[i] === "[") {
+      i++;
+      space();
+      for (let n = 0; text[i] !== "]"; n++) {
+        walk(target[n]);
+        space();
+        if (text[i] === ",") i++;
+        space();
+      }
+      i++;
+    } else if (text[i] === '"') {
+      skipString();
+    } else {
+      while (i < text.length && !",]} \t\n\r".includes(text[i])) i++;
+    }
+  }
+  walk(parsed);
+  return parsed;
+}
+
+/** A value's JSON text as stored, with a line-break opportunity (<wbr>) after each "," and ":"
+ * outside strings, so a long value wraps between tokens rather than inside one. */
+function breakable(text) {
+  const parts = [];
+  let start = 0;
+  for (let i = 0; i < text.length; i++) {
+    if (text[i] === '"') {
+      for (i++; i < text.length && text[i] !== '"'; i++) if (text[i] === "\\") i++;
+    } else if (text[i] === "," || text[i] === ":") {
+      parts.push(text.slice(start, i + 1), h("wbr"));
+      start = i + 1;
+    }
+  }
+  parts.push(text.slice(start));
+  return parts;
+}
+
+/** A value's JSON text laid out for reading, two spaces per level, every token as it is in
+ * ``text`` (numbers are not reparsed); a space after each ":" and "," so long lines wrap
+ * between tokens. */
+function prettyJson(text) {
+  let out = "";
+  let depth = 0;
+  const newline = () => "\n" + "  ".repeat(depth);
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i];
+    if (c === '"') {
+      const start = i;
+      for (i++; text[i] !== '"'; i++) if (text[i] === "\\") i++;
+      out += text.slice(start, i + 1);
+    } else if (c === "{" || c === "[") {
+      const close = c === "{" ? "}" : "]";
+      let j = i + 1;
+      while (" \t\n\r".includes(text[j])) j++;
+      if (text[j] === close) { out += c + close; i = j; continue; }
+      depth++;
+      out += c + newline();
+    } else if (c === "}" || c === "]") {
+      depth--;
+      out += newline() + c;
+    } else if (c === ",") {
+      out += "," + newline();
+    } else if (c === ":") {
+      out += ": ";
+    } else if (!" \t\n\r".includes(c)) {
+      out += c;
+    }
+  }
+  return out;
+}
 const plural = (n, one, many = `${one}s`) => `${n.toLocaleString("en")} ${n === 1 ? one : many}`;
 
 // ---------------------------------------------------------------- the API
@@ -96,7 +196,7 @@ async function api(segments, params = {}, body = undefined) {
   const init = { headers };
   if (body !== undefined) Object.assign(init, { method: "POST", body: JSON.stringify(body) }, { headers: { ...headers, "Content-Type": "application/json" } });
   const response = await fetch(path + (query.size ? `?${query}` : ""), init);
-  const answer = await response.json().catch(() => ({ title: response.statusText }));
+  const answer = await response.text().then(parseAnswer).catch(() => ({ title: response.statusText }));
   if (response.status === 401) {
     askForToken(answer.detail || "");
     throw new ApiError(401, answer);
@@ -291,7 +391,7 @@ async function keySearch(store, info) {
     for (const r of page.records) {
       list.append(h("li", { "data-key": r.key },
         h("a", { href: link(["stores", store, "keys", r.key]) }, h("span", { class: "mono" }, r.key)), " ",
-        r.deleted ? h("span", { class: "tag deleted" }, "deleted") : h("span", { class: "muted mono" }, json(r.value).slice(0, 60))));
+        r.deleted ? h("span", { class: "tag deleted" }, "deleted") : h("span", { class: "muted mono" }, r.valueText.slice(0, 60))));
     }
     if (!token) results.replaceChildren(list);
     results.querySelector("button.more")?.remove();
@@ -318,6 +418,13 @@ async function keySearch(store, info) {
 // ---------------------------------------------------------------- a key's timeline
 
 const W = 1000, BAR_Y = 34, BAR_H = 34, H = 110;
+
+/** Whether a key's history reaches back to the retention horizon: its oldest version began
+ * before it, so older versions, if any, are no longer kept (a key whose history all lies after
+ * the horizon has lost nothing; records are oldest first). */
+function reachesHorizon(records, horizon) {
+  return horizon !== null && horizon !== undefined && records.length > 0 && records[0].timestamp < horizon;
+}
 
 /** The time domain drawn: every version, the horizon and stream time, with a margin. */
 function domain(records, horizon, streamTime) {
@@ -353,7 +460,7 @@ function timeline(store, key, snapshot, records, lo, hi, horizon, streamTime, on
     bars.append(h("rect", {
       class: r.deleted ? "bar deleted" : "bar", x: x(r.timestamp), y: BAR_Y, height: BAR_H, width: Math.max(1, x(end) - x(r.timestamp)),
       "data-key": key, "data-valid-from": r.timestamp, "data-valid-to": r.validTo ?? "", "data-deleted": r.deleted ? "true" : null,
-    }, h("title", {}, `${r.deleted ? "deleted" : json(r.value)}\n${rfc3339(r.timestamp)} → ${r.validTo === null ? "still valid" : rfc3339(r.validTo)}`)));
+    }, h("title", {}, `${r.deleted ? "deleted" : r.valueText}\n${rfc3339(r.timestamp)} → ${r.validTo === null ? "still valid" : rfc3339(r.validTo)}`)));
   }
   svg.append(bars);
   if (horizon !== null && horizon !== undefined && horizon > lo) {
@@ -403,7 +510,7 @@ async function keyPage(view, store, key, params) {
     view.append(h("p", { class: "muted" }, "A timestamped store keeps the latest value of each key only."));
     try {
       const latest = await valueAsOf(store, key, undefined, snapshot);
-      view.append(h("div", { class: "panel", id: "cursor-value" }, h("pre", {}, json(latest.value)), "since ", when(latest.timestamp)));
+      view.append(h("div", { class: "panel", id: "cursor-value" }, h("pre", {}, prettyJson(latest.valueText)), "since ", when(latest.timestamp)));
     } catch (error) {
       view.append(problemBox(error));
     }
@@ -419,7 +526,8 @@ async function keyPage(view, store, key, params) {
 
   const summary = h("p", { id: "key-summary" }, `${plural(records.filter((r) => !r.deleted).length, "version")}`,
     records.some((r) => r.deleted) ? `, ${plural(records.filter((r) => r.deleted).length, "tombstone")}` : "",
-    ` at snapshot ${pinned}`, first.truncated ? " · older history is past the retention horizon and no longer kept" : "",
+    ` at snapshot ${pinned}`, reachesHorizon(records, horizon) ?
+      " · its oldest version shown began before the retention horizon: versions that ended before the horizon are no longer kept" : "",
     complete ? "" : " · only the first 20,000 versions are drawn");
   view.append(summary);
   if (records.length === 0) view.append(h("p", { class: "muted" }, "This key has no version inside the retention window at this snapshot."));
@@ -443,7 +551,7 @@ async function keyPage(view, store, key, params) {
     let content;
     try {
       const answer = await valueAsOf(store, key, t, pinned);
-      content = [h("div", {}, "Value as of ", when(t), ":"), h("pre", { id: "cursor-json", "data-value": json(answer.value) }, JSON.stringify(answer.value, null, 2)),
+      content = [h("div", {}, "Value as of ", when(t), ":"), h("pre", { id: "cursor-json", "data-value": answer.valueText }, prettyJson(answer.valueText)),
         h("div", { class: "muted" }, "valid from ", when(answer.timestamp), " to ", answer.validTo === null ? "now (still valid)" : when(answer.validTo))];
     } catch (error) {
       content = [h("div", {}, "As of ", when(t), ":"), problemBox(error)];
@@ -470,7 +578,7 @@ async function keyPage(view, store, key, params) {
     h("tbody", {}, records.slice().reverse().map((r) => {
       const tr = h("tr", { "data-valid-from": r.timestamp, "data-deleted": r.deleted ? "true" : null },
         h("td", {}, when(r.timestamp)), h("td", {}, r.validTo === null ? h("span", { class: "muted" }, "still valid") : when(r.validTo)),
-        h("td", {}, r.deleted ? h("span", { class: "tag deleted" }, "deleted") : h("pre", {}, json(r.value))));
+        h("td", {}, r.deleted ? h("span", { class: "tag deleted" }, "deleted") : h("pre", {}, breakable(r.valueText))));
       rows.set(r, tr);
       return tr;
     })));
@@ -483,6 +591,23 @@ async function keyPage(view, store, key, params) {
 }
 
 // ---------------------------------------------------------------- rejected records and streams
+
+/** A rejected record's raw text; a listing cuts a long one, and a button fetches it whole. */
+function rawText(store, snapshot, record) {
+  const pre = h("pre", { class: "raw", "data-id": record.id }, record.raw ?? "");
+  if (!record.rawTruncated) return pre;
+  const more = h("button", { type: "button", class: "raw-all", onclick: async () => {
+    try {
+      const answer = await api(["stores", store, "rejected", String(record.id)], { snapshot });
+      pre.textContent = answer.record.raw;
+      pre.dataset.whole = "true";
+      more.remove();
+    } catch (error) {
+      more.replaceWith(problemBox(error));
+    }
+  } }, `… show all ${plural(record.rawLength, "character")}`);
+  return [pre, more];
+}
 
 async function rejectedPage(view, store, params) {
   const reason = params.reason || undefined;
@@ -498,7 +623,7 @@ async function rejectedPage(view, store, params) {
     h("td", { class: "num" }, r.run), h("td", {}, h("span", { class: "tag" }, r.reason)),
     h("td", { class: "mono" }, r.source, r.line !== undefined ? `:${r.line}` : r.row !== undefined ? ` row ${r.row}` : "",
       r.partition !== undefined ? ` partition ${r.partition}` : "", r.offset !== undefined ? ` offset ${r.offset}` : ""),
-    h("td", {}, r.detail), h("td", {}, h("pre", { class: "raw" }, r.raw ?? "")), h("td", { class: "mono" }, r.ingestedAt ?? "—"))));
+    h("td", {}, r.detail), h("td", {}, rawText(store, page.snapshot, r)), h("td", { class: "mono" }, r.ingestedAt ?? "—"))));
   add(page.records);
   view.append(h("table", { id: "rejected" }, h("thead", {}, h("tr", {}, ["Run", "Reason", "Where", "Detail", "Raw text", "Ingested"].map((t) => h("th", {}, t)))), body));
   let token = page.nextPageToken;

@@ -40,16 +40,19 @@ def rejecting(spark, tmp_path_factory):
     return warehouse, snapshots
 
 
-def _http(record: dict) -> dict:
-    """A ``versiq rejected`` JSON line as the HTTP listing spells it."""
+def _http(record: dict, record_id: int) -> dict:
+    """A ``versiq rejected`` JSON line as the HTTP listing spells it (``record_id``: its place in
+    the unfiltered listing; these raw texts are short, so none is cut)."""
     out = dict(record)
     out["ingestedAt"] = out.pop("ingested_at")
+    raw = out["raw"]
+    out.update(id=record_id, rawLength=None if raw is None else len(raw), rawTruncated=False)
     return out
 
 
 def test_the_listing_is_what_versiq_rejected_prints_with_counts_per_reason(rejecting):
     warehouse, (first, second) = rejecting
-    expected = [_http(r) for r in iter_rejected(warehouse, "s")]
+    expected = [_http(r, i) for i, r in enumerate(iter_rejected(warehouse, "s"))]
     assert [(r["reason"], r["source"], r["line"], r["run"]) for r in expected] == [
         ("malformed", "day-1.jsonl", 2, 1), ("missing_field", "day-1.jsonl", 3, 1),
         ("late", "day-2.jsonl", 2, 2), ("malformed", "day-2.jsonl", 3, 2)]
@@ -79,7 +82,7 @@ def test_the_listing_is_what_versiq_rejected_prints_with_counts_per_reason(rejec
 
 def test_pages_follow_tokens_that_pin_the_snapshot_and_the_reason(rejecting):
     warehouse, (first, second) = rejecting
-    expected = [_http(r) for r in iter_rejected(warehouse, "s")]
+    expected = [_http(r, i) for i, r in enumerate(iter_rejected(warehouse, "s"))]
     with serve_engine(warehouse) as (url, _engine), httpx.Client(base_url=url, timeout=30) as client:
         seen, token, pages = [], None, 0
         while True:

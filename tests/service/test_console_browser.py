@@ -36,6 +36,11 @@ REJECTED = [
     {"run": 2, "source": "day-2.jsonl", "line": 1, **_PLACE, "reason": "malformed", "raw": "uncommitted",
      "detail": "an unfinished attempt", "ingested_at": "2023-11-15T09:00:00.000Z"},
 ]
+#: A value a double cannot hold (a 20-digit integer, a trailing zero) and long enough to wrap.
+BIG = ('{"id":12345678901234567890,"price":1.50,"tags":[' +
+       ",".join(f'"tag-{i:03d}"' for i in range(60)) + '],"more":' + "1" * 30 + "}")
+#: A rejected raw text longer than a listing shows (4,096 characters).
+LONG_RAW = '{"key": "o-9", "value": "' + "x" * 10_000
 
 
 @pytest.fixture(scope="module")
@@ -45,16 +50,18 @@ def console_warehouse(tmp_path_factory: pytest.TempPathFactory) -> Warehouse:
     warehouse = build_warehouse(str(tmp_path_factory.mktemp("console-wh")))
     warehouse.live.apply([("k", '"late-news"', T0 + 7), ("k", None, T0 + 50)])
     orders = StoreBuilder(warehouse.path, "orders", partitions=2, history_retention_ms=HOUR)
-    orders.apply([(f"o-{i}", str(i), T0 + i * HOUR) for i in range(8)])
+    orders.apply([(f"o-{i}", str(i), T0 + i * HOUR) for i in range(8)] + [("big", BIG, T0 + 7 * HOUR)])
     write_deltalake(str(Path(warehouse.path, "prices", layout.REJECTED_DIR)),
                     _rejected_table(), mode="append")
+    write_deltalake(str(Path(warehouse.path, "orders", layout.REJECTED_DIR)),
+                    _rejected_table([{**REJECTED[0], "raw": LONG_RAW}]), mode="append")
     return warehouse
 
 
-def _rejected_table() -> Any:
+def _rejected_table(rows: list[dict[str, Any]] = REJECTED) -> Any:
     import pyarrow as pa
 
-    return pa.Table.from_pylist(REJECTED, schema=layout.REJECTED_SCHEMA)
+    return pa.Table.from_pylist(rows, schema=layout.REJECTED_SCHEMA)
 
 
 @pytest.fixture(scope="module")
@@ -267,6 +274,58 @@ def test_rejected_records_by_reason_with_the_raw_text(open_page):
     page.select_option("#reason", "late")
     page.wait_for_function("() => document.querySelectorAll('#rejected tbody tr').length === 1")
     assert page.eval_on_selector_all("#rejected tbody tr", "els => els.map(e => e.dataset.reason)") == ["late"]
+
+
+def test_values_are_shown_as_stored_and_long_ones_wrap_between_tokens(open_page, console_url):
+    stored = _api(console_url, "/v1/stores/orders/keys/big")
+    assert stored["value"]["id"] == 12345678901234567890  # the API sends the stored text
+    page, _ = open_page("#/stores/orders/keys/big")
+    shown = page.locator("#cursor-json")
+    page.wait_for_selector('#cursor-value[data-state="done"]')
+    assert shown.get_attribute("data-value") == BIG
+    text = shown.inner_text()
+    assert '"id": 12345678901234567890' in text and '"price": 1.50' in text and "1" * 30 in text
+    cell = page.locator("#versions tbody pre").first
+    assert cell.inner_text().replace("\n", "") == BIG
+    assert cell.locator("wbr").count() == BIG.count(",") + BIG.count(":")
+    # Wrapped inside its column, every line ends after a "," or ":" (never inside a token).
+    lines = cell.evaluate("""pre => {
+        const range = document.createRange(), tops = new Map();
+        for (const node of pre.childNodes) {
+          if (node.nodeType !== Node.TEXT_NODE) continue;
+          for (let i = 0; i < node.length; i++) {
+            range.setStart(node, i); range.setEnd(node, i + 1);
+            const top = Math.round(range.getBoundingClientRect().top);
+            tops.set(top, (tops.get(top) || "") + node.data[i]);
+          }
+        }
+        return [...tops.values()];
+    }""")
+    assert len(lines) > 1 and "".join(lines) == BIG
+    assert all(line[-1] in ",:" for line in lines[:-1]), lines
+    assert cell.evaluate("pre => pre.scrollWidth <= pre.clientWidth + 1")
+    page, _ = open_page("#/stores/orders")
+    page.fill("#key-prefix", "bi")
+    page.wait_for_selector('#key-results li[data-key="big"]')
+    assert BIG[:60] in page.inner_text('#key-results li[data-key="big"]')
+
+
+def test_the_horizon_note_is_shown_only_for_a_history_that_reaches_it(open_page):
+    page, _ = open_page("#/stores/prices/keys/p-1")  # its first version began before the horizon
+    assert "retention horizon" in page.inner_text("#key-summary")
+    page, _ = open_page("#/stores/prices/keys/deleted")  # all of it after the horizon
+    assert "horizon" not in page.inner_text("#key-summary")
+
+
+def test_a_long_rejected_raw_text_is_cut_and_shown_whole_on_demand(open_page):
+    page, _ = open_page("#/stores/orders/rejected")
+    raw = page.locator("#rejected pre.raw")
+    assert raw.inner_text() == LONG_RAW[:4096]
+    button = page.locator("#rejected button.raw-all")
+    assert "10,025 characters" in button.inner_text()
+    button.click()
+    page.wait_for_selector('#rejected pre.raw[data-whole="true"]')
+    assert raw.inner_text() == LONG_RAW and page.locator("#rejected button.raw-all").count() == 0
 
 
 def test_times_switch_to_local_rfc3339(open_page):

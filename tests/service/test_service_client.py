@@ -210,7 +210,7 @@ def test_generated_client_issue_16_endpoints(s_generated: Any, s_wh: Warehouse) 
     point-in-time lookups, versions with deletions, system time and minSnapshot."""
     from versiq_client import Client
     from versiq_client.api.queries import get_key, list_versions, lookup_pairs
-    from versiq_client.api.stores import get_store_history, list_changes
+    from versiq_client.api.stores import get_rejected, get_store_history, list_changes, list_rejected
     from versiq_client.models import (
         BatchGetResponse,
         ChangesPage,
@@ -218,6 +218,7 @@ def test_generated_client_issue_16_endpoints(s_generated: Any, s_wh: Warehouse) 
         LookupRequest,
         LookupRequestLookupsItem,
         Problem,
+        RejectedPage,
         StoreHistory,
         VersionsPage,
     )
@@ -228,6 +229,10 @@ def test_generated_client_issue_16_endpoints(s_generated: Any, s_wh: Warehouse) 
         assert isinstance(history, StoreHistory) and history.commits[0].snapshot == 0
         changes = list_changes.sync("prices", client=client, since_snapshot=-1)
         assert isinstance(changes, ChangesPage) and changes.snapshot == 0
+        rejected = list_rejected.sync("prices", client=client)
+        assert isinstance(rejected, RejectedPage) and rejected.records == []
+        no_record = get_rejected.sync("prices", 0, client=client)
+        assert isinstance(no_record, Problem) and no_record.type_.endswith("/record-not-found")
         body = LookupRequest(lookups=[LookupRequestLookupsItem(key="p-1"),
                                       LookupRequestLookupsItem(key="deleted", as_of=T0 + 9 * 3_600_000 + 150)])
         answer = lookup_pairs.sync("prices", client=client, body=body)

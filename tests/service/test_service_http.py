@@ -1,6 +1,7 @@
 """The connection layer of ``versiq serve`` (``service.http``, issue 10 items 3 and 11): size limits
 and malformed requests answer problem+json, slow and idle clients are closed, the longest key a
-store can hold is servable with page tokens, and a busy port is exit status 3."""
+store can hold is servable with page tokens, a busy port is exit status 3, and a storage error
+reaches /readyz and /v1/stores as one line."""
 
 from __future__ import annotations
 
@@ -163,3 +164,37 @@ def test_a_busy_port_is_exit_status_3(tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=60, cwd=ROOT,
                          env={**os.environ, "PYTHONPATH": str(ROOT), "VERSIQ_REQUEST_HEAD_TIMEOUT": "0s"})
     assert bad.returncode == 2 and "VERSIQ_REQUEST_HEAD_TIMEOUT" in bad.stderr
+
+
+def test_storage_errors_are_one_line_without_the_rust_backtrace(tmp_path: Path) -> None:
+    """delta-rs appends a Rust backtrace to its errors when RUST_BACKTRACE is set: /readyz and
+    /v1/stores give the first line, for a store unreadable from the start (``bad``) and for one
+    whose next commit cannot be read (``stale``, served at its last good snapshot)."""
+    wh = str(tmp_path)
+    for name in ("bad", "stale"):
+        b = StoreBuilder(wh, name)
+        b.apply([("k", '"a"', T0)])
+        b.apply([("k", '"b"', T0 + 1)])
+    bad_commit = Path(wh, "bad", "_delta_log", f"{1:020d}.json")
+    bad_commit.write_bytes(bad_commit.read_bytes()[:40])
+    stale_commit = Path(wh, "stale", "_delta_log", f"{1:020d}.json")
+    stale_text = stale_commit.read_bytes()
+    stale_commit.unlink()
+    with _serve(wh, env={"RUST_BACKTRACE": "1"}) as port:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while httpx.get(url + "/readyz").json()["stores"].get("stale", {}).get("snapshot") != 0:
+            assert time.monotonic() < deadline, "stale was not loaded"
+            time.sleep(0.1)
+        stale_commit.write_bytes(stale_text[:40])
+        while httpx.get(url + "/readyz").json()["stores"]["stale"]["error"] is None:
+            assert time.monotonic() < deadline, "the refresh of stale did not fail"
+            time.sleep(0.1)
+        ready = httpx.get(url + "/readyz")
+        state = ready.json()
+        errors = [state["unavailable"]["bad"], state["stores"]["stale"]["error"], state["detail"],
+                  *(s["error"] for s in httpx.get(url + "/v1/stores").json()["unavailable"])]
+        assert ready.status_code == 503 and state["stores"]["stale"]["snapshot"] == 0
+        assert "DeltaError" in state["unavailable"]["bad"] and "DeltaError" in state["stores"]["stale"]["error"]
+        for error in errors:
+            assert "\n" not in error and "backtrace" not in error.lower() and " 0: " not in error, error
