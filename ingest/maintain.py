@@ -61,7 +61,7 @@ from pyspark.sql import SparkSession
 from versiq import layout, storage
 from versiq.ingest.delta import commit_metadata
 from versiq.ingest.frames import local_frame
-from versiq.ingest.spark import plans_for_input
+from versiq.ingest.spark import plans_for_input, small_run
 from versiq.ingest.store import (
     SIDE_TABLES,
     StoreHandle,
@@ -128,7 +128,7 @@ def maintain_store(warehouse: str, store: str, lock_timeout_s: float = 60.0,
             with commit_metadata(session, handle.state):
                 if plan.buckets:
                     check_still_writer(path)
-                    with plans_for_input(session, plan.input_bytes):
+                    with plans_for_input(session, small_run(plan.input_bytes)):
                         _rewrite(session, path, plan)
                 for target, count in to_vacuum.items():
                     if count:

@@ -1,11 +1,10 @@
 """Parsing a run's new files: each file parsed whole and in order by ``versiq.ingest.records``,
 with the processing-order columns of ``ingest.order``; by Spark tasks (``parse_files``, one per
-group of files), or in this process for a run of up to ``PARSE_HERE_BYTES`` (``parse_here``)."""
+group of files), or in this process (``parse_here``), as the run's plan says (``ingest.plan``)."""
 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterator
 from concurrent.futures.process import BrokenProcessPool
 from typing import overload
@@ -16,33 +15,12 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from versiq.ingest.frames import rows_frame
 from versiq.ingest.order import MAX_FILES, RUN_SCHEMA, with_order
-from versiq.ingest.parse_workers import WorkerRun, parse_workers, plan_pieces
+from versiq.ingest.parse_workers import Piece, WorkerRun
+from versiq.ingest.plan import RunPlan
 from versiq.ingest.records import format_of, parse_file
 from versiq.ingest.sources import read_error
-from versiq.ingest.spark import runs_locally, small_run, start_soon
+from versiq.ingest.spark import start_soon
 from versiq.logs import counted
-
-#: New input (bytes of new text files) up to which a run parses its files in this process
-#: (``parse_here``), far above a small run (``spark.small_run``), and decides them here too
-#: (``ingest.decisions_here``, DuckDB): Spark only writes. The parse takes about 3.3 µs per JSONL
-#: record on one core; from ``parse_workers.PARALLEL_PARSE_BYTES`` on, worker processes parse on
-#: every core. 1M JSONL events (80 MB) into a new store, measured (docs/benchmarks.md, "Larger
-#: runs parse in the driver", "A run parsed in the driver is decided there", "The driver parses
-#: on every core"):
-#:
-#: - through the CLI with a JVM of its own, whose start overlaps the parse and the decisions:
-#:   13.9-14.2 s, against 21.5 s decided by Spark and 28.5 s parsed by Spark tasks too;
-#: - by a resident driver: 6.5 s once its parse workers have started (8.7 s for the first);
-#: - in a warm session in process: 5.5-5.6 s (6.6-7.0 s parsed by the driver alone), against
-#:   11.6-13.7 s parsed and decided by Spark.
-#:
-#: The driver's Python process holds such a run's records, their decisions and the store's rows
-#: as Arrow tables: a CLI run of 1M events peaked at 0.89 GB resident, most of it DuckDB's
-#: decisions, and each parse worker at 0.17 GB.
-PARSE_HERE_BYTES = 128 << 20
-
-#: Overrides ``PARSE_HERE_BYTES`` (0: every run parses in Spark tasks).
-PARSE_HERE_BYTES_ENV = "VERSIQ_PARSE_HERE_BYTES"
 
 #: The most records a run parses in this process, whatever its size on disk: 128 MiB of tiny CSV
 #: records (``a,1,1``) would be over 20M records, an Arrow table of over 1 GB held twice by the
@@ -51,24 +29,27 @@ PARSE_HERE_BYTES_ENV = "VERSIQ_PARSE_HERE_BYTES"
 PARSE_HERE_ROWS = 2_000_000
 
 
-def parse_run(spark: SparkSession, files: dict[str, str], fmt: str | None, partitions: int | None,
-              max_timestamp: int | None, input_bytes: int | None) -> DataFrame | pa.Table:
-    """A run's new files parsed: here when ``parses_here`` (the session, if it has yet to
-    start, starts meanwhile on a thread of its own: ``spark.start_soon``), else by Spark; also
-    by Spark when they hold more than ``PARSE_HERE_ROWS`` records."""
+def parse_run(spark: SparkSession, plan: RunPlan, files: dict[str, str], fmt: str | None, partitions: int | None,
+              max_timestamp: int | None) -> tuple[DataFrame | pa.Table, RunPlan]:
+    """A run's new files parsed as ``plan`` says (``ingest.plan``): here (the session, if it has
+    yet to start, starts meanwhile on a thread of its own: ``spark.start_soon``), else by Spark
+    tasks; also by Spark when they hold more than ``PARSE_HERE_ROWS`` records, and then the plan
+    returned is Spark's."""
     log = logging.getLogger("versiq.ingest")
-    if parses_here(files, fmt, input_bytes, local_master=runs_locally(spark)):
+    if plan.parse == "driver":
         _check_files(files)  # a run refused here starts no JVM
         start_soon(spark)
         # no ``fst``: only Spark's decisions read it, and a run parsed here is decided here
         # (with several partitions it costs a CRC per record in Python)
-        table = parse_here(files, fmt, None, max_timestamp, max_rows=PARSE_HERE_ROWS)
+        table = parse_here(files, fmt, None, max_timestamp, max_rows=PARSE_HERE_ROWS, pieces=plan.pieces,
+                           workers=plan.workers)
         if table is not None:
             log.debug("%s parsed in this process", counted(table.num_rows, "record"))
-            return table
-        log.info("more than %s in %s of new files: Spark tasks parse them", counted(PARSE_HERE_ROWS, "record"),
-                 counted(input_bytes or 0, "byte"))
-    return parse_files(spark, files, fmt, partitions, max_timestamp)
+            return table, plan
+        plan = plan.spark_parses()
+        log.info("more than %s in %s of new files: %s", counted(PARSE_HERE_ROWS, "record"),
+                 counted(plan.input_bytes or 0, "byte"), plan.describe())
+    return parse_files(spark, files, fmt, partitions, max_timestamp), plan
 
 
 def parse_files(spark: SparkSession, files: dict[str, str], fmt: str | None, partitions: int | None,
@@ -90,28 +71,24 @@ def parse_files(spark: SparkSession, files: dict[str, str], fmt: str | None, par
 
 
 @overload
-def parse_here(files: dict[str, str], fmt: str | None, partitions: int | None,
-               max_timestamp: int | None = None) -> pa.Table: ...
+def parse_here(files: dict[str, str], fmt: str | None, partitions: int | None, max_timestamp: int | None = None, *,
+               pieces: list[Piece] | None = None, workers: int = 1) -> pa.Table: ...
 
 
 @overload
-def parse_here(files: dict[str, str], fmt: str | None, partitions: int | None,
-               max_timestamp: int | None = None, *, max_rows: int) -> pa.Table | None: ...
+def parse_here(files: dict[str, str], fmt: str | None, partitions: int | None, max_timestamp: int | None = None, *,
+               max_rows: int, pieces: list[Piece] | None = None, workers: int = 1) -> pa.Table | None: ...
 
 
-def parse_here(files: dict[str, str], fmt: str | None, partitions: int | None,
-               max_timestamp: int | None = None, *, max_rows: int | None = None) -> pa.Table | None:
-    """The rows ``parse_files`` gives, parsed in this process (``parses_here``): for a small
-    run, whose Spark job would cost more than its parse, and for a larger one up to
-    ``PARSE_HERE_BYTES``. A CLI run of 10k
-    events took 2.7 s in that job with a new JVM (the Python workers' start, Arrow's exchange),
-    and its parse takes 0.1 s here; the parse and the reads that follow need no Spark, so they
-    also overlap the JVM's start (``spark.start_soon``). With ``max_rows``: None once the files
-    hold more records than that (the caller has Spark parse them). A run of at least
-    ``parse_workers.PARALLEL_PARSE_BYTES`` is parsed by worker processes, one per core."""
+def parse_here(files: dict[str, str], fmt: str | None, partitions: int | None, max_timestamp: int | None = None, *,
+               max_rows: int | None = None, pieces: list[Piece] | None = None, workers: int = 1) -> pa.Table | None:
+    """The rows ``parse_files`` gives, parsed in this process: for a run whose Spark job would
+    cost more than its parse (``ingest.plan``); the parse and the reads that follow need no
+    Spark, so they overlap the JVM's start (``spark.start_soon``). ``pieces``: the run cut for
+    ``workers`` worker processes (``parse_workers.plan_pieces``), None: parsed in this process
+    alone. With ``max_rows``: None once the files hold more records than that (the caller has
+    Spark parse them)."""
     _check_files(files)
-    workers = parse_workers()
-    pieces = plan_pieces(files, fmt, workers)
     if pieces is not None:
         try:
             with WorkerRun.start(pieces, max_timestamp, workers) as run:
@@ -142,23 +119,6 @@ def _collect(files: dict[str, str], parsed: Iterator[tuple[int, Iterator[pa.Reco
                 return None
             batches.append(batch)
     return pa.Table.from_batches(batches, schema=RUN_SCHEMA)
-
-
-def parses_here(files: dict[str, str], fmt: str | None, input_bytes: int | None, *,
-                local_master: bool = True) -> bool:
-    """Whether a run over ``input_bytes`` of new ``files`` parses them in this process
-    (``parse_here``): up to ``PARSE_HERE_BYTES`` (``VERSIQ_PARSE_HERE_BYTES``; 0: never) with a
-    local master; with a cluster's (not ``local_master``), only a small run (``spark.small_run``):
-    its tasks would carry the parsed batches over the network, and its executors parse on more
-    cores than this process has. Never a run of unknown size (S3 sources) or one with Parquet
-    files, whose size on disk says little about the rows they hold (a compressed file of a few MB
-    can hold millions)."""
-    if input_bytes is None or any(format_of(rel, fmt) == "parquet" for rel in files):
-        return False
-    explicit = os.environ.get(PARSE_HERE_BYTES_ENV)
-    if explicit:
-        return 0 < int(explicit) and input_bytes <= int(explicit)
-    return input_bytes <= PARSE_HERE_BYTES if local_master else small_run(input_bytes)
 
 
 def _check_files(files: dict[str, str]) -> None:

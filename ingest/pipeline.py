@@ -37,6 +37,7 @@ from versiq.ingest.kafka import (
     read_report,
 )
 from versiq.ingest.parse import parse_run
+from versiq.ingest.plan import RunPlan, choose_plan
 from versiq.ingest.records.kafka_rows import SKIPPED
 from versiq.ingest.rejections import write_rejected, write_source_rejected
 from versiq.ingest.reports import RunReport, StoreReport
@@ -214,19 +215,20 @@ def ingest_store(spark: SparkSession, warehouse: str, spec: StoreSpec, lock_time
         run = handle.state.run + 1
         report.run = run
         report.files = len(new)
-        log.info("store %s: run %d over %s", spec.name, run, counted(len(new), "new file"))
+        plan = choose_plan(spark, new, spec.format, input_bytes)
+        log.info("store %s: run %d over %s: %s", spec.name, run, counted(len(new), "new file"), plan.describe())
         per_file = len(new) * handle.settings.partitions <= FILE_STATS_LIMIT
 
-        parsed = parse_run(spark, new, spec.format, handle.settings.partitions, future_bound(spec.max_future_ms),
-                           input_bytes)
-        parsed_here = isinstance(parsed, pa.Table)
+        parsed, plan = parse_run(spark, plan, new, spec.format, handle.settings.partitions,
+                                 future_bound(spec.max_future_ms))
+        parsed_here = plan.parse == "driver"
 
         def rejections(parsed: DataFrame | pa.Table, classified: DataFrame | pa.Table, state: StoreState,
                        decided: int, total: int) -> None:
             write_rejected(spark, parsed, classified, handle.path, state, new, spec.format, decided=decided,
                            total=total, parsed_here=parsed_here)
         _run_once(spark, handle, spec, run, report, parsed, per_file, rejections,
-                  lambda state: replace(state, done_files=sorted(done | set(new))), input_bytes)
+                  lambda state: replace(state, done_files=sorted(done | set(new))), plan)
         return report
 
 
@@ -249,7 +251,8 @@ def _ingest_topic(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, sou
         return _nothing_new(spark, handle, spec, report, f"no new records in {source.name}")
     run = handle.state.run + 1
     report.run = run
-    log.info("store %s: run %d over %s", spec.name, run, describe_read(source, read))
+    plan = choose_plan(spark, None, None, read.input_bytes)
+    log.info("store %s: run %d over %s: %s", spec.name, run, describe_read(source, read), plan.describe())
 
     def rejections(parsed: DataFrame | pa.Table, classified: DataFrame | pa.Table, state: StoreState,
                    decided: int, total: int) -> None:
@@ -259,7 +262,7 @@ def _ingest_topic(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, sou
     with read_errors(source):
         parsed = read_records(spark, source, read, future_bound(spec.max_future_ms))
         _run_once(spark, handle, spec, run, report, parsed, False, rejections,
-                  lambda state: replace(state, kafka=read.position(position, source.topic, run)), read.input_bytes)
+                  lambda state: replace(state, kafka=read.position(position, source.topic, run)), plan)
     return report
 
 
@@ -276,15 +279,14 @@ WriteRejections = Callable[[DataFrame | pa.Table, DataFrame | pa.Table, StoreSta
 
 def _run_once(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, run: int, report: StoreReport,
               parsed: DataFrame | pa.Table, per_file: bool, rejections: WriteRejections,
-              advance: Callable[[StoreState], StoreState], input_bytes: int | None) -> None:
+              advance: Callable[[StoreState], StoreState], plan: RunPlan) -> None:
     """Decide and commit one run over ``parsed`` (``order.RUN_SCHEMA`` rows of the new input:
     a Spark DataFrame, or the Arrow table of a run parsed in this process,
-    ``parse.parse_here``): ``per_file`` collects per-file stream-time maxima (file sources of
-    few files, for Spark's decisions), ``rejections(parsed, classified, state, decided, total)``
-    writes ``_rejected``, and ``advance(state)`` adds what the run read to the store's state
-    (files done, offsets). ``input_bytes``: the size of the new input, which says whether the
-    run plans as a small run (``spark.plans_for_input``), whose keys come back with the parse
-    statistics instead of in a Spark job of their own.
+    ``parse.parse_here``) as its ``plan`` says: ``per_file`` collects per-file stream-time maxima
+    (file sources of few files, for Spark's decisions), ``rejections(parsed, classified, state,
+    decided, total)`` writes ``_rejected``, and ``advance(state)`` adds what the run read to the
+    store's state (files done, offsets). A small run's keys come back with the parse statistics
+    instead of in a Spark job of their own.
 
     A run parsed here is decided here too (``_decide_here_and_commit``, DuckDB): its statistics,
     its keys' stored versions and its decisions need no Spark, so all of them overlap the JVM's
@@ -292,13 +294,13 @@ def _run_once(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, run: in
     has_versions = handle.table is not None and bool(handle.data_files())
     if isinstance(parsed, pa.Table):
         _decide_here_and_commit(spark, handle, spec, run, report, parsed, rejections, advance, has_versions,
-                                input_bytes)
+                                plan.small)
         return
-    with plans_for_input(spark, input_bytes) as small:
+    with plans_for_input(spark, plan.small):
         parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)  # parsed by Spark tasks: not parsed again
         try:
             _decide_and_commit(spark, handle, spec, run, report, parsed, per_file, rejections, advance,
-                               small, has_versions)
+                               plan.small, has_versions)
         finally:
             parsed.unpersist()
 
@@ -306,7 +308,7 @@ def _run_once(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, run: in
 def _decide_here_and_commit(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, run: int,
                             report: StoreReport, parsed: pa.Table, rejections: WriteRejections,
                             advance: Callable[[StoreState], StoreState], has_versions: bool,
-                            input_bytes: int | None) -> None:
+                            small: bool) -> None:
     """``_run_once`` of a run parsed in this process, decided here too (``ingest.decisions_here``):
     the session is first needed for the writes, so everything before them overlaps its start.
     (Computing the store's rows on a thread while Spark writes ``_rejected`` saved nothing on
@@ -326,7 +328,7 @@ def _decide_here_and_commit(spark: SparkSession, handle: StoreHandle, spec: Stor
     rejected = sum(report.rejected.values())
     log.info("store %s: %d accepted, %d rejected; writing", spec.name,
              report.accepted_latest + report.accepted_out_of_order, rejected)
-    with plans_for_input(spark, input_bytes):
+    with plans_for_input(spark, small):
         # side tables first, the store commit (data + state) last: docs in versiq.ingest.delta
         rejections(parsed, classified, state, rejected - parse_rejections, rejected)
         if keeps_changelog(spec, handle.state):

@@ -1,6 +1,6 @@
 """Kafka Streams versioned-store semantics (docs/semantics.md, rules 1-12 and 19-22), computed set-wise in Spark.
 
-For the runs Spark parses (beyond ``parse.PARSE_HERE_BYTES`` or ``parse.PARSE_HERE_ROWS``,
+For the runs Spark parses (beyond ``plan.PARSE_HERE_BYTES`` or ``parse.PARSE_HERE_ROWS``,
 Parquet, Kafka, S3 sources, all but small runs with a cluster's master, every run with
 ``VERSIQ_PARSE_HERE_BYTES=0``); a run parsed in the driver is decided there by
 ``ingest.decisions_here``, the same rules in DuckDB (``tests/ingest/test_decisions_here.py``

@@ -322,22 +322,19 @@ def small_run(input_bytes: int | None) -> bool:
 
 
 @contextlib.contextmanager
-def plans_for_input(spark: SparkSession, input_bytes: int | None) -> Iterator[bool]:
-    """The run inside plans for little data (``INTERPRETED_RUN_BYTES``, ``small_run_settings``)
-    when its new input is small; the session's settings are restored after. Yields whether it
-    is a small run (``small_run``), which the run needs to know too (``pipeline._decide_and_commit``)."""
-    if not small_run(input_bytes):
-        yield False
+def plans_for_input(spark: SparkSession, small: bool) -> Iterator[None]:
+    """The run inside plans for little data (``small``: ``small_run`` of its input,
+    ``small_run_settings``); the session's settings are restored after."""
+    if not small:
+        yield
         return
     conf = spark.conf
     settings = small_run_settings(spark)
     previous = {key: conf.get(key, None) for key in settings}
-    logging.getLogger("versiq.ingest").debug(
-        "%d bytes of new input: a small run (expressions interpreted, no adaptive execution)", input_bytes)
     for key, value in settings.items():
         conf.set(key, value)
     try:
-        yield True
+        yield
     finally:
         for key, old in previous.items():
             if old is None:
@@ -442,6 +439,12 @@ def _ship_project(spark: SparkSession) -> None:
         for full in package_files():
             archive.write(full, os.path.relpath(full, base))
     spark.sparkContext.addPyFile(target)
+
+
+def long_lived(spark: SparkSession) -> bool:
+    """Whether ``spark``'s process runs more than one run (a resident driver, continuous mode, an
+    in-process caller), unlike a one-shot CLI run's session on demand."""
+    return not isinstance(spark, SparkOnDemand)
 
 
 def runs_locally(spark: SparkSession) -> bool:

@@ -26,6 +26,7 @@ from versiq.ingest.frames import spread_frame
 from versiq.ingest.future import DEFAULT_MAX_FUTURE_MS, future_bound
 from versiq.ingest.kafka import KafkaSource, check_position, plan_run, read_errors, read_records, read_report
 from versiq.ingest.parse import parse_run
+from versiq.ingest.plan import choose_plan
 from versiq.ingest.records.kafka_rows import SKIPPED
 from versiq.ingest.rejections import write_rejected, write_source_rejected
 from versiq.ingest.reports import StreamReport
@@ -114,8 +115,10 @@ def ingest_stream(spark: SparkSession, warehouse: str, spec: StreamSpec, lock_ti
             return report
         run = handle.state.run + 1
         report.files = len(new)
-        parsed = parse_run(spark, new, spec.format, None, bound, input_bytes)
-        with plans_for_input(spark, input_bytes):
+        plan = choose_plan(spark, new, spec.format, input_bytes)
+        log.info("stream %s: run %d over %s: %s", spec.name, run, counted(len(new), "new file"), plan.describe())
+        parsed, plan = parse_run(spark, plan, new, spec.format, None, bound)
+        with plans_for_input(spark, plan.small):
             frame = spread_frame(spark, parsed) if isinstance(parsed, pa.Table) else parsed
             _append_run(handle, spec, run, report, frame,
                         StoreState(run=run, done_files=sorted(done | set(new))),

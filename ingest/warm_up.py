@@ -16,11 +16,11 @@ def warm_up(spark: Any) -> None:
     """Three runs into a scratch warehouse that load and compile what a real run does: a new
     store with a changelog and a rejected line (a small run: interpreted expressions), a run
     into stored keys with a tombstone, both parsed and decided in this process as runs of local
-    files up to ``parse.PARSE_HERE_BYTES`` are, and one parsed by Spark tasks and decided by
+    files up to ``plan.PARSE_HERE_BYTES`` are, and one parsed by Spark tasks and decided by
     Spark through generated code (as larger runs and Kafka's are).
     ``VERSIQ_INTERPRETED_RUN_BYTES`` and ``VERSIQ_PARSE_HERE_BYTES`` are as they were afterwards."""
-    from versiq.ingest.parse import PARSE_HERE_BYTES_ENV
     from versiq.ingest.pipeline import StoreSpec, run_ingest
+    from versiq.ingest.plan import PARSE_HERE_BYTES_ENV
     from versiq.ingest.spark import INTERPRETED_RUN_BYTES_ENV
 
     def write(path: str, records: list[dict[str, Any]], extra: str = "") -> None:

@@ -287,8 +287,8 @@ class Service:
         self.settings = settings
         self.engine = engine
         self.tokens = PageTokens(settings.token_secret, settings.token_ttl_s)
-        self.metrics = Metrics(self.readiness)
         self.bodies = BodyBudget(settings.body_budget_bytes)
+        self.metrics = Metrics(self.readiness, lambda: float(self.bodies.used))
         self._routes: dict[str, Callable[[Route, bytes], Awaitable[bytes]]] = {
             ROUTE_STORES: self._stores,
             ROUTE_STORE: self._store,

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -61,8 +61,13 @@ class StoreCollector(Collector):
 
 
 class Metrics:
-    def __init__(self, readiness: Callable[[], dict[str, Any]]) -> None:
+    """``buffered``: the bytes of request bodies the process holds at scrape time
+    (``bodies.BodyBudget``)."""
+
+    def __init__(self, readiness: Callable[[], dict[str, Any]], buffered: Callable[[], float] = lambda: 0.0) -> None:
         self.registry = CollectorRegistry()
+        Gauge("versiq_http_request_body_bytes_buffered", "Bytes of request bodies held by this process now",
+              registry=self.registry).set_function(buffered)
         self.requests = Counter("versiq_http_requests", "HTTP requests by route template and status",
                                 ["method", "route", "status"], registry=self.registry)
         self.latency = Histogram("versiq_http_request_duration_seconds",

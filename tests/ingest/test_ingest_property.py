@@ -79,7 +79,7 @@ def test_ingest_matches_reference_model(spark, tmp_path_factory, data):
     """Each run evaluates Spark's expressions either interpreted (small runs: every run here) or
     through generated code (larger runs), at random: both code paths must agree with the model.
     Runs 1 and 3 parse their files in this process when small and in Spark tasks when planned
-    as larger runs (as a run beyond ``parse.PARSE_HERE_BYTES`` is), run 2 the other way (a small
+    as larger runs (as a run beyond ``plan.PARSE_HERE_BYTES`` is), run 2 the other way (a small
     run parsed by Spark tasks: ``VERSIQ_PARSE_HERE_BYTES=0``; a larger one parsed here, as a run
     of up to ``PARSE_HERE_BYTES`` is, by worker processes in pieces: ``parse_workers``). A run
     parsed here is decided here by DuckDB (``ingest.decisions_here``), one parsed by Spark tasks

@@ -20,15 +20,9 @@ from pyspark.sql import DataFrame
 
 import versiq.ingest.parse as parse_module
 from tests.support.ingest import write_jsonl
-from versiq.ingest.parse import (
-    PARSE_HERE_BYTES,
-    PARSE_HERE_BYTES_ENV,
-    parse_files,
-    parse_here,
-    parse_run,
-    parses_here,
-)
+from versiq.ingest.parse import parse_files, parse_here, parse_run
 from versiq.ingest.pipeline import RUN_KEYS, _parse_stats, _parse_stats_here
+from versiq.ingest.plan import PARSE_HERE_BYTES, PARSE_HERE_BYTES_ENV, choose_plan, parses_here
 from versiq.ingest.reports import StoreReport
 from versiq.ingest.spark import INTERPRETED_RUN_BYTES, INTERPRETED_RUN_BYTES_ENV, SparkOnDemand, start_soon
 
@@ -115,12 +109,12 @@ def test_a_run_beyond_a_small_run_parses_here(spark, tmp_path, monkeypatch):
     monkeypatch.delenv(PARSE_HERE_BYTES_ENV, raising=False)
     path = write_jsonl(str(tmp_path), "a.jsonl", ['{"key":"a","value":1,"timestamp":5}', "{broken"])
     files, size = {"a.jsonl": path}, os.path.getsize(path)
-    table = parse_run(spark, files, None, 1, None, size)
-    assert isinstance(table, pa.Table)
+    table, plan = parse_run(spark, choose_plan(spark, files, None, size), files, None, 1, None)
+    assert isinstance(table, pa.Table) and plan.decide == "duckdb"
     assert table.column("reason").to_pylist() == [None, "malformed"]
     monkeypatch.setenv(PARSE_HERE_BYTES_ENV, str(size - 1))
-    frame = parse_run(spark, files, None, 1, None, size)
-    assert isinstance(frame, DataFrame)
+    frame, plan = parse_run(spark, choose_plan(spark, files, None, size), files, None, 1, None)
+    assert isinstance(frame, DataFrame) and plan.decide == "spark"
     assert sorted(r["reason"] or "" for r in frame.collect()) == ["", "malformed"]
 
 
@@ -134,8 +128,10 @@ def test_a_run_of_more_records_than_parse_here_rows_is_parsed_by_spark(spark, tm
     assert parse_here(files, None, 1, max_rows=5) is not None
     assert parse_here(files, None, 1, max_rows=4) is None
     monkeypatch.setattr(parse_module, "PARSE_HERE_ROWS", 4)
-    frame = parse_run(spark, files, None, 1, None, 100)
-    assert isinstance(frame, DataFrame)
+    planned = choose_plan(spark, files, None, 100)
+    assert planned.parse == "driver"
+    frame, plan = parse_run(spark, planned, files, None, 1, None)
+    assert isinstance(frame, DataFrame) and plan.parse == "spark" and plan.decide == "spark"
     assert sorted(r["key"] for r in frame.collect()) == [f"k{i}" for i in range(5)]
 
 
@@ -191,3 +187,34 @@ def test_a_session_started_early_is_the_active_session_of_the_run_that_uses_it(t
                                              "PYTHONPATH": os.pathsep.join(sys.path)})
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {"active": True, "adaptive": False}
+
+
+def test_a_runs_plan_is_chosen_once_and_says_what_the_run_does(spark, tmp_path, monkeypatch):
+    """``plan.choose_plan``: where a run parses and who decides, from its size and the process
+    it runs in; parse workers only in a process that runs more than once (a one-shot CLI run's
+    session on demand waits for its JVM's start anyway)."""
+    import versiq.ingest.parse_workers as parse_workers
+
+    monkeypatch.delenv(PARSE_HERE_BYTES_ENV, raising=False)
+    monkeypatch.delenv(INTERPRETED_RUN_BYTES_ENV, raising=False)
+    path = write_jsonl(str(tmp_path), "a.jsonl", [json.dumps({"key": f"k{i}", "value": i, "timestamp": i})
+                                                  for i in range(50)])
+    files, size = {"a.jsonl": path}, os.path.getsize(path)
+    plan = choose_plan(spark, files, None, size)
+    assert (plan.parse, plan.decide, plan.small, plan.pieces) == ("driver", "duckdb", True, None)
+    assert plan.describe() == "parse in the driver, decide with DuckDB, write with Spark (a small run)"
+    assert choose_plan(spark, None, None, 10 ** 9).describe() == "parse, decide and write with Spark"
+    assert choose_plan(spark, files, None, None).parse == "spark"  # size unknown (S3)
+    monkeypatch.setenv(PARSE_HERE_BYTES_ENV, "0")
+    assert choose_plan(spark, files, None, size).describe() == "parse, decide and write with Spark (a small run)"
+    monkeypatch.delenv(PARSE_HERE_BYTES_ENV)
+    monkeypatch.setattr(parse_workers, "PARALLEL_PARSE_BYTES", 0)
+    monkeypatch.setattr(parse_workers, "PIECE_BYTES", 100)
+    monkeypatch.setenv("VERSIQ_PARSE_WORKERS", "2")
+    plan = choose_plan(spark, files, None, size)  # this test session runs many runs
+    assert plan.pieces and plan.workers == 2
+    assert plan.describe().startswith("parse in the driver (2 worker processes), decide with DuckDB")
+    one_shot = SparkOnDemand("local[1]")
+    plan = choose_plan(one_shot.as_session(), files, None, size)
+    assert plan.parse == "driver" and plan.pieces is None and plan.workers == 1
+    one_shot.stop()  # never started

@@ -59,6 +59,14 @@ def in_pieces(monkeypatch):
     monkeypatch.setenv(PARSE_WORKERS_ENV, "2")
 
 
+def _here(files: dict[str, str], partitions: int | None = None, max_timestamp: int | None = None, **options):
+    """``parse_here`` as a run's plan has it parse (``ingest.plan``): in pieces for the worker
+    processes ``VERSIQ_PARSE_WORKERS`` asks for, when the run is large enough."""
+    workers = parse_workers.parse_workers()
+    return parse_here(files, None, partitions, max_timestamp, pieces=plan_pieces(files, None, workers),
+                      workers=workers, **options)
+
+
 def workers_must_not_fail(why: str) -> None:
     """Stands for ``parse._parse_here_instead`` where a run must be parsed by the workers: their
     failure would go unseen, parsing the run again in one process gives the same table."""
@@ -66,15 +74,12 @@ def workers_must_not_fail(why: str) -> None:
 
 
 def _parse_both(files: dict[str, str], partitions: int | None, max_timestamp: int | None, piece_bytes: int):
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(PARSE_WORKERS_ENV, "1")
-        alone = parse_here(files, None, partitions, max_timestamp)
+    alone = parse_here(files, None, partitions, max_timestamp)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(parse_module, "_parse_here_instead", workers_must_not_fail)
-        patch.setenv(PARSE_WORKERS_ENV, "2")
         patch.setattr(parse_workers, "PARALLEL_PARSE_BYTES", 0)
-        patch.setattr(parse_workers, "PIECE_BYTES", piece_bytes)
-        in_workers = parse_here(files, None, partitions, max_timestamp)
+        pieces = plan_pieces(files, None, 2, piece_bytes)
+        in_workers = parse_here(files, None, partitions, max_timestamp, pieces=pieces, workers=2)
     return alone, in_workers
 
 
@@ -146,10 +151,10 @@ def test_a_file_a_worker_cannot_read_fails_the_run_naming_it(tmp_path, in_pieces
     files = {"a.jsonl": str(good), "b.jsonl": str(folder)}
     assert plan_pieces(files, None, 2) is not None
     with pytest.raises(SourceError, match=f"cannot read source file {folder}: Is a directory"):
-        parse_here(files, None, None)
+        _here(files)
     missing = {"a.jsonl": str(good), "c.jsonl": str(tmp_path / "c.jsonl")}
     with pytest.raises(SourceError, match="cannot read source file .*c.jsonl: No such file or directory"):
-        parse_here(missing, None, None)
+        _here(missing)
 
 
 def test_a_run_over_max_rows_in_workers_is_none(tmp_path, in_pieces, monkeypatch):
@@ -157,8 +162,8 @@ def test_a_run_over_max_rows_in_workers_is_none(tmp_path, in_pieces, monkeypatch
     path = tmp_path / "a.jsonl"
     path.write_bytes(b"".join(b'{"key":"k%d","value":1,"timestamp":1}\n' % i for i in range(40)))
     files = {"a.jsonl": str(path)}
-    assert parse_here(files, None, None, max_rows=40) is not None
-    assert parse_here(files, None, None, max_rows=39) is None
+    assert _here(files, max_rows=40) is not None
+    assert _here(files, max_rows=39) is None
 
 
 def test_a_dead_worker_makes_the_run_parse_in_this_process(tmp_path, in_pieces, monkeypatch, caplog):
@@ -168,7 +173,7 @@ def test_a_dead_worker_makes_the_run_parse_in_this_process(tmp_path, in_pieces, 
     path = tmp_path / "a.jsonl"
     path.write_bytes(b"\n".join(_LINES * 5))
     files = {"a.jsonl": str(path)}
-    expected = parse_here(files, None, None).to_pylist()  # starts the pool
+    expected = _here(files).to_pylist()  # starts the pool
     pool = parse_workers._executor(2)
     for pid in list(pool._processes):  # type: ignore[attr-defined]
         os.kill(pid, signal.SIGKILL)
@@ -177,10 +182,10 @@ def test_a_dead_worker_makes_the_run_parse_in_this_process(tmp_path, in_pieces, 
         time.sleep(0.05)
     assert pool._broken  # type: ignore[attr-defined]
     with caplog.at_level(logging.WARNING, logger="versiq.ingest"):
-        assert parse_here(files, None, None).to_pylist() == expected
+        assert _here(files).to_pylist() == expected
     assert "the process pool is not usable anymore: this run parses in the driver" in caplog.text
     assert parse_workers._pool is None  # stopped: the next run starts another
-    assert parse_here(files, None, None).to_pylist() == expected
+    assert _here(files).to_pylist() == expected
     assert parse_workers._executor(2) is not pool
 
 
@@ -189,11 +194,18 @@ import os, sys
 import versiq.ingest.parse as parse_module
 import versiq.ingest.parse_workers as parse_workers
 from versiq.ingest.parse import parse_here
+from versiq.ingest.parse_workers import plan_pieces
+
+
+def _here(files):
+    workers = parse_workers.parse_workers()
+    return parse_here(files, None, None, pieces=plan_pieces(files, None, workers), workers=workers)
+
 
 parse_workers.PARALLEL_PARSE_BYTES = 0
 parse_workers.PIECE_BYTES = 50
 os.environ["VERSIQ_PARSE_WORKERS"] = "2"
-table = parse_here({"a.jsonl": sys.argv[1]}, None, None)
+table = _here({"a.jsonl": sys.argv[1]})
 print(table.num_rows, *parse_workers._executor(2)._processes, flush=True)
 if sys.argv[2] == "cli":
     from versiq.cli.main import _stop_parse_workers
@@ -240,9 +252,9 @@ def test_relative_paths_are_read_from_the_callers_directory(tmp_path, in_pieces,
     path = tmp_path / "a.jsonl"
     path.write_bytes(b"\n".join(_LINES * 3))
     monkeypatch.setattr(parse_module, "_parse_here_instead", workers_must_not_fail)
-    expected = parse_here({"a.jsonl": str(path)}, None, None).to_pylist()  # the pool starts (if not yet)
+    expected = _here({"a.jsonl": str(path)}).to_pylist()  # the pool starts (if not yet)
     monkeypatch.chdir(tmp_path)
-    assert parse_here({"a.jsonl": "a.jsonl"}, None, None).to_pylist() == expected
+    assert _here({"a.jsonl": "a.jsonl"}).to_pylist() == expected
 
 
 def test_an_error_in_a_worker_fails_the_run_with_its_text_and_keeps_the_pool(tmp_path, in_pieces):
@@ -262,16 +274,23 @@ _NO_START = """
 import logging, os, sys, multiprocessing
 import versiq.ingest.parse_workers as parse_workers
 from versiq.ingest.parse import parse_here
+from versiq.ingest.parse_workers import plan_pieces
+
+
+def _here(files):
+    workers = parse_workers.parse_workers()
+    return parse_here(files, None, None, pieces=plan_pieces(files, None, workers), workers=workers)
+
 
 logging.basicConfig(level=logging.WARNING)
 parse_workers.PARALLEL_PARSE_BYTES = 0
 parse_workers.PIECE_BYTES = 50
 files = {"a.jsonl": sys.argv[1]}
 os.environ["VERSIQ_PARSE_WORKERS"] = "1"
-alone = parse_here(files, None, None)
+alone = _here(files)
 os.environ["VERSIQ_PARSE_WORKERS"] = "2"
 multiprocessing.set_executable("/nonexistent/python")  # the fork server cannot start
-assert parse_here(files, None, None).equals(alone)
+assert _here(files).equals(alone)
 print("same table", parse_workers._pool is None)
 """
 

@@ -67,6 +67,8 @@ def test_cli_ingest_says_spark_is_starting_and_beats(tmp_path):
                            "--store", "s", "--source", str(tmp_path / "in"), "--progress", "1s"],
                           capture_output=True, text=True, timeout=300, env=env, stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stderr
+    assert "store s: run 1 over 1 new file: parse in the driver, decide with DuckDB, write with Spark (a small run)" \
+        in done.stderr  # the run's plan, once
     assert "starting Spark (local[*]) ..." in done.stderr
     assert "Spark ready in " in done.stderr
     assert "still busy (" in done.stderr, done.stderr

@@ -45,7 +45,7 @@ def expressions(*, generated: bool, parsed_here: bool | None = None) -> Iterator
     does by default (``ingest.spark.plans_for_input``: interpreted expressions, no adaptive
     execution, a shuffle partition per core, the keys with the parse statistics); and parse
     their files in this process and decide them there with DuckDB (``parsed_here``,
-    ``parse.parse_here``, ``ingest.decisions_here``: a run of up to ``parse.PARSE_HERE_BYTES``)
+    ``parse.parse_here``, ``ingest.decisions_here``: a run of up to ``plan.PARSE_HERE_BYTES``)
     or parse them in Spark tasks and decide them in Spark (a larger one, ``VERSIQ_PARSE_HERE_BYTES``);
     None: as the run's size says. Every combination must write the same store. A table parsed
     here is spread over every core however small (``frames.SPREAD_ROWS``), as a larger run's
@@ -54,8 +54,8 @@ def expressions(*, generated: bool, parsed_here: bool | None = None) -> Iterator
     ``monkeypatch`` fixture is per test; hypothesis examples need a scope of their own.)"""
     import pytest
 
-    from versiq.ingest.parse import PARSE_HERE_BYTES, PARSE_HERE_BYTES_ENV
     from versiq.ingest.parse_workers import PARSE_WORKERS_ENV
+    from versiq.ingest.plan import PARSE_HERE_BYTES, PARSE_HERE_BYTES_ENV
     from versiq.ingest.spark import INTERPRETED_RUN_BYTES_ENV
 
     with pytest.MonkeyPatch.context() as patch:

@@ -1,0 +1,104 @@
+"""A run's plan: where it parses, who decides, how Spark plans its jobs; chosen once per run by
+``choose_plan`` (the one place that weighs the size thresholds against each other) and logged once::
+
+    store prices: run 5 over 3 new files: parse in the driver (2 worker processes), decide with DuckDB, write with Spark
+
+The plans (docs/architecture.md has this table with the reasons):
+
+==========================  ==================================  ==========  =====================
+run                         parse                               decide      Spark plans as
+==========================  ==================================  ==========  =====================
+local files, <= 128 MiB     the driver (``parse.parse_here``)   DuckDB      small run <= 4 MiB
+  ... >= 16 MiB, long-      worker processes of the driver
+  lived process
+larger, Parquet, S3, Kafka  Spark tasks                         Spark       small run <= 4 MiB
+cluster master              the driver only for a small run     (as parse)
+==========================  ==================================  ==========  =====================
+
+Spark always writes. A run the driver finds to hold more than ``parse.PARSE_HERE_ROWS`` records
+while it parses is parsed again by Spark tasks (``RunPlan.spark_parses``), and that is logged too.
+Parse workers pay only in a process that runs more than once (a resident driver, continuous
+mode, an in-process caller): a one-shot CLI run waits for its JVM's start anyway, which the parse
+in one process already overlaps (docs/benchmarks.md, "The driver parses on every core").
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+
+from pyspark.sql import SparkSession
+
+from versiq.ingest.parse_workers import Piece, parse_workers, plan_pieces
+from versiq.ingest.records import format_of
+from versiq.ingest.spark import long_lived, runs_locally, small_run
+
+#: New input (bytes of new text files) up to which a run parses its files in the driver and
+#: decides them there: the parse and DuckDB's decisions overlap the JVM's start, and Spark only
+#: writes. The driver then holds the run's records, decisions and store rows as Arrow tables
+#: (under 1 GB for 1M events; docs/benchmarks.md has the figures).
+PARSE_HERE_BYTES = 128 << 20
+
+#: Overrides ``PARSE_HERE_BYTES`` (0: every run parses in Spark tasks).
+PARSE_HERE_BYTES_ENV = "VERSIQ_PARSE_HERE_BYTES"
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """How one run goes. ``parse``: ``driver`` (this process, decided by DuckDB) or ``spark``
+    (Spark tasks parse, Spark decides); ``pieces``: the worker processes' pieces of a driver's
+    parse (None: one process); ``small``: Spark plans for little data
+    (``spark.plans_for_input``: interpreted expressions, no adaptive execution)."""
+
+    parse: str
+    small: bool
+    input_bytes: int | None
+    pieces: list[Piece] | None = None
+    workers: int = 1
+
+    @property
+    def decide(self) -> str:
+        return "duckdb" if self.parse == "driver" else "spark"
+
+    def spark_parses(self) -> RunPlan:
+        """The plan of a run the driver gave up parsing (too many records): Spark's."""
+        return replace(self, parse="spark", pieces=None, workers=1)
+
+    def describe(self) -> str:
+        if self.parse == "driver":
+            where = "parse in the driver" + (f" ({self.workers} worker processes)" if self.pieces else "")
+            text = f"{where}, decide with DuckDB, write with Spark"
+        else:
+            text = "parse, decide and write with Spark"
+        return text + (" (a small run)" if self.small else "")
+
+
+def choose_plan(spark: SparkSession, files: dict[str, str] | None, fmt: str | None,
+                input_bytes: int | None) -> RunPlan:
+    """The plan of a run over ``files`` (relative path -> path; None: not files, e.g. a Kafka
+    topic) of ``input_bytes`` (None: not known, e.g. S3 objects) in ``spark`` (a local master or
+    a cluster's; a one-shot CLI run's session or a process that runs more, ``spark.long_lived``).
+    Starts no session."""
+    small = small_run(input_bytes)
+    if files is None or not parses_here(files, fmt, input_bytes, local_master=runs_locally(spark)):
+        return RunPlan("spark", small, input_bytes)
+    workers = parse_workers() if long_lived(spark) else 1
+    pieces = plan_pieces(files, fmt, workers)
+    return RunPlan("driver", small, input_bytes, pieces, workers if pieces else 1)
+
+
+def parses_here(files: dict[str, str], fmt: str | None, input_bytes: int | None, *,
+                local_master: bool = True) -> bool:
+    """Whether a run over ``input_bytes`` of new ``files`` parses them in this process
+    (``parse.parse_here``): up to ``PARSE_HERE_BYTES`` (``VERSIQ_PARSE_HERE_BYTES``; 0: never) with a
+    local master; with a cluster's (not ``local_master``), only a small run (``spark.small_run``):
+    its tasks would carry the parsed batches over the network, and its executors parse on more
+    cores than this process has. Never a run of unknown size (S3 sources) or one with Parquet
+    files, whose size on disk says little about the rows they hold (a compressed file of a few MB
+    can hold millions)."""
+    if input_bytes is None or any(format_of(rel, fmt) == "parquet" for rel in files):
+        return False
+    explicit = os.environ.get(PARSE_HERE_BYTES_ENV)
+    if explicit:
+        return 0 < int(explicit) and input_bytes <= int(explicit)
+    return input_bytes <= PARSE_HERE_BYTES if local_master else small_run(input_bytes)
