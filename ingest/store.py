@@ -137,8 +137,9 @@ class _LocalHold:
         jvm = driver_jvm_pid()
         if jvm is not None and jvm != self.holder.jvm:
             self.holder = self.holder.with_jvm(jvm)
+            # no fsync: other processes see the page cache, and a crash of the machine that
+            # loses the record ends the JVM it names too
             self.write(self.holder.encode())
-            os.fsync(self.handle.fileno())  # a record lost with the machine names nothing alive anyway
 
 
 @contextlib.contextmanager
