@@ -100,7 +100,9 @@ def run_txn_needed(path: str) -> bool:
     A run commits at most once without it: the writer lock is held for the whole run, and the
     run starts from the state of the table's newest commit, so a rerun after a crash, or the
     next writer, starts after the committed run. On local disk that is the whole story:
-    ``flock`` is released only when its process ends, so two writers never overlap. On S3 the
+    ``flock`` is released only when its process ends, and the next writer ends that process's
+    JVM (which makes the commits, and can outlive it) before it reads the state
+    (``versiq.ingest.holder``), so two writers never overlap. On S3 the
     lock is a lease, which a paused holder can lose without knowing (``versiq.ingest.lease``):
     there the id is the fence, Delta refusing a second commit of the run. An append of no rows
     needs none either: empty commits are recorded (``commit_metadata``), so the run's state is

@@ -430,6 +430,25 @@ def get_spark(master: str | None = None, app_name: str = "versiq-ingest", *,
     return spark
 
 
+#: The driver JVM's pid, known for one SparkContext at a time (``driver_jvm_pid``).
+_jvm_pid: tuple[object, int] | None = None
+
+
+def driver_jvm_pid() -> int | None:
+    """The pid of this process's Spark driver JVM (the process that makes its Delta commits),
+    None when no session runs. Asked of the JVM once per SparkContext."""
+    global _jvm_pid
+    from pyspark import SparkContext
+
+    context = SparkContext._active_spark_context
+    if context is None:
+        return None
+    if _jvm_pid is None or _jvm_pid[0] is not context:
+        jvm: Any = context._jvm
+        _jvm_pid = (context, int(jvm.java.lang.ProcessHandle.current().pid()))
+    return _jvm_pid[1]
+
+
 def _ship_project(spark: SparkSession) -> None:
     """Zip the ``versiq`` package (following its links to ingest/, query/, service/, cli/) and add
     it to every executor's path."""

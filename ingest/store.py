@@ -12,12 +12,11 @@ import contextlib
 import fcntl
 import logging
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 import pyarrow as pa
 from deltalake import DeltaTable
@@ -27,7 +26,9 @@ from versiq import layout, storage
 from versiq.durations import DurationError, format_duration, parse_duration_ms
 from versiq.ingest.delta import commit_table, replace_run, set_description
 from versiq.ingest.errors import LeaseLost, LockTimeout, UsageError, one_line
+from versiq.ingest.holder import Holder, end_orphan_jvm
 from versiq.ingest.sources import SourceError
+from versiq.ingest.spark import driver_jvm_pid
 from versiq.layout import (
     CHANGELOG_DIR,
     CHANGELOG_SCHEMA,
@@ -62,6 +63,8 @@ _CANCEL_EVERY_S = 0.2
 #: The S3 leases this process holds: store path -> lease (``writer_lock``), checked before every
 #: commit to the store (``check_still_writer``).
 _leases: dict[str, Lease] = {}
+#: The local locks this process holds: store path -> hold (``_local_lock``).
+_local_holds: dict[str, _LocalHold] = {}
 
 
 @contextlib.contextmanager
@@ -144,16 +147,46 @@ def lease_ttl_s() -> float:
 
 
 def check_still_writer(store_path: str) -> None:
-    """Raise ``LeaseLost`` when this process's lease on an S3 store was taken or ran out (a
-    local lock cannot be lost while the process lives)."""
+    """Called before every Delta write to the store. S3: raise ``LeaseLost`` when this process's
+    lease was taken or ran out. Local disk (a lock cannot be lost while the process lives): name
+    the JVM that is about to write in the lock file, so that if this process dies the next writer
+    ends that JVM before it reads the store (``versiq.ingest.holder``)."""
     lease = _leases.get(store_path)
     if lease is not None:
         lease.check()
+    hold = _local_holds.get(store_path)
+    if hold is not None:
+        hold.name_jvm()
+
+
+@dataclass
+class _LocalHold:
+    """This process's hold of a local store's lock file, and the holder it names there."""
+
+    handle: TextIO
+    holder: Holder
+
+    def write(self, text: str) -> None:
+        self.handle.seek(0)
+        self.handle.truncate()
+        self.handle.write(text)
+        self.handle.flush()
+
+    def name_jvm(self) -> None:
+        jvm = driver_jvm_pid()
+        if jvm is not None and jvm != self.holder.jvm:
+            self.holder = self.holder.with_jvm(jvm)
+            # no fsync: other processes see the page cache, and a crash of the machine that
+            # loses the record ends the JVM it names too
+            self.write(self.holder.encode())
 
 
 @contextlib.contextmanager
 def _local_lock(store_path: str, timeout_s: float) -> Iterator[None]:
-    """Exclusive lock on ``<store>/_versiq/lock`` (released by the OS if the process dies)."""
+    """Exclusive lock on ``<store>/_versiq/lock`` (released by the OS if the process dies). The
+    file names the holder, and the JVM that writes for it once it writes
+    (``check_still_writer``), until the block ends; a holder that died leaves its record, and
+    its JVM, if still running, is ended before the next writer goes on (``versiq.ingest.holder``)."""
     folder = os.path.join(store_path, PRIVATE_DIR)
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, LOCK_FILE)
@@ -174,12 +207,21 @@ def _local_lock(store_path: str, timeout_s: float) -> Iterator[None]:
                     ) from None
                 time.sleep(0.2)
         handle.seek(0)
-        handle.truncate()
-        since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        handle.write(f"pid={os.getpid()} host={socket.gethostname()} since={since}")
-        handle.flush()
-        yield
+        end_orphan_jvm(Holder.decode(handle.read()), storage.basename(store_path))
+        hold = _LocalHold(handle, Holder.me())
+        hold.write(hold.holder.encode())
+        _local_holds[store_path] = hold
+        try:
+            yield
+        except Exception:
+            hold.write("")  # the run failed, its JVM answered: nothing of it is still under way
+            raise
+        except BaseException:  # interrupted, possibly inside a call to the JVM: the record stays
+            _local_holds.pop(store_path, None)
+            raise
+        hold.write("")  # released: the next writer has no JVM to end
     finally:
+        _local_holds.pop(store_path, None)
         with contextlib.suppress(OSError):
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
         handle.close()

@@ -7,12 +7,17 @@ carries it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from typing import Any
 
 from tests.support.ingest import store_versions, write_jsonl
-from versiq import layout
+from versiq import layout, storage
 from versiq.ingest.delta import run_txn_needed
 from versiq.ingest.pipeline import StoreSpec, run_ingest
 from versiq.layout import read_state
@@ -115,3 +120,105 @@ def test_a_store_and_a_derived_table_whose_first_commit_was_killed_are_created_b
     assert set(store_data) == {"a", "b"}
     assert table_data["b"][-1].value is not None
     assert layouts[1] == layouts[0]
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", encoding="utf-8") as handle:
+                    stat = handle.read()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+def _is_java(pid: int) -> bool:
+    try:
+        return os.readlink(f"/proc/{pid}/exe").endswith("/java")
+    except OSError:
+        return False
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a process that can still do something (not gone, not a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _until(predicate: Any, timeout: float, what: str, every: float = 0.2) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(every)
+
+
+def _data_files(path: str) -> set[str]:
+    """The store table's own data files (not its side tables')."""
+    return {os.path.join(folder, name) for folder, dirs, names in os.walk(path)
+            for name in names if name.endswith(".parquet") and "/_" not in folder[len(path):]}
+
+
+def test_a_runs_jvm_that_outlives_its_killed_python_process_does_not_commit_the_run_again(spark, tmp_path):
+    """The deterministic reproduction of a JVM that commits after its Python process died: the
+    CLI's Python process is killed while its JVM writes the run's files, the JVM is paused
+    (SIGSTOP) and its standard input kept open (PySpark's gateway exits when it closes, but lets
+    a commit under way finish first), the run is made again to completion, then the JVM resumes.
+    The store has exactly one commit of that run and the same versions as an uninterrupted run."""
+    src, wh, ref = str(tmp_path / "src"), str(tmp_path / "wh"), str(tmp_path / "ref")
+    write_jsonl(src, "a.jsonl", [_record(f"k{i}", 1_000) for i in range(10)])
+    assert not run_ingest(spark, wh, [StoreSpec("s", src)]).failed
+    # enough rows that the JVM writes files for a while before it commits
+    write_jsonl(src, "b.jsonl", [_record(f"k{i}", 2_000 + i) for i in range(60_000)])
+    path = layout.table_path(wh, "s")
+    before = _data_files(path)
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "VERSIQ_SHUFFLE_PARTITIONS": "2",
+           "VERSIQ_DRIVER_SOCKET": "off"}
+    env.pop("SPARK_MASTER", None)
+    cli = [sys.executable, "-m", "versiq.cli", "ingest", "--warehouse", wh, "--store", "s", "--source", src]
+    first = subprocess.Popen(cli, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+    jvm, stdin = 0, -1
+    try:
+        def jvm_started() -> bool:
+            nonlocal jvm
+            java = [p for p in _children(first.pid) if _is_java(p)]
+            jvm = java[0] if java else 0
+            return bool(jvm) or first.poll() is not None
+        _until(jvm_started, 120, "the first run's JVM", every=0.05)
+        assert jvm, f"the first run ended (status {first.returncode}) before its JVM was seen"
+        stdin = os.open(f"/proc/{jvm}/fd/0", os.O_WRONLY)  # the gateway's pipe stays open
+        _until(lambda: _data_files(path) - before or first.poll() is not None, 120, "the run's files", every=0.005)
+        os.kill(jvm, signal.SIGSTOP)
+        first.kill()
+        first.wait(timeout=30)
+        assert first.returncode == -signal.SIGKILL
+        assert not os.path.exists(layout.log_file(path, 1)), "the JVM was paused after its commit"
+
+        rerun = subprocess.run(cli, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+        assert rerun.returncode == 0, rerun.stderr
+        if _running(jvm):  # give the old JVM every chance to commit the run once more
+            os.kill(jvm, signal.SIGCONT)
+            with contextlib.suppress(AssertionError):
+                _until(lambda: os.path.exists(layout.log_file(path, 2)), 60, "a late commit")
+    finally:
+        if stdin >= 0:
+            os.close(stdin)
+        if jvm and _running(jvm):
+            os.kill(jvm, signal.SIGKILL)
+        if first.poll() is None:
+            first.kill()
+            first.wait(timeout=30)
+    _until(lambda: not _running(jvm), 60, "the old JVM to end")
+
+    history = commits(path, storage.delta_table(path).version())
+    assert [(c.operation, c.run) for c in history] == [(INGEST, 2), (INGEST, 1)]
+    assert run_ingest(spark, ref, [StoreSpec("s", src)]).stores["s"].error is None
+    assert store_versions(path) == store_versions(layout.table_path(ref, "s"))
