@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 import versiq
-from versiq.package import package_files, package_root
+from versiq.package import jar_files, package_files, package_root
 
 log = logging.getLogger("versiq.ingest")
 
@@ -113,10 +113,13 @@ def current_umask() -> int:
 
 
 def code_identity() -> str:
-    """The interpreter and the versiq package this process runs: its version, its location, a
-    digest of its files' (path, size, modification time), and the versions of the libraries a
-    run uses (``RUN_DISTRIBUTIONS``). A driver started before a checkout, an install or an
-    upgrade changed refuses the next request instead of running old code."""
+    """The interpreter and the code this process runs: the versiq package's version, its
+    location, a digest of its files' (path, size, modification time), of the jars its Spark
+    session loads (``package.jar_files``: Delta's, versiq's LogStore, S3A; name, size,
+    modification time) and the versions of the libraries a run uses (``RUN_DISTRIBUTIONS``). A
+    driver started before a checkout, an install, an upgrade or a rebuilt jar changed refuses
+    the next request instead of running old code. Stats only (a few dozen files): a client
+    computes it for every request."""
     from importlib import metadata
 
     root = package_root()
@@ -127,9 +130,21 @@ def code_identity() -> str:
         except metadata.PackageNotFoundError:
             digest.update(f"{name} absent\n".encode())
     for path in package_files():
-        info = os.stat(path)
-        digest.update(f"{os.path.relpath(path, root)}:{info.st_size}:{info.st_mtime_ns}\n".encode())
+        digest.update(_file_line(os.path.relpath(path, root), path))
+    for path in jar_files():
+        digest.update(_file_line(f"jar {os.path.basename(path)}", path))
     return f"versiq {versiq.__version__} at {root} on {sys.executable}, files {digest.hexdigest()[:16]}"
+
+
+def _file_line(name: str, path: str) -> bytes:
+    """``name`` with the size and modification time of ``path`` (links followed); a file that
+    cannot be read (a link to nowhere, such as an editor's lock file, or one removed meanwhile)
+    counts as absent rather than failing the run."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return f"{name} absent\n".encode(errors="surrogateescape")
+    return f"{name}:{info.st_size}:{info.st_mtime_ns}\n".encode(errors="surrogateescape")
 
 
 class ByteStream(Protocol):

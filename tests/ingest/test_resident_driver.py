@@ -27,6 +27,7 @@ from tests.support.ingest import rejected_rows, store_versions, write_jsonl
 from versiq.ingest.driver import Driver, check_free, claim
 from versiq.ingest.driver_client import (
     _driver_present,
+    _file_line,
     autostart_hook,
     code_identity,
     driver_pid,
@@ -204,6 +205,30 @@ def test_the_driver_refuses_other_code_and_environments():
     assert "umask" in (driver.refusal({**request, "umask": 0o777}) or "")
     assert socket_path({"VERSIQ_DRIVER_SOCKET": "off"}) is None
     assert socket_path({"XDG_RUNTIME_DIR": "/run/user/7"}) == "/run/user/7/versiq/driver.sock"
+
+
+def test_the_code_identity_covers_the_jars_spark_loads(tmp_path, monkeypatch):
+    """A rebuilt LogStore jar (or any jar of the folder Spark loads) is other code: a driver
+    started before it refuses the next request. A file of the package that cannot be read (an
+    editor's lock link to nowhere) counts as absent instead of failing the client's run."""
+    jars = tmp_path / "jars"
+    jars.mkdir()
+    (jars / "delta-spark_4.2_2.13-4.4.0.jar").write_bytes(b"delta")
+    logstore = jars / "versiq-delta-logstore-1.jar"
+    logstore.write_bytes(b"classes v1")
+    monkeypatch.setenv("VERSIQ_SPARK_JARS", str(jars))
+    before = code_identity()
+    assert code_identity() == before
+    logstore.write_bytes(b"classes v2, rebuilt")
+    rebuilt = code_identity()
+    assert rebuilt != before
+    os.utime(logstore, ns=(1, 1))
+    assert code_identity() != rebuilt
+    (jars / "hadoop-aws-3.5.0.jar").write_bytes(b"s3a")
+    assert len({before, rebuilt, code_identity()}) == 3
+    nowhere = tmp_path / ".#edited.py"
+    nowhere.symlink_to(tmp_path / "missing")
+    assert _file_line("edited", str(nowhere)) == b"edited absent\n"
 
 
 def test_a_driver_never_removes_what_is_not_a_dead_socket(tmp_path):
