@@ -42,7 +42,10 @@ The socket is ``VERSIQ_DRIVER_SOCKET`` (``off``: never use a driver), by default
 temporary name and renamed into place once the driver is ready (a caller never waits for a
 driver's start), with mode 0600; the CLI uses a driver only when the process listening runs as
 its own user (``SO_PEERCRED``). One driver per path: each holds ``<path>.lock`` locked from
-before its JVM starts (``claim``). The driver ends after ``--idle-timeout`` without a run, on
+before its JVM starts (``claim``); the folder must be the user's alone and the lock file a
+regular file of the user, never opened through a link. ``--stop`` signals the pid the lock file
+names only when that process listens on the socket, or its temporary name, as this user
+(``serving_problem``). The driver ends after ``--idle-timeout`` without a run, on
 SIGTERM or SIGINT (after the run in progress), and removes its socket if it is still its own.
 With ``VERSIQ_DRIVER_AUTOSTART`` a CLI run that starts Spark starts a driver for the runs after
 it (``driver_client.autostart_hook``; ``--after-pid``: Spark starts once that run has ended).
