@@ -181,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="print the pid of the driver on the socket (serving or starting) and exit; exit 1 if none")
     what.add_argument("--stop", action="store_true",
                       help="stop the driver on the socket (after its run in progress) and wait until it has ended; "
-                           "exit 1 if none")
+                           "exit 1 if none, or if the pid its lock file names does not serve the socket as this user")
     drv.add_argument("--after-pid", type=int, default=None, metavar="PID",
                      help="claim the socket now, start Spark once process PID has ended, and end at the first "
                           "request of other code (what a run with VERSIQ_DRIVER_AUTOSTART asks of the driver it "

@@ -42,7 +42,10 @@ The socket is ``VERSIQ_DRIVER_SOCKET`` (``off``: never use a driver), by default
 temporary name and renamed into place once the driver is ready (a caller never waits for a
 driver's start), with mode 0600; the CLI uses a driver only when the process listening runs as
 its own user (``SO_PEERCRED``). One driver per path: each holds ``<path>.lock`` locked from
-before its JVM starts (``claim``). The driver ends after ``--idle-timeout`` without a run, on
+before its JVM starts (``claim``); the folder must be the user's alone and the lock file a
+regular file of the user, never opened through a link. ``--stop`` signals the pid the lock file
+names only when that process listens on the socket, or its temporary name, as this user
+(``serving_problem``). The driver ends after ``--idle-timeout`` without a run, on
 SIGTERM or SIGINT (after the run in progress), and removes its socket if it is still its own.
 With ``VERSIQ_DRIVER_AUTOSTART`` a CLI run that starts Spark starts a driver for the runs after
 it (``driver_client.autostart_hook``; ``--after-pid``: Spark starts once that run has ended).
@@ -75,13 +78,17 @@ from typing import IO, Any
 from versiq.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from versiq.ingest.commands import ingest_command
 from versiq.ingest.driver_client import (
+    CONNECT_TIMEOUT_S,
     OFF,
     SOCKET_ENV,
     ByteStream,
     code_identity,
     current_umask,
     driver_pid,
+    folder_problem,
     lock_path,
+    open_own_file,
+    peer_credentials,
     run_environment,
     send,
     socket_path,
@@ -98,6 +105,8 @@ MAX_SOCKET_PATH = 107
 CLAIM_ATTEMPTS = 10
 #: The largest request line read (argv, cwd, environment digests: a few KB in practice).
 MAX_REQUEST_BYTES = 1 << 20
+#: Tries, 0.1 s apart, of ``--stop`` to find the socket of the driver the lock file names.
+VERIFY_ATTEMPTS = 10
 #: How long the driver waits on a client's socket (its request, or room for output) before it
 #: takes the client as gone.
 CLIENT_TIMEOUT_S = 60.0
@@ -178,7 +187,10 @@ class Driver:
 
     def _handle(self, conn: socket.socket, stream: Any) -> None:
         try:
-            request = json.loads(stream.readline(MAX_REQUEST_BYTES) or b"{}")
+            line = stream.readline(MAX_REQUEST_BYTES)
+            if not line:  # a probe (``--stop``, ``--status``, a run's autostart) that sent nothing: no request
+                return
+            request = json.loads(line)
         except (ValueError, OSError):
             return
         reason = self.refusal(request) if isinstance(request, dict) else "the request is not an object"
@@ -317,43 +329,86 @@ def claim(path: str) -> IO[bytes]:
     """Hold ``<path>.lock`` (``lock_path``) for the driver's whole life: one driver per socket
     path, decided before its JVM starts, even when two start at the same moment (two CLIs that
     each start one, ``VERSIQ_DRIVER_AUTOSTART``). The kernel releases the lock when the process
-    ends, however it ends; the caller closes the returned file at exit. Raises ``OSError`` when
-    another driver holds it."""
+    ends, however it ends; the caller closes the returned file at exit. Staging sockets that
+    drivers killed while starting left beside ``path`` are removed (``_remove_dead_staging``).
+
+    Raises ``OSError`` when another driver holds the lock, when the socket's folder is not this
+    user's alone (``folder_problem``: every driver, started by hand or by a run), or when the
+    lock file is not a regular file of this user (never through a link: ``open_own_file``), so
+    that no one else's file is ever truncated or named as this driver."""
     if len(os.fsencode(path)) > MAX_SOCKET_PATH:
         raise OSError(f"socket path {path!r} is longer than {MAX_SOCKET_PATH} bytes")
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    handle = open(lock_path(path), "ab")  # noqa: SIM115 - held open until the driver ends
-    for attempt in range(CLAIM_ATTEMPTS):  # a probe (driver_client.driver_pid) holds it for microseconds
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
-        except BlockingIOError:
-            if attempt == CLAIM_ATTEMPTS - 1:
-                handle.close()
-                raise OSError(f"another driver is starting or running on {path}") from None
-            time.sleep(0.05)
-    handle.truncate(0)
-    handle.write(f"{os.getpid()}\n".encode())  # for --status and --stop (driver_client.driver_pid)
-    handle.flush()
+    folder = os.path.dirname(path)
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    problem = folder_problem(folder)
+    if problem is not None:
+        raise OSError(problem)
+    handle = os.fdopen(open_own_file(lock_path(path), os.O_RDWR | os.O_CREAT), "r+b")
+    try:
+        _lock(handle, path)
+        handle.truncate(0)
+        handle.write(f"{os.getpid()}\n".encode())  # for --status and --stop (driver_client.driver_pid)
+        handle.flush()
+    except BaseException:
+        handle.close()
+        raise
+    _remove_dead_staging(path)
     return handle
 
 
-def listen(path: str) -> socket.socket:
-    """A listening socket (mode 0600) under a temporary name beside ``path``: ``publish`` renames
-    it into place once the driver is ready (the caller holds ``claim(path)``, which made the folder)."""
+def _lock(handle: IO[bytes], path: str) -> None:
+    """Take ``handle``'s exclusive lock, retrying a while: a probe (``driver_client.driver_pid``)
+    holds it for microseconds. Raises ``OSError`` when another driver holds it."""
+    for attempt in range(CLAIM_ATTEMPTS):
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if attempt == CLAIM_ATTEMPTS - 1:
+                raise OSError(f"another driver is starting or running on {path}") from None
+            time.sleep(0.05)
+
+
+def _remove_dead_staging(path: str) -> None:
+    """Remove the staging sockets (``<path>.<pid>``) that nobody listens on: those of drivers
+    killed while starting (``kill -9``, out of memory). The caller holds the path's lock, so no
+    other driver is starting there; anything else (a live socket, another kind of file) stays."""
+    folder, prefix = os.path.dirname(path), os.path.basename(path) + "."
+    for name in os.listdir(folder):
+        if name.startswith(prefix) and name[len(prefix):].isdigit():
+            with contextlib.suppress(OSError):
+                check_free(os.path.join(folder, name))
+
+
+@contextlib.contextmanager
+def staged(path: str) -> Iterator[socket.socket]:
+    """A listening socket (mode 0600) under a temporary name beside ``path`` (``<path>.<pid>``)
+    while the block runs: ``publish`` renames it into place once the driver is ready. However the
+    block ends (an error while starting, a signal, the end of serving), the socket is closed and
+    the temporary name removed. The caller holds ``claim(path)``. Bound before the JVM starts
+    (and before ``--after-pid``'s wait), so that ``--stop`` can check, from the claim on, which
+    process serves the path (``serving_problem``)."""
     check_free(path)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old = os.umask(0o177)  # the socket: this user only
     try:
-        server.bind(_staging(path))
+        old = os.umask(0o177)  # the socket: this user only
+        try:
+            server.bind(_staging(path))
+        finally:
+            os.umask(old)
+        try:
+            server.listen(16)
+            yield server
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(_staging(path))
     finally:
-        os.umask(old)
-    server.listen(16)
-    return server
+        server.close()
 
 
-def _staging(path: str) -> str:
-    return f"{path}.{os.getpid()}"
+def _staging(path: str, pid: int | None = None) -> str:
+    """The temporary name of the socket of the driver ``pid`` (default: this process)."""
+    return f"{path}.{os.getpid() if pid is None else pid}"
 
 
 def publish(path: str) -> tuple[int, int]:
@@ -366,13 +421,43 @@ def publish(path: str) -> tuple[int, int]:
 
 
 def unpublish(path: str, identity: tuple[int, int] | None) -> None:
-    """Remove the driver's socket: the staging name, and ``path`` while it is still this one."""
-    with contextlib.suppress(OSError):
-        os.unlink(_staging(path))
+    """Remove the driver's socket at ``path`` while it is still this one (``publish``)."""
     with contextlib.suppress(OSError):
         info = os.lstat(path)
         if identity == (info.st_dev, info.st_ino):
             os.unlink(path)
+
+
+def serving_problem(path: str, pid: int) -> str | None:
+    """Why process ``pid`` (the one ``<path>.lock`` names) is not known to be this user's driver
+    on ``path``; None when it is: the process listening on ``path``, or on the staging name of
+    ``pid`` while that driver starts, is ``pid`` and runs as this user (``SO_PEERCRED``). A
+    number in a file is no ground for a signal: the lock could be held by a process that
+    inherited it, or the file written by someone else. Looks for up to ``VERIFY_ATTEMPTS`` tenths
+    of a second: a driver binds its staging name just after it claims the path."""
+    for attempt in range(VERIFY_ATTEMPTS):
+        seen = [(where, creds) for where in (path, _staging(path, pid)) if (creds := _listener(where))]
+        if any(creds == (pid, os.getuid()) for _, creds in seen):
+            return None
+        if seen:
+            where, (other, uid) = seen[0]
+            return f"the process listening on {where} is pid {other} of user {uid}"
+        if attempt < VERIFY_ATTEMPTS - 1:
+            time.sleep(0.1)
+    return f"no process listens on {path} or {_staging(path, pid)}"
+
+
+def _listener(path: str) -> tuple[int, int] | None:
+    """The (pid, user id) of the process listening on the Unix socket ``path``; None when none."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(CONNECT_TIMEOUT_S)
+        probe.connect(path)
+        return peer_credentials(probe)
+    except OSError:
+        return None
+    finally:
+        probe.close()
 
 
 @contextlib.contextmanager
@@ -386,7 +471,9 @@ def _stop_on_signals(stopping: threading.Event) -> Iterator[None]:
 
 
 def driver_command(args: argparse.Namespace, parse: Callable[[list[str]], argparse.Namespace]) -> int:
-    """``versiq driver``: start a session, warm it up, serve requests until idle or signalled."""
+    """``versiq driver``: claim the path, listen under the staging name, start a session, warm it
+    up, serve requests until idle or signalled. Whatever ends it, the staging name and the
+    published socket (while its own) are removed, and the lock is released."""
     from versiq.durations import DurationError, parse_duration_ms
 
     path = os.path.abspath(args.socket) if args.socket else socket_path()
@@ -405,18 +492,28 @@ def driver_command(args: argparse.Namespace, parse: Callable[[list[str]], argpar
     except OSError as exc:
         print(f"versiq driver: error: cannot listen on {path}: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    try:
-        if args.after_pid is not None:
-            _wait_for_exit(args.after_pid)
-        return _drive(args, parse, path, idle_s)
-    finally:
-        held.close()
+    from versiq.ingest.spark import master_url
+
+    with held:
+        # the code and environment as this process started, before Spark adds to the environment
+        driver = Driver(None, master_url(args.master), parse)
+        driver.end_when_outdated = args.after_pid is not None
+        with _stop_on_signals(driver.stopping), contextlib.ExitStack() as stack:
+            try:
+                server = stack.enter_context(staged(path))
+            except OSError as exc:
+                print(f"versiq driver: error: cannot listen on {path}: {exc}", file=sys.stderr)
+                return EXIT_USAGE
+            if args.after_pid is not None:
+                _wait_for_exit(args.after_pid, driver.stopping)
+            return _drive(driver, server, path, idle_s, warm=not args.no_warm_up)
 
 
 def _status(path: str, stop: bool) -> int:
     """``versiq driver --status`` / ``--stop``: the driver on ``path`` (its pid, serving or
     starting); ``stop`` sends it SIGTERM and waits until it has ended (after the run in
-    progress). Exit 0, or 1 when no driver holds the path."""
+    progress), only when that pid is this user's driver serving the path (``serving_problem``).
+    Exit 0, or 1 when no driver holds the path or the pid is not known to be its driver."""
     pid = driver_pid(path)
     if pid is None:
         print(f"versiq driver: no driver on {path}")
@@ -424,6 +521,11 @@ def _status(path: str, stop: bool) -> int:
     if not stop:
         print(f"versiq driver: pid {pid} {'serving' if os.path.exists(path) else 'starting'} on {path}")
         return EXIT_OK
+    problem = serving_problem(path, pid)
+    if problem is not None:
+        print(f"versiq driver: error: not stopping pid {pid}, which {lock_path(path)} names: it is not known to "
+              f"be this user's driver on that socket ({problem})", file=sys.stderr)
+        return EXIT_FAILED
     print(f"versiq driver: stopping pid {pid} on {path} (it finishes the run in progress)", flush=True)
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
@@ -433,56 +535,51 @@ def _status(path: str, stop: bool) -> int:
     return EXIT_OK
 
 
-def _wait_for_exit(pid: int) -> None:
-    """Until process ``pid`` has ended (a CLI run that started this driver, ``--after-pid``):
-    the driver's JVM start and warm-up, about 20 s of CPU, would otherwise slow that run (on
-    two cores, 10 s -> 15 s for one record). The path stays claimed meanwhile. A pidfd becomes
-    readable when the process ends, whether or not its parent has reaped it yet (``os.kill(pid,
-    0)`` would wait for a zombie), and it names that process, not a later one with its pid."""
+def _wait_for_exit(pid: int, stopping: threading.Event) -> None:
+    """Until process ``pid`` has ended (a CLI run that started this driver, ``--after-pid``) or
+    the driver is signalled to stop: the driver's JVM start and warm-up, about 20 s of CPU,
+    would otherwise slow that run (on two cores, 10 s -> 15 s for one record). The path stays
+    claimed meanwhile. A pidfd becomes readable when the process ends, whether or not its parent
+    has reaped it yet (``os.kill(pid, 0)`` would wait for a zombie), and it names that process,
+    not a later one with its pid."""
     try:
         handle = os.pidfd_open(pid)
     except OSError:  # already gone
         return
     try:
-        select.select([handle], [], [])
+        while not stopping.is_set() and not select.select([handle], [], [], 0.2)[0]:
+            pass
     finally:
         os.close(handle)
 
 
-def _drive(args: argparse.Namespace, parse: Callable[[list[str]], argparse.Namespace], path: str,
-           idle_s: float) -> int:
-    """``driver_command`` once the path is this driver's (``claim``)."""
-    from versiq.ingest.spark import get_spark, master_url
+def _drive(driver: Driver, server: socket.socket, path: str, idle_s: float, warm: bool) -> int:
+    """``driver_command`` once the path is this driver's (``claim``) and its staging socket
+    listens (``staged``): start Spark, warm it up, publish the socket, serve. Spark is stopped and
+    the published socket removed however this ends."""
+    from versiq.ingest.spark import get_spark
 
-    try:
-        server = listen(path)
-    except OSError as exc:
-        print(f"versiq driver: error: cannot listen on {path}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
     started = time.monotonic()
-    master = master_url(args.master)
-    driver = Driver(None, master, parse)  # the environment as the caller set it, before Spark adds to it
-    driver.end_when_outdated = args.after_pid is not None
     published: tuple[int, int] | None = None
     try:
-        with _stop_on_signals(driver.stopping):
-            driver.spark = get_spark(master, "versiq-driver")
-            if not args.no_warm_up and not driver.stopping.is_set():
-                warm_up(driver.spark)
-            if driver.stopping.is_set():  # signalled while starting (``--stop``): never serve
-                return EXIT_OK
-            try:
-                published = publish(path)
-            except OSError as exc:
-                print(f"versiq driver: error: cannot listen on {path}: {exc}", file=sys.stderr)
-                return EXIT_USAGE
-            log.info("resident driver ready on %s (pid %d, master %s, %.1fs to start); idle timeout %gs",
-                     path, os.getpid(), master, time.monotonic() - started, idle_s)
-            print(f"versiq driver: ready on {path}", flush=True)
-            driver.last_run = time.monotonic()
-            _serve(server, driver, idle_s)
+        if driver.stopping.is_set():  # signalled while waiting for --after-pid: no JVM
+            return EXIT_OK
+        driver.spark = get_spark(driver.master, "versiq-driver")
+        if warm and not driver.stopping.is_set():
+            warm_up(driver.spark)
+        if driver.stopping.is_set():  # signalled while starting (``--stop``): never serve
+            return EXIT_OK
+        try:
+            published = publish(path)
+        except OSError as exc:
+            print(f"versiq driver: error: cannot listen on {path}: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        log.info("resident driver ready on %s (pid %d, master %s, %.1fs to start); idle timeout %gs",
+                 path, os.getpid(), driver.master, time.monotonic() - started, idle_s)
+        print(f"versiq driver: ready on {path}", flush=True)
+        driver.last_run = time.monotonic()
+        _serve(server, driver, idle_s)
     finally:
-        server.close()
         unpublish(path, published)
         if driver.spark is not None:
             with contextlib.suppress(Exception):

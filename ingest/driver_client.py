@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 import versiq
-from versiq.package import package_files, package_root
+from versiq.package import jar_files, package_files, package_root
 
 log = logging.getLogger("versiq.ingest")
 
@@ -80,6 +81,33 @@ def log_path(path: str) -> str:
 MAX_LOG_BYTES = 1 << 20
 
 
+def folder_problem(folder: str) -> str | None:
+    """Why ``folder`` may not hold a driver's socket, lock file and log (None: it may): it must
+    be this user's alone (owned by this user, mode 0700), or another user could replace those
+    files between a check and their use. Every driver and every autostart is held to it."""
+    info = os.stat(folder)
+    if info.st_uid != os.getuid():
+        return f"the folder {folder} belongs to user {info.st_uid}, not to this user"
+    if info.st_mode & 0o077:
+        return f"the folder {folder} has mode {stat.S_IMODE(info.st_mode):04o}, not this user's alone (0700)"
+    return None
+
+
+def open_own_file(path: str, flags: int, mode: int = 0o600) -> int:
+    """``os.open(path, flags)`` that never follows a link at ``path`` (``O_NOFOLLOW``) and accepts
+    only a regular file of this user (checked on the open file, ``fstat``): a lock file or log
+    planted as a link or a FIFO is never truncated, written or trusted. Raises ``OSError``."""
+    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+            raise OSError(f"{path} is not a regular file of this user")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 #: The distributions whose versions a run depends on (besides versiq's own files).
 RUN_DISTRIBUTIONS = ("pyspark", "delta-spark", "deltalake", "pyarrow", "duckdb")
 
@@ -87,10 +115,11 @@ RUN_DISTRIBUTIONS = ("pyspark", "delta-spark", "deltalake", "pyarrow", "duckdb")
 def run_environment(environ: Mapping[str, str]) -> dict[str, str]:
     """The variables of ``environ`` that shape a run (``RUN_ENV_PREFIXES`` and ``RUN_ENV_NAMES``,
     less ``CLIENT_ONLY_ENV``), each as a digest of its value: a request names the variables
-    that differ, and carries no secret (``AWS_SECRET_ACCESS_KEY``) in clear. The variables of
+    that differ, and carries no secret (``AWS_SECRET_ACCESS_KEY``) in clear. The digest is of the
+    value's bytes (a value that is not UTF-8 counts too). The variables of
     ``INTERPRETER_DEFAULTS`` count with their default."""
     effective = {name: sys.executable for name in INTERPRETER_DEFAULTS} | absolute_interpreters(environ)
-    return {name: hashlib.sha256(value.encode()).hexdigest()[:32] for name, value in effective.items()
+    return {name: hashlib.sha256(os.fsencode(value)).hexdigest()[:32] for name, value in effective.items()
             if (name.startswith(RUN_ENV_PREFIXES) or name in RUN_ENV_NAMES) and name not in CLIENT_ONLY_ENV}
 
 
@@ -113,10 +142,13 @@ def current_umask() -> int:
 
 
 def code_identity() -> str:
-    """The interpreter and the versiq package this process runs: its version, its location, a
-    digest of its files' (path, size, modification time), and the versions of the libraries a
-    run uses (``RUN_DISTRIBUTIONS``). A driver started before a checkout, an install or an
-    upgrade changed refuses the next request instead of running old code."""
+    """The interpreter and the code this process runs: the versiq package's version, its
+    location, a digest of its files' (path, size, modification time), of the jars its Spark
+    session loads (``package.jar_files``: Delta's, versiq's LogStore, S3A; name, size,
+    modification time) and the versions of the libraries a run uses (``RUN_DISTRIBUTIONS``). A
+    driver started before a checkout, an install, an upgrade or a rebuilt jar changed refuses
+    the next request instead of running old code. Stats only (a few dozen files): a client
+    computes it for every request."""
     from importlib import metadata
 
     root = package_root()
@@ -127,9 +159,21 @@ def code_identity() -> str:
         except metadata.PackageNotFoundError:
             digest.update(f"{name} absent\n".encode())
     for path in package_files():
-        info = os.stat(path)
-        digest.update(f"{os.path.relpath(path, root)}:{info.st_size}:{info.st_mtime_ns}\n".encode())
+        digest.update(_file_line(os.path.relpath(path, root), path))
+    for path in jar_files():
+        digest.update(_file_line(f"jar {os.path.basename(path)}", path))
     return f"versiq {versiq.__version__} at {root} on {sys.executable}, files {digest.hexdigest()[:16]}"
+
+
+def _file_line(name: str, path: str) -> bytes:
+    """``name`` with the size and modification time of ``path`` (links followed); a file that
+    cannot be read (a link to nowhere, such as an editor's lock file, or one removed meanwhile)
+    counts as absent rather than failing the run."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return f"{name} absent\n".encode(errors="surrogateescape")
+    return f"{name}:{info.st_size}:{info.st_mtime_ns}\n".encode(errors="surrogateescape")
 
 
 class ByteStream(Protocol):
@@ -236,16 +280,15 @@ def start_driver(path: str, idle: str) -> subprocess.Popen[bytes] | None:
     folder = os.path.dirname(path)
     try:
         os.makedirs(folder, mode=0o700, exist_ok=True)
-        info = os.stat(folder)
-        if info.st_uid != os.getuid() or info.st_mode & 0o077:
-            log.warning("not starting a resident driver on %s: the folder is not this user's alone (mode 0700)",
-                        path)
+        problem = folder_problem(folder)
+        if problem is not None:
+            log.warning("not starting a resident driver on %s: %s", path, problem)
             return None
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
         with contextlib.suppress(OSError):
             if os.stat(log_path(path), follow_symlinks=False).st_size > MAX_LOG_BYTES:
                 flags |= os.O_TRUNC
-        out = os.open(log_path(path), flags, 0o600)
+        out = open_own_file(log_path(path), flags)
         try:
             # -P and PYTHONPATH: the driver imports this process's versiq, whatever the folder and
             # the installation say (the driver refuses other code; here it would never serve)
@@ -278,24 +321,31 @@ def _driver_present(path: str) -> bool:
 
 def driver_pid(path: str) -> int | None:
     """The pid of the driver that holds ``path`` (its ``lock_path``, locked from before its JVM
-    starts until it ends, with its pid inside); None when no process holds it."""
+    starts until it ends, with its pid inside); None when no process holds it, or when the lock
+    file is not a regular file of this user (``open_own_file``)."""
     try:
-        with open(lock_path(path), "rb") as handle:
+        with os.fdopen(open_own_file(lock_path(path), os.O_RDONLY), "rb") as handle:
             try:
                 fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:  # held: a driver starting or serving
                 text = handle.read().decode(errors="replace").strip()
                 return int(text) if text.isdigit() else None
             return None
-    except OSError:  # no lock file (or folder): no driver there
+    except OSError:  # no lock file (or folder), or not ours: no driver there
         return None
 
 
-def peer_uid(conn: socket.socket) -> int:
-    """The user id of the process at the other end of a Unix socket (``SO_PEERCRED``: pid, uid,
-    gid as three ints)."""
+def peer_credentials(conn: socket.socket) -> tuple[int, int]:
+    """The (pid, user id) of the process at the other end of a Unix socket (``SO_PEERCRED``:
+    pid, uid, gid as three ints; a listening socket's are those of the process that listened)."""
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return int(struct.unpack("3i", creds)[1])
+    pid, uid, _ = struct.unpack("3i", creds)
+    return int(pid), int(uid)
+
+
+def peer_uid(conn: socket.socket) -> int:
+    """The user id of the process at the other end of a Unix socket (``peer_credentials``)."""
+    return peer_credentials(conn)[1]
 
 
 def _messages(stream: Any, request: dict[str, Any]) -> Iterator[dict[str, Any]]:

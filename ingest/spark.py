@@ -61,11 +61,11 @@ from pyspark.sql import SparkSession
 
 import versiq
 from versiq.ingest.class_archive import DRIVER_JAVA_OPTIONS_ENV, class_archive_option
-from versiq.package import package_files, package_root
+from versiq.package import JARS_DIR_ENV as JARS_DIR_ENV  # the jars' folder: beside the package's files
+from versiq.package import jar_files, package_files, package_root
+from versiq.package import jars_dir as jars_dir
 
 DEFAULT_MASTER = "local[*]"
-#: The environment variable naming a folder of Delta's jars (else ``.cache/jars`` of the checkout).
-JARS_DIR_ENV = "VERSIQ_SPARK_JARS"
 #: Hadoop's S3 file system (hadoop-aws), for both ``s3a://`` and ``s3://``.
 S3A_FILESYSTEM = "org.apache.hadoop.fs.s3a.S3AFileSystem"
 #: versiq's Delta LogStore for S3: commits with a conditional put (jars/logstore).
@@ -114,16 +114,6 @@ def spark_coordinates() -> list[str]:
     delta = importlib.metadata.version("delta-spark")
     return [f"io.delta:delta-spark_{spark_minor}_2.13:{delta}", f"io.delta:delta-storage:{delta}",
             f"org.apache.spark:spark-sql-kafka-0-10_2.13:{pyspark.__version__}"]
-
-
-def jars_dir() -> str | None:
-    """The folder of fetched jars: ``VERSIQ_SPARK_JARS``, else ``.cache/jars`` of the checkout
-    this package runs from; None when neither holds Delta's connector."""
-    root = os.path.dirname(os.path.dirname(os.path.realpath(versiq.__file__ or "")))
-    for folder in (os.environ.get(JARS_DIR_ENV), os.path.join(root, ".cache", "jars")):
-        if folder and glob.glob(os.path.join(folder, "delta-spark_*.jar")):
-            return folder
-    return None
 
 
 def s3_jars_present(folder: str | None = None) -> bool:
@@ -203,7 +193,7 @@ def _with_s3(builder: SparkSession.Builder, folder: str | None) -> SparkSession.
 def _with_delta(builder: SparkSession.Builder) -> SparkSession.Builder:
     folder = jars_dir()
     if folder is not None:
-        builder = builder.config("spark.jars", ",".join(sorted(glob.glob(os.path.join(folder, "*.jar")))))
+        builder = builder.config("spark.jars", ",".join(jar_files(folder)))
         builder = _with_s3(builder, folder)
     else:
         builder = builder.config("spark.jars.packages", ",".join(spark_coordinates()))

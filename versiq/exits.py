@@ -3,7 +3,7 @@
 - ``OK`` (0): success (rejected records do not change it).
 - ``FAILED`` (1): a store, stream or derived table failed (its report entry has ``error``; the
   others' runs stand), or a source could not be read; ``versiq driver --status``/``--stop``
-  found no driver.
+  found no driver (or ``--stop`` found that the lock file's pid does not serve the socket).
 - ``USAGE`` (2): a usage or configuration error found before any data is touched.
 - ``SERVE_FAILED`` (3): ``versiq serve`` could not start serving, e.g. its address is in use
   (uvicorn's own startup-failure status, kept so supervisors can tell it from a usage error).

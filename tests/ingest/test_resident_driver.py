@@ -10,12 +10,15 @@ whole test session has it, tests/conftest.py)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import io
 import json
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -24,9 +27,10 @@ import pytest
 
 from tests.ingest.test_ingest_cli import env, make_changelog
 from tests.support.ingest import rejected_rows, store_versions, write_jsonl
-from versiq.ingest.driver import Driver, check_free, claim
+from versiq.ingest.driver import Driver, check_free, claim, serving_problem, staged
 from versiq.ingest.driver_client import (
     _driver_present,
+    _file_line,
     autostart_hook,
     code_identity,
     driver_pid,
@@ -200,10 +204,36 @@ def test_the_driver_refuses_other_code_and_environments():
     if os.sep in relative:
         assert run_environment({"PYSPARK_PYTHON": relative}) == run_environment({})
     assert "s3cr3t" not in json.dumps(shown)  # values travel as digests
+    # a value that is not UTF-8 (os.environ holds its bytes as surrogates) is a value like another
+    assert run_environment({"VERSIQ_X": "\udcff"}) != run_environment({"VERSIQ_X": "\udcfe"})
     assert "no environment" in (driver.refusal({**request, "env": None}) or "")
     assert "umask" in (driver.refusal({**request, "umask": 0o777}) or "")
     assert socket_path({"VERSIQ_DRIVER_SOCKET": "off"}) is None
     assert socket_path({"XDG_RUNTIME_DIR": "/run/user/7"}) == "/run/user/7/versiq/driver.sock"
+
+
+def test_the_code_identity_covers_the_jars_spark_loads(tmp_path, monkeypatch):
+    """A rebuilt LogStore jar (or any jar of the folder Spark loads) is other code: a driver
+    started before it refuses the next request. A file of the package that cannot be read (an
+    editor's lock link to nowhere) counts as absent instead of failing the client's run."""
+    jars = tmp_path / "jars"
+    jars.mkdir()
+    (jars / "delta-spark_4.2_2.13-4.4.0.jar").write_bytes(b"delta")
+    logstore = jars / "versiq-delta-logstore-1.jar"
+    logstore.write_bytes(b"classes v1")
+    monkeypatch.setenv("VERSIQ_SPARK_JARS", str(jars))
+    before = code_identity()
+    assert code_identity() == before
+    logstore.write_bytes(b"classes v2, rebuilt")
+    rebuilt = code_identity()
+    assert rebuilt != before
+    os.utime(logstore, ns=(1, 1))
+    assert code_identity() != rebuilt
+    (jars / "hadoop-aws-3.5.0.jar").write_bytes(b"s3a")
+    assert len({before, rebuilt, code_identity()}) == 3
+    nowhere = tmp_path / ".#edited.py"
+    nowhere.symlink_to(tmp_path / "missing")
+    assert _file_line("edited", str(nowhere)) == b"edited absent\n"
 
 
 def test_a_driver_never_removes_what_is_not_a_dead_socket(tmp_path):
@@ -361,6 +391,9 @@ def test_a_driver_a_run_started_ends_when_a_client_runs_other_code():
         other_env = {"code": driver.code, "env": {"VERSIQ_X": "1"}, "umask": driver.umask}
         driver._handle(None, io.BytesIO(json.dumps(other_env).encode() + b"\n"))  # type: ignore[arg-type]
         assert not driver.stopping.is_set()
+        probe = io.BytesIO()  # a client that connected and sent nothing (--stop, --status, autostart)
+        driver._handle(None, probe)  # type: ignore[arg-type]
+        assert not driver.stopping.is_set() and probe.getvalue() == b""
         other_code = {**other_env, "code": "versiq 0.0.9 elsewhere", "env": driver.environment}
         driver._handle(None, io.BytesIO(json.dumps(other_code).encode() + b"\n"))  # type: ignore[arg-type]
         assert driver.stopping.is_set() == started_by_a_run
@@ -395,6 +428,141 @@ def test_one_driver_per_socket_path_and_when_a_run_starts_one(tmp_path):
     shared.chmod(0o755)
     assert start_driver(str(shared / "d.sock"), "5m") is None  # a folder others can use: never
     assert os.listdir(shared) == []
+
+
+def _private_folder(path) -> str:
+    path.mkdir(mode=0o700)
+    path.chmod(0o700)
+    return str(path / "d.sock")
+
+
+def test_a_driver_opens_only_its_own_lock_file_in_a_folder_of_its_own(tmp_path):
+    """The lock file is never opened through a link (another file would be truncated and get a
+    pid), nor used when it is a FIFO or another user's; the socket's folder must be this user's
+    alone for every driver, as for one a run starts."""
+    sock = _private_folder(tmp_path / "run")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    os.symlink(victim, sock + ".lock")
+    with pytest.raises(OSError):
+        claim(sock)
+    assert victim.read_text() == "precious"
+    assert driver_pid(sock) is None
+    os.remove(sock + ".lock")
+    os.mkfifo(sock + ".lock", 0o600)
+    with pytest.raises(OSError, match="not a regular file of this user"):
+        claim(sock)  # without waiting for a writer
+    os.remove(sock + ".lock")
+    if os.getuid() == 0:  # only root can give a file to another user
+        (tmp_path / "run" / "d.sock.lock").write_text("")
+        os.chown(sock + ".lock", 54321, 54321)
+        with pytest.raises(OSError, match="not a regular file of this user"):
+            claim(sock)
+        os.remove(sock + ".lock")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o775)
+    with pytest.raises(OSError, match="not this user's alone"):
+        claim(str(shared / "d.sock"))
+    assert os.listdir(shared) == []
+    held = claim(sock)  # and in order: the lock is taken, the pid written
+    try:
+        assert driver_pid(sock) == os.getpid()
+    finally:
+        held.close()
+
+
+@contextlib.contextmanager
+def _listening(path: str):
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+    try:
+        yield server
+    finally:
+        server.close()
+        os.remove(path)
+
+
+def test_stop_signals_only_the_driver_that_serves_the_socket(tmp_path):
+    """``--stop`` signals the pid of the lock file only when that process listens on the socket
+    (or its staging name) as this user; a lock file naming another process is refused with a
+    message, and that process lives on."""
+    sock = _private_folder(tmp_path / "run")
+    victim = subprocess.Popen(["sleep", "120"])
+    try:
+        with open(sock + ".lock", "wb") as lock:  # held, naming a process that is no driver
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            lock.write(f"{victim.pid}\n".encode())
+            lock.flush()
+            assert driver_pid(sock) == victim.pid
+            with _listening(sock):  # this test process listens, not the victim
+                assert serving_problem(sock, os.getpid()) is None
+                assert f"is pid {os.getpid()} of user {os.getuid()}" in (serving_problem(sock, victim.pid) or "")
+                stop = subprocess.run([*VERSIQ, "driver", "--socket", sock, "--stop"], capture_output=True,
+                                      text=True, env=_driver_env(), timeout=60)
+            assert stop.returncode == 1, stop
+            assert f"not stopping pid {victim.pid}" in stop.stderr and "not known to be this user's driver" \
+                in stop.stderr, stop.stderr
+            assert "no process listens on" in (serving_problem(sock, victim.pid) or "")
+            with _listening(f"{sock}.{os.getpid()}"):  # a driver that is starting: its staging name
+                assert serving_problem(sock, os.getpid()) is None
+        assert victim.poll() is None, "the process the lock file named was signalled"
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_a_driver_leaves_no_staging_socket_however_its_start_ends(tmp_path):
+    """The staging socket goes with the block that made it (an error included); one a driver
+    killed while starting left (no process listens) is removed by the next claim, while a live
+    one or another file stays."""
+    sock = _private_folder(tmp_path / "run")
+    with pytest.raises(RuntimeError), staged(sock) as server:
+        assert os.path.exists(f"{sock}.{os.getpid()}") and server.getsockname() == f"{sock}.{os.getpid()}"
+        raise RuntimeError("Spark failed to start")
+    assert os.listdir(tmp_path / "run") == []
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dead.bind(f"{sock}.4242")  # bound, never closed by its driver's code: killed
+    dead.close()
+    (tmp_path / "run" / "d.sock.notes").write_text("mine")
+    with _listening(f"{sock}.4243"):
+        claim(sock).close()
+        assert sorted(os.listdir(tmp_path / "run")) == ["d.sock.4243", "d.sock.lock", "d.sock.notes"]
+
+
+def test_a_driver_stopped_or_failing_while_starting_removes_its_socket(tmp_path):
+    """A driver waiting for the run that started it (``--after-pid``) already listens under its
+    staging name, so ``--stop`` can check it and stop it; it ends without starting Spark and
+    leaves only its lock file. A driver whose Spark cannot start (no Java) leaves no socket."""
+    sock = _private_folder(tmp_path / "run")
+    run = subprocess.Popen(["sleep", "120"])  # the run that started the driver
+    waiting = None
+    try:
+        waiting = subprocess.Popen([*VERSIQ, "driver", "--socket", sock, "--after-pid", str(run.pid), "--no-warm-up"],
+                                   env=_driver_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while not os.path.exists(f"{sock}.{waiting.pid}"):
+            assert waiting.poll() is None and time.monotonic() < deadline, waiting.communicate()
+            time.sleep(0.1)
+        stop = subprocess.run([*VERSIQ, "driver", "--socket", sock, "--stop"], capture_output=True, text=True,
+                              env=_driver_env(), timeout=60)
+        assert stop.returncode == 0 and f"pid {waiting.pid} has ended" in stop.stdout, stop
+        out, err = waiting.communicate(timeout=60)
+        assert waiting.returncode == 0 and "ready on" not in out, err
+        assert os.listdir(tmp_path / "run") == ["d.sock.lock"]
+        assert run.poll() is None
+    finally:  # whatever failed above, no driver is left waiting to start Spark
+        if waiting is not None and waiting.poll() is None:
+            waiting.kill()
+            waiting.communicate()
+        run.kill()
+        run.wait()
+    failing = subprocess.run([*VERSIQ, "driver", "--socket", sock, "--no-warm-up"], capture_output=True, text=True,
+                             env={**_driver_env(), "JAVA_HOME": str(tmp_path / "no-java")}, timeout=120)
+    assert failing.returncode != 0 and "ready on" not in failing.stdout, failing
+    assert os.listdir(tmp_path / "run") == ["d.sock.lock"], failing.stderr
 
 
 def test_warm_up_runs_leave_the_session_and_environment_as_they_were(spark):
