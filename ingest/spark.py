@@ -59,7 +59,6 @@ import pyspark
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
-import versiq
 from versiq.ingest.class_archive import DRIVER_JAVA_OPTIONS_ENV, class_archive_option
 from versiq.package import JARS_DIR_ENV as JARS_DIR_ENV  # the jars' folder: beside the package's files
 from versiq.package import jar_files, package_files, package_root
