@@ -9,15 +9,10 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -28,7 +23,7 @@ from hypothesis import given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from tests.support.service import T0, free_port, live_server
+from tests.support.service import T0, live_server, serve_process
 from tests.support.storebuilder import StoreBuilder
 from versiq.query.lookups import MAX_DECODED_BYTES, MAX_LOOKUPS
 from versiq.service.settings import Settings
@@ -38,34 +33,6 @@ PROBLEMS = "https://versiq.dev/problems/"
 ARROW = "application/vnd.apache.arrow.stream"
 PARQUET = "application/vnd.apache.parquet"
 LONG_KEY = "k" * 4000
-
-
-@contextmanager
-def _serve(warehouse: str, env: dict[str, str] | None = None) -> Iterator[tuple[int, int]]:
-    """The real ``versiq serve`` command on a free port: (port, pid)."""
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "versiq.cli", "serve", "--warehouse", warehouse,
-                             "--port", str(port), "--log-level", "WARNING"],
-                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, "versiq serve did not start"
-            time.sleep(0.1)
-        yield port, proc.pid
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _rss_mb(pid: int) -> float:
@@ -112,7 +79,8 @@ def test_lookup_table_bombs_are_refused_before_decoding(tmp_path: Path) -> None:
     size_bomb = _one_key_parquet(decoded_rows)
     ipc_rows_bomb = _ipc_zstd(pa.table({"key": ["k"] * 250_000}))
     ipc_size_bomb = _ipc_zstd(pa.table({"key": [LONG_KEY] * decoded_rows}))
-    with _serve(str(tmp_path)) as (port, pid), httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as c:
+    with serve_process(str(tmp_path)) as (port, pid), \
+            httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as c:
         before = _rss_mb(pid)
         for body, media, says in ((rows_bomb, PARQUET, "at most 100000"), (size_bomb, PARQUET, "decode"),
                                   (ipc_rows_bomb, ARROW, "at most 100000"), (ipc_size_bomb, ARROW, "decode")):
@@ -195,7 +163,8 @@ def test_healthz_answers_while_large_json_bodies_are_parsed(tmp_path: Path) -> N
     answering), and a body of a million pairs is refused while it is parsed."""
     pairs = json.dumps({"lookups": [{"key": f"key-{i}", "asOf": T0 + i} for i in range(100_000)]}).encode()
     million = json.dumps({"lookups": [{"key": "a"}] * 1_000_000}).encode()
-    with _serve(str(tmp_path)) as (port, _pid), httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as c:
+    with serve_process(str(tmp_path)) as (port, _pid), \
+            httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as c:
         url = f"http://127.0.0.1:{port}"
         statuses: list[int] = []
 

@@ -7,20 +7,17 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.support.service import T0, free_port, key_path, live_server
+from tests.support.service import T0, key_path, live_server, serve_process
 from tests.support.storebuilder import StoreBuilder
 from versiq.layout import MAX_KEY_BYTES
 from versiq.service.http import MAX_HEADER_BYTES, MAX_URL_BYTES
@@ -52,36 +49,8 @@ def _problem(response: bytes, status: int, name: str) -> dict[str, object]:
     return problem
 
 
-@contextmanager
-def _serve(warehouse: str, env: dict[str, str] | None = None) -> Iterator[int]:
-    """The real ``versiq serve`` command on a free port."""
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "versiq.cli", "serve", "--warehouse", warehouse,
-                             "--port", str(port), "--log-level", "WARNING"],
-                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, "versiq serve did not start"
-            time.sleep(0.1)
-        yield port
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def test_oversized_and_malformed_requests_answer_problem_json(tmp_path: Path) -> None:
-    with _serve(str(tmp_path)) as port:
+    with serve_process(str(tmp_path)) as (port, _pid):
         long_url = b"GET /v1/stores/p/keys/" + b"a" * (MAX_URL_BYTES + 1000) + b" HTTP/1.1\r\nHost: x\r\n\r\n"
         _problem(_raw(port, long_url), 414, "uri-too-long")
         big_header = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"b" * (MAX_HEADER_BYTES + 1000) + b"\r\n\r\n"
@@ -117,7 +86,7 @@ def test_the_longest_key_is_servable_with_page_tokens(tmp_path: Path) -> None:
 def test_slow_and_idle_clients_are_closed_while_healthz_stays_fast(tmp_path: Path) -> None:
     """500 half-open connections (a request head never finished) and idle ones are closed after
     the head timeout; meanwhile /healthz answers within 50 ms at p99."""
-    with _serve(str(tmp_path), {"VERSIQ_REQUEST_HEAD_TIMEOUT": "2s"}) as port:
+    with serve_process(str(tmp_path), {"VERSIQ_REQUEST_HEAD_TIMEOUT": "2s"}) as (port, _pid):
         half_open = []
         for i in range(500):
             sock = socket.create_connection(("127.0.0.1", port), timeout=10)
@@ -180,7 +149,7 @@ def test_storage_errors_are_one_line_without_the_rust_backtrace(tmp_path: Path) 
     stale_commit = Path(wh, "stale", "_delta_log", f"{1:020d}.json")
     stale_text = stale_commit.read_bytes()
     stale_commit.unlink()
-    with _serve(wh, env={"RUST_BACKTRACE": "1"}) as port:
+    with serve_process(wh, env={"RUST_BACKTRACE": "1"}) as (port, _pid):
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 30
         while httpx.get(url + "/readyz").json()["stores"].get("stale", {}).get("snapshot") != 0:

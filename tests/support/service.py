@@ -3,6 +3,10 @@ uvicorn server on 127.0.0.1 in a background thread. No tests here."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -10,6 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from urllib.parse import quote
 
+import httpx
 import uvicorn
 
 from tests.support.server_process import free_ports
@@ -126,3 +131,35 @@ def live_server(settings: Settings) -> Iterator[str]:
 
 def key_path(store: str, key: str, suffix: str = "") -> str:
     return f"/v1/stores/{quote(store, safe='')}/keys/{quote(key, safe='')}{suffix}"
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@contextmanager
+def serve_process(warehouse: str, env: dict[str, str] | None = None) -> Iterator[tuple[int, int]]:
+    """The real ``versiq serve`` command on a free port, ready: (port, pid); stopped with SIGINT
+    after the block (killed if it does not stop within 30 s)."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "versiq.cli", "serve", "--warehouse", warehouse,
+                             "--port", str(port), "--log-level", "WARNING"],
+                            cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT, **(env or {})},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, "versiq serve did not start"
+            time.sleep(0.1)
+        yield port, proc.pid
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
