@@ -21,17 +21,15 @@ import httpx
 import pytest
 
 from tests.support.browser import PageWatch
-from tests.support.doc_examples import CurlExample, curl_examples, run_curl
+from tests.support.doc_examples import curl_examples, run_curl
 from tests.support.processes import stop, wait_until_ready
 from tests.support.service import free_port
-from versiq.cli.sample import SampleExample, SampleSummary, generate, load_summary
+from versiq.cli.sample import load_summary
 from versiq.timestamps import format_timestamp, parse_timestamp
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-#: The demo's size here: a fraction of the default (5,000 keys), whose ingest costs minutes on a busy machine.
-KEYS = 300
 
 
 def _descendants(pid: int) -> list[int]:
@@ -84,15 +82,16 @@ class Demo:
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
-    """One ``versiq demo --keys 300`` on a free port of 127.0.0.1, serving once it has printed its
-    examples (generate and ingest are paid once for the module)."""
+    """One ``versiq demo`` of the default size (what ``make demo`` runs, whose keys and times the
+    docs quote; its ingest takes a few seconds more than a tenth of it) on a free port of
+    127.0.0.1, serving once it has printed its examples (paid once for the module)."""
     tmp_path = tmp_path_factory.mktemp("first-hour")
     port = free_port()
     data, warehouse = tmp_path / "data", tmp_path / "warehouse"
     script = Path(sys.executable).with_name("versiq")
     entry = [str(script)] if script.exists() else [sys.executable, "-m", "versiq.cli"]
     with open(tmp_path / "demo.stderr", "wb") as stderr:  # the child holds its own copy of the file
-        process = subprocess.Popen([*entry, "demo", "--keys", str(KEYS), "--data", str(data), "--warehouse",
+        process = subprocess.Popen([*entry, "demo", "--data", str(data), "--warehouse",
                                     str(warehouse), "--port", str(port)], stdin=subprocess.DEVNULL,
                                    stdout=subprocess.PIPE, stderr=stderr, text=True, bufsize=1)
     out: list[str] = []
@@ -163,39 +162,22 @@ def test_demo_then_console_then_cursor_reads_what_curl_prints(browser, demo: Dem
     context.close()
 
 
-def _the_default_demo_example(folder: Path) -> SampleSummary:
-    """The sample ``make demo`` generates (the default ``--keys``), without ingesting it: the
-    docs quote its first example (key, times, answers)."""
-    return generate(folder, keys=5000)
-
-
-def _example_texts(summary: SampleSummary) -> list[str]:
-    """The words of the docs that depend on the sample: its example keys and the first one's times."""
-    first: SampleExample = summary.examples[0]
-    return [*(e.key for e in summary.examples),
-            *(format_timestamp(t) for t in (first.as_of, first.versions_from, first.versions_to))]
-
-
 def test_every_curl_example_of_the_docs_answers_on_the_demo(demo: Demo, tmp_path: Path) -> None:
-    default = _the_default_demo_example(tmp_path / "default-sample")
-    first = default.examples[0]
+    served = load_summary(demo.data)
+    assert served is not None
+    first = served.examples[0]
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    # What the README promises for its key is what the default demo's store holds.
+    # What the README promises for its key is what the demo's store holds.
     assert (f'`{{"key":"{first.key}","value":{first.latest.value},"timestamp":{first.latest.timestamp},'
             f'"validTo":null,"snapshot":0}}`') in readme
     assert f"price {json.loads(first.as_of_answer.value)['price']:.2f}" in readme
     assert f"the {len(first.versions)} versions valid in that range" in readme
 
-    # The docs' keys and times are the default demo's; this demo (fewer keys) has its own.
-    served = load_summary(demo.data)
-    assert served is not None
     port = demo.base.rsplit(":", 1)[1]
-    replacements = [("127.0.0.1:8080", f"127.0.0.1:{port}"),
-                    *zip(_example_texts(default), _example_texts(served), strict=True)]
     examples = [*curl_examples(ROOT / "README.md"), *curl_examples(ROOT / "docs" / "http-api.md")]
     readme_examples = [e for e in examples if e.source.startswith("README.md")]
     assert len(readme_examples) >= 3 and all(e.needs is None for e in readme_examples)
-    quoted = [first.key, *_example_texts(default)[-3:]]
+    quoted = [first.key, *(format_timestamp(t) for t in (first.as_of, first.versions_from, first.versions_to))]
     assert all(any(text in e.command for e in readme_examples) for text in quoted), quoted
 
     import pyarrow as pa
@@ -208,7 +190,7 @@ def test_every_curl_example_of_the_docs_answers_on_the_demo(demo: Demo, tmp_path
         if example.needs is not None:
             skipped.append((example.source, example.needs))
             continue
-        command = _rewritten(example, replacements)
+        command = example.command.replace("127.0.0.1:8080", f"127.0.0.1:{port}")
         answer = run_curl(command, tmp_path)
         if not 200 <= answer.status_code < 300:
             failed.append(f"{example.source}: {answer.status_code} {answer.text[:300]}\n  {command}")
@@ -216,9 +198,3 @@ def test_every_curl_example_of_the_docs_answers_on_the_demo(demo: Demo, tmp_path
     assert {needs for _, needs in skipped} == {"a stream"}, skipped  # and nothing else is left out
     assert pq.read_table(tmp_path / "answers.parquet").num_rows == 2
 
-
-def _rewritten(example: CurlExample, replacements: list[tuple[str, str]]) -> str:
-    command = example.command
-    for old, new in replacements:
-        command = command.replace(old, new)
-    return command
