@@ -122,16 +122,17 @@ def test_demo_then_console_then_cursor_reads_what_curl_prints(browser, demo: Dem
     urls = re.findall(r"curl -s '([^']+)'", text)
     latest_url, as_of_url, versions_url = urls[:3]
 
-    # Every promise printed beside a curl is what the server answers.
-    latest = httpx.get(latest_url, timeout=10).json()
+    # Every promise printed beside a curl is what the server answers (prices as the number text
+    # the API keeps: 329.60, not 329.6).
+    latest = json.loads(httpx.get(latest_url, timeout=10).text, parse_float=str)
     promised = re.search(r"latest value of \S+ \(expect price (\S+), timestamp (\d+) \(", text)
     assert promised is not None, text
-    assert (promised[1], int(promised[2])) == (json.dumps(latest["value"]["price"]), latest["timestamp"])
-    as_of = httpx.get(as_of_url, timeout=10).json()
+    assert (promised[1], int(promised[2])) == (latest["value"]["price"], latest["timestamp"])
+    as_of_text = httpx.get(as_of_url, timeout=10).text
+    as_of, as_of_price = json.loads(as_of_text), json.loads(as_of_text, parse_float=str)["value"]["price"]
     promised = re.search(r"as of \S+ \(expect price (\S+), timestamp (\d+) \([^)]*\), validTo (\d+) ", text)
     assert promised is not None, text
-    assert (promised[1], int(promised[2]), int(promised[3])) == (
-        json.dumps(as_of["value"]["price"]), as_of["timestamp"], as_of["validTo"])
+    assert (promised[1], int(promised[2]), int(promised[3])) == (as_of_price, as_of["timestamp"], as_of["validTo"])
     versions = httpx.get(versions_url, timeout=10).json()["records"]
     assert f"(expect {len(versions)} record" in text
 
