@@ -23,8 +23,15 @@ PYTEST_ARGS ?=
 # whose tests spend much of their time waiting for child JVMs and servers. TEST_WORKERS=0 runs it in
 # one process.
 TEST_WORKERS ?= 2
-# pip prints ~180 lines per install: quiet unless `make V=1 ...`.
+# pip prints ~180 lines per install: quiet unless `make V=1 ...`. Quiet also hides setuptools'
+# "Editable installation" banner (a BuildBackendWarning of the editable build): a warning filter
+# passed down to the build backend's interpreter (pip builds in a subprocess that inherits it).
 PIP_QUIET := $(if $(V),,--quiet)
+PIP_ENV := $(if $(V),,PYTHONWARNINGS=ignore::UserWarning)
+# Maven, quiet and in batch mode, with no colour: -Dstyle.color=never turns Maven's own colours
+# off, and Debian's Maven 3.8 (with jansi 2) still writes an ANSI reset (ESC[0m) when its console
+# starts and ends unless jansi.noreset is set in the JVM's options (a -D of mvn comes too late).
+MVN := MAVEN_OPTS="$$MAVEN_OPTS -Djansi.noreset=true" mvn -q -B -Dstyle.color=never
 
 .PHONY: help demo test lint bench java chromium clean-demo conformance
 
@@ -42,11 +49,11 @@ $(PY):
 	$(PY) -m pip install --quiet --upgrade pip
 
 $(BASE_STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install $(PIP_QUIET) -e .
+	$(PIP_ENV) $(PY) -m pip install $(PIP_QUIET) -e .
 	@touch $@
 
 $(DEV_STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install $(PIP_QUIET) -e '.[dev]'
+	$(PIP_ENV) $(PY) -m pip install $(PIP_QUIET) -e '.[dev]'
 	@touch $@ $(BASE_STAMP)
 
 java:
@@ -63,7 +70,7 @@ CONFORMANCE_SRC := conformance/kafka/pom.xml $(shell find conformance/kafka/src 
 
 $(CONFORMANCE_JAR): $(CONFORMANCE_SRC) | java
 	@bash scripts/ensure-maven.sh
-	mvn -q -B -Dmaven.repo.local=$(abspath .cache/m2) -f conformance/kafka/pom.xml package -DskipTests
+	$(MVN) -Dmaven.repo.local=$(abspath .cache/m2) -f conformance/kafka/pom.xml package -DskipTests
 	@touch $@
 
 # The jars Spark loads beside PySpark's own, fetched/built with Maven into .cache/jars (git-ignored),
@@ -79,11 +86,11 @@ LOGSTORE_SRC := jars/logstore/pom.xml $(shell find jars/logstore/src -name '*.ja
 $(SPARK_JARS): jars/pom.xml jars/s3/pom.xml $(LOGSTORE_SRC) | java
 	@bash scripts/ensure-maven.sh
 	rm -rf .cache/jars .cache/build/logstore
-	mvn -q -B -Dmaven.repo.local=$(abspath .cache/m2) -f jars/pom.xml dependency:copy-dependencies \
+	$(MVN) -Dmaven.repo.local=$(abspath .cache/m2) -f jars/pom.xml dependency:copy-dependencies \
 	  -DoutputDirectory=$(abspath .cache/jars) -DexcludeTransitive=true
-	mvn -q -B -Dmaven.repo.local=$(abspath .cache/m2) -f jars/s3/pom.xml dependency:copy-dependencies \
+	$(MVN) -Dmaven.repo.local=$(abspath .cache/m2) -f jars/s3/pom.xml dependency:copy-dependencies \
 	  -DoutputDirectory=$(abspath .cache/jars) -DincludeScope=runtime
-	mvn -q -B -Dmaven.repo.local=$(abspath .cache/m2) -f jars/logstore/pom.xml package -DskipTests
+	$(MVN) -Dmaven.repo.local=$(abspath .cache/m2) -f jars/logstore/pom.xml package -DskipTests
 	cp .cache/build/logstore/versiq-delta-logstore-1.jar .cache/jars/
 	@touch $@
 
@@ -95,7 +102,7 @@ KAFKA_BROKER := .cache/kafka-broker/.fetched
 $(KAFKA_BROKER): tests/kafka-broker/pom.xml | java
 	@bash scripts/ensure-maven.sh
 	rm -rf .cache/kafka-broker
-	mvn -q -B -Dmaven.repo.local=$(abspath .cache/m2) -f tests/kafka-broker/pom.xml dependency:copy-dependencies \
+	$(MVN) -Dmaven.repo.local=$(abspath .cache/m2) -f tests/kafka-broker/pom.xml dependency:copy-dependencies \
 	  -DoutputDirectory=$(abspath .cache/kafka-broker)
 	@touch $@
 

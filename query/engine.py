@@ -276,7 +276,8 @@ class Engine:
         """Settings, stream time and counts of a store at ``snapshot`` (default: current).
 
         ``counts``: ``files`` and ``rows`` (physical rows, from the add actions) always;
-        ``keys`` and ``versions`` (resolved, tombstones included) for the current snapshot.
+        ``keys`` and ``versions`` (resolved, tombstones included) for the current snapshot, and
+        ``deletedKeys``: how many of those keys are deleted (their latest version a tombstone).
         """
         return self._info(self._view(store, snapshot))
 

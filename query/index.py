@@ -198,6 +198,7 @@ class LoadedStore(StoreView):
             "files": self.file_count,
             "rows": self.physical_rows,
             "keys": sum(b.data.key_count for b in self.buckets.values()),
+            "deletedKeys": sum(b.data.deleted_key_count for b in self.buckets.values()),
             "versions": sum(b.data.row_count for b in self.buckets.values()),
         }
 

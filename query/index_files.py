@@ -37,6 +37,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import fcntl
+import functools
 import hashlib
 import logging
 import os
@@ -117,6 +118,15 @@ class BucketFiles:
     @property
     def row_count(self) -> int:
         return len(self.valid_from)
+
+    @functools.cached_property
+    def deleted_key_count(self) -> int:
+        """Keys whose latest version is a tombstone: listed only with ``includeDeleted``, so a
+        reader of ``key_count`` can tell them from the keys that have a value (counted once per
+        mapping: the files never change)."""
+        if self.key_count == 0:
+            return 0
+        return int(np.count_nonzero(self.tombstone[np.asarray(self.ends, dtype=np.int64) - 1]))
 
     def find(self, key: str) -> int | None:
         """The key's ordinal (its row in ``keys``), or None: a crc32 probe, then the key itself."""

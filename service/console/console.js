@@ -322,7 +322,7 @@ async function overview(view) {
       h("td", {}, when(s.streamTime), perPartition(s, "streamTime")),
       h("td", {}, when(s.oldestQueryableTimestamp), perPartition(s, "oldestQueryableTimestamp")),
       h("td", { class: "num" }, s.snapshot),
-      h("td", { class: "num" }, s.counts.keys ?? "—"),
+      h("td", { class: "num" }, keyCountsText(s.counts)),
       h("td", { class: "num" }, s.counts.versions ?? "—"),
       h("td", {}, rejected[i] === null ? "—" :
         h("a", { href: link(["stores", s.name, "rejected"]), "data-rejected": json(rejected[i]) }, countsText(rejected[i]))),
@@ -379,23 +379,46 @@ async function storePage(view, store) {
   view.append(h("div", { class: "row" }, left, right));
 }
 
-/** Key search: keys by prefix (the key listing), or one exact key. */
+/** How many keys a store has with a value and how many are deleted (latest version a tombstone);
+ * null where the store does not count its keys (an earlier snapshot). */
+function keyCounts(counts) {
+  if (counts.keys === undefined) return null;
+  const deleted = counts.deletedKeys ?? 0;
+  return { live: counts.keys - deleted, deleted };
+}
+
+function keyCountsText(counts) {
+  const c = keyCounts(counts);
+  return c === null ? "—" : `${c.live.toLocaleString("en")}${c.deleted ? ` (+${c.deleted.toLocaleString("en")} deleted)` : ""}`;
+}
+
+/** Key search: keys by prefix (the key listing), or one exact key. Deleted keys (whose latest
+ * version is a tombstone, e.g. a filter table's rows that no longer pass) are hidden unless the
+ * toggle asks for them: they are counted apart, never mixed into the keys that have a value. */
 async function keySearch(store, info) {
   const box = h("div", { id: "key-search" });
   const results = h("div", { id: "key-results" });
   const input = h("input", { id: "key-prefix", type: "search", placeholder: "key prefix", autocomplete: "off" });
+  const counts = keyCounts(info.counts);
+  const toggle = h("input", { id: "show-deleted", type: "checkbox", disabled: counts !== null && counts.deleted === 0 });
   let timer = null;
+  let generation = 0;
   const search = async (prefix, token = null) => {
-    const page = await api(["stores", store, "keys"], { prefix, pageSize: 50, includeDeleted: "true", pageToken: token });
+    const asked = token ? generation : ++generation;
+    const page = await api(["stores", store, "keys"], { prefix, pageSize: 50, includeDeleted: toggle.checked ? "true" : null, pageToken: token });
+    if (asked !== generation) return; // a newer search (another prefix, the toggle) has replaced this one
     const list = token ? results.querySelector("ul") : h("ul", { class: "keys" });
     for (const r of page.records) {
-      list.append(h("li", { "data-key": r.key },
+      list.append(h("li", { "data-key": r.key, "data-deleted": r.deleted ? "true" : null },
         h("a", { href: link(["stores", store, "keys", r.key]) }, h("span", { class: "mono" }, r.key)), " ",
         r.deleted ? h("span", { class: "tag deleted" }, "deleted") : h("span", { class: "muted mono" }, r.valueText.slice(0, 60))));
     }
     if (!token) results.replaceChildren(list);
     results.querySelector("button.more")?.remove();
-    if (page.records.length === 0 && !token) results.replaceChildren(h("p", { class: "muted" }, `No key starts with ${json(prefix)}.`));
+    if (page.records.length === 0 && !token) {
+      const what = toggle.checked ? "No key" : "No key with a value";
+      results.replaceChildren(h("p", { class: "muted" }, `${what} starts with ${json(prefix)}.`));
+    }
     if (page.nextPageToken) {
       results.append(h("button", { class: "more", type: "button", onclick: () => search(prefix, page.nextPageToken).catch(show) }, "More keys"));
     }
@@ -405,12 +428,22 @@ async function keySearch(store, info) {
     clearTimeout(timer);
     timer = setTimeout(() => search(input.value).catch(show), 200);
   });
+  const summary = h("p", { class: "muted", id: "key-counts", "data-live": counts?.live, "data-deleted": counts?.deleted });
+  const describe = () => {
+    const deleted = counts?.deleted ? `, ${plural(counts.deleted, "deleted key")}${toggle.checked ? "" : " (hidden)"}` : "";
+    const keys = counts === null ? "" : `${plural(counts.live, "key")} with a value${deleted}; `;
+    summary.textContent = `${keys}type a prefix to search, or an exact key and Enter.`;
+  };
+  describe();
+  toggle.addEventListener("change", () => {
+    describe();
+    search(input.value).catch(show);
+  });
   box.append(h("form", { class: "inline", onsubmit: (e) => {
     e.preventDefault();
     location.hash = link(["stores", store, "keys", input.value]);
   } }, input, h("button", { type: "submit", title: "Open this exact key" }, "Open key")),
-  h("p", { class: "muted" }, `${plural(info.counts.keys ?? 0, "key")}; type a prefix to search, or an exact key and Enter.`),
-  results);
+  summary, h("label", {}, toggle, " show deleted keys"), results);
   await search("").catch(show);
   return box;
 }

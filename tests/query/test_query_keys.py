@@ -155,6 +155,23 @@ def test_deleted_entries_show_the_tombstone_that_answers(tmp_path: Any) -> None:
         assert results[1].record is not None and (results[1].record.timestamp, results[1].record.valid_to) == (1, 5)
 
 
+@pytest.mark.parametrize("kind", ["versioned", "timestamped"])
+def test_store_counts_tell_deleted_keys_from_the_listed_ones(tmp_path: Any, kind: str) -> None:
+    """``counts.deletedKeys`` is how many of the store's ``keys`` the latest listing leaves out
+    without ``includeDeleted`` (their latest record is a tombstone): a reader can say how many
+    keys have a value and how many are deleted without listing them."""
+    b = StoreBuilder(str(tmp_path), "s", kind=kind, history_retention_ms=1000, partitions=1, buckets=2)
+    b.apply([InRecord("f", 0, "a", '"x"', 1, None), InRecord("f", 1, "a", None, 5, None),
+             InRecord("f", 2, "a", "1", 10, None), InRecord("f", 3, "b", None, 3, None),
+             InRecord("f", 4, "c", "2", 4, None), InRecord("f", 5, "c", None, 8, None)])
+    with Engine(str(tmp_path), refresh_interval_s=3600) as eng:
+        counts = eng.store_info("s").counts
+        listed = eng.keys("s", KeysQuery()).entries
+        every = eng.keys("s", KeysQuery(include_deleted=True)).entries
+    assert [e.key for e in listed] == ["a"] and len(every) == 3
+    assert (counts["keys"], counts["deletedKeys"]) == (len(every), len(every) - len(listed))
+
+
 def test_prefix_end() -> None:
     assert prefix_end("ab") == "ac"
     assert prefix_end("a\U0010ffff") == "b"

@@ -249,6 +249,29 @@ def test_an_earlier_snapshot_shows_the_history_as_it_was(open_page, console_url)
     assert len(before) == 50 and not any(b["deleted"] for b in before)
 
 
+def test_deleted_keys_are_counted_apart_and_listed_only_on_request(open_page, console_url: str):
+    """A store's deleted keys (latest version a tombstone, e.g. a filter table's rows that stopped
+    passing) are not keys with a value: the store page counts the two apart, its key list hides
+    the deleted ones until the toggle shows them, tagged "deleted"."""
+    every = _api(console_url, "/v1/stores/prices/keys", includeDeleted="true", pageSize=1000)["records"]
+    deleted = sorted(r["key"] for r in every if r.get("deleted"))
+    live = sorted(r["key"] for r in every if not r.get("deleted"))
+    assert deleted and live and len(every) < 50  # one page of the console's list holds them all
+    page, _ = open_page("#/stores/prices")
+    counts = page.locator("#key-counts")
+    assert [counts.get_attribute(f"data-{n}") for n in ("live", "deleted")] == [str(len(live)), str(len(deleted))]
+    assert f"{len(live)} keys with a value, {len(deleted)} deleted key" in counts.inner_text()
+    listed = "() => [...document.querySelectorAll('#key-results li')].map(e => e.dataset.key).sort().join('\\n')"
+    page.wait_for_function(f"want => ({listed})() === want", arg="\n".join(live))
+    assert page.locator("#key-results li[data-deleted]").count() == 0
+    page.check("#show-deleted")
+    page.wait_for_function(f"want => ({listed})() === want", arg="\n".join(sorted(live + deleted)))
+    shown = page.eval_on_selector_all("#key-results li[data-deleted] .tag.deleted", "els => els.length")
+    assert shown == len(deleted)
+    page.uncheck("#show-deleted")
+    page.wait_for_function(f"want => ({listed})() === want", arg="\n".join(live))
+
+
 def test_keys_are_found_by_prefix_and_odd_keys_open(open_page):
     page, _ = open_page("#/stores/prices")
     page.fill("#key-prefix", "p-")
