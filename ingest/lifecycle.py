@@ -70,7 +70,7 @@ def table_info(name: str, path: str) -> TableInfo | None:
         state = read_state(path, table.version())
     except (OSError, ValueError, Exception):  # noqa: BLE001 - an unreadable table reads nothing
         return None
-    derived = state.definition is not None
+    derived = state.definition is not None or bool(state.inputs)
     return TableInfo(name, path, settings.kind, derived, tuple(sorted(state.inputs)) if derived else ())
 
 
