@@ -188,22 +188,21 @@ def drop_path(path: str, lock_timeout_s: float) -> None:
 def delete_log(log_dir: str) -> None:
     """Delete a Delta log so that it never reads as an older snapshot (module docstring): its
     versioned files in version order (a commit before the checkpoint of its version), then the
-    others (``_last_checkpoint``), then the folder."""
+    rest of the folder (``_last_checkpoint``, Delta's staging folders)."""
     try:
         names = storage.listdir(log_dir)
     except FileNotFoundError:
         return
-    for file_name in sorted(names, key=_log_order):
+    for file_name in sorted((n for n in names if _VERSIONED.match(n)), key=_log_order):
         storage.delete_file(storage.join(log_dir, file_name))
     storage.delete_tree(log_dir)
 
 
 def _log_order(file_name: str) -> tuple[int, int, str]:
-    """Sort key of a Delta log file for ``delete_log``: versioned files by version, the commit
-    (``.json``) before anything else of its version; unversioned files last."""
+    """Sort key of a versioned Delta log file for ``delete_log``: by version, the commit
+    (``.json``) before anything else of its version."""
     match = _VERSIONED.match(file_name)
-    if match is None:
-        return (1 << 63, 0, file_name)
+    assert match is not None
     return (int(match.group(1)), 0 if match.group(2) == "json" else 1, file_name)
 
 
