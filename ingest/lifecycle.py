@@ -122,8 +122,9 @@ def _readers_first(tables: dict[str, TableInfo], names: list[str]) -> list[str]:
 
 def _target(warehouse: str, name: str, want_table: bool, tables: dict[str, TableInfo]) -> str:
     """The path of what ``--store``/``--table`` names; a UsageError for an invalid name, one of
-    the other flag's kind, or nothing under that name. A directory without a complete log (a
-    drop that was interrupted) is a target too: dropping it again completes it."""
+    the other flag's kind, or nothing under that name. A directory without a readable log (a
+    drop that was interrupted, a table whose first commit never landed) is a target too:
+    dropping it again completes it."""
     try:
         check_store_name(name)
     except ValueError as exc:
@@ -131,8 +132,8 @@ def _target(warehouse: str, name: str, want_table: bool, tables: dict[str, Table
     path = layout.table_path(warehouse, name)
     info = tables.get(name)
     if info is None:
-        if storage.isdir(path) and not has_table(path):
-            return path  # an interrupted drop, or a table whose first commit never landed
+        if storage.isdir(path):
+            return path  # an interrupted drop, a table whose first commit never landed, or an unreadable one
         flag = "table" if want_table else "store"
         raise UsageError(unknown_name(flag, name, sorted(tables), f"warehouse {warehouse}"))
     is_table = info.derived or info.kind == STREAM_KIND
