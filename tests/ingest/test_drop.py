@@ -17,7 +17,7 @@ from tests.support.service import T0
 from tests.support.storebuilder import StoreBuilder
 from versiq import layout
 from versiq.ingest.errors import LockTimeout, UsageError
-from versiq.ingest.lifecycle import _log_order, _VERSIONED, drop
+from versiq.ingest.lifecycle import _VERSIONED, _log_order, drop
 from versiq.ingest.store import writer_lock
 
 
