@@ -229,6 +229,41 @@ def build_parser() -> argparse.ArgumentParser:
     mnt.add_argument("--lock-timeout", default="60s", help="wait this long for another writer")
     _add_logging(mnt)
 
+    drop = sub.add_parser(
+        "drop",
+        help="drop a store, stream or derived table from the warehouse (CLI only)",
+        description="Remove a store (--store) or a derived table or stream (--table) from the warehouse: its Delta "
+        "log first, so the service never reads it half deleted, then all its files, under its writer lock. "
+        "Refused while derived tables read it (their inputs, recorded by every derived commit, say so), unless "
+        "--cascade drops them too, each before the tables it reads. A drop that was interrupted is completed by "
+        "running it again. The service lists the table as gone at its next refresh and frees its serving index. "
+        "Exit 2 for an unknown name or a table that others read, 1 when a writer lock was not obtained.",
+    )
+    _add_warehouse(drop)
+    which = drop.add_mutually_exclusive_group(required=True)
+    which.add_argument("--store", help="the store to drop (a source store, or a derived table kept as a store)")
+    which.add_argument("--table", help="the derived table or stream to drop")
+    drop.add_argument("--cascade", action="store_true", help="also drop every derived table that reads it")
+    drop.add_argument("--lock-timeout", default="60s", help="wait this long for each table's writer")
+    _add_logging(drop)
+
+    reb = sub.add_parser(
+        "rebuild",
+        help="recompute a derived table from its inputs' current history (CLI only)",
+        description="Drop a derived table of the pipeline file (its data, side tables and state) and compute it "
+        "again from what its inputs hold now, as a table new to the warehouse starts (docs/derived-tables.md, "
+        "'Tables added over an existing store'). Nothing is ingested; a derived table it reads that is behind "
+        "its sources is brought up to date in the same run. Refused while other derived tables read it, "
+        "unless --cascade rebuilds them too. Exit 2 for a usage error, 1 when the table failed (see the log).",
+    )
+    _add_warehouse(reb)
+    reb.add_argument("--config", required=True, help="the YAML pipeline file that defines the table")
+    reb.add_argument("--table", required=True, help="the derived table to rebuild")
+    reb.add_argument("--cascade", action="store_true", help="also rebuild every derived table that reads it")
+    reb.add_argument("--master", default=None, help="Spark master URL (default env SPARK_MASTER, else local[*])")
+    reb.add_argument("--lock-timeout", default="60s", help="wait this long for each table's writer")
+    _add_logging(reb)
+
     rej = sub.add_parser(
         "rejected",
         help="list rejected input records of a store",
@@ -379,6 +414,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from versiq.ingest.commands import maintain_command
 
         return maintain_command(args)
+    if args.command in ("drop", "rebuild"):
+        from versiq.ingest.commands import drop_command, rebuild_command
+
+        return drop_command(args) if args.command == "drop" else rebuild_command(args)
     if args.command == "rejected":
         from versiq.ingest.commands import rejected_command
 

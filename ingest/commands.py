@@ -283,3 +283,47 @@ def maintain_command(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     print(json.dumps(result), file=sys.stderr)
     return EXIT_OK
+
+
+def drop_command(args: argparse.Namespace) -> int:
+    """``versiq drop``: exit 0 dropped (the tables dropped printed as JSON on stderr), 2 usage
+    (unknown name, read by derived tables without --cascade), 1 a writer lock not obtained or
+    the storage failed."""
+    from versiq.ingest.lifecycle import drop
+
+    name, table = (args.table, True) if args.table is not None else (args.store, False)
+    try:
+        result = drop(args.warehouse, name, table=table, cascade=args.cascade,
+                      lock_timeout_s=_seconds(args.lock_timeout, "--lock-timeout"))
+    except UsageError as exc:
+        print(f"versiq drop: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (LockTimeout, LeaseLost, OSError) as exc:
+        print(f"versiq drop: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    print(json.dumps(result.to_json()), file=sys.stderr)
+    return EXIT_OK
+
+
+def rebuild_command(args: argparse.Namespace) -> int:
+    """``versiq rebuild``: exit 0 every table rebuilt (the drop and the tables' reports printed
+    as JSON on stderr), 2 usage, 1 a table failed (its report has ``error``) or a lock was not
+    obtained."""
+    from versiq.ingest.config import load_config
+    from versiq.ingest.lifecycle import rebuild
+    from versiq.ingest.spark import get_spark
+
+    try:
+        lock_timeout_s = _seconds(args.lock_timeout, "--lock-timeout")
+        pipeline = load_config(args.config, args.warehouse)
+        dropped, reports = rebuild(lambda: get_spark(args.master, short_lived=True), args.warehouse, pipeline,
+                                   args.table, cascade=args.cascade, lock_timeout_s=lock_timeout_s)
+    except UsageError as exc:
+        print(f"versiq rebuild: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (LockTimeout, LeaseLost, OSError) as exc:
+        print(f"versiq rebuild: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    tables = {name: report.to_json() for name, report in reports.items()}
+    print(json.dumps({**dropped.to_json(), "tables": tables}), file=sys.stderr)
+    return EXIT_FAILED if any(report.error for report in reports.values()) else EXIT_OK

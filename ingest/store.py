@@ -187,16 +187,13 @@ def _local_lock(store_path: str, timeout_s: float) -> Iterator[None]:
     file names the holder, and the JVM that writes for it once it writes
     (``check_still_writer``), until the block ends; a holder that died leaves its record, and
     its JVM, if still running, is ended before the next writer goes on (``versiq.ingest.holder``)."""
-    folder = os.path.join(store_path, PRIVATE_DIR)
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, LOCK_FILE)
-    handle = open(path, "a+", encoding="utf-8")  # noqa: SIM115 - held for the whole block
+    path = os.path.join(store_path, PRIVATE_DIR, LOCK_FILE)
+    handle = _open_lock_file(path)
     deadline = time.monotonic() + timeout_s
     try:
         while True:
             try:
                 fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
             except BlockingIOError:
                 if time.monotonic() >= deadline:
                     handle.seek(0)
@@ -206,6 +203,13 @@ def _local_lock(store_path: str, timeout_s: float) -> Iterator[None]:
                         f"({holder}); waited {timeout_s:g}s"
                     ) from None
                 time.sleep(0.2)
+                continue
+            if _is_lock_file(handle, path):
+                break
+            # The table was dropped while this writer waited (``versiq drop`` unlinks the lock
+            # file it holds): the lock obtained is of a file no other writer can open any more.
+            handle.close()
+            handle = _open_lock_file(path)
         handle.seek(0)
         end_orphan_jvm(Holder.decode(handle.read()), storage.basename(store_path))
         hold = _LocalHold(handle, Holder.me())
@@ -225,6 +229,20 @@ def _local_lock(store_path: str, timeout_s: float) -> Iterator[None]:
         with contextlib.suppress(OSError):
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
         handle.close()
+
+
+def _open_lock_file(path: str) -> TextIO:
+    """Open (creating it and its folder) a local store's lock file."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    return open(path, "a+", encoding="utf-8")  # noqa: SIM115 - held for the whole block
+
+
+def _is_lock_file(handle: TextIO, path: str) -> bool:
+    """Whether ``handle`` is still the file at ``path`` (not unlinked by a drop of the store)."""
+    try:
+        return os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino
+    except FileNotFoundError:
+        return False
 
 
 def existing_store_path(warehouse: str, store: str) -> str:

@@ -279,11 +279,14 @@ class Catalog:
 
     def _forget_removed(self, present: set[str]) -> None:
         """Stores and streams whose directory (or ``_delta_log``) is gone leave the catalog: the
-        warehouse is the truth, so they are no longer listed or served (readiness follows)."""
+        warehouse is the truth, so they are no longer listed or served (readiness follows), and
+        a store's serving index is freed at once (``index_files.remove_store``; the folders of
+        stores this process never served wait for ``index_files.remove_unlisted``)."""
         for table in (self.stores, self.streams):
             for name in [n for n in table if n not in present]:
                 del table[name]
                 log.info("%s is no longer in the warehouse: not served any more", name)
+                index_files.remove_store(self.cache_dir, name)
                 self.published.publish(name)
 
     def _discover(self, name: str, path: str) -> None:

@@ -366,6 +366,17 @@ def remove_unlisted(warehouse_cache: str, present: set[str]) -> None:
                 log.info("removed the serving index of %s: it is no longer in the warehouse", entry.name)
 
 
+def remove_store(warehouse_cache: str, name: str) -> None:
+    """Remove the index folder of store ``name`` at once: the catalog saw the store leave the
+    warehouse (dropped), so nothing will be read from it again (a process still mapping its
+    files keeps their pages: Linux unlinks do not affect open mappings). A store of that name
+    created later builds anew (its data files, and so the digests, are new)."""
+    folder = os.path.join(warehouse_cache, name)
+    if os.path.isdir(folder):
+        shutil.rmtree(folder, ignore_errors=True)
+        log.info("removed the serving index of %s: it left the warehouse", name)
+
+
 def _remove_stale(current: str) -> None:
     """Remove the other directories of the same bucket once they are STALE_AFTER_S old."""
     parent, name = os.path.split(current)

@@ -352,6 +352,70 @@ def ensure_dir(path: str) -> None:
         os.makedirs(path, exist_ok=True)
 
 
+
+def delete_file(path: str) -> None:
+    """Delete the file or object at ``path``; nothing to do when it is already gone."""
+    if not is_s3(path):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+        return
+    with contextlib.suppress(FileNotFoundError):
+        s3_filesystem().delete_file(_fs_path(path))
+
+
+def delete_tree(path: str) -> None:
+    """Delete the directory ``path`` and everything under it (an S3 prefix: every object under
+    it, with pyarrow's ``delete_dir``); nothing to do when it is already gone."""
+    if not is_s3(path):
+        shutil.rmtree(path, ignore_errors=False, onerror=_ignore_missing)
+        return
+    with contextlib.suppress(FileNotFoundError):
+        s3_filesystem().delete_dir(_fs_path(path))
+
+
+def delete_children(path: str, keep: set[str]) -> None:
+    """Delete everything directly under the directory or prefix ``path`` (files, and folders
+    with all they hold) except the entries named in ``keep``; nothing to do when it is gone."""
+    if not is_s3(path):
+        try:
+            entries = list(os.scandir(path))
+        except FileNotFoundError:
+            return
+        for entry in entries:
+            if entry.name in keep:
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                delete_tree(entry.path)
+            else:
+                delete_file(entry.path)
+        return
+    from pyarrow import fs as pafs
+
+    fs = s3_filesystem()
+    for info in fs.get_file_info(pafs.FileSelector(_fs_path(path), allow_not_found=True)):
+        if posixpath.basename(info.path.rstrip("/")) in keep:
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            if info.type == pafs.FileType.Directory:
+                fs.delete_dir(info.path)
+            else:
+                fs.delete_file(info.path)
+
+
+def remove_empty_dir(path: str) -> None:
+    """Remove the local directory ``path`` if it is empty (else, or when gone, leave it); nothing
+    to do on S3, where a prefix without objects does not exist."""
+    if not is_s3(path):
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
+
+
+def _ignore_missing(function: Any, path: str, exc_info: Any) -> None:
+    """``shutil.rmtree``'s error hook: an entry already gone (a concurrent or earlier deletion) is
+    fine, any other error is raised."""
+    if not isinstance(exc_info[1], FileNotFoundError):
+        raise exc_info[1]
+
 # ------------------------------------------------------------------------------ DuckDB
 
 @functools.cache
