@@ -264,6 +264,25 @@ def build_parser() -> argparse.ArgumentParser:
     reb.add_argument("--lock-timeout", default="60s", help="wait this long for each table's writer")
     _add_logging(reb)
 
+    era = sub.add_parser(
+        "erase",
+        help="erase keys from a store and its derived tables, for good",
+        description="Remove every row of the given keys from a store, its _changelog and _rejected "
+        "(rejected records whose raw text contains a key too) and the derived tables keyed by its key "
+        "(filters, copies, primary-key joins, stream outputs), one Delta commit per table, then delete the "
+        "files that held them at once, whatever the vacuum retention: older snapshots that read those files "
+        "answer 410 gone. Records the erase (time, user, number of keys, a keyed hash of each) in the store's "
+        "_erasures table. Tables that aggregate or join through another key are named, to recompute with "
+        "versiq rebuild. Running it again completes an erase that was interrupted. No key or value is "
+        "printed or logged.",
+    )
+    _add_warehouse(era)
+    era.add_argument("--store", required=True, help="store name")
+    era.add_argument("--key", action="append", default=[], help="a key to erase (repeat for several)")
+    era.add_argument("--keys-file", metavar="FILE", help="a file of keys to erase, one per line (UTF-8)")
+    era.add_argument("--lock-timeout", default="60s", help="wait this long for another writer")
+    _add_logging(era)
+
     rej = sub.add_parser(
         "rejected",
         help="list rejected input records of a store",
@@ -418,6 +437,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from versiq.ingest.commands import drop_command, rebuild_command
 
         return drop_command(args) if args.command == "drop" else rebuild_command(args)
+    if args.command == "erase":
+        from versiq.ingest.commands import erase_command
+
+        return erase_command(args)
     if args.command == "rejected":
         from versiq.ingest.commands import rejected_command
 

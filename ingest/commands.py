@@ -1,4 +1,4 @@
-"""CLI glue for ``versiq ingest``, ``versiq rejected`` and ``versiq maintain``.
+"""CLI glue for ``versiq ingest``, ``versiq rejected``, ``versiq maintain`` and ``versiq erase``.
 
 Exit status (docs/contract.md): 0 every store committed; 1 a store failed (its report entry has
 ``error``); 2 usage/configuration error found before any data is touched.
@@ -327,3 +327,38 @@ def rebuild_command(args: argparse.Namespace) -> int:
     tables = {name: report.to_json() for name, report in reports.items()}
     print(json.dumps({**dropped.to_json(), "tables": tables}), file=sys.stderr)
     return EXIT_FAILED if any(report.error for report in reports.values()) else EXIT_OK
+def read_keys(args: argparse.Namespace) -> list[str]:
+    """The keys of ``--key`` and ``--keys-file`` (one key per line, UTF-8; blank lines skipped,
+    the line end is not part of the key)."""
+    keys = list(args.key or [])
+    if args.keys_file:
+        try:
+            with open(args.keys_file, encoding="utf-8", newline="") as handle:
+                keys += [line.rstrip("\r\n") for line in handle if line.strip()]
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"--keys-file: {exc}") from None
+    return keys
+
+
+def erase_command(args: argparse.Namespace) -> int:
+    from versiq.ingest.erase import erase_keys
+
+    try:
+        result = erase_keys(args.warehouse, args.store, read_keys(args), _seconds(args.lock_timeout, "--lock-timeout"))
+    except UsageError as exc:
+        print(f"versiq erase: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (LockTimeout, LeaseLost, StorageFailed) as exc:
+        print(f"versiq erase: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except Exception as exc:
+        failure = storage_error_in(exc)
+        if failure is None:
+            raise
+        print(f"versiq erase: error: {failure}", file=sys.stderr)
+        return EXIT_FAILED
+    print(json.dumps(result.to_dict()))
+    for table in result.rebuild:
+        print(f"versiq erase: table {table!r} aggregates or joins through another key and still reflects the "
+              f"erased keys: run `versiq rebuild --table {table}`", file=sys.stderr)
+    return EXIT_OK

@@ -13,6 +13,8 @@ Two kinds of write, each one Delta commit:
   ``replaceWhere``). A crash between the two leaves side rows of a run the table never
   committed; readers ignore rows of runs after the table's committed run (``layout``), and the
   rerun, which is run R again, replaces them. No file is ever committed by hand.
+- ``erase_matching``: ``versiq erase`` removing keys' rows from a table (Delta's MERGE with an
+  unconditional delete, under the transaction ``versiq.erase``); ``append_rows``: its audit row.
 
 Rows are laid out by Spark: the caller hands a DataFrame partitioned as it wants the files cut
 (whole buckets per task); ``commit_table`` sorts each task's rows by the partition column and
@@ -38,6 +40,7 @@ from versiq.ingest.sqltext import sql_string
 from versiq.layout import (
     APP_ID,
     DELTA_STATS_COLUMNS,
+    ERASE_APP_ID,
     STATE_APP_ID,
     STORE_PARTITION_COLUMNS,
     TABLE_PROPERTIES,
@@ -238,3 +241,43 @@ def replace_run(frame: DataFrame, path: str, schema: pa.Schema, *, run: int, sta
             for name, value in _properties(schema).items():
                 writer = writer.option(name, value)
         writer.save(path)
+
+
+#: Session settings that give the Delta commits of DML commands (MERGE, DELETE) a transaction id.
+TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
+TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
+
+
+def erase_matching(frame: DataFrame, path: str, condition: str, *, state: StoreState) -> None:
+    """One commit removing every row of the table at ``path`` that matches a row of ``frame``
+    (``condition`` relates the table, ``t``, to the frame, ``s``): a MERGE whose only clause is
+    an unconditional delete, so Delta rewrites only the files holding matching rows, and a row
+    matched by several of ``frame``'s is simply deleted. The predicate Delta records in the
+    commit names columns only, never the erased keys (a DELETE's would quote them in the log).
+
+    The commit carries ``state`` unchanged (``commit_metadata``: a derived table that finds its
+    input by run finds this snapshot) and the transaction ``(versiq.erase, the version it
+    creates)``, which marks it as an erase (``query.history``)."""
+    from delta.tables import DeltaTable
+
+    spark = frame.sparkSession
+    version = storage.delta_table(path).version() + 1
+    with commit_metadata(spark, state):
+        spark.conf.set(TXN_APP_ID_CONF, ERASE_APP_ID)
+        spark.conf.set(TXN_VERSION_CONF, str(version))
+        try:
+            DeltaTable.forPath(spark, path).alias("t").merge(frame.alias("s"), condition) \
+                .whenMatchedDelete().execute()
+        finally:
+            spark.conf.unset(TXN_APP_ID_CONF)
+            spark.conf.unset(TXN_VERSION_CONF)
+
+
+def append_rows(frame: DataFrame, path: str, schema: pa.Schema) -> None:
+    """Append ``frame`` to the table at ``path`` in one commit, creating it (with versiq's table
+    properties) when there is none."""
+    writer = _conform(frame, schema).write.format("delta").mode("append")
+    if not storage.is_delta_table(path):
+        for name, value in _properties(schema).items():
+            writer = writer.option(name, value)
+    writer.save(path)

@@ -14,6 +14,8 @@ commit is
 - ``derive``: a run of a derived table (the same, on a table with a definition);
 - ``settings``: a commit of state only, between runs (transaction ``versiq.state``: a changelog
   turned on, a Kafka topic's new partitions);
+- ``erase``: ``versiq erase`` removed keys (transaction ``versiq.erase``); its files hold the
+  other keys' rows it rewrote, not changes;
 - ``maintain``: anything else (compaction, vacuum, table properties), which changes no answer.
 
 Commit files are immutable, so parsed commits are cached by (table, version) for the life of
@@ -31,7 +33,7 @@ from typing import Any
 
 from versiq import layout, storage
 
-INGEST, DERIVE, SETTINGS, MAINTAIN = "ingest", "derive", "settings", "maintain"
+INGEST, DERIVE, SETTINGS, ERASE, MAINTAIN = "ingest", "derive", "settings", "erase", "maintain"
 _COMMIT_FILE = re.compile(r"(\d{20})\.json\Z")
 
 
@@ -119,6 +121,8 @@ def _commit(table_path: str, version: int) -> _Parsed:
 def _operation(parsed: _Parsed, derived: bool) -> str:
     if layout.STATE_APP_ID in parsed.app_ids:
         return SETTINGS
+    if layout.ERASE_APP_ID in parsed.app_ids:
+        return ERASE
     if layout.APP_ID in parsed.app_ids or (parsed.append and parsed.state is not None):
         return DERIVE if derived else INGEST
     return MAINTAIN

@@ -22,6 +22,10 @@ a store are versiq's own:
 - ``_emitted/``: derived tables and stream outputs: every result the operator emitted, in order
   (``EMITTED_SCHEMA``; docs/derived-tables.md).
 - ``_versiq/``: the writer lock file (``lock``).
+- ``_erasures/``: the audit trail of ``versiq erase`` (``ERASURES_SCHEMA``): one row per erase
+  of keys from the store, with a keyed hash of each key (HMAC-SHA256 under the warehouse's
+  secret ``<warehouse>/_versiq/erase-secret``, a file of mode 0600 created by the first erase),
+  never a key or a value.
 
 A child whose settings say ``"kind": "stream"`` is a **stream**, not a store: an append-only
 Delta table (``STREAM_SCHEMA``, partitioned by ``bucket``, files sorted by (key, timestamp,
@@ -127,6 +131,12 @@ PRIVATE_DIR = "_versiq"
 #: The Delta log directory of a table: a directory with one is a table (a store, stream or side table).
 DELTA_LOG_DIR = "_delta_log"
 LOCK_FILE = "lock"
+ERASURES_DIR = "_erasures"
+#: The Delta transaction that marks an erase commit (``versiq erase``), versioned by the table
+#: version it creates.
+ERASE_APP_ID = "versiq.erase"
+#: ``<warehouse>/_versiq/<ERASE_SECRET_FILE>``: the key of the keyed hashes in ``_erasures``.
+ERASE_SECRET_FILE = "erase-secret"
 
 STORE_SCHEMA = pa.schema(
     [
@@ -208,6 +218,23 @@ REJECTED_SCHEMA = pa.schema(
         pa.field("raw", pa.string()),
         pa.field("detail", pa.string()),
         pa.field("ingested_at", pa.string()),
+    ]
+)
+
+#: ``<store>/_erasures``: one row per ``versiq erase`` of the store (an audit trail): when
+#: (``erased_at``, RFC 3339 UTC), by whom (the user name of the process), how many keys and the
+#: HMAC-SHA256 of each (hex, under the warehouse's erase secret), the store's snapshot after
+#: the erase, the tables erased from and those left to ``versiq rebuild``. Never a key or value.
+ERASURES_SCHEMA = pa.schema(
+    [
+        pa.field("erased_at", pa.string()),
+        pa.field("store", pa.string()),
+        pa.field("user", pa.string()),
+        pa.field("keys", pa.int64()),
+        pa.field("key_hashes", pa.list_(pa.string())),
+        pa.field("snapshot", pa.int64()),
+        pa.field("tables", pa.list_(pa.string())),
+        pa.field("rebuild", pa.list_(pa.string())),
     ]
 )
 

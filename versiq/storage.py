@@ -345,6 +345,67 @@ def local_copy(path: str) -> Iterator[str]:
             os.unlink(local)
 
 
+def all_files(path: str) -> list[str]:
+    """Every file below ``path``, whatever its name (a table's log, checksums and hidden files
+    included), as full locations, sorted; empty when nothing is there."""
+    if not is_s3(path):
+        return sorted(os.path.join(folder, f) for folder, _dirs, files in os.walk(path) for f in files)
+    from pyarrow import fs as pafs
+
+    root = _fs_path(path)
+    infos = s3_filesystem().get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
+    return sorted(join(path, i.path[len(root):].strip("/")) for i in infos if i.type == pafs.FileType.File)
+
+
+def read_bytes(path: str) -> bytes:
+    """The bytes of the file or object at ``path``; FileNotFoundError when absent."""
+    if not is_s3(path):
+        with open(path, "rb") as handle:
+            return handle.read()
+    with s3_filesystem().open_input_stream(_fs_path(path)) as stream:
+        data: bytes = stream.read()
+    return data
+
+
+def write_bytes(path: str, data: bytes, mode: int = 0o644) -> None:
+    """Replace the file or object at ``path`` with ``data``: locally through a temporary file
+    renamed over it (readers see the old bytes or the new ones, never a mix), on S3 one PUT."""
+    if not is_s3(path):
+        folder = os.path.dirname(path)
+        fd, temporary = tempfile.mkstemp(prefix=".versiq-", dir=folder)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(data)
+                out.flush()
+                os.fsync(out.fileno())
+            os.chmod(temporary, mode)
+            os.replace(temporary, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise
+        return
+    with s3_filesystem().open_output_stream(_fs_path(path)) as stream:
+        stream.write(data)
+
+
+def remove(path: str) -> bool:
+    """Delete the file or object at ``path``; whether there was one."""
+    if not is_s3(path):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            return False
+        return True
+    from pyarrow import fs as pafs
+
+    fs = s3_filesystem()
+    if fs.get_file_info(_fs_path(path)).type == pafs.FileType.NotFound:
+        return False
+    fs.delete_file(_fs_path(path))
+    return True
+
+
 def ensure_dir(path: str) -> None:
     """Create a local directory (and its parents); nothing to do for S3, where prefixes exist as
     soon as an object is written under them."""
