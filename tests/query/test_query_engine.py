@@ -523,7 +523,7 @@ def test_explicit_partitions_use_the_keys_partition(q_warehouse, q_engine):
         assert r.record == rec("1", 5, 20)
         # A key without rows: its default partition's horizon.
         nokey = e.get("s", VersionedKeyQuery("nokey", 0), snapshot=snap)
-        p = layout.default_partition_of("nokey", 2)
+        p = layout.default_partition_of("nokey", 2, layout.MURMUR2)
         assert nokey.horizon == {0: 990, 1: 10}[p]
         assert nokey.outcome == "not-found"
 
