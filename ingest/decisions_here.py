@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 
-from versiq import storage
+from versiq import layout, storage
 from versiq.ingest import rules
 from versiq.ingest.bucketing import by_bucket
 from versiq.ingest.frames import spread_frame
@@ -44,14 +44,19 @@ CLASSIFIED_SCHEMA = pa.schema([
 ])
 
 
-def with_key_crc(table: pa.Table) -> pa.Table:
+def with_key_crc(table: pa.Table, murmur2: bool = False) -> pa.Table:
     """``table`` with ``crc``: the zlib CRC-32 of each key's UTF-8 bytes (``layout.bucket_of``,
-    ``layout.default_partition_of``), computed once per distinct key."""
+    ``layout.default_partition_of`` of a ``crc32`` store), and with ``murmur2`` also ``murmur2``:
+    Kafka's positive murmur2 of them (``layout.murmur2_positive``), each computed once per
+    distinct key."""
     encoded = pc.dictionary_encode(table.column("key")).combine_chunks()
-    crcs = np.fromiter((zlib.crc32(key) for key in encoded.dictionary.cast(pa.binary()).to_pylist()),
-                       dtype=np.int64, count=len(encoded.dictionary))
-    crc = pa.array(crcs, pa.int64()).take(encoded.indices) if len(crcs) else pa.array([], pa.int64())
-    return table.append_column("crc", crc)
+    keys = encoded.dictionary.cast(pa.binary())
+    crcs = np.fromiter((zlib.crc32(key) for key in keys.to_pylist()), dtype=np.int64, count=len(keys))
+    table = table.append_column("crc", pa.array(crcs, pa.int64()).take(encoded.indices))
+    if murmur2:
+        hashes = layout.murmur2_positive(keys).astype(np.int64)
+        table = table.append_column("murmur2", pa.array(hashes, pa.int64()).take(encoded.indices))
+    return table
 
 
 def _connect() -> duckdb.DuckDBPyConnection:
@@ -85,7 +90,7 @@ def classify_here(parsed: pa.Table, existing: pa.Table, ctx: RunContext) -> pa.T
     stored_cols = "" if stored else ", CAST(NULL AS BIGINT) AS stored_max, CAST(NULL AS BOOLEAN) AS stored_hit"
     sql = f"""
     WITH r0 AS (
-      SELECT *, {rules.partition(d, P)} AS p, {d.key_mod(B)} AS bucket {stored_cols}
+      SELECT *, {rules.partition(d, P, settings.partitioner)} AS p, {d.key_mod(B)} AS bucket {stored_cols}
       FROM good {joins}
     ), r1 AS (
       SELECT *, {rules.home_run(d, P, ctx.explicit_partitions)} AS home_run FROM r0 LEFT JOIN prior USING (p)
@@ -120,7 +125,8 @@ def classify_here(parsed: pa.Table, existing: pa.Table, ctx: RunContext) -> pa.T
         # the values (most of the bytes) stay out of DuckDB's windows: its result, in the order
         # of ``seq``, gets them (and the other columns of the records) back from ``good``, which
         # halved the query's memory (1M records: about 740 MB)
-        con.register("good", with_key_crc(good.drop_columns(["value"])))
+        murmur2 = P > 1 and settings.partitioner == layout.MURMUR2
+        con.register("good", with_key_crc(good.drop_columns(["value"]), murmur2))
         con.register("prior", prior)
         if stored:
             con.register("homes", existing.group_by("key").aggregate([("partition", "min"), ("valid_from", "max")])

@@ -9,7 +9,7 @@ parsed them from ``ingest.records.PARSED_SCHEMA`` batches:
   rejects few, and the text was about half the bytes of every record. The records rejected
   later get theirs back from the files (``ingest.records.raw_texts``).
 - ``fst`` (file stream time): the largest timestamp of the valid records before this one in the
-  *same file* and the same default stream-time partition (``crc32(key) mod partitions``),
+  *same file* and the same default stream-time partition (``layout.default_partition_of``),
   null when there is none. A file is parsed in order by one task, so this running maximum costs
   one pass here, where in Spark it needed a shuffle and a sort of every record. It is used only
   when every partition of the run is the default one and no record carries an offset (then
@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from versiq.ingest.records import PARSED_SCHEMA
-from versiq.layout import default_partition_of
+from versiq.layout import Partitioning
 
 POS_BITS = 40
 MAX_POS = (1 << POS_BITS) - 1
@@ -54,9 +54,9 @@ def split_seq(seq: Any) -> tuple[Any, Any]:
 
 
 def with_order(batches: Iterator[pa.RecordBatch], file_index: int,
-               partitions: int | None) -> Iterator[pa.RecordBatch]:
+               partitioning: Partitioning | None) -> Iterator[pa.RecordBatch]:
     """``batches`` of one file, in file order, extended with ``seq`` and ``fst`` (all null when
-    ``partitions`` is None: streams have no stream time)."""
+    ``partitioning`` is None: streams have no stream time)."""
     base = file_seq_base(file_index)
     running: dict[int, int] = {}  # partition -> max valid timestamp so far in this file
     for batch in batches:
@@ -64,8 +64,8 @@ def with_order(batches: Iterator[pa.RecordBatch], file_index: int,
         if len(pos) and pc.max(pos).as_py() > MAX_POS:
             raise ValueError(f"position beyond {MAX_POS} in one file")
         seq = pc.add(pos, pa.scalar(base, pa.int64()))
-        fst = (pa.nulls(batch.num_rows, pa.int64()) if partitions is None
-               else _file_stream_time(batch, partitions, running))
+        fst = (pa.nulls(batch.num_rows, pa.int64()) if partitioning is None
+               else _file_stream_time(batch, partitioning, running))
         columns = [batch.column(PARSED_SCHEMA.get_field_index(name)) for name in _KEPT[:-1]]
         yield pa.RecordBatch.from_arrays([seq, *columns, rejected_raw(batch), fst], schema=RUN_SCHEMA)
 
@@ -81,7 +81,7 @@ def rejected_raw(batch: pa.RecordBatch) -> pa.Array:
     return raw
 
 
-def _file_stream_time(batch: pa.RecordBatch, partitions: int, running: dict[int, int]) -> pa.Array:
+def _file_stream_time(batch: pa.RecordBatch, partitioning: Partitioning, running: dict[int, int]) -> pa.Array:
     n = batch.num_rows
     valid = batch.column(PARSED_SCHEMA.get_field_index("reason")).is_null().to_numpy(zero_copy_only=False)
     ts = batch.column(PARSED_SCHEMA.get_field_index("ts")).fill_null(0).to_numpy(zero_copy_only=False)
@@ -90,12 +90,10 @@ def _file_stream_time(batch: pa.RecordBatch, partitions: int, running: dict[int,
     has = np.zeros(n, dtype=bool)
     if len(rows) == 0:
         return pa.array(out, mask=~has)
-    if partitions == 1:
+    if partitioning.count == 1:
         groups = [(0, rows)]
     else:
-        keys = batch.column(PARSED_SCHEMA.get_field_index("key")).to_pylist()
-        parts = np.fromiter((default_partition_of(keys[i], partitions) for i in rows), dtype=np.int64,
-                            count=len(rows))
+        parts = partitioning.of_keys(batch.column(PARSED_SCHEMA.get_field_index("key")).take(pa.array(rows)))
         order = np.argsort(parts, kind="stable")
         sorted_parts = parts[order]
         starts = np.flatnonzero(np.r_[True, sorted_parts[1:] != sorted_parts[:-1]])

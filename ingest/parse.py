@@ -20,6 +20,7 @@ from versiq.ingest.plan import RunPlan
 from versiq.ingest.records import format_of, parse_file
 from versiq.ingest.sources import read_error
 from versiq.ingest.spark import start_soon
+from versiq.layout import Partitioning
 from versiq.logs import counted
 
 #: The most records a run parses in this process, whatever its size on disk: 128 MiB of tiny CSV
@@ -29,7 +30,8 @@ from versiq.logs import counted
 PARSE_HERE_ROWS = 2_000_000
 
 
-def parse_run(spark: SparkSession, plan: RunPlan, files: dict[str, str], fmt: str | None, partitions: int | None,
+def parse_run(spark: SparkSession, plan: RunPlan, files: dict[str, str], fmt: str | None,
+              partitioning: Partitioning | None,
               max_timestamp: int | None) -> tuple[DataFrame | pa.Table, RunPlan]:
     """A run's new files parsed as ``plan`` says (``ingest.plan``): here (the session, if it has
     yet to start, starts meanwhile on a thread of its own: ``spark.start_soon``), else by Spark
@@ -40,7 +42,7 @@ def parse_run(spark: SparkSession, plan: RunPlan, files: dict[str, str], fmt: st
         _check_files(files)  # a run refused here starts no JVM
         start_soon(spark)
         # no ``fst``: only Spark's decisions read it, and a run parsed here is decided here
-        # (with several partitions it costs a CRC per record in Python)
+        # (with several partitions it costs a hash per record in Python)
         table = parse_here(files, fmt, None, max_timestamp, max_rows=PARSE_HERE_ROWS, pieces=plan.pieces,
                            workers=plan.workers)
         if table is not None:
@@ -49,13 +51,13 @@ def parse_run(spark: SparkSession, plan: RunPlan, files: dict[str, str], fmt: st
         plan = plan.spark_parses()
         log.info("more than %s in %s of new files: %s", counted(PARSE_HERE_ROWS, "record"),
                  counted(plan.input_bytes or 0, "byte"), plan.describe())
-    return parse_files(spark, files, fmt, partitions, max_timestamp), plan
+    return parse_files(spark, files, fmt, partitioning, max_timestamp), plan
 
 
-def parse_files(spark: SparkSession, files: dict[str, str], fmt: str | None, partitions: int | None,
+def parse_files(spark: SparkSession, files: dict[str, str], fmt: str | None, partitioning: Partitioning | None,
                 max_timestamp: int | None = None) -> DataFrame:
     """Every file parsed (``ingest.records``) by a Spark task, with the processing-order
-    columns of ``ingest.order`` (``partitions``: the store's, None for a stream)."""
+    columns of ``ingest.order`` (``partitioning``: the store's, None for a stream)."""
     _check_files(files)
     rows = [(full, rel, format_of(rel, fmt), index) for index, (rel, full) in enumerate(files.items())]
     frame = rows_frame(spark, rows, pa.schema([("path", pa.string()), ("source", pa.string()), ("fmt", pa.string()),
@@ -65,22 +67,25 @@ def parse_files(spark: SparkSession, files: dict[str, str], fmt: str | None, par
     def parse(batches):  # type: ignore[no-untyped-def]
         for batch in batches:
             for full, rel, file_fmt, index in zip(*(batch.column(i).to_pylist() for i in range(4)), strict=True):
-                yield from _ordered(full, parse_file(full, rel, file_fmt, max_timestamp), index, partitions)
+                yield from _ordered(full, parse_file(full, rel, file_fmt, max_timestamp), index, partitioning)
 
     return frame.mapInArrow(parse, from_arrow_schema(RUN_SCHEMA))
 
 
 @overload
-def parse_here(files: dict[str, str], fmt: str | None, partitions: int | None, max_timestamp: int | None = None, *,
+def parse_here(files: dict[str, str], fmt: str | None, partitioning: Partitioning | None,
+               max_timestamp: int | None = None, *,
                pieces: list[Piece] | None = None, workers: int = 1) -> pa.Table: ...
 
 
 @overload
-def parse_here(files: dict[str, str], fmt: str | None, partitions: int | None, max_timestamp: int | None = None, *,
+def parse_here(files: dict[str, str], fmt: str | None, partitioning: Partitioning | None,
+               max_timestamp: int | None = None, *,
                max_rows: int, pieces: list[Piece] | None = None, workers: int = 1) -> pa.Table | None: ...
 
 
-def parse_here(files: dict[str, str], fmt: str | None, partitions: int | None, max_timestamp: int | None = None, *,
+def parse_here(files: dict[str, str], fmt: str | None, partitioning: Partitioning | None,
+               max_timestamp: int | None = None, *,
                max_rows: int | None = None, pieces: list[Piece] | None = None, workers: int = 1) -> pa.Table | None:
     """The rows ``parse_files`` gives, parsed in this process: for a run whose Spark job would
     cost more than its parse (``ingest.plan``); the parse and the reads that follow need no
@@ -92,12 +97,12 @@ def parse_here(files: dict[str, str], fmt: str | None, partitions: int | None, m
     if pieces is not None:
         try:
             with WorkerRun.start(pieces, max_timestamp, workers) as run:
-                return _collect(files, run.files(), partitions, max_rows)
+                return _collect(files, run.files(), partitioning, max_rows)
         except BrokenProcessPool as exc:  # the pool could not start, or a worker died
             _parse_here_instead(str(exc))
     parsed = ((index, parse_file(full, rel, format_of(rel, fmt), max_timestamp))
               for index, (rel, full) in enumerate(files.items()))
-    return _collect(files, parsed, partitions, max_rows)
+    return _collect(files, parsed, partitioning, max_rows)
 
 
 def _parse_here_instead(why: str) -> None:
@@ -105,7 +110,8 @@ def _parse_here_instead(why: str) -> None:
     logging.getLogger("versiq.ingest").warning("%s: this run parses in the driver", why)
 
 
-def _collect(files: dict[str, str], parsed: Iterator[tuple[int, Iterator[pa.RecordBatch]]], partitions: int | None,
+def _collect(files: dict[str, str], parsed: Iterator[tuple[int, Iterator[pa.RecordBatch]]],
+             partitioning: Partitioning | None,
              max_rows: int | None) -> pa.Table | None:
     """(file index, its parsed batches) of every file in order -> the run's table; None past
     ``max_rows`` records."""
@@ -113,7 +119,7 @@ def _collect(files: dict[str, str], parsed: Iterator[tuple[int, Iterator[pa.Reco
     batches: list[pa.RecordBatch] = []
     rows = 0
     for index, file_batches in parsed:
-        for batch in _ordered(paths[index], file_batches, index, partitions):
+        for batch in _ordered(paths[index], file_batches, index, partitioning):
             rows += batch.num_rows
             if max_rows is not None and rows > max_rows:
                 return None
@@ -129,9 +135,9 @@ def _check_files(files: dict[str, str]) -> None:
 
 
 def _ordered(full: str, batches: Iterator[pa.RecordBatch], index: int,
-             partitions: int | None) -> Iterator[pa.RecordBatch]:
+             partitioning: Partitioning | None) -> Iterator[pa.RecordBatch]:
     """A file's parsed ``batches`` with the columns of ``ingest.order``."""
     try:
-        yield from with_order(batches, index, partitions)
+        yield from with_order(batches, index, partitioning)
     except OSError as exc:  # the parsers turn content errors into rejections: the OS refused
         raise read_error(full, exc) from None

@@ -22,6 +22,7 @@ from pyspark.sql import functions as F
 
 from versiq import layout, storage
 from versiq.durations import DEFAULT_HISTORY_RETENTION_MS
+from versiq.ingest import rules
 from versiq.ingest.bucketing import write_tasks
 from versiq.ingest.decisions_here import classify_here, outcome_rows, rows_to_write_here, task_frame
 from versiq.ingest.errors import LeaseLost, LockTimeout, StorageFailed, UsageError, storage_error_in
@@ -44,7 +45,7 @@ from versiq.ingest.reports import RunReport, StoreReport
 from versiq.ingest.semantics import RunContext, classify, rows_to_write, stored_homes
 from versiq.ingest.sources import SourceError, check_readable, list_sources, log_ignored, source_error_in
 from versiq.ingest.spark import plans_for_input
-from versiq.ingest.sqltext import crc32_mod_sql, file_of_sql
+from versiq.ingest.sqltext import file_of_sql
 from versiq.ingest.store import (
     StoreHandle,
     commit_side,
@@ -59,6 +60,7 @@ from versiq.layout import (
     DEFAULT_BUCKETS,
     KINDS,
     STORE_SCHEMA,
+    Partitioning,
     StoreSettings,
     StoreState,
 )
@@ -219,7 +221,7 @@ def ingest_store(spark: SparkSession, warehouse: str, spec: StoreSpec, lock_time
         log.info("store %s: run %d over %s: %s", spec.name, run, counted(len(new), "new file"), plan.describe())
         per_file = len(new) * handle.settings.partitions <= FILE_STATS_LIMIT
 
-        parsed, plan = parse_run(spark, plan, new, spec.format, handle.settings.partitions,
+        parsed, plan = parse_run(spark, plan, new, spec.format, handle.settings.partitioning,
                                  future_bound(spec.max_future_ms))
         parsed_here = plan.parse == "driver"
 
@@ -345,7 +347,7 @@ def _decide_and_commit(spark: SparkSession, handle: StoreHandle, spec: StoreSpec
                        advance: Callable[[StoreState], StoreState], small: bool, has_versions: bool) -> None:
     """``_run_once`` of a run parsed by Spark tasks, from its cached DataFrame on: Spark decides."""
     settings = handle.settings
-    flags, file_max, new_keys = _parse_stats(parsed, report, settings.partitions if per_file else None,
+    flags, file_max, new_keys = _parse_stats(parsed, report, settings.partitioning if per_file else None,
                                              keys=small and has_versions)
     if report.skipped:  # counted, neither records nor rejections (records.kafka_rows.SKIPPED)
         parsed = parsed.filter(F.col("reason").isNull() | (F.col("reason") != SKIPPED))
@@ -421,7 +423,7 @@ def keeps_changelog(spec: StoreSpec, state: StoreState) -> bool:
     return spec.changelog or state.changelog_since is not None
 
 
-def _parse_stats(parsed: DataFrame, report: StoreReport, partitions: int | None, keys: bool = False
+def _parse_stats(parsed: DataFrame, report: StoreReport, partitioning: Partitioning | None, keys: bool = False
                  ) -> ParseStats:
     """Fill ``read`` and the parse-stage rejections; count records naming partitions/offsets;
     the largest valid timestamp per (default partition, file index), for
@@ -429,14 +431,15 @@ def _parse_stats(parsed: DataFrame, report: StoreReport, partitions: int | None,
     the smallest timestamp of each (``RUN_KEYS``; else None).
     One aggregation, the run's first action (it parses and caches every file); its result has
     a row per reason, file and partition (the caller bounds files x partitions; with
-    ``partitions`` None only a row per reason, and no maxima)."""
+    ``partitioning`` None only a row per reason, and no maxima)."""
     flags = {"part": 0, "offset": 0}
-    file_max: dict[tuple[int, int], int] | None = None if partitions is None else {}
-    if partitions is None:
+    file_max: dict[tuple[int, int], int] | None = None if partitioning is None else {}
+    if partitioning is None:
         file, default_p = "CAST(NULL AS INT)", "CAST(NULL AS INT)"
     else:
         file = file_of_sql("seq")
-        default_p = f"CASE WHEN reason IS NULL THEN {crc32_mod_sql('key', partitions)} END"
+        default_p = (f"CASE WHEN reason IS NULL THEN "
+                     f"{rules.SPARK.default_partition(partitioning.count, partitioning.partitioner)} END")
     from_ts: dict[str, int] | None = {} if keys else None
     aggregates = ["count(1) AS n", "count(part) AS part", "count(`offset`) AS `offset`", "max(ts) AS max_ts"]
     if keys:  # the groups are per reason, file and partition: a key's smallest timestamp is taken below

@@ -36,7 +36,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from versiq.durations import format_duration
-from versiq.ingest.sqltext import crc32_mod_sql, sql_string
+from versiq.ingest.sqltext import crc32_mod_sql, murmur2_mod_sql, sql_string
+from versiq.layout import CRC32, MURMUR2
 from versiq.timestamps import SQL_RFC3339_MS
 
 
@@ -51,8 +52,10 @@ class Dialect:
     quote: str
     #: A string literal.
     string: Callable[[str], str]
-    #: ``crc32(UTF-8 bytes of key) mod n`` as an INT (``layout.bucket_of``, ``layout.default_partition_of``).
+    #: ``crc32(UTF-8 bytes of key) mod n`` as an INT (``layout.bucket_of``).
     key_mod: Callable[[int], str]
+    #: ``murmur2(UTF-8 bytes of key)`` made positive, ``mod n``, as an INT (``layout.murmur2_partition``).
+    key_murmur2_mod: Callable[[int], str]
     #: The first non-null value of an expression over a window: ``(expr, window)`` -> SQL.
     first_non_null: Callable[[str, str], str]
     #: An epoch-ms expression as RFC 3339 UTC text for a valid date: ``(millis)`` -> SQL.
@@ -60,6 +63,17 @@ class Dialect:
 
     def q(self, name: str) -> str:
         return f"{self.quote}{name}{self.quote}"
+
+    def default_partition(self, partitions: int, partitioner: str) -> str:
+        """The key's default partition by the store's partitioner (``layout.default_partition_of``);
+        with one partition the constant 0, so such a store never hashes its keys for it."""
+        if int(partitions) == 1:
+            return "CAST(0 AS INT)"
+        if partitioner == MURMUR2:
+            return self.key_murmur2_mod(partitions)
+        if partitioner == CRC32:
+            return self.key_mod(partitions)
+        raise ValueError(f"unknown partitioner {partitioner!r}")
 
     def printf(self, template: str, *args: str) -> str:
         return f"{self.format_function}({self.string(template)}, {', '.join(args)})"
@@ -79,14 +93,17 @@ def _duckdb_string(text: str) -> str:
 SPARK = Dialect(
     name="spark", format_function="format_string", quote="`", string=sql_string,
     key_mod=lambda n: crc32_mod_sql("key", n),
+    key_murmur2_mod=lambda n: murmur2_mod_sql("key", n),
     first_non_null=lambda expr, window: f"first({expr}, true) OVER ({window})",
     iso_millis=lambda ms: f"""date_format(timestamp_millis({ms}), "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'")""",
 )
 
-#: DuckDB: the executor provides ``crc`` (the key's CRC-32, ``decisions_here.with_key_crc``).
+#: DuckDB: the executor provides ``crc`` (the key's CRC-32) and, for a store that needs it,
+#: ``murmur2`` (the key's positive murmur2; ``decisions_here.with_key_crc``).
 DUCKDB = Dialect(
     name="duckdb", format_function="printf", quote='"', string=_duckdb_string,
     key_mod=lambda n: f"CAST(crc % {int(n)} AS INT)",
+    key_murmur2_mod=lambda n: f"CAST(murmur2 % {int(n)} AS INT)",
     first_non_null=lambda expr, window: f"first_value({expr} IGNORE NULLS) OVER ({window})",
     iso_millis=lambda ms: f"strftime(epoch_ms({ms}), '%Y-%m-%dT%H:%M:%S.%gZ')",
 )
@@ -107,11 +124,12 @@ def bad_partition(partitions: int) -> str:
     return f"(part IS NOT NULL AND part >= {int(partitions)})"
 
 
-def partition(d: Dialect, partitions: int) -> str:
-    """``p``: the partition a record names, else its key's default partition; null when it names
-    a bad one (any int64 there must not reach the INT cast: it would overflow)."""
+def partition(d: Dialect, partitions: int, partitioner: str) -> str:
+    """``p``: the partition a record names, else its key's default partition by the store's
+    ``partitioner``; null when it names a bad one (any int64 there must not reach the INT cast:
+    it would overflow)."""
     return (f"CASE WHEN {bad_partition(partitions)} THEN CAST(NULL AS INT) WHEN part IS NOT NULL "
-            f"THEN CAST(part AS INT) ELSE {d.key_mod(partitions)} END")
+            f"THEN CAST(part AS INT) ELSE {d.default_partition(partitions, partitioner)} END")
 
 
 def home_run(d: Dialect, partitions: int, explicit_partitions: bool) -> str:

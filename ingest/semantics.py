@@ -153,7 +153,7 @@ def classify(spark: SparkSession, records: DataFrame, existing: DataFrame, ctx: 
     s = ctx.settings
     existing_empty = homes is None
     P = int(s.partitions)
-    df = records.withColumn("p", _x(rules.partition(rules.SPARK, P)))
+    df = records.withColumn("p", _x(rules.partition(rules.SPARK, P, s.partitioner)))
     df = _with_prior_state(spark, df, ctx.state)
     if homes is not None:
         # the key's stored home partition, its newest stored version, and stored timestamps

@@ -81,7 +81,7 @@ from versiq.query.streams import (
 
 
 def _horizon(view: StoreView, key: str, rows: reads.KeyRows | None) -> int | None:
-    p = rows.partition if rows is not None else layout.default_partition_of(key, view.settings.partitions)
+    p = rows.partition if rows is not None else view.settings.partitioning.of(key)
     return layout.horizon(view.state.stream_time.get(p), view.settings.history_retention_ms)
 
 

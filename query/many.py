@@ -33,7 +33,7 @@ def horizons(view: StoreView, keys: list[str], seg: reads.KeySegments) -> np.nda
         return h
     partition = seg.partition.copy()
     for i in np.flatnonzero(~seg.present).tolist():
-        partition[i] = layout.default_partition_of(keys[i], view.settings.partitions)
+        partition[i] = view.settings.partitioning.of(keys[i])
     for p in np.unique(partition).tolist():
         horizon = layout.horizon(view.state.stream_time.get(p), view.settings.history_retention_ms)
         if horizon is not None:

@@ -48,7 +48,8 @@ A Delta table partitioned by ``bucket`` with the columns of ``STORE_SCHEMA``:
 - ``valid_to``  BIGINT the next version's timestamp (exclusive); null = still valid.
 - ``value``     STRING compact JSON text of the value; null for a tombstone.
 - ``tombstone`` BOOL   true for a tombstone version (stored: it bounds the validity before it).
-- ``partition`` INT    the key's stream-time partition (docs/semantics.md, rules 19-21).
+- ``partition`` INT    the key's stream-time partition (docs/semantics.md, rules 19-21):
+                       the one its first record named, else ``default_partition_of``.
 - ``run``       BIGINT the ingest run (1, 2, ...) that wrote this row.
 
 Rows are **appended**, never rewritten in place: each run appends one complete row for every
@@ -78,7 +79,10 @@ Settings (immutable, set when the store is created)
 ===================================================
 The Delta metadata ``description`` holds ``StoreSettings`` as JSON
 (``{"versiq.format": 1, "kind": ..., "historyRetentionMs": ..., "partitions": ...,
-"buckets": ...}``), set when the table is created (its first commit).
+"buckets": ..., "partitioner": ...}``), set when the table is created (its first commit).
+``partitioner`` (``murmur2``, Kafka's default partitioner, or ``crc32``) places a key whose
+records name no partition; settings written before it existed have none and mean ``crc32``,
+which such stores keep: a key's partition never moves.
 
 State (per commit)
 ==================
@@ -101,6 +105,7 @@ import json
 import zlib
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 
 from versiq import storage
@@ -268,9 +273,117 @@ def bucket_of(key: str, buckets: int) -> int:
     return zlib.crc32(key.encode("utf-8")) % buckets
 
 
-def default_partition_of(key: str, partitions: int) -> int:
-    """A key's stream-time partition when its records name none (docs/semantics.md, rules 19-21)."""
-    return zlib.crc32(key.encode("utf-8")) % partitions
+#: The partitioners a store can be created with (``StoreSettings.partitioner``): how a key whose
+#: records name no partition gets one. ``murmur2`` is Kafka's default partitioner, so a store fed
+#: by a topic puts a key it has never seen where a producer would; ``crc32`` is what stores
+#: created before the setting existed use (their settings do not name one), kept for them since
+#: a key's partition must never move.
+MURMUR2 = "murmur2"
+CRC32 = "crc32"
+PARTITIONERS = (MURMUR2, CRC32)
+#: The partitioner of a new store.
+DEFAULT_PARTITIONER = MURMUR2
+#: Kafka's ``Utils.murmur2``: its seed and multiplier (MurmurHash2, 32 bits).
+MURMUR2_SEED = 0x9747B28C
+MURMUR2_M = 0x5BD1E995
+_U32 = 0xFFFFFFFF
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's ``org.apache.kafka.common.utils.Utils.murmur2`` of ``data`` as an unsigned 32-bit
+    int (Java's int, read as unsigned): 4-byte little-endian blocks, then the 1-3 tail bytes."""
+    m = MURMUR2_M
+    n = len(data)
+    h = (MURMUR2_SEED ^ n) & _U32
+    end = n - n % 4
+    for i in range(0, end, 4):
+        k = (int.from_bytes(data[i:i + 4], "little") * m) & _U32
+        k = ((k ^ (k >> 24)) * m) & _U32
+        h = ((h * m) & _U32) ^ k
+    tail = n % 4
+    if tail:
+        h ^= int.from_bytes(data[end:], "little")
+        h = (h * m) & _U32
+    h ^= h >> 13
+    h = (h * m) & _U32
+    return h ^ (h >> 15)
+
+
+def murmur2_partition(data: bytes, partitions: int) -> int:
+    """Kafka's default partition of a record with key bytes ``data``:
+    ``Utils.toPositive(Utils.murmur2(data)) % partitions`` (``toPositive`` clears the sign bit)."""
+    return (murmur2(data) & 0x7FFFFFFF) % partitions
+
+
+def murmur2_positive(keys: pa.Array) -> np.ndarray:
+    """``toPositive(murmur2(b))`` of every value ``b`` of a binary (or string: its UTF-8 bytes)
+    Arrow array, as uint32, vectorised over the keys: ``murmur2`` block by block, each step over
+    the keys that still have that block (numpy's uint32 products wrap as Java's int ones do)."""
+    binary = keys.cast(pa.large_binary())
+    if isinstance(binary, pa.ChunkedArray):
+        binary = binary.combine_chunks()
+    n = len(binary)
+    if n == 0:
+        return np.zeros(0, dtype=np.uint32)
+    offsets = np.frombuffer(binary.buffers()[1], dtype=np.int64)[binary.offset:binary.offset + n + 1]
+    data_buffer = binary.buffers()[2]
+    data = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer is not None else np.zeros(0, np.uint8)
+    data = np.concatenate([data, np.zeros(4, np.uint8)]).astype(np.uint32)  # tail reads stay in bounds
+    starts, lengths = offsets[:-1], np.diff(offsets)
+    m = np.uint32(MURMUR2_M)
+    h = np.uint32(MURMUR2_SEED) ^ lengths.astype(np.uint32)
+    blocks = lengths // 4
+
+    def word(at: np.ndarray, count: int) -> np.ndarray:
+        value = np.zeros(len(at), dtype=np.uint32)
+        for byte in range(count):
+            value |= data[at + byte] << np.uint32(8 * byte)
+        return value
+
+    for j in range(int(blocks.max())):
+        active = np.flatnonzero(blocks > j)
+        k = word(starts[active] + 4 * j, 4) * m
+        k = (k ^ (k >> np.uint32(24))) * m
+        h[active] = (h[active] * m) ^ k
+    tails = lengths % 4
+    for count in (1, 2, 3):
+        at = np.flatnonzero(tails == count)
+        h[at] = (h[at] ^ word(starts[at] + 4 * blocks[at], count)) * m
+    h ^= h >> np.uint32(13)
+    h *= m
+    h ^= h >> np.uint32(15)
+    return h & np.uint32(0x7FFFFFFF)
+
+
+def default_partition_of(key: str, partitions: int, partitioner: str) -> int:
+    """A key's stream-time partition when its records name none (docs/semantics.md, rules 19-21):
+    by the store's ``partitioner`` over the key's UTF-8 bytes (``PARTITIONERS``)."""
+    data = key.encode("utf-8")
+    if partitioner == MURMUR2:
+        return murmur2_partition(data, partitions)
+    if partitioner == CRC32:
+        return zlib.crc32(data) % partitions
+    raise ValueError(f"unknown partitioner {partitioner!r}")
+
+
+@dataclass(frozen=True)
+class Partitioning:
+    """How a store places a key whose records name no partition: ``count`` partitions and the
+    ``partitioner`` that hashes the key's UTF-8 bytes (``default_partition_of``)."""
+
+    count: int
+    partitioner: str
+
+    def of(self, key: str) -> int:
+        return default_partition_of(key, self.count, self.partitioner)
+
+    def of_keys(self, keys: pa.Array) -> np.ndarray:
+        """``of`` each key of a string array, vectorised, as int64."""
+        if self.count == 1:
+            return np.zeros(len(keys), dtype=np.int64)
+        if self.partitioner == MURMUR2:
+            return murmur2_positive(keys).astype(np.int64) % self.count
+        return np.fromiter((self.of(key) for key in keys.to_pylist()), dtype=np.int64, count=len(keys))
 
 
 @dataclass(frozen=True)
@@ -282,6 +395,13 @@ class StoreSettings:
     partitions: int
     buckets: int = DEFAULT_BUCKETS
     format: int = FORMAT_VERSION
+    #: How a key whose records name no partition gets one (``PARTITIONERS``). Written to the
+    #: settings of every store created since it exists; settings without it are ``crc32``.
+    partitioner: str = DEFAULT_PARTITIONER
+
+    @property
+    def partitioning(self) -> Partitioning:
+        return Partitioning(self.partitions, self.partitioner)
 
     def to_description(self) -> str:
         return json.dumps(
@@ -291,6 +411,7 @@ class StoreSettings:
                 "historyRetentionMs": self.history_retention_ms,
                 "partitions": self.partitions,
                 "buckets": self.buckets,
+                "partitioner": self.partitioner,
             },
             sort_keys=True,
         )
@@ -313,11 +434,15 @@ class StoreSettings:
         kind = data.get("kind")
         if kind not in KINDS and kind != STREAM_KIND:
             raise ValueError(f"unknown store kind {kind!r}")
+        partitioner = data.get("partitioner", CRC32)
+        if partitioner not in PARTITIONERS:
+            raise ValueError(f"unknown partitioner {partitioner!r}")
         return StoreSettings(
             kind=kind,
             history_retention_ms=int(data["historyRetentionMs"]),
             partitions=int(data["partitions"]),
             buckets=int(data["buckets"]),
+            partitioner=partitioner,
         )
 
 

@@ -18,7 +18,7 @@ from versiq.ingest.decisions_here import CLASSIFIED_SCHEMA, classify_here, rows_
 from versiq.ingest.order import POS_BITS, RUN_SCHEMA
 from versiq.ingest.semantics import RunContext, classify, rows_to_write, stored_homes
 from versiq.ingest.spark import LOCAL_RELATION_BYTES, local_relation_bytes
-from versiq.layout import STORE_SCHEMA, StoreSettings, StoreState, default_partition_of
+from versiq.layout import MURMUR2, PARTITIONERS, STORE_SCHEMA, StoreSettings, StoreState, default_partition_of
 
 #: A stream time far past what Spark's ``timestamp_millis`` can convert (about year 294,000).
 HUGE_TS = 1 << 62
@@ -27,12 +27,13 @@ EXISTING_SCHEMA = pa.schema([f for f in STORE_SCHEMA if f.name != "bucket"])
 
 
 def _run(kind: str, partitions: int, buckets: int, retention: int, records: list[tuple],
-         stored: dict[str, list[tuple]], stream_time: dict[int, int], max_offset: dict[int, int]
-         ) -> tuple[StoreSettings, StoreState, pa.Table, pa.Table]:
+         stored: dict[str, list[tuple]], stream_time: dict[int, int], max_offset: dict[int, int],
+         partitioner: str = MURMUR2) -> tuple[StoreSettings, StoreState, pa.Table, pa.Table]:
     """(settings, state, parsed, existing) of a run: ``records`` (key, value, ts, partition,
     offset, file index) in processing order, a record without a key one the parser rejected;
     ``stored``: per key its versions' (ts, value) and their partition last."""
-    store = StoreSettings(kind=kind, partitions=partitions, buckets=buckets, history_retention_ms=retention)
+    store = StoreSettings(kind=kind, partitions=partitions, buckets=buckets, history_retention_ms=retention,
+                          partitioner=partitioner)
     seqs = [(file << POS_BITS) | pos for pos, (*_, file) in enumerate(records, start=1)]
     n = len(records)
     parsed = pa.table({
@@ -59,7 +60,8 @@ def runs(draw):  # type: ignore[no-untyped-def]
     each other and the state; a key's stored versions are mostly in its default partition."""
     kind = draw(st.sampled_from(["versioned", "timestamped"]))
     partitions = draw(st.integers(1, 3))
-    keys = ["a", "b", "c", "é"]
+    partitioner = draw(st.sampled_from(PARTITIONERS))
+    keys = ["a", "b", "c", "é", "key-😀-1234567"]
     stamps = st.sampled_from([*range(21), HUGE_TS])
     values = st.one_of(st.none(), st.text("xyz", max_size=3))
     named = draw(st.booleans())
@@ -73,11 +75,12 @@ def runs(draw):  # type: ignore[no-untyped-def]
     for key in keys:
         # a timestamped store holds one value per key
         stamps_stored = draw(st.sets(st.integers(0, 20), max_size=3 if kind == "versioned" else 1))
-        home = draw(st.sampled_from([default_partition_of(key, partitions), *range(partitions)]))
+        home = draw(st.sampled_from([default_partition_of(key, partitions, partitioner), *range(partitions)]))
         stored[key] = [*((ts, draw(values)) for ts in stamps_stored), home]
     parts = st.integers(0, partitions - 1)
     return _run(kind, partitions, draw(st.integers(1, 4)), draw(st.sampled_from([0, 5, 40])), records, stored,
-                draw(st.dictionaries(parts, st.integers(0, 20))), draw(st.dictionaries(parts, st.integers(0, 6))))
+                draw(st.dictionaries(parts, st.integers(0, 20))), draw(st.dictionaries(parts, st.integers(0, 6))),
+                partitioner)
 
 
 #: Records at a stored version's timestamp (one replacing it, one between versions, one late).

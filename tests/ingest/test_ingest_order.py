@@ -4,8 +4,6 @@ computation, over batches of any size (the running maximum carries across batche
 
 from __future__ import annotations
 
-import zlib
-
 import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -13,6 +11,7 @@ from hypothesis import strategies as st
 from versiq.ingest.order import POS_BITS, RUN_SCHEMA, split_seq, with_order
 from versiq.ingest.records import PARSED_SCHEMA
 from versiq.ingest.semantics import files_before
+from versiq.layout import PARTITIONERS, Partitioning, default_partition_of
 
 ROW = st.tuples(st.sampled_from(["a", "b", "c", "é", "k1", "k2"]), st.integers(-5, 50), st.booleans())
 
@@ -38,9 +37,11 @@ def _batches(rows: list[tuple[str, int, bool]], size: int) -> list[pa.RecordBatc
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(ROW, max_size=40), st.integers(1, 7), st.sampled_from([1, 2, 3, 7]), st.integers(0, 5))
-def test_run_columns_match_a_record_at_a_time_computation(rows, size, partitions, file_index):
-    out = pa.Table.from_batches(list(with_order(iter(_batches(rows, size)), file_index, partitions)),
+@given(st.lists(ROW, max_size=40), st.integers(1, 7), st.sampled_from([1, 2, 3, 7]), st.integers(0, 5),
+       st.sampled_from(PARTITIONERS))
+def test_run_columns_match_a_record_at_a_time_computation(rows, size, partitions, file_index, partitioner):
+    partitioning = Partitioning(partitions, partitioner)
+    out = pa.Table.from_batches(list(with_order(iter(_batches(rows, size)), file_index, partitioning)),
                                 schema=RUN_SCHEMA).to_pylist()
     assert len(out) == len(rows)
     running: dict[int, int] = {}
@@ -51,7 +52,7 @@ def test_run_columns_match_a_record_at_a_time_computation(rows, size, partitions
             assert got["fst"] is None and got["raw"] == f"line {line}"
             continue
         assert got["raw"] is None  # the text of records the parser took is read again if needed
-        p = zlib.crc32(key.encode("utf-8")) % partitions
+        p = default_partition_of(key, partitions, partitioner)
         assert got["fst"] == running.get(p)
         running[p] = max(running.get(p, ts), ts)
 

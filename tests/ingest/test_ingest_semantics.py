@@ -25,6 +25,7 @@ from tests.support.ingest import (
 from tests.support.reference import ReferenceStore
 from versiq.ingest.errors import UsageError
 from versiq.ingest.pipeline import StoreSpec, run_ingest
+from versiq.layout import murmur2_partition
 
 V = StoredVersion
 
@@ -117,15 +118,13 @@ def test_partitions_are_separate_stream_time_domains(spark, tmp_path):
         ("b", "2", 10, 1),     # partition 1 has its own (low) stream time: accepted
         ("c", "3", 5, 2),      # partitions = 2 -> bad_partition
         ("a", "4", 1001, 1),   # key a lives in partition 0 -> partition_conflict
-        ("d", "5", 1001),      # no partition field: crc32("d") % 2
+        ("d", "5", 1001),      # no partition field: Kafka's murmur2 of "d", mod 2
     ]
     path, [rep] = ingest(spark, tmp_path, "q", [[("a.jsonl", lines(specs))]], partitions=2,
                          history_retention_ms=100)
     assert rep.rejected["bad_partition"] == 1 and rep.rejected["partition_conflict"] == 1
     assert set(store_versions(path)) == {"a", "b", "d"}
-    import zlib
-
-    p_d = zlib.crc32(b"d") % 2
+    p_d = murmur2_partition(b"d", 2)
     expected = {0: 1000, 1: 10}
     expected[p_d] = max(expected[p_d], 1001)
     assert stream_times(path) == expected

@@ -25,6 +25,7 @@ from versiq.ingest.pipeline import RUN_KEYS, _parse_stats, _parse_stats_here
 from versiq.ingest.plan import PARSE_HERE_BYTES, PARSE_HERE_BYTES_ENV, choose_plan, parses_here
 from versiq.ingest.reports import StoreReport
 from versiq.ingest.spark import INTERPRETED_RUN_BYTES, INTERPRETED_RUN_BYTES_ENV, SparkOnDemand, start_soon
+from versiq.layout import MURMUR2, Partitioning
 
 
 @st.composite
@@ -56,8 +57,8 @@ def test_a_run_parsed_here_has_the_rows_and_figures_of_one_parsed_by_spark(spark
                                                                           partitions, keys):
     folder = tmp_path_factory.mktemp("parse-here")
     new = {f"f{i}.jsonl": write_jsonl(str(folder), f"f{i}.jsonl", body) for i, body in enumerate(files)}
-    here = parse_here(new, None, partitions)
-    there = parse_files(spark, new, None, partitions)
+    here = parse_here(new, None, Partitioning(partitions, MURMUR2))
+    there = parse_files(spark, new, None, Partitioning(partitions, MURMUR2))
     assert here.schema.names == there.columns
     assert here.sort_by("seq").to_pylist() == there.toArrow().cast(here.schema).sort_by("seq").to_pylist()
 
@@ -109,11 +110,11 @@ def test_a_run_beyond_a_small_run_parses_here(spark, tmp_path, monkeypatch):
     monkeypatch.delenv(PARSE_HERE_BYTES_ENV, raising=False)
     path = write_jsonl(str(tmp_path), "a.jsonl", ['{"key":"a","value":1,"timestamp":5}', "{broken"])
     files, size = {"a.jsonl": path}, os.path.getsize(path)
-    table, plan = parse_run(spark, choose_plan(spark, files, None, size), files, None, 1, None)
+    table, plan = parse_run(spark, choose_plan(spark, files, None, size), files, None, Partitioning(1, MURMUR2), None)
     assert isinstance(table, pa.Table) and plan.decide == "duckdb"
     assert table.column("reason").to_pylist() == [None, "malformed"]
     monkeypatch.setenv(PARSE_HERE_BYTES_ENV, str(size - 1))
-    frame, plan = parse_run(spark, choose_plan(spark, files, None, size), files, None, 1, None)
+    frame, plan = parse_run(spark, choose_plan(spark, files, None, size), files, None, Partitioning(1, MURMUR2), None)
     assert isinstance(frame, DataFrame) and plan.decide == "spark"
     assert sorted(r["reason"] or "" for r in frame.collect()) == ["", "malformed"]
 
@@ -125,19 +126,19 @@ def test_a_run_of_more_records_than_parse_here_rows_is_parsed_by_spark(spark, tm
     lines = [json.dumps({"key": f"k{i}", "value": i, "timestamp": i}) for i in range(5)]
     files = {"a.jsonl": write_jsonl(str(tmp_path), "a.jsonl", lines[:3]),
              "b.jsonl": write_jsonl(str(tmp_path), "b.jsonl", lines[3:])}
-    assert parse_here(files, None, 1, max_rows=5) is not None
-    assert parse_here(files, None, 1, max_rows=4) is None
+    assert parse_here(files, None, Partitioning(1, MURMUR2), max_rows=5) is not None
+    assert parse_here(files, None, Partitioning(1, MURMUR2), max_rows=4) is None
     monkeypatch.setattr(parse_module, "PARSE_HERE_ROWS", 4)
     planned = choose_plan(spark, files, None, 100)
     assert planned.parse == "driver"
-    frame, plan = parse_run(spark, planned, files, None, 1, None)
+    frame, plan = parse_run(spark, planned, files, None, Partitioning(1, MURMUR2), None)
     assert isinstance(frame, DataFrame) and plan.parse == "spark" and plan.decide == "spark"
     assert sorted(r["key"] for r in frame.collect()) == [f"k{i}" for i in range(5)]
 
 
 def test_an_empty_run_parsed_here_is_an_empty_table(tmp_path):
     path = write_jsonl(str(tmp_path), "a.jsonl", ["", "  "])
-    table = parse_here({"a.jsonl": path}, None, 1)
+    table = parse_here({"a.jsonl": path}, None, Partitioning(1, MURMUR2))
     assert table.num_rows == 0 and isinstance(table, pa.Table)
 
 

@@ -23,6 +23,7 @@ from versiq.ingest.parse import parse_here
 from versiq.ingest.parse_workers import PARSE_WORKERS_ENV, Piece, WorkerRun, cpu_quota, line_starts, plan_pieces
 from versiq.ingest.records import MAX_RECORD_BYTES
 from versiq.ingest.sources import SourceError
+from versiq.layout import MURMUR2, Partitioning
 
 _LINES = [
     b'{"key":"a","value":{"n":1},"timestamp":5}',
@@ -63,7 +64,7 @@ def _here(files: dict[str, str], partitions: int | None = None, max_timestamp: i
     """``parse_here`` as a run's plan has it parse (``ingest.plan``): in pieces for the worker
     processes ``VERSIQ_PARSE_WORKERS`` asks for, when the run is large enough."""
     workers = parse_workers.parse_workers()
-    return parse_here(files, None, partitions, max_timestamp, pieces=plan_pieces(files, None, workers),
+    return parse_here(files, None, _partitioning(partitions), max_timestamp, pieces=plan_pieces(files, None, workers),
                       workers=workers, **options)
 
 
@@ -73,13 +74,17 @@ def workers_must_not_fail(why: str) -> None:
     raise AssertionError(f"the parse workers failed: {why}")
 
 
+def _partitioning(partitions: int | None) -> Partitioning | None:
+    return None if partitions is None else Partitioning(partitions, MURMUR2)
+
+
 def _parse_both(files: dict[str, str], partitions: int | None, max_timestamp: int | None, piece_bytes: int):
-    alone = parse_here(files, None, partitions, max_timestamp)
+    alone = parse_here(files, None, _partitioning(partitions), max_timestamp)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(parse_module, "_parse_here_instead", workers_must_not_fail)
         patch.setattr(parse_workers, "PARALLEL_PARSE_BYTES", 0)
         pieces = plan_pieces(files, None, 2, piece_bytes)
-        in_workers = parse_here(files, None, partitions, max_timestamp, pieces=pieces, workers=2)
+        in_workers = parse_here(files, None, _partitioning(partitions), max_timestamp, pieces=pieces, workers=2)
     return alone, in_workers
 
 

@@ -507,9 +507,10 @@ def test_timestamped_store_latest_only(q_warehouse, q_engine):
 
 # ---------------------------------------------------------------------------- partitions
 @pytest.mark.rule(19, 22)
-def test_explicit_partitions_use_the_keys_partition(q_warehouse, q_engine):
+@pytest.mark.parametrize("partitioner", layout.PARTITIONERS)
+def test_explicit_partitions_use_the_keys_partition(q_warehouse, q_engine, partitioner):
     from tests.support.reference import InRecord
-    b = StoreBuilder(q_warehouse, "s", history_retention_ms=10, partitions=2)
+    b = StoreBuilder(q_warehouse, "s", history_retention_ms=10, partitions=2, partitioner=partitioner)
     # Key "a" explicitly lives in partition 1, whose stream time stays 20; partition 0 moves to 1000.
     b.apply([
         InRecord("f", 0, "a", "1", 5, partition=1),
@@ -521,10 +522,10 @@ def test_explicit_partitions_use_the_keys_partition(q_warehouse, q_engine):
         r = e.get("s", VersionedKeyQuery("a", 10), snapshot=snap)
         assert (r.outcome, r.horizon) == ("ok", 10)
         assert r.record == rec("1", 5, 20)
-        # A key without rows: its default partition's horizon.
-        nokey = e.get("s", VersionedKeyQuery("nokey", 0), snapshot=snap)
-        p = layout.default_partition_of("nokey", 2)
-        assert nokey.horizon == {0: 990, 1: 10}[p]
+        # A key without rows: the horizon of its default partition by the store's partitioner
+        # ("d": crc32 puts it in 0, Kafka's murmur2 in 1).
+        nokey = e.get("s", VersionedKeyQuery("d", 0), snapshot=snap)
+        assert nokey.horizon == {layout.CRC32: 990, layout.MURMUR2: 10}[partitioner]
         assert nokey.outcome == "not-found"
 
 

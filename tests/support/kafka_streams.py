@@ -58,6 +58,11 @@ def run_operator_scenarios(scenarios: list[dict[str, Any]]) -> list[dict[str, An
     return _run("OperatorScenarios", scenarios)
 
 
+def run_partitions(scenarios: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Kafka's ``Utils.murmur2`` and default partition of each ``{"key", "partitions"}`` (Partitions.java)."""
+    return _run("Partitions", scenarios)
+
+
 def _run(main: str, scenarios: list[dict[str, Any]]) -> list[dict[str, Any]]:
     jar = build()
     java = shutil.which("java") or os.path.join(os.environ.get("JAVA_HOME", ""), "bin", "java")

@@ -7,8 +7,9 @@ agree with it on every generated changelog and query.
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass, field
+
+from versiq.layout import DEFAULT_PARTITIONER, default_partition_of
 
 REASONS = (
     "late", "malformed", "missing_field", "bad_key", "bad_timestamp", "bad_value",
@@ -48,10 +49,11 @@ class RunCounts:
 
 class ReferenceStore:
     def __init__(self, kind: str = "versioned", history_retention_ms: int = 86_400_000,
-                 partitions: int = 1) -> None:
+                 partitions: int = 1, partitioner: str = DEFAULT_PARTITIONER) -> None:
         self.kind = kind
         self.h = history_retention_ms
         self.partitions = partitions
+        self.partitioner = partitioner
         self.versions: dict[str, dict[int, str | None]] = {}  # versioned: key -> ts -> value
         self.current: dict[str, tuple[str | None, int]] = {}  # timestamped: key -> (value, ts)
         self.stream_time: dict[int, int] = {}
@@ -74,7 +76,7 @@ class ReferenceStore:
                     continue
                 p = r.partition
             else:
-                p = zlib.crc32(r.key.encode("utf-8")) % self.partitions
+                p = default_partition_of(r.key, self.partitions, self.partitioner)
             home = self.home.get(r.key, run_home.get(r.key))
             if home is None:
                 run_home[r.key] = p
@@ -148,7 +150,7 @@ class ReferenceStore:
         return out
 
     def partition_of_key(self, key: str) -> int:
-        return self.home.get(key, zlib.crc32(key.encode("utf-8")) % self.partitions)
+        return self.home.get(key, default_partition_of(key, self.partitions, self.partitioner))
 
     def horizon(self, key: str) -> int | None:
         st = self.stream_time.get(self.partition_of_key(key))

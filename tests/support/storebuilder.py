@@ -55,10 +55,11 @@ class StoreBuilder:
         history_retention_ms: int = 86_400_000,
         partitions: int = 1,
         buckets: int = 4,
+        partitioner: str = layout.DEFAULT_PARTITIONER,
     ) -> None:
         self.path = os.path.join(warehouse, name)
-        self.settings = layout.StoreSettings(kind, history_retention_ms, partitions, buckets)
-        self.ref = ReferenceStore(kind, history_retention_ms, partitions)
+        self.settings = layout.StoreSettings(kind, history_retention_ms, partitions, buckets, partitioner=partitioner)
+        self.ref = ReferenceStore(kind, history_retention_ms, partitions, partitioner)
         self.run_no = 0
         self._rows: dict[Any, Any] = {}
         #: ReferenceStore copy per Delta version written (snapshot -> model at that snapshot).
