@@ -183,10 +183,10 @@ def test_a_skipped_row_of_a_run_decided_here_is_counted_not_rejected(spark, tmp_
     real_parse_run = pipeline.parse_run
 
     def with_a_skipped_row(*args, **kwargs):  # type: ignore[no-untyped-def]
-        table = real_parse_run(*args, **kwargs)
-        assert isinstance(table, pa.Table)  # a run parsed here
+        table, plan = real_parse_run(*args, **kwargs)
+        assert isinstance(table, pa.Table) and plan.decide == "duckdb"  # a run parsed here
         row = {name: None for name in RUN_SCHEMA.names} | {"seq": 99, "reason": SKIPPED, "detail": SKIPPED_DETAIL}
-        return pa.concat_tables([table, pa.Table.from_pylist([row], schema=RUN_SCHEMA)])
+        return pa.concat_tables([table, pa.Table.from_pylist([row], schema=RUN_SCHEMA)]), plan
 
     monkeypatch.setattr(pipeline, "parse_run", with_a_skipped_row)
     src = tmp_path / "src"
