@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from versiq.durations import format_duration
-from versiq.ingest.sqltext import crc32_mod_sql, murmur2_mod_sql, sql_string
+from versiq.ingest.sqltext import MURMUR2_MOD_FUNCTION, crc32_mod_sql, sql_string
 from versiq.layout import CRC32, MURMUR2
 from versiq.timestamps import SQL_RFC3339_MS
 
@@ -93,7 +93,7 @@ def _duckdb_string(text: str) -> str:
 SPARK = Dialect(
     name="spark", format_function="format_string", quote="`", string=sql_string,
     key_mod=lambda n: crc32_mod_sql("key", n),
-    key_murmur2_mod=lambda n: murmur2_mod_sql("key", n),
+    key_murmur2_mod=lambda n: f"{MURMUR2_MOD_FUNCTION}(key, {int(n)})",
     first_non_null=lambda expr, window: f"first({expr}, true) OVER ({window})",
     iso_millis=lambda ms: f"""date_format(timestamp_millis({ms}), "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'")""",
 )

@@ -55,11 +55,13 @@ import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+import pandas as pd
 import pyspark
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from versiq.ingest.class_archive import DRIVER_JAVA_OPTIONS_ENV, class_archive_option
+from versiq.ingest.sqltext import MURMUR2_MOD_FUNCTION
 from versiq.package import JARS_DIR_ENV as JARS_DIR_ENV  # the jars' folder: beside the package's files
 from versiq.package import jar_files, package_files, package_root
 from versiq.package import jars_dir as jars_dir
@@ -413,6 +415,7 @@ def get_spark(master: str | None = None, app_name: str = "versiq-ingest", *,
     if starting:
         logging.getLogger("versiq.ingest").info("Spark ready in %.1f s", time.monotonic() - started)
     spark.sparkContext.setLogLevel("ERROR")
+    register_functions(spark)
     configure_s3(spark)
     if not url.startswith("local"):
         _ship_project(spark)
@@ -436,6 +439,26 @@ def driver_jvm_pid() -> int | None:
         jvm: Any = context._jvm
         _jvm_pid = (context, int(jvm.java.lang.ProcessHandle.current().pid()))
     return _jvm_pid[1]
+
+
+def _murmur2_mod(keys: pd.Series, n: pd.Series) -> pd.Series:
+    """``toPositive(murmur2(UTF-8 bytes)) mod n`` of every key of a pandas Series (null: null)."""
+    import pyarrow as pa
+
+    from versiq.layout import murmur2_positive
+
+    if len(keys) == 0:
+        return pd.Series([], dtype="Int32")
+    array = pa.array(keys, type=pa.string(), from_pandas=True)
+    hashed = murmur2_positive(array.fill_null("")) % int(n.iloc[0])
+    return pd.Series(hashed.astype("int32")).where(~keys.isna().to_numpy(), None).astype("Int32")
+
+
+def register_functions(spark: SparkSession) -> None:
+    """The session's SQL functions of versiq's own (``MURMUR2_MOD_FUNCTION``)."""
+    from pyspark.sql.functions import pandas_udf
+
+    spark.udf.register(MURMUR2_MOD_FUNCTION, pandas_udf(_murmur2_mod, "int"))  # type: ignore[call-overload]
 
 
 def _ship_project(spark: SparkSession) -> None:

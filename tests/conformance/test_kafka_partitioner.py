@@ -1,5 +1,5 @@
 """The ``murmur2`` partitioner against Kafka's own: every spelling of it in versiq (the layout's
-Python, its vectorised numpy, the rule book's Spark SQL and its DuckDB executor) gives, for keys
+Python, its vectorised numpy, the Spark session's function the rule book calls and its DuckDB executor) gives, for keys
 of every length and script, the ``Utils.murmur2`` hash and the default partition Kafka's producer
 gives (``conformance/kafka``, Partitions.java, the real kafka-clients classes)."""
 
