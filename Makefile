@@ -33,13 +33,14 @@ PIP_ENV := $(if $(V),,PYTHONWARNINGS=ignore::UserWarning)
 # starts and ends unless jansi.noreset is set in the JVM's options (a -D of mvn comes too late).
 MVN := MAVEN_OPTS="$$MAVEN_OPTS -Djansi.noreset=true" mvn -q -B -Dstyle.color=never
 
-.PHONY: help demo test lint bench java chromium clean-demo conformance
+.PHONY: help demo test lint bench java chromium clean-demo conformance kafka s3
 
 help:
 	@echo "make demo   generate sample data, ingest it into ./warehouse, serve it on 127.0.0.1:8080"
 	@echo "make test   run the whole test suite"
 	@echo "make lint   ruff + mypy;  make bench  run the benchmarks;  make clean-demo  remove demo data"
 	@echo "make conformance   10,000 random scenarios per store kind and operator through versiq and Kafka Streams"
+	@echo "make kafka  a local Kafka broker with the sample changelog in topic 'prices';  make s3  a local S3 server"
 
 $(PY):
 	@test -n "$(PYTHON)" || { echo "Python 3.11+ is required (python3.11 or python3 on PATH)" >&2; exit 1; }
@@ -140,6 +141,14 @@ conformance: $(DEV_STAMP) java $(SPARK_JARS) $(CONFORMANCE_JAR)
 	VERSIQ_CONFORMANCE_SCENARIOS=$${VERSIQ_CONFORMANCE_SCENARIOS:-10000} VERSIQ_CONFORMANCE_GROUP=500 \
 	  HYPOTHESIS_PROFILE=explore \
 	  $(PY) -m pytest tests/conformance -q -s -p no:cacheprovider
+
+# The broker and S3 server the tests use, in the foreground, to try versiq by hand
+# (docs/kafka-and-s3-locally.md): scripts/local_server.py prints what to set and run.
+kafka: $(DEV_STAMP) java $(KAFKA_BROKER)
+	$(PY) scripts/local_server.py kafka --sample demo-data
+
+s3: $(DEV_STAMP)
+	$(PY) scripts/local_server.py s3
 
 clean-demo:
 	rm -rf warehouse demo-data
