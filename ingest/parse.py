@@ -5,7 +5,6 @@ group of files), or in this process for a run of up to ``PARSE_HERE_BYTES`` (``p
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterator
 from concurrent.futures.process import BrokenProcessPool
 from typing import overload
@@ -14,6 +13,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
+from versiq import settings
 from versiq.ingest.frames import rows_frame
 from versiq.ingest.order import MAX_FILES, RUN_SCHEMA, with_order
 from versiq.ingest.parse_workers import WorkerRun, parse_workers, plan_pieces
@@ -42,7 +42,7 @@ from versiq.logs import counted
 PARSE_HERE_BYTES = 128 << 20
 
 #: Overrides ``PARSE_HERE_BYTES`` (0: every run parses in Spark tasks).
-PARSE_HERE_BYTES_ENV = "VERSIQ_PARSE_HERE_BYTES"
+PARSE_HERE_BYTES_ENV = settings.PARSE_HERE_BYTES.name
 
 #: The most records a run parses in this process, whatever its size on disk: 128 MiB of tiny CSV
 #: records (``a,1,1``) would be over 20M records, an Arrow table of over 1 GB held twice by the
@@ -155,9 +155,9 @@ def parses_here(files: dict[str, str], fmt: str | None, input_bytes: int | None,
     can hold millions)."""
     if input_bytes is None or any(format_of(rel, fmt) == "parquet" for rel in files):
         return False
-    explicit = os.environ.get(PARSE_HERE_BYTES_ENV)
-    if explicit:
-        return 0 < int(explicit) and input_bytes <= int(explicit)
+    explicit = settings.PARSE_HERE_BYTES.value()
+    if explicit is not None:
+        return 0 < explicit and input_bytes <= explicit
     return input_bytes <= PARSE_HERE_BYTES if local_master else small_run(input_bytes)
 
 
