@@ -381,14 +381,15 @@ def unknown(env: Mapping[str, str] | None = None) -> list[str]:
     """One line per ``VERSIQ_*`` variable of ``env`` (default: this process's) that versiq does
     not know, naming the closest known one when one is close (a misspelling)."""
     env = os.environ if env is None else env
-    known = [name for name, entry in REGISTRY.items() if isinstance(entry, Setting)]
+    # compared without the prefix every name shares, which would make any two look alike
+    known = [name[len(PREFIX):] for name, entry in REGISTRY.items() if isinstance(entry, Setting)]
     families = tuple(name for name, entry in REGISTRY.items() if isinstance(entry, Family))
     lines = []
     for name in sorted(env):
         if not name.startswith(PREFIX) or name in REGISTRY or name.startswith(families):
             continue
-        close = difflib.get_close_matches(name, known, n=1)
-        hint = f"did you mean {close[0]}?" if close else f"see {DOCS_PAGE} for the variables versiq reads"
+        close = difflib.get_close_matches(name[len(PREFIX):], known, n=1)
+        hint = f"did you mean {PREFIX}{close[0]}?" if close else f"see {DOCS_PAGE} for the variables versiq reads"
         lines.append(f"unknown environment variable {name}: {hint}")
     return lines
 
