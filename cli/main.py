@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from versiq import __version__, storage
+from versiq import __version__, settings, storage
 from versiq.exits import EXIT_USAGE
 from versiq.logs import setup_logging
 
@@ -44,7 +44,7 @@ def _add_read_options(parser: argparse.ArgumentParser) -> None:
 
 def _add_warehouse(parser: argparse.ArgumentParser, default: str | None = None) -> None:
     """--warehouse, defaulting to VERSIQ_WAREHOUSE (then ``default``); required when neither is set."""
-    value = os.environ.get("VERSIQ_WAREHOUSE") or default
+    value = settings.WAREHOUSE.value() or default
     parser.add_argument("--warehouse", default=value, required=value is None, type=warehouse_location,
                         help=WAREHOUSE_HELP)
 
@@ -54,13 +54,13 @@ def _add_logging(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--log-format",
         choices=("text", "json"),
-        default=os.environ.get("VERSIQ_LOG_FORMAT", "text"),
+        default=settings.LOG_FORMAT.value(),
         help="log format on stderr: human-readable text (default) or one JSON object per line "
         "(for services; env VERSIQ_LOG_FORMAT)",
     )
     parser.add_argument(
         "--log-level",
-        default=os.environ.get("VERSIQ_LOG_LEVEL", "INFO"),
+        default=settings.LOG_LEVEL.value(),
         help="log level (DEBUG, INFO, WARNING, ERROR; env VERSIQ_LOG_LEVEL)",
     )
 
@@ -198,13 +198,13 @@ def build_parser() -> argparse.ArgumentParser:
         "targets over 64 KiB are refused 414 and headers over 64 KiB 431. Exit status: 0 stopped, "
         "2 usage or configuration error, 3 could not start serving (e.g. the address is in use).",
     )
-    srv.add_argument("--warehouse", default=os.environ.get("VERSIQ_WAREHOUSE"), type=warehouse_location,
+    srv.add_argument("--warehouse", default=settings.WAREHOUSE.value(), type=warehouse_location,
                      help=WAREHOUSE_HELP)
-    srv.add_argument("--host", default=os.environ.get("VERSIQ_HOST", "127.0.0.1"),
+    srv.add_argument("--host", default=settings.HOST.value(),
                      help="bind address (env VERSIQ_HOST, default 127.0.0.1)")
-    srv.add_argument("--port", type=int, default=int(os.environ.get("VERSIQ_PORT", "8080")),
+    srv.add_argument("--port", type=int, default=settings.PORT.value(),
                      help="port (env VERSIQ_PORT, default 8080)")
-    srv.add_argument("--workers", type=int, default=int(os.environ.get("VERSIQ_WORKERS", "1")),
+    srv.add_argument("--workers", type=int, default=settings.WORKERS.value(),
                      help="worker processes (env VERSIQ_WORKERS, default 1)")
     _add_logging(srv)
 
@@ -410,9 +410,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    try:
+        parser = build_parser()  # option defaults come from VERSIQ_* variables
+    except settings.SettingError as exc:
+        print(f"versiq: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     args = parser.parse_args(argv)
     setup_logging(args.log_format, args.log_level)
+    settings.warn_unknown()
     if args.command == "ingest":
         from versiq.ingest.commands import ingest_command
         from versiq.ingest.driver_client import autostart_hook, forward

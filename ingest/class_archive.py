@@ -37,13 +37,14 @@ import tempfile
 import pyspark
 
 import versiq
+from versiq import settings
 
 log = logging.getLogger(__name__)
 
 #: Extra options of the driver JVM (e.g. ``-XX:ArchiveClassesAtExit=FILE`` for ``write_class_archive``).
-DRIVER_JAVA_OPTIONS_ENV = "VERSIQ_DRIVER_JAVA_OPTIONS"
+DRIVER_JAVA_OPTIONS_ENV = settings.DRIVER_JAVA_OPTIONS.name
 #: The environment variable naming the folder of the driver's class-data-sharing archive.
-CLASS_ARCHIVE_DIR_ENV = "VERSIQ_JVM_ARCHIVE_DIR"
+CLASS_ARCHIVE_DIR_ENV = settings.JVM_ARCHIVE_DIR.name
 
 #: The archive's contents change with what the writing JVM runs: a new recipe, a new file.
 CLASS_ARCHIVE_RECIPE = 9
@@ -59,11 +60,12 @@ OUTCOME_FILE = "last-attempt"
 #: What the archive's JVM runs, in a child process (nothing here imports the pipeline).
 _CLASS_ARCHIVE_SCRIPT = """
 import os
-from versiq.ingest.spark import INTERPRETED_RUN_BYTES_ENV, get_spark
+from versiq.ingest.spark import get_spark
 from versiq.ingest.warm_up import warm_up
+from versiq.settings import INTERPRETED_RUN_BYTES, PARSE_HERE_BYTES
 
-os.environ.pop(INTERPRETED_RUN_BYTES_ENV, None)
-os.environ.pop('VERSIQ_PARSE_HERE_BYTES', None)
+os.environ.pop(INTERPRETED_RUN_BYTES.name, None)
+os.environ.pop(PARSE_HERE_BYTES.name, None)
 spark = get_spark('local[1]', 'versiq-class-archive')
 warm_up(spark)
 gateway = spark.sparkContext._gateway
@@ -93,7 +95,7 @@ def class_archive_path() -> str | None:
     if not identity:
         return None
     root = os.path.dirname(os.path.dirname(os.path.realpath(versiq.__file__ or "")))
-    folder = os.environ.get(CLASS_ARCHIVE_DIR_ENV) or os.path.join(root, ".cache", "jvm")
+    folder = settings.JVM_ARCHIVE_DIR.value() or os.path.join(root, ".cache", "jvm")
     digest = hashlib.sha256(f"{identity}\0{pyspark.__version__}\0{CLASS_ARCHIVE_RECIPE}".encode()).hexdigest()[:16]
     return os.path.join(folder, f"spark-driver-{digest}.jsa")
 

@@ -24,18 +24,19 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 import versiq
+from versiq import settings
 from versiq.package import jar_files, package_files, package_root
 
 log = logging.getLogger("versiq.ingest")
 
-SOCKET_ENV = "VERSIQ_DRIVER_SOCKET"
+SOCKET_ENV = settings.DRIVER_SOCKET.name
 #: ``VERSIQ_DRIVER_AUTOSTART=30m``: a run that needs Spark and finds no driver starts one in the
 #: background, which ends after this long without a run (unset, empty, ``off`` or 0: never).
-AUTOSTART_ENV = "VERSIQ_DRIVER_AUTOSTART"
+AUTOSTART_ENV = settings.DRIVER_AUTOSTART.name
 #: ``VERSIQ_DRIVER_SOCKET=off``: no driver is used (nor started on the default path).
 OFF = "off"
 #: Environment variables whose values shape a run: a request must have the driver's.
-RUN_ENV_PREFIXES = ("VERSIQ_", "AWS_", "SPARK_", "PYSPARK_", "HADOOP_", "JAVA_")
+RUN_ENV_PREFIXES = (settings.PREFIX, "AWS_", "SPARK_", "PYSPARK_", "HADOOP_", "JAVA_")
 #: ... and these, by name: the time zone, the temporary folder and the home folder.
 RUN_ENV_NAMES = frozenset({"TZ", "TMPDIR", "HOME"})
 #: ... except these: the socket itself, and the log settings (the request's argv carries them);
@@ -43,7 +44,7 @@ RUN_ENV_NAMES = frozenset({"TZ", "TMPDIR", "HOME"})
 #: session that starts sets again (``pyspark.core.context``): a ``versiq ingest`` launched from
 #: a process that runs PySpark itself (an orchestrator's task) inherits them, and they do not
 #: shape the run.
-CLIENT_ONLY_ENV = frozenset({SOCKET_ENV, AUTOSTART_ENV, "VERSIQ_LOG_FORMAT", "VERSIQ_LOG_LEVEL",
+CLIENT_ONLY_ENV = frozenset({SOCKET_ENV, AUTOSTART_ENV, settings.LOG_FORMAT.name, settings.LOG_LEVEL.name,
                              "SPARK_AUTH_SOCKET_TIMEOUT", "SPARK_BUFFER_SIZE"})
 #: Variables ``ingest.spark.get_spark`` sets to the running interpreter when they are unset:
 #: unset and set to that interpreter are one setting (the interpreter is part of the code
@@ -57,8 +58,8 @@ def socket_path(environ: Mapping[str, str] | None = None) -> str | None:
     """The driver's socket: ``VERSIQ_DRIVER_SOCKET``, else the user's runtime folder; None when
     it is ``off``."""
     env = os.environ if environ is None else environ
-    value = env.get(SOCKET_ENV, "")
-    if value.lower() == OFF:
+    value = settings.DRIVER_SOCKET.value(env)
+    if value is not None and value.lower() == OFF:
         return None
     if value:
         return os.path.abspath(value)
@@ -255,19 +256,17 @@ def autostart_hook(args: argparse.Namespace, environ: Mapping[str, str] | None =
     session (a Ctrl-C of this run does not reach it), writes its output to ``log_path`` and ends
     after the variable's duration without a run."""
     env = os.environ if environ is None else environ
-    idle = env.get(AUTOSTART_ENV, "").strip()
     path = socket_path(env)
-    if not idle or idle.lower() == OFF or path is None or args.continuous or args.master is not None:
+    if not settings.DRIVER_AUTOSTART.text(env) or path is None or args.continuous or args.master is not None:
         return None
     if not env.get("SPARK_MASTER", "local").startswith("local"):  # a cluster's executors stay the job's
         return None
-    from versiq.durations import DurationError, parse_duration_ms
-
     try:
-        if parse_duration_ms(idle) == 0:  # "0": as off
-            return None
-    except DurationError as exc:
-        log.warning("%s: %s; not starting a resident driver", AUTOSTART_ENV, exc)
+        idle = settings.DRIVER_AUTOSTART.value(env)  # None: off, or "0"
+    except settings.SettingError as exc:
+        log.warning("%s; not starting a resident driver", exc)
+        return None
+    if idle is None:
         return None
     return lambda: start_driver(path, idle)
 

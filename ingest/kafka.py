@@ -47,7 +47,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -59,6 +58,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
+from versiq import settings
 from versiq.ingest.errors import UsageError
 from versiq.ingest.order import MAX_POS, POS_BITS, RUN_SCHEMA
 from versiq.ingest.records.kafka_rows import KafkaFormat, parse_kafka
@@ -69,7 +69,7 @@ from versiq.layout import KafkaPosition
 log = logging.getLogger("versiq.ingest")
 
 #: Environment variables ``VERSIQ_KAFKA_<NAME>`` are client option ``<name>`` (``_`` -> ``.``).
-ENV_PREFIX = "VERSIQ_KAFKA_"
+ENV_PREFIX = settings.KAFKA.name
 #: Client settings versiq decides (the position is the store's; values are bytes).
 MANAGED_OPTIONS = frozenset({"bootstrap.servers", "group.id", "enable.auto.commit", "auto.offset.reset",
                              "key.deserializer", "value.deserializer", "auto.commit.interval.ms"})
@@ -148,9 +148,8 @@ class KafkaSource:
     def client_options(self) -> dict[str, str]:
         """The Kafka client settings: ``options``, then ``VERSIQ_KAFKA_*`` variables over them."""
         out = {str(k): str(v) for k, v in self.options.items()}
-        for name, value in os.environ.items():
-            if name.startswith(ENV_PREFIX) and len(name) > len(ENV_PREFIX):
-                out[name[len(ENV_PREFIX):].lower().replace("_", ".")] = value
+        for suffix, value in settings.KAFKA.values().items():
+            out[suffix.lower().replace("_", ".")] = value
         managed = sorted(set(out) & MANAGED_OPTIONS)
         if managed:
             raise UsageError(f"Kafka option(s) {', '.join(managed)} (from {ENV_PREFIX}* variables) are set by versiq")

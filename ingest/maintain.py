@@ -49,7 +49,6 @@ with nothing to compact or vacuum costs no JVM.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -59,6 +58,7 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from versiq import layout, storage
+from versiq import settings as registry
 from versiq.ingest.delta import commit_metadata
 from versiq.ingest.frames import local_frame
 from versiq.ingest.spark import plans_for_input, small_run
@@ -83,7 +83,7 @@ from versiq.layout import (
 
 log = logging.getLogger("versiq.maintain")
 
-VACUUM_RETENTION_HOURS = float(os.environ.get("VERSIQ_VACUUM_RETENTION_HOURS", "1"))
+VACUUM_RETENTION_HOURS = registry.VACUUM_RETENTION_HOURS.value()
 #: Continuous mode compacts a table holding more than this many files per bucket on average.
 #: Measured with a Kafka topic at 1,000 records/s (every run writes into every bucket): at 4 it
 #: compacted every ~5 micro-batches (7 of 36 commits in 90 s) and records were visible after

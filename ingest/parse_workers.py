@@ -45,6 +45,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from versiq import settings
 from versiq.ingest.order import rejected_raw
 from versiq.ingest.records import PARSED_SCHEMA, format_of, parse_file
 from versiq.ingest.records.jsonl import Span
@@ -61,7 +62,7 @@ PARALLEL_PARSE_BYTES = 16 << 20
 PIECE_BYTES = 8 << 20
 
 #: Overrides the number of worker processes (1: the driver parses every run itself).
-PARSE_WORKERS_ENV = "VERSIQ_PARSE_WORKERS"
+PARSE_WORKERS_ENV = settings.PARSE_WORKERS.name
 
 _RAW = PARSED_SCHEMA.get_field_index("raw")
 _POS = PARSED_SCHEMA.get_field_index("pos")
@@ -82,12 +83,9 @@ class Piece:
 def parse_workers() -> int:
     """How many worker processes parse a large run: ``VERSIQ_PARSE_WORKERS``, else one per core
     this process may run on, within its cgroup's CPU quota (a container's ``--cpus``)."""
-    explicit = os.environ.get(PARSE_WORKERS_ENV)
-    if explicit:
-        try:
-            return max(1, int(explicit))
-        except ValueError:
-            raise ValueError(f"{PARSE_WORKERS_ENV}={explicit!r}: expected a number of processes") from None
+    explicit = settings.PARSE_WORKERS.value()
+    if explicit is not None:
+        return explicit
     cores = len(os.sched_getaffinity(0))
     quota = cpu_quota()
     return cores if quota is None else max(1, min(cores, quota))

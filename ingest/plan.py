@@ -24,11 +24,11 @@ in one process already overlaps (docs/benchmarks.md, "The driver parses on every
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 
 from pyspark.sql import SparkSession
 
+from versiq import settings
 from versiq.ingest.parse_workers import Piece, parse_workers, plan_pieces
 from versiq.ingest.records import format_of
 from versiq.ingest.spark import long_lived, runs_locally, small_run
@@ -40,7 +40,7 @@ from versiq.ingest.spark import long_lived, runs_locally, small_run
 PARSE_HERE_BYTES = 128 << 20
 
 #: Overrides ``PARSE_HERE_BYTES`` (0: every run parses in Spark tasks).
-PARSE_HERE_BYTES_ENV = "VERSIQ_PARSE_HERE_BYTES"
+PARSE_HERE_BYTES_ENV = settings.PARSE_HERE_BYTES.name
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ def parses_here(files: dict[str, str], fmt: str | None, input_bytes: int | None,
     can hold millions)."""
     if input_bytes is None or any(format_of(rel, fmt) == "parquet" for rel in files):
         return False
-    explicit = os.environ.get(PARSE_HERE_BYTES_ENV)
-    if explicit:
-        return 0 < int(explicit) and input_bytes <= int(explicit)
+    explicit = settings.PARSE_HERE_BYTES.value()
+    if explicit is not None:
+        return 0 < explicit and input_bytes <= explicit
     return input_bytes <= PARSE_HERE_BYTES if local_master else small_run(input_bytes)

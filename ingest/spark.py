@@ -60,7 +60,8 @@ import pyspark
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
-from versiq.ingest.class_archive import DRIVER_JAVA_OPTIONS_ENV, class_archive_option
+from versiq import settings as registry
+from versiq.ingest.class_archive import class_archive_option
 from versiq.ingest.sqltext import MURMUR2_MOD_FUNCTION
 from versiq.package import JARS_DIR_ENV as JARS_DIR_ENV  # the jars' folder: beside the package's files
 from versiq.package import jar_files, package_files, package_root
@@ -292,8 +293,8 @@ def local_relation_bytes(spark: SparkSession) -> int:
 #: Larger runs and S3 sources (their size is not known up front) keep code generation and
 #: adaptive execution; a Kafka run's size is estimated from its records
 #: (``kafka.RECORD_BYTES_ESTIMATE``). ``VERSIQ_INTERPRETED_RUN_BYTES`` overrides it (0: never).
-INTERPRETED_RUN_BYTES = 4 << 20
-INTERPRETED_RUN_BYTES_ENV = "VERSIQ_INTERPRETED_RUN_BYTES"
+INTERPRETED_RUN_BYTES = registry.INTERPRETED_RUN_BYTES.default
+INTERPRETED_RUN_BYTES_ENV = registry.INTERPRETED_RUN_BYTES.name
 _SMALL_RUN = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN",
               "spark.sql.adaptive.enabled": "false"}
 _SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
@@ -308,7 +309,7 @@ def small_run_settings(spark: SparkSession) -> dict[str, str]:
 def small_run(input_bytes: int | None) -> bool:
     """Whether a run over ``input_bytes`` of new input (None: not known) is a small run
     (``INTERPRETED_RUN_BYTES``)."""
-    limit = int(os.environ.get(INTERPRETED_RUN_BYTES_ENV) or INTERPRETED_RUN_BYTES)
+    limit = registry.INTERPRETED_RUN_BYTES.value()
     return limit > 0 and input_bytes is not None and input_bytes <= limit
 
 
@@ -363,7 +364,7 @@ def driver_java_options(short_lived: bool) -> str:
     a repeated option, so the user's win)."""
     return " ".join(filter(None, [class_archive_option(), _quiet_log_option(),
                                   SHORT_LIVED_JIT_OPTION if short_lived else None,
-                                  os.environ.get(DRIVER_JAVA_OPTIONS_ENV)]))
+                                  registry.DRIVER_JAVA_OPTIONS.value()]))
 
 
 def set_interpreter_defaults() -> None:
@@ -390,10 +391,10 @@ def get_spark(master: str | None = None, app_name: str = "versiq-ingest", *,
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.shuffle.partitions", os.environ.get("VERSIQ_SHUFFLE_PARTITIONS", "8"))
+        .config("spark.sql.shuffle.partitions", registry.SHUFFLE_PARTITIONS.value())
         .config("spark.sql.adaptive.enabled", "true")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config("spark.driver.memory", os.environ.get("VERSIQ_DRIVER_MEMORY", "4g"))
+        .config("spark.driver.memory", registry.DRIVER_MEMORY.value())
         .config("spark.executorEnv.PYSPARK_PYTHON", os.environ["PYSPARK_PYTHON"])
         .config("spark.python.worker.reuse", "true")
         # PySpark 4 records the Python call site of every DataFrame and Column call in the JVM

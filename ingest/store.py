@@ -23,7 +23,8 @@ from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
 from versiq import layout, storage
-from versiq.durations import DurationError, format_duration, parse_duration_ms
+from versiq import settings as registry
+from versiq.durations import format_duration
 from versiq.ingest.delta import commit_table, replace_run, set_description
 from versiq.ingest.errors import LeaseLost, LockTimeout, UsageError, one_line
 from versiq.ingest.holder import Holder, end_orphan_jvm
@@ -134,16 +135,11 @@ def lease_ttl_s() -> float:
     store that long."""
     from versiq.ingest.lease import DEFAULT_TTL_S
 
-    text = os.environ.get("VERSIQ_LEASE_TTL")
-    if not text:
-        return DEFAULT_TTL_S
     try:
-        ttl_ms = parse_duration_ms(text)
-    except DurationError as exc:
-        raise UsageError(f"VERSIQ_LEASE_TTL: {exc}") from None
-    if ttl_ms < 3000:
-        raise UsageError(f"VERSIQ_LEASE_TTL must be at least 3s (got {text!r})")
-    return ttl_ms / 1000
+        ttl_s = registry.LEASE_TTL.value()
+    except registry.SettingError as exc:
+        raise UsageError(str(exc)) from None
+    return DEFAULT_TTL_S if ttl_s is None else ttl_s
 
 
 def check_still_writer(store_path: str) -> None:

@@ -52,14 +52,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from versiq import storage
+from versiq import settings, storage
 from versiq.query import reads
 
 log = logging.getLogger("versiq.query")
 
 FORMAT_VERSION = 1
 #: The environment variable naming the local folder of serving indexes.
-CACHE_DIR_ENV = "VERSIQ_CACHE_DIR"
+CACHE_DIR_ENV = settings.CACHE_DIR.name
 #: A no-longer-current bucket directory is removed once it is this old (seconds).
 STALE_AFTER_S = 60.0
 
@@ -77,7 +77,7 @@ def cache_dir(warehouse: str, configured: str | None = None) -> str:
     """The folder of this warehouse's serving indexes: ``configured``, else ``VERSIQ_CACHE_DIR``,
     else the user's cache folder (``$XDG_CACHE_HOME/versiq`` or ``~/.cache/versiq``), each with a
     sub-folder per warehouse (its normalized location hashed), so one cache serves many."""
-    base = configured or os.environ.get(CACHE_DIR_ENV) or os.path.join(
+    base = configured or settings.CACHE_DIR.value() or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "versiq")
     warehouse_id = hashlib.sha256(storage.normalize(warehouse).encode()).hexdigest()[:16]
     return os.path.join(os.path.abspath(base), "index", warehouse_id)

@@ -8,8 +8,7 @@ import secrets
 import sys
 from typing import Any
 
-from versiq import storage
-from versiq.durations import DurationError
+from versiq import settings, storage
 from versiq.exits import EXIT_OK, EXIT_SERVE_FAILED, EXIT_USAGE
 from versiq.service.http import VersiqHttpProtocol, body_timeout_s, head_timeout_s
 from versiq.service.settings import ConfigError, Settings
@@ -38,9 +37,10 @@ def uvicorn_log_config(log_format: str, level: str) -> dict[str, Any]:
 
 
 def serve_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    settings.warn_unknown()  # once per process: a no-op after the CLI's own call
     warehouse = args.warehouse
     if not warehouse:
-        print("versiq serve: no warehouse: pass --warehouse DIR or set VERSIQ_WAREHOUSE",
+        print(f"versiq serve: no warehouse: pass --warehouse DIR or set {settings.WAREHOUSE.name}",
               file=sys.stderr)
         return EXIT_USAGE
     try:
@@ -56,14 +56,15 @@ def serve_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     if args.workers < 1:
         print("versiq serve: --workers must be at least 1", file=sys.stderr)
         return EXIT_USAGE
-    os.environ["VERSIQ_WAREHOUSE"] = warehouse
+    # the workers read their settings from the environment they inherit
+    os.environ[settings.WAREHOUSE.name] = warehouse
     # Every worker must verify the page tokens the others issued.
-    os.environ.setdefault("VERSIQ_TOKEN_SECRET", secrets.token_hex(32))
+    os.environ.setdefault(settings.TOKEN_SECRET.name, secrets.token_hex(32))
     try:
         Settings.from_env()  # fail fast on bad configuration, before forking workers
         head_timeout_s()
         body_timeout_s()
-    except (ConfigError, DurationError) as exc:
+    except ConfigError as exc:  # versiq.settings.SettingError
         print(f"versiq serve: {exc}", file=sys.stderr)
         return EXIT_USAGE
 

@@ -23,13 +23,13 @@ Every other behaviour is uvicorn's (keep-alive, pipelining, flow control, lifesp
 from __future__ import annotations
 
 import json
-import os
 from asyncio import TimerHandle
+from collections.abc import Mapping
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from versiq.durations import DurationError, parse_duration_ms
+from versiq import settings
 from versiq.service.problems import PROBLEM_BASE, PROBLEM_MEDIA_TYPE, PROBLEM_TYPES
 
 #: Longest request target (path and query string) accepted, in bytes.
@@ -37,34 +37,24 @@ MAX_URL_BYTES = 64 * 1024
 #: Largest total size of the header names and values of one request, in bytes.
 MAX_HEADER_BYTES = 64 * 1024
 #: Default time allowed for a request head to arrive.
-DEFAULT_HEAD_TIMEOUT_S = 10.0
-HEAD_TIMEOUT_ENV = "VERSIQ_REQUEST_HEAD_TIMEOUT"
+DEFAULT_HEAD_TIMEOUT_S = settings.REQUEST_HEAD_TIMEOUT.default
+HEAD_TIMEOUT_ENV = settings.REQUEST_HEAD_TIMEOUT.name
 #: Default time allowed for a request body to arrive, from the end of its head.
-DEFAULT_BODY_TIMEOUT_S = 60.0
-BODY_TIMEOUT_ENV = "VERSIQ_REQUEST_BODY_TIMEOUT"
+DEFAULT_BODY_TIMEOUT_S = settings.REQUEST_BODY_TIMEOUT.default
+BODY_TIMEOUT_ENV = settings.REQUEST_BODY_TIMEOUT.name
 
 _REASONS = {400: b"Bad Request", 408: b"Request Timeout", 414: b"URI Too Long",
             431: b"Request Header Fields Too Large"}
 
 
-def _timeout_s(name: str, default: float, env: dict[str, str] | None) -> float:
-    text = (os.environ if env is None else env).get(name)
-    if not text:
-        return default
-    millis = parse_duration_ms(text)
-    if millis <= 0:
-        raise DurationError(f"{name} must be positive, got {text!r}")
-    return millis / 1000
+def head_timeout_s(env: Mapping[str, str] | None = None) -> float:
+    """The configured head timeout in seconds; raises ``SettingError`` for a bad value."""
+    return settings.REQUEST_HEAD_TIMEOUT.value(env)
 
 
-def head_timeout_s(env: dict[str, str] | None = None) -> float:
-    """The configured head timeout in seconds; raises ``DurationError`` for a bad value."""
-    return _timeout_s(HEAD_TIMEOUT_ENV, DEFAULT_HEAD_TIMEOUT_S, env)
-
-
-def body_timeout_s(env: dict[str, str] | None = None) -> float:
-    """The configured body timeout in seconds; raises ``DurationError`` for a bad value."""
-    return _timeout_s(BODY_TIMEOUT_ENV, DEFAULT_BODY_TIMEOUT_S, env)
+def body_timeout_s(env: Mapping[str, str] | None = None) -> float:
+    """The configured body timeout in seconds; raises ``SettingError`` for a bad value."""
+    return settings.REQUEST_BODY_TIMEOUT.value(env)
 
 
 class _Refused(Exception):

@@ -1,6 +1,6 @@
 """Service configuration, read from the environment (the container) or built by tests.
 
-Environment variables:
+Environment variables (declared, parsed and documented in ``versiq.settings``):
 
 - ``VERSIQ_WAREHOUSE``: warehouse directory (required).
 - ``VERSIQ_REFRESH_INTERVAL``: how often the engine looks for new, removed and failing stores
@@ -19,27 +19,24 @@ Environment variables:
 
 from __future__ import annotations
 
-import os
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TypeVar
 
-from versiq.durations import parse_duration_ms
+from versiq import settings as registry
 from versiq.service.bodies import MAX_BUFFERED_BODY_BYTES
 
-DEFAULT_TOKEN_TTL_S = 3600.0
-_D = TypeVar("_D", float, None)
+DEFAULT_TOKEN_TTL_S = registry.PAGE_TOKEN_TTL.default
 
-
-class ConfigError(ValueError):
-    """A configuration value is unusable; the message names it."""
+#: A configuration value is unusable; the message names it. One error for the registry's
+#: variables and the settings the service checks itself (a warehouse, a token file).
+ConfigError = registry.SettingError
 
 
 @dataclass(frozen=True)
 class Settings:
     warehouse: str
-    refresh_interval_s: float = 1.0
+    refresh_interval_s: float = registry.REFRESH_INTERVAL.default
     watch_interval_s: float | None = None  # None: the engine's default for the warehouse
     token_secret: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False)
     token_ttl_s: float = DEFAULT_TOKEN_TTL_S
@@ -50,42 +47,31 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
-        env = os.environ if env is None else env
-        warehouse = env.get("VERSIQ_WAREHOUSE")
+        """The settings of ``env`` (default: this process's environment); raises ``ConfigError``
+        for a missing warehouse or any unusable value (``versiq serve`` checks before it forks)."""
+        warehouse = registry.WAREHOUSE.value(env)
         if not warehouse:
-            raise ConfigError("VERSIQ_WAREHOUSE is not set: name the warehouse directory")
-        secret = env.get("VERSIQ_TOKEN_SECRET")
+            raise ConfigError(f"{registry.WAREHOUSE.name} is not set: name the warehouse directory")
+        secret = registry.TOKEN_SECRET.value(env)
         return cls(
             warehouse=warehouse,
-            refresh_interval_s=_duration_s(env, "VERSIQ_REFRESH_INTERVAL", 1.0),
-            watch_interval_s=_duration_s(env, "VERSIQ_WATCH_INTERVAL", None),
+            refresh_interval_s=registry.REFRESH_INTERVAL.value(env),
+            watch_interval_s=registry.WATCH_INTERVAL.value(env),
             token_secret=secret.encode("utf-8") if secret else secrets.token_bytes(32),
-            token_ttl_s=_duration_s(env, "VERSIQ_PAGE_TOKEN_TTL", DEFAULT_TOKEN_TTL_S),
+            token_ttl_s=registry.PAGE_TOKEN_TTL.value(env),
             api_tokens=_api_tokens(env),
-            cors_origins=tuple(
-                o.strip() for o in env.get("VERSIQ_CORS_ORIGINS", "").split(",") if o.strip()
-            ),
+            cors_origins=registry.CORS_ORIGINS.value(env),
         )
 
 
-def _duration_s(env: Mapping[str, str], name: str, default: _D) -> float | _D:
-    text = env.get(name)
-    if not text:
-        return default
-    try:
-        return parse_duration_ms(text) / 1000
-    except ValueError as exc:
-        raise ConfigError(f"{name}: {exc}") from None
-
-
-def _api_tokens(env: Mapping[str, str]) -> frozenset[str] | None:
+def _api_tokens(env: Mapping[str, str] | None) -> frozenset[str] | None:
     tokens: set[str] = set()
     enabled = False
-    inline = env.get("VERSIQ_API_TOKENS")
+    inline = registry.API_TOKENS.value(env)
     if inline:
         enabled = True
-        tokens.update(t.strip() for t in inline.split(",") if t.strip())
-    path = env.get("VERSIQ_API_TOKENS_FILE")
+        tokens.update(registry.comma_list(inline))
+    path = registry.API_TOKENS_FILE.value(env)
     if path:
         enabled = True
         try:
@@ -95,7 +81,7 @@ def _api_tokens(env: Mapping[str, str]) -> frozenset[str] | None:
                     if line and not line.startswith("#"):
                         tokens.add(line)
         except OSError as exc:
-            raise ConfigError(f"VERSIQ_API_TOKENS_FILE: cannot read {path}: {exc}") from None
+            raise ConfigError(f"{registry.API_TOKENS_FILE.name}: cannot read {path}: {exc}") from None
     if enabled and not tokens:
-        raise ConfigError("VERSIQ_API_TOKENS / VERSIQ_API_TOKENS_FILE name no token")
+        raise ConfigError(f"{registry.API_TOKENS.name} / {registry.API_TOKENS_FILE.name} name no token")
     return frozenset(tokens) if enabled else None

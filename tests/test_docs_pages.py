@@ -1,23 +1,24 @@
 """The documents stay where a reader looks for them: the README is a short page for people that
-links every guide and reference page of docs/; the configuration page lists every ``VERSIQ_*``
-variable the code reads (and no other); the CLI reference documents every subcommand of
+links every guide and reference page of docs/; the configuration page's tables of variables are
+the registry of ``versiq.settings`` rendered (every ``VERSIQ_*`` variable the code reads is
+declared there: tests/test_settings.py); the CLI reference documents every subcommand of
 ``versiq``. Links themselves are checked by tests/test_docs_links.py."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
+from versiq import settings
 from versiq.cli.main import build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
-#: The folders of the product's code (tests and benchmarks set variables of their own).
-PRODUCT = ["versiq", "ingest", "query", "service", "cli"]
-#: ``VERSIQ_KAFKA_SASL_JAAS_CONFIG`` and the like are one documented family.
-KAFKA_FAMILY = "VERSIQ_KAFKA_<NAME>"
 
 
 def _text(path: Path) -> str:
@@ -35,19 +36,23 @@ def test_the_readme_is_short_and_links_every_page() -> None:
         assert command in text
 
 
-def _variables_in_code() -> set[str]:
-    names: set[str] = set()
-    for folder in PRODUCT:
-        for path in (ROOT / folder).rglob("*.py"):
-            names.update(re.findall(r"\bVERSIQ_[A-Z0-9_]*[A-Z0-9]\b", _text(path)))
-    return {KAFKA_FAMILY if name.startswith("VERSIQ_KAFKA_") else name for name in names}
+def _table(text: str, heading: str) -> str:
+    """The first Markdown table after ``heading`` in ``text``."""
+    lines = text[text.index(heading):].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| "))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("| ")), len(lines))
+    return "\n".join(lines[start:end]) + "\n"
 
 
-def test_the_configuration_page_lists_every_variable_the_code_reads() -> None:
-    table = set(re.findall(r"^\| `(VERSIQ_[A-Z0-9_<>]+)`", _text(DOCS / "configuration.md"), flags=re.M))
-    code = _variables_in_code()
-    assert code - table == set(), "variables the code reads that docs/configuration.md does not list"
-    assert table - code == set(), "variables docs/configuration.md lists that the code does not read"
+def test_the_configuration_page_is_the_registry_rendered() -> None:
+    page = _text(DOCS / "configuration.md")
+    fix = "update docs/configuration.md from `python -m versiq.settings --markdown`"
+    assert _table(page, "## Environment variables") == settings.markdown_table(settings.PRODUCT_ROWS), fix
+    assert _table(page, "The tools around versiq") == settings.markdown_table(settings.TOOLING_ROWS), fix
+    printed = subprocess.run([sys.executable, "-m", "versiq.settings", "--markdown"], capture_output=True,
+                             text=True, check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout
+    assert printed == settings.markdown_table(settings.PRODUCT_ROWS) + "\n" + settings.markdown_table(
+        settings.TOOLING_ROWS), "what a developer pastes"
 
 
 def _subcommands() -> list[str]:

@@ -10,6 +10,7 @@ import glob
 import os
 
 import versiq
+from versiq import settings
 
 
 def package_root() -> str:
@@ -27,7 +28,7 @@ def package_files() -> list[str]:
 
 
 #: The environment variable naming a folder of Delta's jars (else ``.cache/jars`` of the checkout).
-JARS_DIR_ENV = "VERSIQ_SPARK_JARS"
+JARS_DIR_ENV = settings.SPARK_JARS.name
 
 
 def jars_dir() -> str | None:
@@ -35,7 +36,7 @@ def jars_dir() -> str | None:
     ``VERSIQ_SPARK_JARS``, else ``.cache/jars`` of the checkout this package runs from; None when
     neither holds Delta's connector."""
     root = os.path.dirname(os.path.dirname(os.path.realpath(versiq.__file__ or "")))
-    for folder in (os.environ.get(JARS_DIR_ENV), os.path.join(root, ".cache", "jars")):
+    for folder in (settings.SPARK_JARS.value(), os.path.join(root, ".cache", "jars")):
         if folder and glob.glob(os.path.join(folder, "delta-spark_*.jar")):
             return folder
     return None
