@@ -20,13 +20,15 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+from versiq.cli.options import Invocation, add_logging
 from versiq.cli.sample import SampleExample, SampleSummary, describe, generate, load_summary
-from versiq.query.api import KeyResult, MultiVersionedKeyQuery, QueryError, VersionedKeyQuery, VersionsPage
-from versiq.query.engine import Engine
 from versiq.timestamps import format_timestamp
+
+if TYPE_CHECKING:
+    from versiq.query.api import KeyResult, VersionsPage
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +49,9 @@ class ServedAnswers:
 def served_answers(warehouse: str, example: SampleExample, store: str = STORE) -> ServedAnswers | None:
     """The example's three answers from the store as ``versiq serve`` will answer them (the same
     engine, delta-rs and DuckDB: no JVM); None when the store cannot be read (nothing is promised)."""
+    from versiq.query.api import MultiVersionedKeyQuery, QueryError, VersionedKeyQuery
+    from versiq.query.engine import Engine
+
     with Engine(warehouse, refresh_interval_s=3600, watch_interval_s=3600) as engine:
         try:
             return ServedAnswers(
@@ -219,3 +224,24 @@ def demo_command(args: argparse.Namespace, main: Callable[[list[str]], int],
         "serve", "--warehouse", str(warehouse), "--host", args.host, "--port", str(args.port),
         *logging_args,
     ])
+
+
+def _demo(inv: Invocation) -> int:
+    return demo_command(inv.args, inv.main)  # the demo drives the CLI itself: passed down, never imported back
+
+
+def add_demo(sub: Any) -> None:
+    demo = sub.add_parser(
+        "demo",
+        help="generate sample data, ingest it and serve it",
+        description="Generate a realistic sample changelog (product prices), ingest it into the "
+        "warehouse and serve it on 127.0.0.1:8080, printing example curl queries.",
+    )
+    demo.add_argument("--warehouse", default="warehouse", help="warehouse directory (default ./warehouse)")
+    demo.add_argument("--data", default="demo-data", help="where to write the sample changelog")
+    demo.add_argument("--keys", type=int, default=5000, help="number of product keys (default 5000)")
+    demo.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    demo.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    demo.add_argument("--no-serve", action="store_true", help="generate and ingest, then exit")
+    add_logging(demo)
+    demo.set_defaults(run=_demo)

@@ -35,8 +35,9 @@ import re
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
-from versiq.layout import REJECT_REASONS
+from versiq.cli.options import Invocation, add_logging
 from versiq.timestamps import format_timestamp
 
 log = logging.getLogger(__name__)
@@ -322,6 +323,8 @@ def generate(
         _WRITERS[fmt](out / name, chunk, random.Random(f"{seed}/{i}"))
 
     malformed = {kind: _MALFORMED_KINDS.count(kind) for kind in dict.fromkeys(_MALFORMED_KINDS)}
+    from versiq.layout import REJECT_REASONS
+
     expected_rejected = dict.fromkeys(REJECT_REASONS, 0)
     expected_rejected["late"] = late_count
     expected_rejected["malformed" if fmt == "jsonl" else "bad_value"] = malformed["bad_json"]
@@ -513,3 +516,24 @@ def generate_command(args: argparse.Namespace) -> int:
     print(describe(summary))
     print(f"  summary with example keys: {Path(summary.out_dir) / SUMMARY_FILE}")
     return 0
+
+
+def _generate(inv: Invocation) -> int:
+    return generate_command(inv.args)
+
+
+def add_generate(sub: Any) -> None:
+    gen = sub.add_parser(
+        "generate",
+        help="write a sample changelog (product prices) to a directory",
+        description="Write a deterministic sample changelog with out-of-order records, late "
+        "records past grace, tombstones and a few malformed lines.",
+    )
+    gen.add_argument("--out", required=True, help="output directory")
+    gen.add_argument("--keys", type=int, default=5000, help="number of keys (default 5000)")
+    gen.add_argument("--versions", type=int, default=10, help="versions per key (default 10)")
+    gen.add_argument("--files", type=int, default=4, help="number of files (default 4)")
+    gen.add_argument("--format", choices=("jsonl", "csv", "parquet"), default="jsonl")
+    gen.add_argument("--seed", type=int, default=7, help="random seed (default 7)")
+    add_logging(gen)
+    gen.set_defaults(run=_generate)
