@@ -15,6 +15,7 @@ from tests.support.conformance import (
     FIXED_SEED,
     TimeLimit,
     append_report,
+    backstop_s,
     conformance_seed,
     repeat_hint,
     time_limit_s,
@@ -66,6 +67,7 @@ def test_the_time_limit_scales_with_the_scenarios_and_the_machine() -> None:
     assert 600 <= small < large
     assert time_limit_s(200, {}, factor=3.0) == 3 * small  # a loaded machine gets longer
     assert time_limit_s(50_000, {"VERSIQ_CONFORMANCE_TIMEOUT": "60"}) == 60
+    assert backstop_s(1) > 600  # a short limit still leaves Spark time to start (setup counts)
 
 
 def test_a_run_over_its_time_limit_says_so_in_one_line() -> None:

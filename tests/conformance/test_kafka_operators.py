@@ -43,7 +43,14 @@ from typing import Any
 
 import pytest
 
-from tests.support.conformance import TimeLimit, append_report, conformance_seed, repeat_hint, time_limit_s
+from tests.support.conformance import (
+    TimeLimit,
+    append_report,
+    backstop_s,
+    conformance_seed,
+    repeat_hint,
+    time_limit_s,
+)
 from tests.support.derived import RealPipeline
 from tests.support.derived_reference import InputDef, Rec
 from tests.support.kafka_streams import KAFKA_VERSION, kafka_loses_replaced_tombstone, run_operator_scenarios
@@ -333,13 +340,13 @@ def operator_batches(seed: int, per_op: int) -> list[list[tuple[Config, list[Run
     return [groups[i:i + GROUPS_PER_BATCH] for i in range(0, len(groups), GROUPS_PER_BATCH)]
 
 
-#: The whole run's limit (tests.support.conformance): checked between batches; pytest-timeout at
-#: twice it is the backstop for a batch that hangs.
+#: The whole run's limit (tests.support.conformance): checked between batches; pytest-timeout's
+#: (``backstop_s``) is the backstop for a batch that hangs.
 TIME_LIMIT_S = time_limit_s(PER_OPERATOR * len(OPS))
 
 
 @pytest.mark.rule(13, 14, 15, 16, 17, 23, 24, 25, 26, 27, 28, 29, 30)
-@pytest.mark.timeout(2 * TIME_LIMIT_S)
+@pytest.mark.timeout(backstop_s(TIME_LIMIT_S))
 def test_operators_agree_with_kafka_streams(spark: Any, tmp_path_factory: Any) -> None:
     """PER_OPERATOR scenarios per operator from one seed (``conformance_seed``: fixed in
     ``make test``, fresh in ``make conformance``), run once: every difference is reported once."""

@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.conformance import append_report, conformance_seed, repeat_hint, time_limit_s
+from tests.support.conformance import append_report, backstop_s, conformance_seed, repeat_hint, time_limit_s
 from tests.support.ingest import rejected_rows
 from tests.support.kafka_streams import KAFKA_VERSION, kafka_loses_replaced_tombstone, partition_of, run_store_scenarios
 from versiq.ingest.pipeline import StoreSpec, run_ingest
@@ -214,7 +214,7 @@ def compare(spark: Any, root: str, scenarios: list[dict[str, Any]]) -> tuple[Cou
 
 
 @pytest.mark.rule(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 19, 22)
-@pytest.mark.timeout(2 * time_limit_s(SCENARIOS))  # one batch: pytest-timeout is its only limit
+@pytest.mark.timeout(backstop_s(time_limit_s(SCENARIOS)))  # one batch: pytest-timeout is its only limit
 def test_versioned_stores_agree_with_kafka_streams(spark: Any, tmp_path_factory: Any) -> None:
     """One batch of SCENARIOS scenarios from one seed (``conformance_seed``: fixed in ``make test``,
     fresh in ``make conformance``), so the whole batch is one Spark run and one JVM start."""

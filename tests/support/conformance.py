@@ -11,8 +11,9 @@ Time limit. A run's limit grows with its scenario count and with the machine's l
 average per core, at least 1), so a busy machine makes a run slower, not a failure; or
 ``VERSIQ_CONFORMANCE_TIMEOUT`` seconds. It is checked between batches (a Spark job is never
 interrupted midway, which would leave the session unusable), and a run over it stops with one
-line saying so. pytest-timeout's limit for the test is twice that: a backstop for a batch that
-hangs, not the measure.
+line saying so. pytest-timeout's limit for the test (``backstop_s``: twice that plus ``BASE_S``,
+so a short limit still leaves Spark time to start) is a backstop for a batch that hangs, not
+the measure.
 """
 
 from __future__ import annotations
@@ -62,6 +63,12 @@ def time_limit_s(scenarios: int, environ: Mapping[str, str] = os.environ, factor
     if text:
         return float(text)
     return (BASE_S + PER_SCENARIO_S * scenarios) * (machine_factor() if factor is None else factor)
+
+
+def backstop_s(limit_s: float) -> float:
+    """pytest-timeout's limit for a test whose own limit is ``limit_s``: room for the batch under
+    way when the limit passes and for starting Spark (pytest-timeout counts fixture setup too)."""
+    return 2 * limit_s + BASE_S
 
 
 @dataclass
