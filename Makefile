@@ -39,7 +39,8 @@ help:
 	@echo "make demo   generate sample data, ingest it into ./warehouse, serve it on 127.0.0.1:8080"
 	@echo "make test   run the whole test suite"
 	@echo "make lint   ruff + mypy;  make bench  run the benchmarks;  make clean-demo  remove demo data"
-	@echo "make conformance   10,000 random scenarios per store kind and operator through versiq and Kafka Streams"
+	@echo "make conformance   10,000 random scenarios per store kind and operator through versiq and Kafka Streams,"
+	@echo "                   from a fresh seed (VERSIQ_CONFORMANCE_SEED=N repeats one)"
 	@echo "make kafka  a local Kafka broker with the sample changelog in topic 'prices';  make s3  a local S3 server"
 
 $(PY):
@@ -136,10 +137,14 @@ bench: $(DEV_STAMP) java $(SPARK_JARS) $(CLASS_ARCHIVE) $(KAFKA_BROKER)
 	$(PY) bench/run.py
 
 # 10,000 random scenarios (VERSIQ_CONFORMANCE_SCENARIOS) for stores and for each operator, through
-# versiq and Kafka Streams; prints a summary (about 30 minutes on 2 cores).
+# versiq and Kafka Streams; prints a summary (about 30 minutes on 2 cores). Each run draws a fresh
+# seed and prints it first; VERSIQ_CONFORMANCE_SEED=N repeats run N's scenarios exactly (`make test`
+# runs the same tests on a fixed seed, with few scenarios).
 conformance: $(DEV_STAMP) java $(SPARK_JARS) $(CONFORMANCE_JAR)
-	VERSIQ_CONFORMANCE_SCENARIOS=$${VERSIQ_CONFORMANCE_SCENARIOS:-10000} VERSIQ_CONFORMANCE_GROUP=500 \
-	  HYPOTHESIS_PROFILE=explore \
+	@seed=$${VERSIQ_CONFORMANCE_SEED:-$$($(PY) -c 'import secrets; print(secrets.randbelow(2**32))')}; \
+	echo "conformance: seed $$seed (VERSIQ_CONFORMANCE_SEED=$$seed make conformance repeats this run)"; \
+	VERSIQ_CONFORMANCE_SEED=$$seed VERSIQ_CONFORMANCE_SCENARIOS=$${VERSIQ_CONFORMANCE_SCENARIOS:-10000} \
+	  VERSIQ_CONFORMANCE_GROUP=$${VERSIQ_CONFORMANCE_GROUP:-500} \
 	  $(PY) -m pytest tests/conformance -q -s -p no:cacheprovider
 
 # The broker and S3 server the tests use, in the foreground, to try versiq by hand

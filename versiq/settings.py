@@ -346,13 +346,18 @@ CONFORMANCE_GROUPS: Setting[int | None] = Setting(
     "pipelines per Spark run (one batch) of the operators' conformance test, default 10", "tests")
 CONFORMANCE_SEED: Setting[int | None] = Setting(
     "VERSIQ_CONFORMANCE_SEED", whole_number, None,
-    "the seed of the operators' conformance test (default: a random one)", "tests")
+    "the seed of both conformance tests: `make test` runs seed 0, `make conformance` a fresh one it prints "
+    "first; a seed repeats its scenarios exactly", "tests")
 CONFORMANCE_BATCHES: Setting[tuple[str, ...]] = Setting(
     "VERSIQ_CONFORMANCE_BATCHES", comma_list, (),
     "comma-separated batches of that seed to run again (default: all)", "tests")
 CONFORMANCE_REPORT: Setting[str | None] = Setting(
     "VERSIQ_CONFORMANCE_REPORT", string, None,
-    "a file the operators' conformance test appends each difference it finds to", "tests")
+    "a file the conformance tests append each difference they find to, once", "tests")
+CONFORMANCE_TIMEOUT: Setting[int | None] = Setting(
+    "VERSIQ_CONFORMANCE_TIMEOUT", whole_number, None,
+    "seconds the operators' conformance test may take, default 600 plus 0.2 per scenario, times the load "
+    "per core", "tests")
 BENCH_WORK: Setting[str] = Setting(
     "VERSIQ_BENCH_WORK", string, "/tmp/versiq-bench",
     "the benchmarks' working folder (`--work`), default `/tmp/versiq-bench` ([benchmarks.md](benchmarks.md))",

@@ -26,8 +26,9 @@ prefixed ``s<j>/`` and timestamps shifted by ``j * SPAN`` (all of scenario j's r
 scenario j+1's in every input, so the merge restricted to one scenario is the merge of it alone).
 Kafka runs every scenario in its own TopologyTestDriver with unprefixed, unshifted records.
 
-``make test`` runs a fixed, derandomized set; ``make conformance`` runs
-``VERSIQ_CONFORMANCE_SCENARIOS`` (default 10,000) per operator and prints a summary.
+``make test`` runs 40 per operator from a fixed seed; ``make conformance`` runs
+``VERSIQ_CONFORMANCE_SCENARIOS`` (default 10,000) per operator from a fresh seed
+(``VERSIQ_CONFORMANCE_SEED`` repeats one; tests/support/conformance.py) and prints a summary.
 """
 
 from __future__ import annotations
@@ -41,9 +42,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from hypothesis import Phase, given, settings
-from hypothesis import strategies as st
 
+from tests.support.conformance import (
+    TimeLimit,
+    append_report,
+    backstop_s,
+    conformance_seed,
+    repeat_hint,
+    time_limit_s,
+)
 from tests.support.derived import RealPipeline
 from tests.support.derived_reference import InputDef, Rec
 from tests.support.kafka_streams import KAFKA_VERSION, kafka_loses_replaced_tombstone, run_operator_scenarios
@@ -316,8 +323,11 @@ def run_batch(spark: Any, root: str, groups: list[tuple[Config, list[Runs]]]) ->
     return tally, differences
 
 
-def batches(rng: random.Random, per_op: int) -> list[list[tuple[Config, list[Runs]]]]:
-    """Groups of GROUP_SIZE scenarios, ``per_op`` scenarios per operator, GROUPS_PER_BATCH per batch."""
+def operator_batches(seed: int, per_op: int) -> list[list[tuple[Config, list[Runs]]]]:
+    """The scenarios of ``seed``: groups of GROUP_SIZE scenarios, ``per_op`` scenarios per operator,
+    GROUPS_PER_BATCH groups per batch, all drawn from ``random.Random(seed)`` (the same seed, the
+    same batches; ``VERSIQ_CONFORMANCE_BATCHES`` reruns some of them)."""
+    rng = random.Random(seed)
     groups = []
     for op in OPS:
         made = 0
@@ -330,32 +340,34 @@ def batches(rng: random.Random, per_op: int) -> list[list[tuple[Config, list[Run
     return [groups[i:i + GROUPS_PER_BATCH] for i in range(0, len(groups), GROUPS_PER_BATCH)]
 
 
+#: The whole run's limit (tests.support.conformance): checked between batches; pytest-timeout's
+#: (``backstop_s``) is the backstop for a batch that hangs.
+TIME_LIMIT_S = time_limit_s(PER_OPERATOR * len(OPS))
+
+
 @pytest.mark.rule(13, 14, 15, 16, 17, 23, 24, 25, 26, 27, 28, 29, 30)
-# make conformance (10,000 per operator) takes about half an hour: the suite's 900 s per test would
-# interrupt a Spark job midway and leave the session unusable
-@pytest.mark.timeout(900 if PER_OPERATOR <= 100 else 3 * 3600)
-@settings(max_examples=1, deadline=None, phases=(Phase.explicit, Phase.generate))  # a seed cannot shrink
-@given(st.integers(0, 2**32 - 1) if "VERSIQ_CONFORMANCE_SEED" not in os.environ
-       else st.just(int(os.environ["VERSIQ_CONFORMANCE_SEED"])))
-def test_operators_agree_with_kafka_streams(spark: Any, tmp_path_factory: Any, seed: int) -> None:
-    """PER_OPERATOR scenarios per operator from one seed (a fixed one in CI: derandomized)."""
-    rng = random.Random(seed)
+@pytest.mark.timeout(backstop_s(TIME_LIMIT_S))
+def test_operators_agree_with_kafka_streams(spark: Any, tmp_path_factory: Any) -> None:
+    """PER_OPERATOR scenarios per operator from one seed (``conformance_seed``: fixed in
+    ``make test``, fresh in ``make conformance``), run once: every difference is reported once."""
+    seed = conformance_seed()
+    print(f"conformance (operators): seed {seed}, {PER_OPERATOR} scenarios per operator", flush=True)
+    limit = TimeLimit(TIME_LIMIT_S, "conformance (operators)")
     total: Counter[str] = Counter()
     differences: list[str] = []
     only = {int(n) for n in os.environ.get("VERSIQ_CONFORMANCE_BATCHES", "").split(",") if n.strip()}
     report = os.environ.get("VERSIQ_CONFORMANCE_REPORT")
-    for n, batch in enumerate(batches(rng, PER_OPERATOR)):
-        if only and n not in only:
-            continue  # a rerun of chosen batches of a seed (the scenarios are the same)
+    chosen = [(n, batch) for n, batch in enumerate(operator_batches(seed, PER_OPERATOR)) if not only or n in only]
+    for done, (n, batch) in enumerate(chosen):
+        limit.check(done, len(chosen), len(differences), seed)
         tally, found = run_batch(spark, str(tmp_path_factory.mktemp(f"operators{n}")), batch)
         total += tally
         differences += found
-        if found and report:  # written as found, so a later failure cannot lose them
-            with open(report, "a", encoding="utf-8") as handle:
-                handle.write(f"seed {seed} batch {n}:\n" + "\n".join(found) + "\n")
+        if found and report:
+            append_report(report, f"seed {seed} batch {n}", found)
         print(f"conformance (operators): seed {seed}, batch {n}: {dict(total)}", flush=True)
-    assert not differences, f"{len(differences)} difference(s) with Kafka Streams {KAFKA_VERSION}:\n" + \
-        "\n".join(differences[:12])
+    assert not differences, f"{len(differences)} difference(s) with Kafka Streams {KAFKA_VERSION} " \
+        f"(seed {seed}: {repeat_hint(seed)}):\n" + "\n".join(differences[:12])
 
 
 def test_the_known_kafka_difference_is_recognised() -> None:

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from tests.support.ingest import store_versions, write_jsonl
@@ -67,6 +68,33 @@ def test_local_runs_append_without_a_transaction_id_and_a_run_of_no_rows_still_c
     assert history[1].files == ("b.jsonl",)
     assert not os.path.exists(layout.log_file(path, 3))
     assert MAINTAIN not in {c.operation for c in history}
+
+
+def _delta_operations(spark: Any, path: str) -> dict[int, tuple[str, str | None]]:
+    """Each version's operation and write mode, as Spark's ``DESCRIBE HISTORY`` shows them."""
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").select("version", "operation", "operationParameters")
+    return {row.version: (row.operation, (row.operationParameters or {}).get("mode")) for row in history.collect()}
+
+
+def test_the_first_commit_creates_the_table_and_later_runs_append_as_the_docs_say(spark: Any, tmp_path: Any) -> None:
+    """A store's first run creates its table (partitioned, with its properties: ``CREATE OR
+    REPLACE TABLE AS SELECT``, version 0); the next run is a plain append (``WRITE``, ``Append``).
+    The layout's description and the contract say exactly that."""
+    source, warehouse = str(tmp_path / "src"), str(tmp_path / "wh")
+    spec = StoreSpec(name="s", source=source, history_retention_ms=1000)
+    write_jsonl(source, "a.jsonl", [_record("k1", 10_000)])
+    run_ingest(spark, warehouse, [spec])
+    write_jsonl(source, "b.jsonl", [_record("k1", 20_000)])
+    run_ingest(spark, warehouse, [spec])
+
+    operations = _delta_operations(spark, layout.table_path(warehouse, "s"))
+    assert operations == {0: ("CREATE OR REPLACE TABLE AS SELECT", None), 1: ("WRITE", "Append")}
+    contract = (Path(__file__).resolve().parents[2] / "docs" / "contract.md").read_text(encoding="utf-8")
+    for text in (layout.__doc__ or "", contract):
+        doc = " ".join(text.replace("`", "").split())
+        assert "first run's commit creates the table" in doc
+        assert "CREATE OR REPLACE TABLE AS SELECT" in doc and "version 0" in doc
+        assert "every later run's commit is a plain append (" in doc.lower() and "WRITE, mode Append" in doc
 
 
 def test_a_side_table_whose_first_commit_was_killed_is_created_by_the_rerun(spark, tmp_path):
