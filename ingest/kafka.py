@@ -425,7 +425,7 @@ def read_records(spark: SparkSession, source: KafkaSource, read: KafkaRead, max_
     ``seq`` is ``(partition << 40) | (offset - start)``: the partition plays the part a file
     plays for file sources, and every record carries its offset, so a partition's processing
     order is offset order (rule 20). ``raw`` is kept for every record (a record rejected later
-    cannot be read again from a file)."""
+    cannot be read again from a file), with the record's headers when it has any."""
     ranges = {p: r for p, r in read.ranges.items() if r[0] < r[1]}
     if not ranges:
         return spark.createDataFrame(RUN_SCHEMA.empty_table())
@@ -441,7 +441,9 @@ def read_records(spark: SparkSession, source: KafkaSource, read: KafkaRead, max_
               # records the run planned to read were deleted meanwhile: fail, the rerun decides
               .option("failOnDataLoss", "true")
               .option("kafkaConsumer.pollTimeoutMs", str(POLL_TIMEOUT_MS))
-              .option("fetchOffset.numRetries", str(FETCH_OFFSET_RETRIES)))
+              .option("fetchOffset.numRetries", str(FETCH_OFFSET_RETRIES))
+              # a rejected record's raw shows its headers (records.kafka_rows)
+              .option("includeHeaders", "true"))
     records = sum(end - start for start, end in ranges.values())
     tasks = max(len(ranges), spark.sparkContext.defaultParallelism, -(-records // RECORDS_PER_TASK))
     if records >= RECORDS_PER_TASK // 10 and tasks > len(ranges):
@@ -450,7 +452,7 @@ def read_records(spark: SparkSession, source: KafkaSource, read: KafkaRead, max_
         reader = reader.option(name, value)
     frame = reader.load().select(
         "key", "value", F.col("partition").cast("int").alias("partition"), "offset",
-        F.unix_millis(F.col("timestamp")).alias("timestamp"))
+        F.unix_millis(F.col("timestamp")).alias("timestamp"), "headers")
     starts = {p: s for p, (s, _e) in ranges.items()}
     fmt, name = source.format, source.name
 

@@ -1,5 +1,5 @@
 """Kafka records as parsed rows: one Arrow batch of Kafka records (``KAFKA_INPUT_SCHEMA``: the
-key and value bytes, partition, offset and record timestamp) becomes one batch of
+key and value bytes, partition, offset, record timestamp and headers) becomes one batch of
 ``PARSED_SCHEMA`` rows, one row per record in the same order; nothing is dropped here.
 
 The mapping (how a Kafka record becomes a versiq record):
@@ -11,7 +11,13 @@ The mapping (how a Kafka record becomes a versiq record):
   the way ``files.raw_texts`` re-reads a file's lines, so the row carries its own text. It is
   the compact JSON object ``{"key": <text>, "value": <text>}`` of the UTF-8 texts of the bytes
   (null for null bytes); bytes that are not valid UTF-8 are given as ``"keyBase64"`` /
-  ``"valueBase64"`` (standard base64) instead, so raw always gives back the exact bytes.
+  ``"valueBase64"`` (standard base64) instead, so raw always gives back the exact bytes. A
+  record with headers has a third member, ``"headers"`` (``_headers_member``): an object of the
+  header names, in the order each name first appears, each to its value as UTF-8 text, null for
+  a null value, or ``{"base64": <text>}`` for bytes that are not UTF-8; a name the record repeats
+  maps to the array of its values in order. A record without headers has no such member, so its
+  raw is what it was before headers were read. Headers are carried into raw only: no rule reads
+  them, so they never change a record's key, value, timestamp or outcome.
 - **Key.** The key bytes as UTF-8 text. A null key, bytes that are not UTF-8, and the empty key
   are ``bad_key`` (unlike a file's empty ``key``, which is ``missing_field``: a Kafka record
   always has the key slot, so the key is wrong rather than missing). With ``debezium`` the key
@@ -93,7 +99,8 @@ SKIPPED_DETAIL = ("the null-value message Debezium writes after a delete (the pr
 VALUE_FORMATS = ("json", "string", "debezium")
 DEBEZIUM_TIMESTAMPS = ("ts_ms", "source.ts_ms")
 
-#: The columns ``parse_kafka`` reads (Spark's Kafka source, its timestamp as epoch ms).
+#: The columns ``parse_kafka`` reads (Spark's Kafka source with ``includeHeaders``, its
+#: timestamp as epoch ms). ``headers`` is null for a record without headers (Spark's own choice).
 KAFKA_INPUT_SCHEMA = pa.schema(
     [
         pa.field("key", pa.binary()),
@@ -101,6 +108,7 @@ KAFKA_INPUT_SCHEMA = pa.schema(
         pa.field("partition", pa.int32()),
         pa.field("offset", pa.int64()),
         pa.field("timestamp", pa.int64()),
+        pa.field("headers", pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))),
     ]
 )
 
@@ -167,7 +175,7 @@ def parse_kafka(batch: pa.RecordBatch, fmt: KafkaFormat, source: str, max_timest
     key_of, value_of, debezium = rules.key, rules.value, fmt.value_format == "debezium"
     out = Batcher(source)
     columns = [batch.column(name).to_pylist() for name in KAFKA_INPUT_SCHEMA.names]
-    for key_b, value_b, part, offset, kts in zip(*columns, strict=True):
+    for key_b, value_b, part, offset, kts, headers in zip(*columns, strict=True):
         try:
             key_t = None if key_b is None else key_b.decode()
         except UnicodeDecodeError:
@@ -176,7 +184,8 @@ def parse_kafka(batch: pa.RecordBatch, fmt: KafkaFormat, source: str, max_timest
             value_t = None if value_b is None else value_b.decode()
         except UnicodeDecodeError:
             value_t = None
-        raw = "{" + _member("key", key_b, key_t) + "," + _member("value", value_b, value_t) + "}"
+        raw = "{" + _member("key", key_b, key_t) + "," + _member("value", value_b, value_t)
+        raw += "}" if not headers else "," + _headers_member(headers) + "}"
         if debezium and value_b is None:
             out.reject(offset, SKIPPED, SKIPPED_DETAIL, raw, part, offset)
             continue
@@ -205,6 +214,29 @@ def _member(name: str, data: bytes | None, text: str | None) -> str:
     if data is None:
         return '"' + name + '":null'
     return '"' + name + 'Base64":"' + _b64encode(data).decode("ascii") + '"'
+
+
+def _headers_member(headers: list[dict[str, Any]]) -> str:
+    """The ``headers`` member of ``raw`` (module docstring): Kafka keeps headers as a list of
+    (name, value) pairs in which a name may repeat; raw groups them by name so that a reader
+    finds a header by its name, and keeps every value of a repeated name in order (the order
+    of values across different names is not kept)."""
+    grouped: dict[str, list[str]] = {}
+    for header in headers:
+        grouped.setdefault(header["key"], []).append(_header_value(header["value"]))
+    members = [encode_basestring(name) + ":" + (values[0] if len(values) == 1 else "[" + ",".join(values) + "]")
+               for name, values in grouped.items()]
+    return '"headers":{' + ",".join(members) + "}"
+
+
+def _header_value(data: bytes | None) -> str:
+    """One header value in ``raw``: its UTF-8 text, null, or ``{"base64": ...}``."""
+    if data is None:
+        return "null"
+    try:
+        return encode_basestring(data.decode())
+    except UnicodeDecodeError:
+        return '{"base64":"' + _b64encode(data).decode("ascii") + '"}'
 
 
 def _canonical(data: bytes) -> Any:

@@ -382,6 +382,37 @@ def test_partitions_added_to_the_topic_get_their_own_stream_time(spark, kafka_br
         assert client.get("/v1/stores/g/keys/c").json()["timestamp"] == 5
 
 
+def test_rejected_records_show_their_headers_and_headers_change_no_stored_value(spark, kafka_broker, tmp_path):
+    """Headers as docs/contract.md words them: by name, UTF-8 text, base64 for other bytes, null,
+    every value of a repeated name in order; also in the raw of a record rejected after parsing
+    (late), and a record without headers keeps the raw it always had."""
+    topic = new_topic(kafka_broker, "headers", 1)
+    headers = [("trace", "é-1"), ("bin", b"\xff\x00"), ("none", None), ("rep", "1"), ("empty", b""),
+               ("rep", b"\xfe"), ("rep", None)]
+    kafka_broker.produce(topic, [
+        {"key": "a", "value": '{"n": 1}', "timestamp_ms": 10_000, "headers": [("trace", "t-0"), ("bin", b"\xff")]},
+        {"key": "b", "value": "{bad", "timestamp_ms": 10_001, "headers": headers},
+        {"key": "c", "value": "2", "timestamp_ms": 1, "headers": [("h", "late")]},
+        {"key": "d", "value": "{bad", "timestamp_ms": 10_002},
+    ])
+    wh = str(tmp_path / "wh")
+    report = run_ingest(spark, wh, [_spec("h", kafka_broker, topic, history_retention_ms=1_000)]).stores["h"]
+    assert report.error is None, report.error
+    assert report.accepted_latest == 1 and {k: v for k, v in report.rejected.items() if v} == {
+        "bad_value": 2, "late": 1}
+    assert [(v.timestamp, v.value) for v in store_versions(os.path.join(wh, "h"))["a"]] == [(10_000, '{"n":1}')]
+    listed = subprocess.run([*VERSIQ, "rejected", "--warehouse", wh, "--store", "h"], env=_env(),
+                            capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    raws = {r["offset"]: r["raw"] for r in map(json.loads, listed.stdout.splitlines())}
+    assert raws == {
+        1: '{"key":"b","value":"{bad","headers":{"trace":"é-1","bin":{"base64":"/wA="},"none":null,'
+           '"rep":["1",{"base64":"/g=="},null],"empty":""}}',
+        2: '{"key":"c","value":"2","headers":{"h":"late"}}',
+        3: '{"key":"d","value":"{bad"}',
+    }
+
+
 def _records(n: int, base: int, partitions: int = 1) -> list[dict[str, Any]]:
     return [{"key": f"k{base + i}", "value": str(base + i), "partition": i % partitions, "timestamp_ms": 1_000 + i}
             for i in range(n)]

@@ -30,9 +30,11 @@ DEBEZIUM = KafkaFormat(value_format="debezium")
 
 
 def batch(records: list[tuple[Any, ...]]) -> pa.RecordBatch:
-    """``records``: (key, value[, timestamp[, partition]]); offsets are 100, 101, ..."""
+    """``records``: (key, value[, timestamp[, partition[, headers]]]), headers a list of (name,
+    value) pairs (absent: null, as Spark gives a record without headers); offsets are 100, 101, ..."""
     columns = [[r[0] for r in records], [r[1] for r in records], [r[3] if len(r) > 3 else 0 for r in records],
-               [100 + i for i in range(len(records))], [r[2] if len(r) > 2 else TS for r in records]]
+               [100 + i for i in range(len(records))], [r[2] if len(r) > 2 else TS for r in records],
+               [None if len(r) < 5 or r[4] is None else [{"key": n, "value": v} for n, v in r[4]] for r in records]]
     return pa.RecordBatch.from_arrays([pa.array(c, f.type) for c, f in zip(columns, KAFKA_INPUT_SCHEMA, strict=True)],
                                       schema=KAFKA_INPUT_SCHEMA)
 
@@ -64,6 +66,18 @@ def test_a_record_maps_position_key_value_timestamp_and_raw():
     }
     assert (rows[1]["pos"], rows[1]["offset"], rows[1]["value"]) == (101, 101, '{"n":1}')
     assert json.loads(rows[1]["raw"]) == {"key": "k2", "value": '{"n":1}'}
+
+
+def test_headers_are_in_raw_by_name_and_change_nothing_else():
+    headers = [("trace", "é-1".encode()), ("bin", b"\xff\x00"), ("none", None), ("rep", b"a"), ("empty", b""),
+               ("rep", b"\xfe"), ("rep", None)]
+    rows = parse([(b"k", b"{bad", TS, 0, headers), (b"k", b'{"n":1}', TS, 0, headers), (b"k", b'{"n":1}', TS, 0, [])])
+    assert rows[0]["reason"] == "bad_value"
+    assert rows[0]["raw"] == ('{"key":"k","value":"{bad","headers":{"trace":"é-1","bin":{"base64":"/wA="},'
+                              '"none":null,"rep":["a",{"base64":"/g=="},null],"empty":""}}')
+    assert (rows[1]["key"], rows[1]["value"], rows[1]["ts"]) == ("k", '{"n":1}', TS)
+    assert json.loads(rows[1]["raw"])["headers"] == json.loads(rows[0]["raw"])["headers"]
+    assert rows[2]["raw"] == '{"key":"k","value":"{\\"n\\":1}"}'  # no headers: no member
 
 
 @pytest.mark.parametrize("value", [None, b"null", b" null\n"])
@@ -470,17 +484,50 @@ def decoded(raw: dict[str, Any], name: str) -> bytes | None:
     return None if raw[name] is None else raw[name].encode()
 
 
+def header_bytes(value: Any) -> bytes | None:
+    """One header value of raw back as bytes (docs/contract.md, Kafka sources)."""
+    if isinstance(value, dict):
+        assert list(value) == ["base64"]
+        data = base64.b64decode(value["base64"], validate=True)
+        with pytest.raises(UnicodeDecodeError):
+            data.decode()
+        return data
+    return None if value is None else value.encode()
+
+
+def grouped(headers: list[tuple[str, bytes | None]]) -> dict[str, list[bytes | None]]:
+    out: dict[str, list[bytes | None]] = {}
+    for name, value in headers:
+        out.setdefault(name, []).append(value)
+    return out
+
+
+HEADERS = st.none() | st.lists(st.tuples(st.sampled_from(["a", "b", "é", ""]) | st.text(max_size=3),
+                                         st.none() | st.binary(max_size=4) | st.text(max_size=4).map(str.encode)),
+                               max_size=4)
+
+
 @settings(max_examples=300)
-@given(st.lists(st.tuples(st.none() | TEXTS, st.none() | TEXTS, st.none() | st.integers(-2, 2**63 - 1)),
-                max_size=6), FORMATS)
+@given(st.lists(st.tuples(st.none() | TEXTS, st.none() | TEXTS, st.none() | st.integers(-2, 2**63 - 1),
+                          st.just(0), HEADERS), max_size=6), FORMATS)
 def test_every_record_gives_one_row_whose_raw_gives_back_its_bytes(records, fmt):
     rows = parse(records, fmt)  # also: the fast path agrees with the general one
+    without = parse([r[:4] for r in records], fmt)
     assert len(rows) == len(records)
-    for i, (row, (key, value, _ts)) in enumerate(zip(rows, records, strict=True)):
+    for i, (row, (key, value, _ts, _p, headers)) in enumerate(zip(rows, records, strict=True)):
         assert row["pos"] == row["offset"] == 100 + i and row["source"] == "kafka:t" and row["part"] == 0
         raw = json.loads(row["raw"])
-        assert list(raw) == [next(n for n in raw if n.startswith("key")), next(n for n in raw if n.startswith("value"))]
+        names = [next(n for n in raw if n.startswith("key")), next(n for n in raw if n.startswith("value"))]
+        assert list(raw) == names + (["headers"] if headers else [])
         assert (decoded(raw, "key"), decoded(raw, "value")) == (key, value)
+        if headers:  # every value of every name, in order; names in the order they first appear
+            assert list(raw["headers"]) == list(grouped(headers))
+            for name, values in grouped(headers).items():
+                got = raw["headers"][name] if len(values) > 1 else [raw["headers"][name]]
+                assert [header_bytes(v) for v in got] == values
+        # headers are in raw only: the outcome is the same without them
+        assert {**row, "raw": None} == {**without[i], "raw": None}
+        assert json.loads(without[i]["raw"]) == {n: raw[n] for n in names}
         assert (row["reason"] is None) == (row["key"] is not None)
         if row["reason"] is None:
             assert row["ts"] is not None and row["detail"] is None
