@@ -203,7 +203,8 @@ def test_kill_9_then_rerun_equals_an_uninterrupted_run(spark, tmp_path):
     # the CLI's JVM ran this small run with interpreted expressions, the reference with
     # generated code: the same store either way (spark.plans_for_input)
     assert re.search(r"driver JVM options: .*-XX:TieredStopAtLevel=1", result.stderr), result.stderr
-    assert "bytes of new input: a small run (expressions interpreted" in result.stderr, result.stderr
+    assert "store k: run 1 over 4 new files: parse in the driver, decide with DuckDB, write with Spark (a small run)" \
+        in result.stderr, result.stderr  # the run's plan
     # ... and parsed its files in its own process (parse.parse_here), the reference in Spark tasks
     assert re.search(r"[\d,]+ records parsed in this process", result.stderr), result.stderr
     path = os.path.join(wh, "k")

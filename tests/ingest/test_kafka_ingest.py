@@ -234,7 +234,7 @@ def test_a_run_of_few_records_plans_as_a_small_run(spark, kafka_broker, tmp_path
     kafka_broker.produce(topic, [{"key": f"k{i}", "value": str(i), "timestamp_ms": 1000 + i} for i in range(10)])
     with caplog.at_level(logging.DEBUG, logger="versiq.ingest"):
         assert run_ingest(spark, wh, [spec]).stores["s"].error is None
-    assert f"{10 * RECORD_BYTES_ESTIMATE} bytes of new input: a small run" in caplog.text
+    assert "parse, decide and write with Spark (a small run)" in caplog.text  # the run's plan: 10 records
     assert spark.conf.get("spark.sql.adaptive.enabled") == "true"  # the session's own, after the run
     caplog.clear()
     monkeypatch.setenv(INTERPRETED_RUN_BYTES_ENV, str(5 * RECORD_BYTES_ESTIMATE))  # 10 records are beyond it
@@ -242,7 +242,7 @@ def test_a_run_of_few_records_plans_as_a_small_run(spark, kafka_broker, tmp_path
     with caplog.at_level(logging.DEBUG, logger="versiq.ingest"):
         report = run_ingest(spark, wh, [spec]).stores["s"]
     assert report.error is None and report.read == 10 and report.accepted_latest == 10
-    assert "a small run" not in caplog.text
+    assert "parse, decide and write with Spark" in caplog.text and "a small run" not in caplog.text
     assert [v.value for v in store_versions(os.path.join(wh, "s"))["k3"]] == ["3", "70"]
 
 

@@ -50,14 +50,16 @@ def test_small_runs_plan_for_little_data_and_the_session_gets_its_settings_back(
         return [spark.conf.get(key, None) for key in keys]
 
     partitions = str(min(int(before[3] or 200), spark.sparkContext.defaultParallelism))
-    with spark_module.plans_for_input(spark, spark_module.INTERPRETED_RUN_BYTES):
+    assert spark_module.small_run(spark_module.INTERPRETED_RUN_BYTES)
+    with spark_module.plans_for_input(spark, True):
         assert settings() == ["false", "NO_CODEGEN", "false", partitions]
     assert settings() == before
     for size in (spark_module.INTERPRETED_RUN_BYTES + 1, None):
-        with spark_module.plans_for_input(spark, size):
-            assert settings() == before
+        assert not spark_module.small_run(size)
+    with spark_module.plans_for_input(spark, False):
+        assert settings() == before
     monkeypatch.setenv(spark_module.INTERPRETED_RUN_BYTES_ENV, "0")
     for size in (10, 0):  # 0: never, even for a run with no bytes of new input
-        with spark_module.plans_for_input(spark, size):
-            assert settings() == before
+        assert not spark_module.small_run(size)
+    assert settings() == before
     assert settings() == before

@@ -182,7 +182,10 @@ def test_unreadable_files_are_built_again(tmp_path):
     assert was_built and rebuilt.rows("k").record(0).value == "v2"
 
 
-def test_the_index_of_a_store_removed_from_the_warehouse_is_removed_once_stale(tmp_path):
+def test_the_index_of_a_store_removed_from_the_warehouse_is_removed(tmp_path):
+    """A store the catalog sees leave the warehouse (dropped) loses its index at that refresh; a
+    folder of a store this process never served (left by another process) goes once it is
+    stale, not before: another replica may still be building it."""
     import shutil
 
     wh, cache = str(tmp_path / "wh"), str(tmp_path / "cache")
@@ -193,11 +196,11 @@ def test_the_index_of_a_store_removed_from_the_warehouse_is_removed_once_stale(t
     folder = index_files.cache_dir(wh, cache)
     assert sorted(os.listdir(folder)) == ["dropped", "kept"]
     shutil.rmtree(os.path.join(wh, "dropped"))
+    os.makedirs(os.path.join(folder, "orphan", f"v{index_files.FORMAT_VERSION}"))
     engine.refresh()
-    # Gone from the warehouse but changed moments ago: another replica may still be reading it.
-    assert sorted(os.listdir(folder)) == ["dropped", "kept"]
+    assert sorted(os.listdir(folder)) == ["kept", "orphan"]
     past = time.time() - index_files.STALE_AFTER_S - 5
-    for path in (os.path.join(folder, "dropped"), os.path.join(folder, "dropped", f"v{index_files.FORMAT_VERSION}")):
+    for path in (os.path.join(folder, "orphan"), os.path.join(folder, "orphan", f"v{index_files.FORMAT_VERSION}")):
         os.utime(path, (past, past))
     engine.refresh()
     assert os.listdir(folder) == ["kept"]
