@@ -8,6 +8,7 @@ import json
 import os
 import stat
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
@@ -15,6 +16,7 @@ from deltalake import DeltaTable
 from tests.ingest.test_ingest_cli import VERSIQ, env, versiq
 from tests.support.ingest import store_versions, write_jsonl
 from tests.support.processes import run_then_kill
+from versiq import storage
 from versiq.ingest import maintain
 from versiq.ingest.config import load_config
 from versiq.ingest.erase import DerivedTable, affected_tables, erase_secret, key_hash
@@ -38,10 +40,11 @@ def _person(key: str, age: int, secret: str, ts: int) -> str:
     return json.dumps({"key": key, "value": {"age": age, "city": "Oslo", "secret": secret}, "timestamp": ts})
 
 
-def _build(spark, tmp_path) -> tuple[str, str]:
-    """Two runs and a compaction: the key's rows are in live files, in files the compaction
-    removed (not vacuumed) and in ``_rejected`` (a line that is not JSON)."""
-    src, wh = tmp_path / "src", str(tmp_path / "wh")
+def build(spark, tmp_path, wh: str | None = None) -> tuple[str, str]:
+    """Two runs and a compaction into ``wh`` (default: a folder of ``tmp_path``): the key's rows
+    are in live files, in files the compaction removed (not vacuumed) and in ``_rejected`` (a
+    line that is not JSON)."""
+    src, wh = tmp_path / "src", wh or str(tmp_path / "wh")
     config = tmp_path / "pipeline.yaml"
     config.write_text(PIPELINE.replace("SRC", str(src)))
     write_jsonl(str(src), "1.jsonl", [_person(KEY, 30, f"{VALUE}-1", 10), _person("bob", 40, "bob-1", 11),
@@ -53,21 +56,19 @@ def _build(spark, tmp_path) -> tuple[str, str]:
     return wh, str(config)
 
 
-def _leaks(folder: str) -> list[str]:
-    """Files under ``folder`` that hold the key or a value of it: raw bytes (logs, checksums,
-    every file) and, for Parquet, the decoded rows (compressed pages hide text from a byte scan)."""
+def leaks(folder: str) -> list[str]:
+    """Files under ``folder`` (a directory or an S3 prefix) that hold the key or a value of it:
+    raw bytes (logs, checksums, every file) and, for Parquet, the decoded rows (compressed pages
+    hide text from a byte scan)."""
     found = []
-    for root, _dirs, files in os.walk(folder):
-        for name in files:
-            path = os.path.join(root, name)
-            with open(path, "rb") as handle:
-                data = handle.read()
-            if KEY.encode() in data or VALUE.encode() in data:
+    for path in storage.all_files(folder):
+        data = storage.read_bytes(path)
+        if KEY.encode() in data or VALUE.encode() in data:
+            found.append(path)
+        elif data[:4] == b"PAR1":
+            rows = json.dumps(pq.read_table(pa.BufferReader(data)).to_pylist(), default=str)
+            if KEY in rows or VALUE in rows:
                 found.append(path)
-            elif data[:4] == b"PAR1":
-                rows = json.dumps(pq.read_table(path).to_pylist(), default=str)
-                if KEY in rows or VALUE in rows:
-                    found.append(path)
     return found
 
 
@@ -82,16 +83,16 @@ def test_affected_tables_follow_the_key_and_name_those_to_rebuild():
 
 
 def test_erase_killed_after_the_store_commit_is_completed_by_its_rerun(spark, tmp_path):
-    wh, _config = _build(spark, tmp_path)
+    wh, _config = build(spark, tmp_path)
     people, adults = os.path.join(wh, "people"), os.path.join(wh, "adults")
-    assert _leaks(people) and _leaks(adults)
+    assert leaks(people) and leaks(adults)
     others = {k: v for k, v in store_versions(people).items() if k != KEY}
     before = DeltaTable(people).version()
     command = [*VERSIQ, "erase", "--warehouse", wh, "--store", "people", "--key", KEY]
 
     # killed once the store's own commit is made, before its side tables and derived tables
     assert run_then_kill(command, env(), "people: erase committed", 0.0) < 0
-    assert _leaks(os.path.join(people, "_rejected")) and _leaks(adults)
+    assert leaks(os.path.join(people, "_rejected")) and leaks(adults)
     assert not os.path.exists(os.path.join(people, "_erasures")), "recorded before it was done"
 
     done = versiq("erase", "--warehouse", wh, "--store", "people", "--key", KEY)
@@ -102,7 +103,7 @@ def test_erase_killed_after_the_store_commit_is_completed_by_its_rerun(spark, tm
     assert result["rows"]["people/_rejected"] == 1 and result["rows"]["adults"] >= 1
     assert KEY not in done.stdout + done.stderr and VALUE not in done.stdout + done.stderr
 
-    assert _leaks(people) == [] and _leaks(adults) == []
+    assert leaks(people) == [] and leaks(adults) == []
     assert store_versions(people) == others
 
     # the serving engine: 404 at every snapshot still readable, 410 for those that read erased files
