@@ -17,10 +17,11 @@ from tests.ingest.test_ingest_cli import VERSIQ, env, versiq
 from tests.support.ingest import store_versions, write_jsonl
 from tests.support.processes import run_then_kill
 from versiq import storage
-from versiq.ingest import maintain
+from versiq.ingest import delta, maintain
 from versiq.ingest.config import load_config
-from versiq.ingest.erase import DerivedTable, affected_tables, erase_secret, key_hash
+from versiq.ingest.erase import DerivedTable, affected_tables, erase_keys, erase_secret, key_hash
 from versiq.ingest.run import run_pipeline
+from versiq.layout import TABLE_PROPERTIES
 from versiq.query import history
 from versiq.query.api import SnapshotGone, VersionedKeyQuery
 from versiq.query.engine import Engine
@@ -143,6 +144,76 @@ def test_erase_killed_after_the_store_commit_is_completed_by_its_rerun(spark, tm
     again = versiq("erase", "--warehouse", wh, "--store", "people", "--key", KEY)
     assert again.returncode == 0, again.stderr
     assert sum(json.loads(again.stdout)["rows"].values()) == 0
+
+
+def checkpoint_every(monkeypatch, commits: int) -> None:
+    """Tables created from now on get a Delta checkpoint every ``commits`` commits (50 in
+    versiq's tables): a few runs then exercise what 50 would."""
+    monkeypatch.setattr(delta, "TABLE_PROPERTIES", {**TABLE_PROPERTIES, "delta.checkpointInterval": str(commits)})
+
+
+def checkpoint_described(table: str) -> bool:
+    """Whether the table's ``_last_checkpoint`` names a checkpoint of the size it records."""
+    folder = os.path.join(table, "_delta_log")
+    with open(os.path.join(folder, "_last_checkpoint"), encoding="utf-8") as handle:
+        hint = json.load(handle)
+    prefix = f"{hint['version']:020d}.checkpoint."
+    sizes = [os.path.getsize(os.path.join(folder, n)) for n in os.listdir(folder)
+             if n.startswith(prefix) and n.endswith(".parquet")]
+    return bool(sizes) and sum(sizes) == hint["sizeInBytes"]
+
+
+def _fresh_reads(spark, table: str) -> int:
+    """The table's rows as delta-spark (its log cache dropped, as a new process) and delta-rs
+    read them: the same number, returned."""
+    spark.sparkContext._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
+    rows = spark.read.format("delta").load(table).count()
+    assert DeltaTable(table).to_pyarrow_table().num_rows == rows
+    return rows
+
+
+def test_erase_on_checkpointed_tables_leaves_logs_both_delta_readers_and_the_next_writers_take(
+        spark, tmp_path, monkeypatch):
+    """A checkpoint every 2 commits: the store's newest checkpoint holds the statistics of the
+    compacted file of the key (rewritten by the erase), the erase commit of ``adults`` writes a
+    checkpoint of its own, the next run writes one after the erase."""
+    checkpoint_every(monkeypatch, 2)
+    wh, config = build(spark, tmp_path)
+    people, adults = os.path.join(wh, "people"), os.path.join(wh, "adults")
+    tables, checkpointed = (people, os.path.join(people, "_rejected"), adults), (people, adults)
+    assert os.path.exists(os.path.join(people, "_delta_log", f"{2:020d}.checkpoint.parquet"))
+    others = {k: v for k, v in store_versions(people).items() if k != KEY}
+    with Engine(wh, refresh_interval_s=3600) as engine:
+        engine.refresh()
+        bob = engine.get("people", VersionedKeyQuery("bob")).record
+    assert bob is not None
+
+    result = erase_keys(wh, "people", [KEY], spark=lambda: spark)
+    assert result.rows["people"] >= 1 and result.rows["people/_rejected"] == 1 and result.rows["adults"] >= 1
+    assert leaks(people) == [] and leaks(adults) == []
+    for table in checkpointed:
+        assert checkpoint_described(table), f"{table}: _last_checkpoint does not describe its checkpoint"
+    for table in tables:
+        _fresh_reads(spark, table)
+    assert store_versions(people) == others
+    with Engine(wh, refresh_interval_s=3600) as engine:
+        engine.refresh()
+        assert engine.get("people", VersionedKeyQuery(KEY)).outcome == "not-found"
+        assert engine.get("people", VersionedKeyQuery("bob")).record == bob
+
+    # the next run commits on the erased log and checkpoints after it; then a compaction
+    write_jsonl(str(tmp_path / "src"), "3.jsonl", [_person("bob", 42, "bob-3", 30), _person("dora", 50, "d", 31)])
+    assert not run_pipeline(spark, wh, load_config(config, wh)).failed
+    assert os.path.exists(os.path.join(people, "_delta_log", f"{4:020d}.checkpoint.parquet"))
+    maintain.maintain_store(wh, "people", spark=lambda: spark)
+    assert leaks(people) == [] and leaks(adults) == []
+    for table in checkpointed:
+        assert checkpoint_described(table)
+    for table in tables:
+        _fresh_reads(spark, table)
+    latest = store_versions(people)
+    assert KEY not in latest and latest["dora"][-1].value is not None
+    assert json.loads(latest["bob"][-1].value)["secret"] == "bob-3"
 
 
 def test_erase_usage_errors_exit_2(tmp_path):

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from tests.ingest.test_erase import KEY, build, leaks
+from tests.ingest.test_erase import KEY, build, checkpoint_every, leaks
 from tests.support.ingest import store_versions
 from versiq import layout, storage
-from versiq.ingest.erase import erase_keys
+from versiq.ingest.erase import erase_keys, last_checkpoint_holds
 from versiq.ingest.lifecycle import drop
 from versiq.ingest.spark import FETCH_HINT_S3, configure_s3, s3_jars_present
 from versiq.query.api import VersionedKeyQuery
@@ -37,7 +37,10 @@ def s3(spark: Any, s3_server: Any) -> Iterator[Any]:
         yield s3_server
 
 
-def test_erase_then_drop_on_an_s3_warehouse(spark: Any, s3: Any, tmp_path: Any) -> None:
+def test_erase_then_drop_on_an_s3_warehouse(spark: Any, s3: Any, tmp_path: Any, monkeypatch: Any) -> None:
+    """A checkpoint every 2 commits, so that the erase rewrites one and has Delta write a new
+    one (``erase.write_checkpoint``) through S3A."""
+    checkpoint_every(monkeypatch, 2)
     wh = f"s3://{BUCKET}/wh-{uuid.uuid4().hex[:8]}"
     build(spark, tmp_path, wh)
     people, adults = layout.table_path(wh, "people"), layout.table_path(wh, "adults")
@@ -48,6 +51,8 @@ def test_erase_then_drop_on_an_s3_warehouse(spark: Any, s3: Any, tmp_path: Any) 
     assert result.rows["people"] >= 1 and result.rows["people/_rejected"] == 1 and result.rows["adults"] >= 1
     assert leaks(people) == [] and leaks(adults) == []
     assert store_versions(people) == others
+    assert last_checkpoint_holds(people) and last_checkpoint_holds(adults)
+    assert storage.exists(storage.join(people, "_delta_log", "_last_checkpoint"))
     with Engine(wh, refresh_interval_s=3600) as engine:
         engine.refresh()
         assert engine.get("people", VersionedKeyQuery(KEY)).outcome == "not-found"
