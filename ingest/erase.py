@@ -19,8 +19,11 @@ that holds a matching row (older compactions' inputs, a killed writer's leftover
 log keeps per-file statistics whose ``minValues``/``maxValues`` may quote a key; those of
 files that held one are cut to ``numRecords`` in the commit files and checkpoints, and the
 ``.crc`` checksum files quoting one are deleted (Delta and the readers recompute what they
-hold). Snapshots that read a deleted file are gone: reads of them, and page tokens pinned to
-them, answer 410.
+hold). A rewritten checkpoint no longer has the size ``_last_checkpoint`` records; when it is
+the newest, delta-spark writes a new checkpoint of the current snapshot, and its own
+``_last_checkpoint``, rather than versiq editing Delta's pointer (``write_checkpoint``).
+Snapshots that read a deleted file are gone: reads of them, and page tokens pinned to them,
+answer 410.
 
 Every step recomputes what is left from the tables themselves, so an erase killed at any point
 is completed by running it again. The audit row (``_erasures``) is written last: an erase
