@@ -19,8 +19,11 @@ that holds a matching row (older compactions' inputs, a killed writer's leftover
 log keeps per-file statistics whose ``minValues``/``maxValues`` may quote a key; those of
 files that held one are cut to ``numRecords`` in the commit files and checkpoints, and the
 ``.crc`` checksum files quoting one are deleted (Delta and the readers recompute what they
-hold). Snapshots that read a deleted file are gone: reads of them, and page tokens pinned to
-them, answer 410.
+hold). A rewritten checkpoint no longer has the size ``_last_checkpoint`` records; when it is
+the newest, delta-spark writes a new checkpoint of the current snapshot, and its own
+``_last_checkpoint``, rather than versiq editing Delta's pointer (``write_checkpoint``).
+Snapshots that read a deleted file are gone: reads of them, and page tokens pinned to them,
+answer 410.
 
 Every step recomputes what is left from the tables themselves, so an erase killed at any point
 is completed by running it again. The audit row (``_erasures``) is written last: an erase
@@ -75,6 +78,8 @@ log = logging.getLogger("versiq.erase")
 KEYED_OPS = ("from", "join", "stream_join")
 _COMMIT_FILE = re.compile(r"\d{20}\.json\Z")
 _CHECKPOINT_FILE = re.compile(r"\d{20}\.checkpoint.*\.parquet\Z")
+#: Delta's pointer to a table's newest checkpoint, in its log folder.
+LAST_CHECKPOINT_FILE = "_last_checkpoint"
 
 SparkFactory = Callable[[], SparkSession]
 
@@ -253,6 +258,10 @@ def _erase_table(session: _Session, name: str, path: str, keys: list[str], resul
         result.rows[target.label] = result.rows.get(target.label, 0) + rows
         result.files_deleted += _delete_files(target, keys)
         result.log_files_scrubbed += scrub_log(target.path, keys)
+        if not last_checkpoint_holds(target.path):
+            check_still_writer(path)
+            write_checkpoint(session.get(), target.path)
+            log.info("%s: checkpoint written after the erase", target.label)
 
 
 def needles(keys: list[str]) -> list[str]:
@@ -440,6 +449,43 @@ def _scrub_struct(column: pa.StructArray, keys: list[str], quoted: list[str]) ->
             array = pc.if_else(pa.array(hit), pa.nulls(len(array), f.type), array)
         arrays.append(array)
     return pa.StructArray.from_arrays(arrays, fields=list(column.type), mask=column.is_null())
+
+
+def last_checkpoint_holds(table_path: str) -> bool:
+    """Whether the table's ``_last_checkpoint`` (if any) names a checkpoint of the size it
+    records (``sizeInBytes``, all parts of it together). A checkpoint ``scrub_log`` rewrote
+    no longer does: readers are not known to check the size, but nothing vouches that they
+    never will, so the erase then has Delta write a checkpoint of its own
+    (``write_checkpoint``)."""
+    folder = delta_log(table_path)
+    try:
+        hint = json.loads(storage.read_text(storage.join(folder, LAST_CHECKPOINT_FILE)))
+    except FileNotFoundError:
+        return True
+    except ValueError:
+        return False
+    if not isinstance(hint, dict) or not isinstance(hint.get("version"), int):
+        return False
+    recorded = hint.get("sizeInBytes")
+    if recorded is None:
+        return True  # a pointer without a size: nothing the rewrite contradicts
+    prefix = f"{hint['version']:020d}.checkpoint."
+    parts = [p for p in storage.all_files(folder) if storage.basename(p).startswith(prefix)
+             and _CHECKPOINT_FILE.match(storage.basename(p))]
+    return bool(parts) and sum(storage.file_size(p) for p in parts) == recorded
+
+
+def write_checkpoint(spark: SparkSession, table_path: str) -> None:
+    """Have delta-spark write a checkpoint of the table's newest snapshot and the
+    ``_last_checkpoint`` that describes it, read afresh from the scrubbed log (the session's
+    cached state of the table is dropped first: it may predate the scrub). The caller holds the
+    table's writer lock. The checkpoint holds the newest snapshot's files only, none of which
+    held an erased key, and Delta's checkpoints keep no statistics of removed files."""
+    jvm: Any = spark.sparkContext._jvm
+    session: Any = spark._jsparkSession
+    delta_log_class = jvm.org.apache.spark.sql.delta.DeltaLog
+    delta_log_class.invalidateCache(session, jvm.org.apache.hadoop.fs.Path(table_path))
+    delta_log_class.forTable(session, table_path).checkpoint()
 
 
 # ------------------------------------------------------------------------------ the audit trail

@@ -357,6 +357,18 @@ def all_files(path: str) -> list[str]:
     return sorted(join(path, i.path[len(root):].strip("/")) for i in infos if i.type == pafs.FileType.File)
 
 
+def file_size(path: str) -> int:
+    """The size in bytes of the file or object at ``path``; FileNotFoundError when absent."""
+    if not is_s3(path):
+        return os.path.getsize(path)
+    from pyarrow import fs as pafs
+
+    info = s3_filesystem().get_file_info(_fs_path(path))
+    if info.type != pafs.FileType.File:
+        raise FileNotFoundError(path)
+    return int(info.size)
+
+
 def read_bytes(path: str) -> bytes:
     """The bytes of the file or object at ``path``; FileNotFoundError when absent."""
     if not is_s3(path):

@@ -8,6 +8,7 @@ import json
 import os
 import stat
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
@@ -15,10 +16,12 @@ from deltalake import DeltaTable
 from tests.ingest.test_ingest_cli import VERSIQ, env, versiq
 from tests.support.ingest import store_versions, write_jsonl
 from tests.support.processes import run_then_kill
-from versiq.ingest import maintain
+from versiq import storage
+from versiq.ingest import delta, maintain
 from versiq.ingest.config import load_config
-from versiq.ingest.erase import DerivedTable, affected_tables, erase_secret, key_hash
+from versiq.ingest.erase import DerivedTable, affected_tables, erase_keys, erase_secret, key_hash
 from versiq.ingest.run import run_pipeline
+from versiq.layout import TABLE_PROPERTIES
 from versiq.query import history
 from versiq.query.api import SnapshotGone, VersionedKeyQuery
 from versiq.query.engine import Engine
@@ -38,10 +41,11 @@ def _person(key: str, age: int, secret: str, ts: int) -> str:
     return json.dumps({"key": key, "value": {"age": age, "city": "Oslo", "secret": secret}, "timestamp": ts})
 
 
-def _build(spark, tmp_path) -> tuple[str, str]:
-    """Two runs and a compaction: the key's rows are in live files, in files the compaction
-    removed (not vacuumed) and in ``_rejected`` (a line that is not JSON)."""
-    src, wh = tmp_path / "src", str(tmp_path / "wh")
+def build(spark, tmp_path, wh: str | None = None) -> tuple[str, str]:
+    """Two runs and a compaction into ``wh`` (default: a folder of ``tmp_path``): the key's rows
+    are in live files, in files the compaction removed (not vacuumed) and in ``_rejected`` (a
+    line that is not JSON)."""
+    src, wh = tmp_path / "src", wh or str(tmp_path / "wh")
     config = tmp_path / "pipeline.yaml"
     config.write_text(PIPELINE.replace("SRC", str(src)))
     write_jsonl(str(src), "1.jsonl", [_person(KEY, 30, f"{VALUE}-1", 10), _person("bob", 40, "bob-1", 11),
@@ -53,21 +57,19 @@ def _build(spark, tmp_path) -> tuple[str, str]:
     return wh, str(config)
 
 
-def _leaks(folder: str) -> list[str]:
-    """Files under ``folder`` that hold the key or a value of it: raw bytes (logs, checksums,
-    every file) and, for Parquet, the decoded rows (compressed pages hide text from a byte scan)."""
+def leaks(folder: str) -> list[str]:
+    """Files under ``folder`` (a directory or an S3 prefix) that hold the key or a value of it:
+    raw bytes (logs, checksums, every file) and, for Parquet, the decoded rows (compressed pages
+    hide text from a byte scan)."""
     found = []
-    for root, _dirs, files in os.walk(folder):
-        for name in files:
-            path = os.path.join(root, name)
-            with open(path, "rb") as handle:
-                data = handle.read()
-            if KEY.encode() in data or VALUE.encode() in data:
+    for path in storage.all_files(folder):
+        data = storage.read_bytes(path)
+        if KEY.encode() in data or VALUE.encode() in data:
+            found.append(path)
+        elif data[:4] == b"PAR1":
+            rows = json.dumps(pq.read_table(pa.BufferReader(data)).to_pylist(), default=str)
+            if KEY in rows or VALUE in rows:
                 found.append(path)
-            elif data[:4] == b"PAR1":
-                rows = json.dumps(pq.read_table(path).to_pylist(), default=str)
-                if KEY in rows or VALUE in rows:
-                    found.append(path)
     return found
 
 
@@ -82,16 +84,16 @@ def test_affected_tables_follow_the_key_and_name_those_to_rebuild():
 
 
 def test_erase_killed_after_the_store_commit_is_completed_by_its_rerun(spark, tmp_path):
-    wh, _config = _build(spark, tmp_path)
+    wh, _config = build(spark, tmp_path)
     people, adults = os.path.join(wh, "people"), os.path.join(wh, "adults")
-    assert _leaks(people) and _leaks(adults)
+    assert leaks(people) and leaks(adults)
     others = {k: v for k, v in store_versions(people).items() if k != KEY}
     before = DeltaTable(people).version()
     command = [*VERSIQ, "erase", "--warehouse", wh, "--store", "people", "--key", KEY]
 
     # killed once the store's own commit is made, before its side tables and derived tables
     assert run_then_kill(command, env(), "people: erase committed", 0.0) < 0
-    assert _leaks(os.path.join(people, "_rejected")) and _leaks(adults)
+    assert leaks(os.path.join(people, "_rejected")) and leaks(adults)
     assert not os.path.exists(os.path.join(people, "_erasures")), "recorded before it was done"
 
     done = versiq("erase", "--warehouse", wh, "--store", "people", "--key", KEY)
@@ -102,7 +104,7 @@ def test_erase_killed_after_the_store_commit_is_completed_by_its_rerun(spark, tm
     assert result["rows"]["people/_rejected"] == 1 and result["rows"]["adults"] >= 1
     assert KEY not in done.stdout + done.stderr and VALUE not in done.stdout + done.stderr
 
-    assert _leaks(people) == [] and _leaks(adults) == []
+    assert leaks(people) == [] and leaks(adults) == []
     assert store_versions(people) == others
 
     # the serving engine: 404 at every snapshot still readable, 410 for those that read erased files
@@ -142,6 +144,76 @@ def test_erase_killed_after_the_store_commit_is_completed_by_its_rerun(spark, tm
     again = versiq("erase", "--warehouse", wh, "--store", "people", "--key", KEY)
     assert again.returncode == 0, again.stderr
     assert sum(json.loads(again.stdout)["rows"].values()) == 0
+
+
+def checkpoint_every(monkeypatch, commits: int) -> None:
+    """Tables created from now on get a Delta checkpoint every ``commits`` commits (50 in
+    versiq's tables): a few runs then exercise what 50 would."""
+    monkeypatch.setattr(delta, "TABLE_PROPERTIES", {**TABLE_PROPERTIES, "delta.checkpointInterval": str(commits)})
+
+
+def checkpoint_described(table: str) -> bool:
+    """Whether the table's ``_last_checkpoint`` names a checkpoint of the size it records."""
+    folder = os.path.join(table, "_delta_log")
+    with open(os.path.join(folder, "_last_checkpoint"), encoding="utf-8") as handle:
+        hint = json.load(handle)
+    prefix = f"{hint['version']:020d}.checkpoint."
+    sizes = [os.path.getsize(os.path.join(folder, n)) for n in os.listdir(folder)
+             if n.startswith(prefix) and n.endswith(".parquet")]
+    return bool(sizes) and sum(sizes) == hint["sizeInBytes"]
+
+
+def _fresh_reads(spark, table: str) -> int:
+    """The table's rows as delta-spark (its log cache dropped, as a new process) and delta-rs
+    read them: the same number, returned."""
+    spark.sparkContext._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
+    rows = spark.read.format("delta").load(table).count()
+    assert DeltaTable(table).to_pyarrow_table().num_rows == rows
+    return rows
+
+
+def test_erase_on_checkpointed_tables_leaves_logs_both_delta_readers_and_the_next_writers_take(
+        spark, tmp_path, monkeypatch):
+    """A checkpoint every 2 commits: the store's newest checkpoint holds the statistics of the
+    compacted file of the key (rewritten by the erase), the erase commit of ``adults`` writes a
+    checkpoint of its own, the next run writes one after the erase."""
+    checkpoint_every(monkeypatch, 2)
+    wh, config = build(spark, tmp_path)
+    people, adults = os.path.join(wh, "people"), os.path.join(wh, "adults")
+    tables, checkpointed = (people, os.path.join(people, "_rejected"), adults), (people, adults)
+    assert os.path.exists(os.path.join(people, "_delta_log", f"{2:020d}.checkpoint.parquet"))
+    others = {k: v for k, v in store_versions(people).items() if k != KEY}
+    with Engine(wh, refresh_interval_s=3600) as engine:
+        engine.refresh()
+        bob = engine.get("people", VersionedKeyQuery("bob")).record
+    assert bob is not None
+
+    result = erase_keys(wh, "people", [KEY], spark=lambda: spark)
+    assert result.rows["people"] >= 1 and result.rows["people/_rejected"] == 1 and result.rows["adults"] >= 1
+    assert leaks(people) == [] and leaks(adults) == []
+    for table in checkpointed:
+        assert checkpoint_described(table), f"{table}: _last_checkpoint does not describe its checkpoint"
+    for table in tables:
+        _fresh_reads(spark, table)
+    assert store_versions(people) == others
+    with Engine(wh, refresh_interval_s=3600) as engine:
+        engine.refresh()
+        assert engine.get("people", VersionedKeyQuery(KEY)).outcome == "not-found"
+        assert engine.get("people", VersionedKeyQuery("bob")).record == bob
+
+    # the next run commits on the erased log and checkpoints after it; then a compaction
+    write_jsonl(str(tmp_path / "src"), "3.jsonl", [_person("bob", 42, "bob-3", 30), _person("dora", 50, "d", 31)])
+    assert not run_pipeline(spark, wh, load_config(config, wh)).failed
+    assert os.path.exists(os.path.join(people, "_delta_log", f"{4:020d}.checkpoint.parquet"))
+    maintain.maintain_store(wh, "people", spark=lambda: spark)
+    assert leaks(people) == [] and leaks(adults) == []
+    for table in checkpointed:
+        assert checkpoint_described(table)
+    for table in tables:
+        _fresh_reads(spark, table)
+    latest = store_versions(people)
+    assert KEY not in latest and latest["dora"][-1].value is not None
+    assert json.loads(latest["bob"][-1].value)["secret"] == "bob-3"
 
 
 def test_erase_usage_errors_exit_2(tmp_path):
