@@ -9,6 +9,7 @@ command runs, so that building the parser stays cheap."""
 from __future__ import annotations
 
 import argparse
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -28,6 +29,27 @@ class Invocation:
     parser: argparse.ArgumentParser
     argv: list[str]
     main: Callable[[list[str]], int]
+
+
+@dataclass(frozen=True)
+class Deferred:
+    """A command's ``run`` that calls ``module.function(args)``, importing the module only then
+    (building the parser must not load the ingest, the engine or Spark)."""
+
+    module: str
+    function: str
+
+    def target(self) -> Callable[[argparse.Namespace], int]:
+        target: Callable[[argparse.Namespace], int] = getattr(importlib.import_module(self.module), self.function)
+        return target
+
+    def __call__(self, inv: Invocation) -> int:
+        return self.target()(inv.args)
+
+
+def runs(module: str, function: str) -> Deferred:
+    """``Deferred(module, function)``: what ``set_defaults(run=...)`` takes."""
+    return Deferred(module, function)
 
 
 def warehouse_location(text: str) -> str:

@@ -5,43 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from versiq.cli.options import Invocation, add_logging, add_read_options, add_snapshot_options, add_warehouse
-
-
-def _rejected(inv: Invocation) -> int:
-    from versiq.ingest.commands import rejected_command
-
-    return rejected_command(inv.args)
-
-
-def _keys(inv: Invocation) -> int:
-    from versiq.service.offline import keys_command
-
-    return keys_command(inv.args)
-
-
-def _get(inv: Invocation) -> int:
-    from versiq.service.offline import get_command
-
-    return get_command(inv.args)
-
-
-def _lookup(inv: Invocation) -> int:
-    from versiq.service.offline import lookup_command
-
-    return lookup_command(inv.args)
-
-
-def _sql(inv: Invocation) -> int:
-    from versiq.service.offline import sql_command
-
-    return sql_command(inv.args)
-
-
-def _history(inv: Invocation) -> int:
-    from versiq.service.offline import history_command
-
-    return history_command(inv.args)
+from versiq.cli.options import add_logging, add_read_options, add_snapshot_options, add_warehouse, runs
 
 
 def add_rejected(sub: Any) -> None:
@@ -57,7 +21,7 @@ def add_rejected(sub: Any) -> None:
     rej.add_argument("--format", choices=("jsonl", "table"), default="jsonl",
                      help="jsonl (default, for scripts) or a human-readable table")
     add_logging(rej)
-    rej.set_defaults(run=_rejected)
+    rej.set_defaults(run=runs("versiq.ingest.commands", "rejected_command"))
 
 
 def add_keys(sub: Any) -> None:
@@ -80,7 +44,7 @@ def add_keys(sub: Any) -> None:
     keys.add_argument("--include-deleted", action="store_true", help="also list keys deleted by a tombstone")
     add_read_options(keys)
     add_logging(keys)
-    keys.set_defaults(run=_keys)
+    keys.set_defaults(run=runs("versiq.service.offline", "keys_command"))
 
 
 def add_get(sub: Any) -> None:
@@ -98,7 +62,7 @@ def add_get(sub: Any) -> None:
     get.add_argument("--as-of", default=None, help="answer as of this time: epoch ms or RFC 3339 (default: latest)")
     add_read_options(get)
     add_logging(get)
-    get.set_defaults(run=_get)
+    get.set_defaults(run=runs("versiq.service.offline", "get_command"))
 
 
 def add_lookup(sub: Any) -> None:
@@ -119,7 +83,7 @@ def add_lookup(sub: Any) -> None:
     look.add_argument("--output", required=True, help="where the answers go: .parquet, .arrow or .jsonl")
     add_snapshot_options(look)
     add_logging(look)
-    look.set_defaults(run=_lookup)
+    look.set_defaults(run=runs("versiq.service.offline", "lookup_command"))
 
 
 def add_sql(sub: Any) -> None:
@@ -140,7 +104,7 @@ def add_sql(sub: Any) -> None:
     sql.add_argument("--format", choices=("table", "csv", "json"), default="table",
                      help="table (default, for people), csv, or json (one object per line)")
     add_logging(sql)
-    sql.set_defaults(run=_sql)
+    sql.set_defaults(run=runs("versiq.service.offline", "sql_command"))
 
 
 def add_history(sub: Any) -> None:
@@ -155,4 +119,4 @@ def add_history(sub: Any) -> None:
     hist.add_argument("--store", required=True, help="store name")
     hist.add_argument("--iso", action="store_true", help="print times as RFC 3339 (UTC) instead of epoch ms")
     add_logging(hist)
-    hist.set_defaults(run=_history)
+    hist.set_defaults(run=runs("versiq.service.offline", "history_command"))

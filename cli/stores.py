@@ -5,31 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from versiq.cli.options import Invocation, add_logging, add_warehouse
-
-
-def _maintain(inv: Invocation) -> int:
-    from versiq.ingest.commands import maintain_command
-
-    return maintain_command(inv.args)
-
-
-def _erase(inv: Invocation) -> int:
-    from versiq.ingest.commands import erase_command
-
-    return erase_command(inv.args)
-
-
-def _drop(inv: Invocation) -> int:
-    from versiq.ingest.commands import drop_command
-
-    return drop_command(inv.args)
-
-
-def _rebuild(inv: Invocation) -> int:
-    from versiq.ingest.commands import rebuild_command
-
-    return rebuild_command(inv.args)
+from versiq.cli.options import add_logging, add_warehouse, runs
 
 
 def add_maintain(sub: Any) -> None:
@@ -53,7 +29,7 @@ def add_maintain(sub: Any) -> None:
     mnt.add_argument("--store", required=True, help="store name")
     mnt.add_argument("--lock-timeout", default="60s", help="wait this long for another writer")
     add_logging(mnt)
-    mnt.set_defaults(run=_maintain)
+    mnt.set_defaults(run=runs("versiq.ingest.commands", "maintain_command"))
 
 
 def add_erase(sub: Any) -> None:
@@ -75,7 +51,7 @@ def add_erase(sub: Any) -> None:
     era.add_argument("--keys-file", metavar="FILE", help="a file of keys to erase, one per line (UTF-8)")
     era.add_argument("--lock-timeout", default="60s", help="wait this long for another writer")
     add_logging(era)
-    era.set_defaults(run=_erase)
+    era.set_defaults(run=runs("versiq.ingest.commands", "erase_command"))
 
 
 def add_drop(sub: Any) -> None:
@@ -96,7 +72,7 @@ def add_drop(sub: Any) -> None:
     drop.add_argument("--cascade", action="store_true", help="also drop every derived table that reads it")
     drop.add_argument("--lock-timeout", default="60s", help="wait this long for each table's writer")
     add_logging(drop)
-    drop.set_defaults(run=_drop)
+    drop.set_defaults(run=runs("versiq.ingest.commands", "drop_command"))
 
 
 def add_rebuild(sub: Any) -> None:
@@ -116,4 +92,4 @@ def add_rebuild(sub: Any) -> None:
     reb.add_argument("--master", default=None, help="Spark master URL (default env SPARK_MASTER, else local[*])")
     reb.add_argument("--lock-timeout", default="60s", help="wait this long for each table's writer")
     add_logging(reb)
-    reb.set_defaults(run=_rebuild)
+    reb.set_defaults(run=runs("versiq.ingest.commands", "rebuild_command"))

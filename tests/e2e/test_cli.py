@@ -63,6 +63,23 @@ def test_subcommand_help_mentions_its_flags(command: str) -> None:
         assert re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", result.stdout), (command, flag)
 
 
+def test_every_command_runs_a_function_that_exists() -> None:
+    """Each command's parser names what runs it; a deferred one (imported only when the command
+    runs) names a function its module has."""
+    import argparse
+
+    from versiq.cli.main import build_parser
+    from versiq.cli.options import Deferred
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, command in sub.choices.items():
+        run = command.get_default("run")
+        assert callable(run), name
+        if isinstance(run, Deferred):
+            assert callable(run.target()), name
+
+
 def test_unknown_flag_is_a_usage_error() -> None:
     result = versiq("serve", "--no-such-flag")
     assert result.returncode == 2
