@@ -1,4 +1,4 @@
-"""The YAML pipeline file of ``versiq ingest --config`` (issues #3 and #5):
+"""The YAML pipeline file of ``versiq ingest --config``:
 
 ```yaml
 stores:

@@ -1,4 +1,4 @@
-"""The resident driver: one warm Spark session that runs ``versiq ingest`` for the CLI (issue 17:
+"""The resident driver: one warm Spark session that runs ``versiq ingest`` for the CLI (
 small runs are cheap).
 
 A one-shot ``versiq ingest`` pays for a cold JVM on every run: Spark's start, class loading and

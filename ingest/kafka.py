@@ -1,4 +1,4 @@
-"""Kafka topics as sources of stores and streams (issue #14): what a run reads from a topic, read
+"""Kafka topics as sources of stores and streams: what a run reads from a topic, read
 with Spark's own Kafka source (spark-sql-kafka-0-10).
 
 **Where a run starts and ends.** A store fed by a topic keeps its position in the topic, the next

@@ -15,7 +15,7 @@ cluster started from the same installation they share the driver's Python enviro
 (``PYSPARK_PYTHON`` is set to it); on other clusters the project's packages are shipped with
 ``addPyFile`` and Arrow must be installed on the workers.
 
-S3 (``s3://`` and ``s3a://`` paths, issue 15). When the jars folder holds Hadoop's S3A connector
+S3 (``s3://`` and ``s3a://`` paths). When the jars folder holds Hadoop's S3A connector
 and versiq's LogStore (``jars/s3/pom.xml``, ``jars/logstore``), the session maps both schemes to
 ``S3AFileSystem`` and registers ``dev.versiq.delta.ConditionalS3LogStore`` as Delta's LogStore for
 them (``spark.delta.logStore.s3a.impl``/``s3.impl``). Why a LogStore of versiq's own: Delta's default
@@ -494,7 +494,7 @@ def start_soon(spark: SparkSession) -> None:
 
 
 class SparkOnDemand:
-    """A SparkSession that starts the first time a run needs one (issue 17: no JVM for work that
+    """A SparkSession that starts the first time a run needs one (no JVM for work that
     needs none).
 
     ``versiq ingest`` hands this to the pipeline in place of a session. Everything a run decides

@@ -1,4 +1,4 @@
-"""Source streams (issue #5): append-only event logs ingested from files, never versioned.
+"""Source streams: append-only event logs ingested from files, never versioned.
 
 A stream run parses the new files with the same strict parsers as a store, appends every
 well-formed record (null values included: they are events too; joins skip them) to the stream

@@ -37,7 +37,7 @@ class MultiVersionedKeyQuery:
 @dataclass(frozen=True)
 class KeysQuery:
     """Which keys of a store to list, in UTF-8 byte order (Python's ``str`` order), and as of
-    when to answer for each (issue 16, KIP-969's key range).
+    when to answer for each (KIP-969's key range).
 
     ``prefix`` keeps the keys that start with it; ``start`` (inclusive) and ``end`` (exclusive)
     bound the range; ``as_of`` None answers with each key's latest record. ``include_deleted``

@@ -1,4 +1,4 @@
-"""The change feed of a store (issue 16 item 5): what each commit after a snapshot changed.
+"""The change feed of a store: what each commit after a snapshot changed.
 
 A run's commit appends rows to the store (``versiq.layout``): the versions the run added, the
 versions whose ``validTo`` it moved (written again with the new one), and tombstones. Those rows

@@ -1,5 +1,5 @@
 """System time: the commits of a store or stream (its snapshots) as the Delta log records them,
-and which snapshot was current at a given wall-clock time (issue 16, item 6).
+and which snapshot was current at a given wall-clock time.
 
 Every commit of a versiq table is one snapshot (``versiq.layout``), so "what did we believe at
 T1 about the value at T2?" is a read of the newest snapshot committed at or before T1

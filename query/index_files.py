@@ -1,6 +1,6 @@
 """The serving index on disk: one bucket's resolved rows in a read-optimised, memory-mapped form.
 
-Why (issue 17): each serving process used to build and hold the whole current snapshot in its
+Why: each serving process used to build and hold the whole current snapshot in its
 own memory (about 1.1 GB per worker at 10M versions, rebuilt at every start). The same columns
 written once to local files and memory-mapped are shared by every worker and every replica on the
 host through the OS page cache; a process's private memory stays small, and start-up is opening

@@ -1,4 +1,4 @@
-"""Point-in-time lookups (issue 16 item 3): many ``(key, asOf)`` pairs answered from one snapshot,
+"""Point-in-time lookups: many ``(key, asOf)`` pairs answered from one snapshot,
 each exactly as the single-key read (latest when ``asOf`` is null, else as of it) answers it.
 This is a feature store's point-in-time-correct join: a training row stamped T sees the value
 the store held at T, never a later one.

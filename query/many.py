@@ -1,4 +1,4 @@
-"""Reads of many keys at once (issue 16): ``keys:batchGet``, point-in-time lookups and key listings.
+"""Reads of many keys at once: ``keys:batchGet``, point-in-time lookups and key listings.
 
 Each key is answered by the rules of ``query.reads`` in their batch form (``reads.answer_many``,
 tested equal to the single-key form), over the segments a :class:`~versiq.query.index.StoreView`

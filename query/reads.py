@@ -170,7 +170,7 @@ def range_indices(
 
 # ----------------------------------------------------------------------------- many keys at once
 # The same rules over many keys in one pass of array operations: what batchGet, point-in-time
-# lookups and key listings answer with (issue 16's figures: a page of 1,000 keys in a few ms).
+# lookups and key listings answer with (a page of 1,000 keys in a few ms).
 # Each function below is the batch form of the per-key function it names, rule for rule;
 # tests/query/test_reads_batch.py checks on random histories that they answer alike.
 

@@ -1,5 +1,5 @@
-"""The HTTP face of versiq: IQv2 versioned queries over HTTP (issue 4, docs/contract.md), and the
-records of streams (issue 5): the app and its middleware.
+"""The HTTP face of versiq: IQv2 versioned queries over HTTP (docs/contract.md), and the
+records of streams: the app and its middleware.
 
 Routes are thin: all query logic lives in ``versiq.query``. Everything under ``/v1`` is routed
 on the raw path (``service.routes``) by ``VersiqMiddleware``, which also does metrics, bearer-token

@@ -1,4 +1,4 @@
-"""The web console (issue 18): one static page at ``/`` and its two assets under ``/console/``,
+"""The web console: one static page at ``/`` and its two assets under ``/console/``,
 shipped in the package (``service/console/``), no build step, nothing fetched from another host.
 
 The page is open like ``/openapi.json``: it holds no data. Everything it shows comes from the

@@ -1,4 +1,4 @@
-"""API documentation for people (issue 18): Swagger UI at ``/docs`` and Redoc at ``/redoc``, both
+"""API documentation for people: Swagger UI at ``/docs`` and Redoc at ``/redoc``, both
 rendering ``/openapi.json`` (the committed ``openapi.yaml``) from assets shipped in the package
 (``service/static/docs/``, fetched from npm at development time by
 ``scripts/refresh-docs-assets.sh``), served under ``/static/docs/``. No page loads anything from

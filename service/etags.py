@@ -1,4 +1,4 @@
-"""Conditional GETs of ``/v1`` reads (issue 16 item 7): every 200 carries an ``ETag`` and a
+"""Conditional GETs of ``/v1`` reads: every 200 carries an ``ETag`` and a
 request whose ``If-None-Match`` names it is answered 304 Not Modified, without a body.
 
 The tag is a hash of the answer's bytes. An answer is a function of the store (or stream), its

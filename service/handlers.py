@@ -340,7 +340,7 @@ class Service:
                         explicit: int | None = None, system_time: int | None = None,
                         min_snapshot: int | None = None, apply_min: bool = True) -> int | None:
         """The snapshot a read asks for: ``snapshot``, or the newest one committed at or before
-        ``asOfSystemTime`` (system time, issue 16 item 6); None = the current one. With
+        ``asOfSystemTime`` (system time); None = the current one. With
         ``minSnapshot`` (read your writes, item 7) the answer comes from a snapshot at least that
         new: a named one must be, and the current one is waited for (``_await_snapshot``)."""
         snapshot = explicit if explicit is not None else snapshot_param(params)
@@ -422,7 +422,7 @@ class Service:
         return dumps(store_info_json(info))
 
     async def _changes(self, route: Route, query_string: bytes) -> bytes:
-        """``GET /v1/stores/{store}/changes`` (issue 16 item 5), paged; with ``wait`` a request at
+        """``GET /v1/stores/{store}/changes``, paged; with ``wait`` a request at
         the head waits up to that long for the next commit instead of answering empty."""
         store = _checked_name(route.store, "store")
         params = parse_query(query_string, ("sinceSnapshot", "untilSnapshot", "pageSize", "pageToken", "wait"))
@@ -639,7 +639,7 @@ class Service:
 
     async def lookups(self, route: Route, query_string: bytes, media_type: str, raw: bytes,
                       accept: str | None) -> tuple[str, list[bytes]]:
-        """``POST /v1/stores/{store}/lookups`` (issue 16 item 3): the content type and body chunks
+        """``POST /v1/stores/{store}/lookups``: the content type and body chunks
         of the answers to many ``(key, asOf)`` pairs from one snapshot, as JSON, NDJSON (one
         result per chunk of lines), an Arrow IPC stream or Parquet, per ``Accept``."""
         store = _checked_name(route.store, "store")

@@ -1,5 +1,5 @@
 """The HTTP/1.1 connection protocol ``versiq serve`` runs under uvicorn: uvicorn's httptools
-protocol with three things uvicorn does not do (issue 10):
+protocol with three things uvicorn does not do:
 
 - **Slow or idle clients are timed out.** uvicorn times out a connection only between two
   requests (``timeout_keep_alive``); a client that opens a connection and never finishes its

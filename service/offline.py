@@ -1,5 +1,5 @@
 """``versiq get``, ``versiq keys``, ``versiq history`` and ``versiq lookup``: the answers of the
-HTTP API without a server (issue 16 items 3 and 8).
+HTTP API without a server.
 
 The same engine answers and every line printed is the JSON the HTTP API returns
 (``service.render``; a key without a value prints the problem object of the 404), so a script

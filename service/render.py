@@ -193,7 +193,7 @@ def change_lines(snapshot: int, batch: pa.RecordBatch) -> bytes:
 
 
 def history_json(store: str, commits: list[Commit]) -> bytes:
-    """``GET /v1/stores/{store}/history``: the store's commits, newest first (issue 16 item 6)."""
+    """``GET /v1/stores/{store}/history``: the store's commits, newest first."""
     return dumps({"store": store, "commits": [
         {"snapshot": c.snapshot, "committedAt": c.committed_at, "operation": c.operation, "run": c.run,
          "counts": dict(c.counts), "files": list(c.files), **({"kafka": c.kafka} if c.kafka is not None else {})}

@@ -1,4 +1,4 @@
-"""SQL for analysts (issue 16 item 9): a DuckDB connection in which every store of a warehouse is a
+"""SQL for analysts: a DuckDB connection in which every store of a warehouse is a
 view of its resolved versions and every stream a view of its records, from one snapshot each.
 
     con = versiq.sql.connect("warehouse")          # or s3://bucket/prefix

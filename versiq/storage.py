@@ -1,5 +1,5 @@
 """Where a warehouse lives: a local directory (the embedded default) or a prefix in an S3 bucket
-(``s3://bucket/prefix``, also written ``s3a://``; issue 15). Every path versiq builds for a
+(``s3://bucket/prefix``, also written ``s3a://``). Every path versiq builds for a
 table, a Delta log or a private object goes through this module, so the rest of the code never
 asks which of the two it has.
 

@@ -101,7 +101,7 @@ def human_instant(millis: int) -> str:
 # Proleptic Gregorian calendar arithmetic (H. Hinnant's days_from_civil / civil_from_days). The
 # standard library's calendar and datetime refuse year 0 and raise for instants outside their
 # range; plain integer arithmetic is total, so every text of the grammar either converts or is a
-# TimestampError, never another exception (issue 10: a year-0 record once blocked a store).
+# TimestampError, never another exception (a year-0 record once blocked a store).
 
 
 def _is_leap(year: int) -> bool:

@@ -1,4 +1,4 @@
-"""Derived tables and stream outputs (issue #5); semantics in docs/derived-tables.md.
+"""Derived tables and stream outputs; semantics in docs/derived-tables.md.
 
 - ``spec``: the ``tables:`` entries of a pipeline file, validated before any data is touched.
 - ``state``: in-memory versioned / timestamped table state for the keys a batch touches,
