@@ -1,5 +1,5 @@
-"""The resident driver: one warm Spark session that runs ``versiq ingest`` for the CLI (
-small runs are cheap).
+"""The resident driver: one warm Spark session that runs ``versiq ingest`` for the CLI, so that
+small runs are cheap.
 
 A one-shot ``versiq ingest`` pays for a cold JVM on every run: Spark's start, class loading and
 the first compilation of every code path, about 11 of a one-record run's 12 s and 14 of the 18 s
