@@ -112,7 +112,7 @@ def add_driver(sub: Any) -> None:
         help="keep a warm Spark session that runs 'versiq ingest' for the CLI (resident driver)",
         description="Start a Spark session once, warm it up with a few runs into a scratch warehouse, and run "
         "every batch 'versiq ingest' of this user in it: a run then skips the JVM's start and first compilation "
-        "(10k events into a store of 2M versions: about 5 s instead of 15.5 s). 'versiq ingest' uses the driver "
+        "(docs/benchmarks.md has the figures). 'versiq ingest' uses the driver "
         "listening on the socket (as the same user) when its code, umask, master and environment (VERSIQ_*, "
         "AWS_*, SPARK_*, PYSPARK_*, HADOOP_*, JAVA_*, TZ, TMPDIR, HOME) are the driver's and the driver is not "
         "busy with another run, and runs in its own process otherwise; a run is atomic either way. Ends after "

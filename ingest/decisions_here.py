@@ -162,8 +162,8 @@ def outcome_rows(classified: pa.Table) -> list[dict[str, Any]]:
 def rows_to_write_here(classified: pa.Table, existing: pa.Table, settings: StoreSettings, run: int) -> pa.Table:
     """``semantics.rows_to_write`` of a table of ``classify_here``: the store rows the run
     appends (``layout.STORE_SCHEMA``'s columns), in the order the writer sorts each file
-    (``store.table_sort``): Spark's sort of sorted rows costs less (1M events into a new store:
-    the write's stage 4.1 -> 3.8 s on two cores; DuckDB sorts before the JVM is needed)."""
+    (``store.table_sort``): Spark's sort of sorted rows costs less, and DuckDB sorts before the
+    JVM is needed (docs/benchmarks.md)."""
     B = int(settings.buckets)
     con = _connect()
     try:

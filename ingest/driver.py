@@ -538,7 +538,7 @@ def _status(path: str, stop: bool) -> int:
 def _wait_for_exit(pid: int, stopping: threading.Event) -> None:
     """Until process ``pid`` has ended (a CLI run that started this driver, ``--after-pid``) or
     the driver is signalled to stop: the driver's JVM start and warm-up, about 20 s of CPU,
-    would otherwise slow that run (on two cores, 10 s -> 15 s for one record). The path stays
+    would otherwise slow that run (by half, for one record on two cores). The path stays
     claimed meanwhile. A pidfd becomes readable when the process ends, whether or not its parent
     has reaped it yet (``os.kill(pid, 0)`` would wait for a zombie), and it names that process,
     not a later one with its pid."""

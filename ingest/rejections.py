@@ -41,8 +41,8 @@ def write_rejected(spark: SparkSession, parsed: DataFrame | pa.Table, classified
     With ``total`` (all rejections of the run) up to ``DRIVER_REJECTIONS``, or up to
     ``PARSED_HERE_REJECTIONS`` in a run ``parsed_here`` (``parse.parse_here``), the rows are
     collected and assembled on the driver: the same rows, without about five Spark jobs and the
-    Python workers that read the texts (an incremental batch's usual case; a CLI run of 1M
-    events parsed here rejecting 72,549 as late: 4.9 -> 2.7 s for ``_rejected``); else Spark
+    Python workers that read the texts (an incremental batch's usual case; docs/benchmarks.md
+    has the figures); else Spark
     assembles them. Written before the run's store commit (``commit_side``), replacing
     what an unfinished attempt of the run left. ``parsed`` and ``classified`` are Arrow tables
     in a run decided in this process (``ingest.decisions_here``)."""

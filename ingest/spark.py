@@ -235,11 +235,9 @@ def _quiet_log_option() -> str | None:
 
 #: The driver JVM's option for a process that ends after one run (``short_lived``): compile with
 #: C1 only. HotSpot's optimising compiler (C2) pays off only in long-lived processes; in a run of
-#: seconds its compilations take CPU from the run's own threads (two cores here). Measured on the
-#: 2-core machine (``bench/cli_bench.py``, docs/benchmarks.md "C1 for one-shot runs"): a one-record
-#: run 17.4 -> 13.9 s, 10k events into a 2M-version store 23.7 -> 18.6 s, 1M events into a new
-#: store 34.5 -> 31.9 s. In a long-lived session it is slower (a test session's 159 s -> 191 s), so
-#: continuous mode, the tests' session and the benchmarks keep the full JIT.
+#: seconds its compilations take CPU from the run's own threads (two cores here; docs/benchmarks.md
+#: "C1 for one-shot runs" has the figures). In a long-lived session it is slower, so continuous
+#: mode, the tests' session and the benchmarks keep the full JIT.
 #: ``VERSIQ_DRIVER_JAVA_OPTIONS`` comes after it, so ``-XX:TieredStopAtLevel=4`` there turns it off.
 SHORT_LIVED_JIT_OPTION = "-XX:TieredStopAtLevel=1"
 
@@ -286,9 +284,8 @@ def local_relation_bytes(spark: SparkSession) -> int:
 #: - No adaptive query execution, and one shuffle partition per core (at most the session's
 #:   own number): adaptive execution re-plans each stage of each of a run's ~8 jobs from its
 #:   shuffle statistics, which on a few records costs more than any plan it could pick saves
-#:   (a one-record run in a warm session 0.78 -> 0.69 s, 10k events into a 1M-version store
-#:   unchanged, docs/benchmarks.md "Small runs plan for little data"); without it the shuffle
-#:   partitions are not coalesced, hence fewer of them.
+#:   (docs/benchmarks.md "Small runs plan for little data"); without it the shuffle partitions
+#:   are not coalesced, hence fewer of them.
 #:
 #: Larger runs and S3 sources (their size is not known up front) keep code generation and
 #: adaptive execution; a Kafka run's size is estimated from its records
@@ -398,9 +395,8 @@ def get_spark(master: str | None = None, app_name: str = "versiq-ingest", *,
         .config("spark.executorEnv.PYSPARK_PYTHON", os.environ["PYSPARK_PYTHON"])
         .config("spark.python.worker.reuse", "true")
         # PySpark 4 records the Python call site of every DataFrame and Column call in the JVM
-        # (three py4j round trips each) for error messages: about 60% of the py4j calls of a
-        # run's plan, 0.55 -> 0.34 s per run of ``semantics.classify`` + ``rows_to_write``
-        # (docs/benchmarks.md, "PySpark's call-site capture"); our errors name their own context.
+        # (three py4j round trips each) for error messages: most of the py4j calls of a run's
+        # plan (docs/benchmarks.md, "PySpark's call-site capture"); our errors name their own context.
         .config("spark.python.sql.dataFrameDebugging.enabled", "false")
         .config("spark.sql.execution.arrow.localRelationThreshold", str(LOCAL_RELATION_BYTES))
     )
