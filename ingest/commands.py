@@ -23,7 +23,7 @@ from typing import Any
 from versiq import layout
 from versiq.durations import DurationError, parse_duration_ms
 from versiq.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
-from versiq.ingest.errors import LeaseLost, StorageFailed, UsageError, storage_error_in
+from versiq.ingest.errors import WRITER_FAILURES, LeaseLost, UsageError, storage_error_in
 from versiq.ingest.progress import Heartbeat, interval_from
 from versiq.ingest.store import LockTimeout
 from versiq.logs import counted
@@ -264,25 +264,37 @@ def rejected_command(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _administer(command: str, work: Callable[[], int],
+                failures: tuple[type[Exception], ...] = WRITER_FAILURES, spark_storage: bool = True) -> int:
+    """``work()``'s exit status, its errors as ``versiq COMMAND`` reports them in one line: a
+    ``UsageError`` exit 2, ``failures`` exit 1, and (``spark_storage``) an S3 failure found in
+    a Spark or Delta call's error (``errors.storage_error_in``) exit 1; anything else is a bug
+    and raised."""
+    try:
+        return work()
+    except UsageError as exc:
+        print(f"versiq {command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except failures as exc:
+        print(f"versiq {command}: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except Exception as exc:
+        failure = storage_error_in(exc) if spark_storage else None
+        if failure is None:
+            raise
+        print(f"versiq {command}: error: {failure}", file=sys.stderr)
+        return EXIT_FAILED
+
+
 def maintain_command(args: argparse.Namespace) -> int:
     from versiq.ingest.maintain import maintain_store
 
-    try:
+    def work() -> int:
         result = maintain_store(args.warehouse, args.store, _seconds(args.lock_timeout, "--lock-timeout"))
-    except UsageError as exc:
-        print(f"versiq maintain: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except (LockTimeout, LeaseLost, StorageFailed) as exc:
-        print(f"versiq maintain: error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    except Exception as exc:
-        failure = storage_error_in(exc)  # S3 failed a Spark or Delta call: one line
-        if failure is None:
-            raise
-        print(f"versiq maintain: error: {failure}", file=sys.stderr)
-        return EXIT_FAILED
-    print(json.dumps(result), file=sys.stderr)
-    return EXIT_OK
+        print(json.dumps(result), file=sys.stderr)
+        return EXIT_OK
+
+    return _administer("maintain", work)
 
 
 def drop_command(args: argparse.Namespace) -> int:
@@ -292,17 +304,14 @@ def drop_command(args: argparse.Namespace) -> int:
     from versiq.ingest.lifecycle import drop
 
     name, table = (args.table, True) if args.table is not None else (args.store, False)
-    try:
+
+    def work() -> int:
         result = drop(args.warehouse, name, table=table, cascade=args.cascade,
                       lock_timeout_s=_seconds(args.lock_timeout, "--lock-timeout"))
-    except UsageError as exc:
-        print(f"versiq drop: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except (LockTimeout, LeaseLost, OSError) as exc:
-        print(f"versiq drop: error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    print(json.dumps(result.to_json()), file=sys.stderr)
-    return EXIT_OK
+        print(json.dumps(result.to_json()), file=sys.stderr)
+        return EXIT_OK
+
+    return _administer("drop", work, (LockTimeout, LeaseLost, OSError), spark_storage=False)
 
 
 def rebuild_command(args: argparse.Namespace) -> int:
@@ -313,20 +322,18 @@ def rebuild_command(args: argparse.Namespace) -> int:
     from versiq.ingest.lifecycle import rebuild
     from versiq.ingest.spark import get_spark
 
-    try:
+    def work() -> int:
         lock_timeout_s = _seconds(args.lock_timeout, "--lock-timeout")
         pipeline = load_config(args.config, args.warehouse)
         dropped, reports = rebuild(lambda: get_spark(args.master, short_lived=True), args.warehouse, pipeline,
                                    args.table, cascade=args.cascade, lock_timeout_s=lock_timeout_s)
-    except UsageError as exc:
-        print(f"versiq rebuild: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except (LockTimeout, LeaseLost, OSError) as exc:
-        print(f"versiq rebuild: error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    tables = {name: report.to_json() for name, report in reports.items()}
-    print(json.dumps({**dropped.to_json(), "tables": tables}), file=sys.stderr)
-    return EXIT_FAILED if any(report.error for report in reports.values()) else EXIT_OK
+        tables = {name: report.to_json() for name, report in reports.items()}
+        print(json.dumps({**dropped.to_json(), "tables": tables}), file=sys.stderr)
+        return EXIT_FAILED if any(report.error for report in reports.values()) else EXIT_OK
+
+    return _administer("rebuild", work, (LockTimeout, LeaseLost, OSError), spark_storage=False)
+
+
 def read_keys(args: argparse.Namespace) -> list[str]:
     """The keys of ``--key`` and ``--keys-file`` (one key per line, UTF-8; blank lines skipped,
     the line end is not part of the key)."""
@@ -343,22 +350,13 @@ def read_keys(args: argparse.Namespace) -> list[str]:
 def erase_command(args: argparse.Namespace) -> int:
     from versiq.ingest.erase import erase_keys
 
-    try:
-        result = erase_keys(args.warehouse, args.store, read_keys(args), _seconds(args.lock_timeout, "--lock-timeout"))
-    except UsageError as exc:
-        print(f"versiq erase: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except (LockTimeout, LeaseLost, StorageFailed) as exc:
-        print(f"versiq erase: error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    except Exception as exc:
-        failure = storage_error_in(exc)
-        if failure is None:
-            raise
-        print(f"versiq erase: error: {failure}", file=sys.stderr)
-        return EXIT_FAILED
-    print(json.dumps(result.to_dict()))
-    for table in result.rebuild:
-        print(f"versiq erase: table {table!r} aggregates or joins through another key and still reflects the "
-              f"erased keys: run `versiq rebuild --table {table}`", file=sys.stderr)
-    return EXIT_OK
+    def work() -> int:
+        result = erase_keys(args.warehouse, args.store, read_keys(args),
+                            _seconds(args.lock_timeout, "--lock-timeout"))
+        print(json.dumps(result.to_dict()))
+        for table in result.rebuild:
+            print(f"versiq erase: table {table!r} aggregates or joins through another key and still reflects the "
+                  f"erased keys: run `versiq rebuild --table {table}`", file=sys.stderr)
+        return EXIT_OK
+
+    return _administer("erase", work)

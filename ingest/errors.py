@@ -27,6 +27,11 @@ class StorageFailed(Exception):
     the run fails, commits nothing (a rerun completes it), and says so in one line."""
 
 
+#: What the environment or another writer can do to a writer (another writer holds the store, the
+#: lease was lost, S3 failed): reported in one line, never with a traceback (that is for defects).
+WRITER_FAILURES: tuple[type[Exception], ...] = (LockTimeout, LeaseLost, StorageFailed)
+
+
 #: An S3A or AWS SDK exception of a Java failure's text (which carries the Java stack): a line
 #: (or a "Caused by:", or a message's ": ...") that starts with its class, never a stack frame.
 _S3_ERROR = re.compile(r"(?:^|Caused by: |: )((?:org\.apache\.hadoop\.fs\.s3a|software\.amazon\.awssdk)\.[\w.$]*"

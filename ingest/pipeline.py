@@ -25,7 +25,7 @@ from versiq.durations import DEFAULT_HISTORY_RETENTION_MS
 from versiq.ingest import rules
 from versiq.ingest.bucketing import write_tasks
 from versiq.ingest.decisions_here import classify_here, outcome_rows, rows_to_write_here, task_frame
-from versiq.ingest.errors import LeaseLost, LockTimeout, StorageFailed, UsageError, storage_error_in
+from versiq.ingest.errors import WRITER_FAILURES, UsageError, storage_error_in
 from versiq.ingest.frames import local_frame, spread_frame
 from versiq.ingest.future import DEFAULT_MAX_FUTURE_MS, future_bound
 from versiq.ingest.kafka import (
@@ -155,7 +155,7 @@ def run_ingest(spark: SparkSession, warehouse: str, specs: list[StoreSpec], *,
 #: Failures of a run explained in one line, without a traceback: a source that cannot be read,
 #: another writer holding the store, a lost lease, S3 failing (anything else is logged with its
 #: traceback: a defect).
-EXPLAINED_FAILURES = (SourceError, LockTimeout, LeaseLost, StorageFailed)
+EXPLAINED_FAILURES: tuple[type[Exception], ...] = (SourceError, *WRITER_FAILURES)
 
 
 def ingest_each(specs: list[Any], ingest_one: Any, failed: Any, what: str) -> dict[str, Any]:
@@ -294,7 +294,8 @@ def _run_once(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, run: in
     its keys' stored versions and its decisions need no Spark, so all of them overlap the JVM's
     start (``spark.start_soon``), and Spark only writes."""
     has_versions = handle.table is not None and bool(handle.data_files())
-    if isinstance(parsed, pa.Table):
+    if plan.decide == "duckdb":
+        assert isinstance(parsed, pa.Table)  # parsed in this process (``parse.parse_run``)
         _decide_here_and_commit(spark, handle, spec, run, report, parsed, rejections, advance, has_versions,
                                 plan.small)
         return
