@@ -33,12 +33,20 @@ Phases, one SparkSession (``local[*]``) for everything:
    shipments / customers / prices; one ingest run, then one ``run_pipeline`` per operator. The
    ratio incremental / build shows whether the cost follows the batch.
 
-The derived pass is split into phases by wrapping ``ingest.derived.run`` functions: read the
-batch (``_read_records``), ``_prefetch``, the record-at-a-time topology (``Topology.run``),
-``_commit``; ``SnapshotReader.load`` calls (DuckDB reads of Delta snapshots) are counted.
+``--partitions 1,4`` runs everything once per partition count of the source stores (keys in
+Kafka's default partition), in the same process: 1 is the baseline, where every topology has one
+partition; with several, the topologies that do not re-key (filter, join, stream_join) run one
+Spark task per partition. Above ``VERSIQ_DERIVE_HERE_RECORDS`` a pass is a Spark job, so the
+build runs in Spark tasks and the batch in the driver.
+
+The derived pass is split into phases by wrapping functions: reading and processing the pass
+(``job.run_job``, Spark tasks; ``job.run_here``, this process), the commits (``derive._commit``);
+in this process, ``Topology.run`` and the ``SnapshotReader.load`` calls are counted too (in Spark
+tasks they run in other processes). The driver's peak resident memory during each pass
+(``VmRSS``, sampled every 50 ms) is reported as ``driver_rss_mb``.
 Prints a table and writes ``bench/results/derived-<date>[-<N>].json``.
 
-    .venv/bin/python bench/derived_bench.py [--records 1000000] [--quick] [--work /tmp/versiq-bench]
+    .venv/bin/python bench/derived_bench.py [--records 1000000] [--partitions 1,4] [--quick] [--work DIR]
 """
 
 from __future__ import annotations
@@ -224,7 +232,9 @@ def write_sources(root: str, s: Sizes, counts: dict[str, int], step: int) -> dic
         tmp = os.path.join(root, "_gen", name, str(step))
         shutil.rmtree(tmp, ignore_errors=True)
         for path in gen.write_changelog(tbl, tmp, "jsonl", files=files, prefix=f"step{step}"):
-            shutil.move(path, os.path.join(root, "sources", name, os.path.basename(path)))
+            target = os.path.join(root, "generated", f"step{step}", name)
+            os.makedirs(target, exist_ok=True)
+            shutil.move(path, os.path.join(target, os.path.basename(path)))
         out[name] = tbl.num_rows
     shutil.rmtree(os.path.join(root, "_gen"), ignore_errors=True)
     return out
@@ -232,9 +242,14 @@ def write_sources(root: str, s: Sizes, counts: dict[str, int], step: int) -> dic
 
 # -- pipelines -----------------------------------------------------------------------------
 
+#: The partition count of the source stores (``--partitions``), set by ``main`` for each pass over them.
+PARTITIONS = [1]
+
+
 def source_specs(root: str, names: tuple[str, ...] | list[str]) -> tuple[list[StoreSpec], list[StreamSpec]]:
     stores = [StoreSpec(n, os.path.join(root, "sources", n), format="jsonl", kind="versioned",
-                        history_retention_ms=GRACE_MS, changelog=True) for n in STORES if n in names]
+                        history_retention_ms=GRACE_MS, changelog=True, partitions=PARTITIONS[0])
+              for n in STORES if n in names]
     streams = [StreamSpec(n, os.path.join(root, "sources", n), format="jsonl") for n in STREAMS if n in names]
     return stores, streams
 
@@ -257,6 +272,7 @@ LOADS = {"calls": 0, "keys_all": 0, "keys_requested": 0, "seconds": 0.0, "all_se
 def instrument() -> None:
     """Time the derived pass's phases (names below) and count ``SnapshotReader.load`` calls."""
     import versiq.ingest.derived.derive as run
+    import versiq.ingest.derived.job as job
     from versiq.ingest.derived.state import SnapshotReader
     from versiq.ingest.derived.topology import Topology
 
@@ -270,9 +286,9 @@ def instrument() -> None:
                 PHASES[label] = PHASES.get(label, 0.0) + time.perf_counter() - t
         return wrapper
 
-    for name, label in (("_read_records", "read batch"), ("_prefetch", "prefetch"), ("_commit", "commit")):
-        if hasattr(run, name):
-            setattr(run, name, timed(getattr(run, name), label))
+    for name, label in (("run_job", "spark tasks"), ("run_here", "in the driver")):
+        setattr(run, name, timed(getattr(job, name), label))
+    run._commit = timed(run._commit, "commit")  # type: ignore[attr-defined]
     Topology.run = timed(Topology.run, "topology")  # type: ignore[method-assign]
     original = SnapshotReader.load
 
@@ -330,11 +346,21 @@ def ingest_sources(spark: Any, root: str) -> dict[str, Any]:
     seconds = time.perf_counter() - t0
     if rep.failed:
         raise RuntimeError(json.dumps(rep.to_json()))
-    out = {"seconds": round(seconds, 2), "per_source_s": {}, "reports": rep.to_json()}
+    out: dict[str, Any] = {"seconds": round(seconds, 2), "per_source_s": {}, "reports": rep.to_json()}
     for name, r in [*rep.stores.items(), *rep.streams.items()]:
         out["per_source_s"][name] = round(r.seconds, 2)
-        print(f"  ingest {name:10s} {r.read:>10,} records {r.seconds:7.1f} s", flush=True)
+        print(f"  ingest {name:10s} {getattr(r, 'read', 0):>10,} records {r.seconds:7.1f} s", flush=True)
     return out
+
+
+def link_step(root: str, here: str, step: int) -> None:
+    """Make step ``step``'s generated files visible in ``here``'s sources (hard links)."""
+    source = os.path.join(root, "generated", f"step{step}")
+    for name in os.listdir(source):
+        target = os.path.join(here, "sources", name)
+        os.makedirs(target, exist_ok=True)
+        for file in os.listdir(os.path.join(source, name)):
+            os.link(os.path.join(source, name, file), os.path.join(target, file))
 
 
 def warm_up(spark: Any, root: str) -> None:
@@ -354,6 +380,35 @@ def warm_up(spark: Any, root: str) -> None:
     shutil.rmtree(folder)
 
 
+class PeakRss:
+    """The process's peak resident memory (``VmRSS``) while the block runs, sampled every 50 ms."""
+
+    def __enter__(self) -> PeakRss:
+        import threading
+
+        self.peak_mb = self._now()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.05):
+            self.peak_mb = max(self.peak_mb, self._now())
+
+    @staticmethod
+    def _now() -> float:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+        return 0.0
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def derive_one(spark: Any, root: str, op: str, inputs: dict[str, int], ingest_s: dict[str, float],
                profile: bool) -> dict[str, Any]:
     from versiq.ingest.run import run_pipeline
@@ -366,7 +421,8 @@ def derive_one(spark: Any, root: str, op: str, inputs: dict[str, int], ingest_s:
     t0 = time.perf_counter()
     if prof:
         prof.enable()
-    rep = run_pipeline(spark, os.path.join(root, "warehouse"), pipeline)
+    with PeakRss() as rss:
+        rep = run_pipeline(spark, os.path.join(root, "warehouse"), pipeline)
     if prof:
         prof.disable()
     wall = time.perf_counter() - t0
@@ -380,7 +436,7 @@ def derive_one(spark: Any, root: str, op: str, inputs: dict[str, int], ingest_s:
         "table": name, "input_records": records, "derive_s": round(derive_s, 2),
         "records_per_s": round(records / derive_s) if derive_s else None,
         "ingest_of_inputs_s": round(base, 2), "derive_over_ingest": round(derive_s / base, 2) if base else None,
-        "run_pipeline_wall_s": round(wall, 2),
+        "run_pipeline_wall_s": round(wall, 2), "driver_rss_mb": round(rss.peak_mb),
         "noop_source_ingest_s": round(sum(r.seconds for r in [*rep.stores.values(), *rep.streams.values()]), 2),
         "phases_s": take_phases(derive_s), "report": table.to_json(),
         "load_before": load_before, "load_after": loadavg(),
@@ -391,7 +447,7 @@ def derive_one(spark: Any, root: str, op: str, inputs: dict[str, int], ingest_s:
         out["driver_profile_top"] = s.getvalue()
     print(f"  {op:12s} {records:>10,} input records  derive {derive_s:8.2f} s  {out['records_per_s'] or 0:>9,} rec/s  "
           f"(ingest of inputs {base:6.1f} s, x{out['derive_over_ingest']})  emitted {table.emitted:,}  "
-          f"load {load_before}", flush=True)
+          f"driver {out['driver_rss_mb']} MB  load {load_before}", flush=True)
     print(f"    phases: {out['phases_s']}", flush=True)
     return out
 
@@ -405,6 +461,7 @@ def main() -> None:
     ap.add_argument("--regions", type=int, default=1000, help="distinct group keys of the aggregation")
     ap.add_argument("--operators", default=",".join(OPERATORS), help="comma-separated subset")
     ap.add_argument("--profile", default="", help="comma-separated operators to cProfile (build and batch)")
+    ap.add_argument("--partitions", default="1", help="comma-separated partition counts of the source stores")
     ap.add_argument("--results", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     args = ap.parse_args()
     records = 100_000 if args.quick else args.records
@@ -414,10 +471,9 @@ def main() -> None:
         ap.error(f"unknown operator(s) {sorted(unknown)}; known: {', '.join(OPERATORS)}")
     profiled = set(filter(None, args.profile.split(",")))
     sizes = Sizes(records, args.regions)
+    counts = [int(p) for p in args.partitions.split(",") if p]
     root = os.path.join(args.work, f"derived-{records}")
     shutil.rmtree(root, ignore_errors=True)
-    for name in (*STORES, *STREAMS):
-        os.makedirs(os.path.join(root, "sources", name))
     instrument()
 
     started = datetime.now(UTC)
@@ -429,8 +485,9 @@ def main() -> None:
     }
     t0 = time.perf_counter()
     build_in = write_sources(root, sizes, build_counts(sizes), 0)
+    batch_in = write_sources(root, sizes, batch_counts(args.batch), 1)
     result["generate_s"] = round(time.perf_counter() - t0, 2)
-    print(f"generated {build_in} in {result['generate_s']} s under {root}", flush=True)
+    print(f"generated {build_in} and a batch of {batch_in} in {result['generate_s']} s under {root}", flush=True)
 
     from versiq.ingest.spark import get_spark
 
@@ -442,33 +499,43 @@ def main() -> None:
     warm_up(spark, root)
     result["warm_up_s"] = round(time.perf_counter() - t0, 2)
 
-    for phase, counts in (("build", None), ("incremental", batch_counts(args.batch))):
-        inputs = build_in if counts is None else write_sources(root, sizes, counts, 1)
-        print(f"{phase}: ingest of the sources ({inputs})", flush=True)
-        ingest = ingest_sources(spark, root)
-        per = {}
+    result["partitions"] = {}
+    for partitions in counts:
+        PARTITIONS[0] = partitions
+        here = os.path.join(root, f"partitions-{partitions}")
+        per_count: dict[str, Any] = {}
+        for step, (phase, inputs) in enumerate((("build", build_in), ("incremental", batch_in))):
+            link_step(root, here, step)
+            print(f"{partitions} partition(s), {phase}: ingest of the sources ({inputs})", flush=True)
+            ingest = ingest_sources(spark, here)
+            per = {}
+            for op in ops:
+                per[op] = derive_one(spark, here, op, inputs, ingest["per_source_s"], op in profiled)
+            per_count[phase] = {"input_records": inputs, "ingest": ingest, "operators": per}
         for op in ops:
-            per[op] = derive_one(spark, root, op, inputs, ingest["per_source_s"], op in profiled)
-        result[phase] = {"input_records": inputs, "ingest": ingest, "operators": per}
-    for op in ops:
-        b, i = result["build"]["operators"][op], result["incremental"]["operators"][op]
-        i["incremental_over_build"] = round(i["derive_s"] / b["derive_s"], 4) if b["derive_s"] else None
+            b, i = per_count["build"]["operators"][op], per_count["incremental"]["operators"][op]
+            i["incremental_over_build"] = round(i["derive_s"] / b["derive_s"], 4) if b["derive_s"] else None
+        result["partitions"][str(partitions)] = per_count
     result["machine"]["uptime_end"] = uptime()
     spark.stop()
 
     print()
     print(f"{records:,} records; batch {args.batch:,}. Derive = the derived pass (tables[name].seconds); "
-          "ingest = the Spark ingest of that operator's inputs in the same run.")
-    head = (f"{'operator':12s} {'build in':>10s} {'derive s':>9s} {'rec/s':>9s} {'ingest s':>9s} {'d/i':>6s} | "
-            f"{'batch in':>8s} {'derive s':>9s} {'ingest s':>9s} {'d/i':>6s} {'inc/build':>9s}")
+          "ingest = the Spark ingest of that operator's inputs in the same run; x1 = derive s with 1 partition / "
+          "derive s with this many.")
+    head = (f"{'operator':12s} {'parts':>5s} {'build in':>10s} {'derive s':>9s} {'rec/s':>9s} {'x1':>5s} "
+            f"{'d/i':>6s} {'rss MB':>7s} | {'batch in':>8s} {'derive s':>9s} {'inc/build':>9s}")
     print(head)
     print("-" * len(head))
+    base = result["partitions"][str(counts[0])]
     for op in ops:
-        b, i = result["build"]["operators"][op], result["incremental"]["operators"][op]
-        print(f"{op:12s} {b['input_records']:>10,} {b['derive_s']:9.2f} {b['records_per_s'] or 0:>9,} "
-              f"{b['ingest_of_inputs_s']:9.1f} {b['derive_over_ingest']:6.2f} | {i['input_records']:>8,} "
-              f"{i['derive_s']:9.2f} {i['ingest_of_inputs_s']:9.1f} {i['derive_over_ingest']:6.2f} "
-              f"{i['incremental_over_build']:9.3f}")
+        for partitions in counts:
+            per_count = result["partitions"][str(partitions)]
+            b, i = per_count["build"]["operators"][op], per_count["incremental"]["operators"][op]
+            x1 = base["build"]["operators"][op]["derive_s"] / b["derive_s"] if b["derive_s"] else 0
+            print(f"{op:12s} {partitions:>5d} {b['input_records']:>10,} {b['derive_s']:9.2f} "
+                  f"{b['records_per_s'] or 0:>9,} {x1:5.2f} {b['derive_over_ingest']:6.2f} {b['driver_rss_mb']:>7,} | "
+                  f"{i['input_records']:>8,} {i['derive_s']:9.2f} {i['incremental_over_build']:9.3f}")
     print(result["machine"]["uptime_start"])
     print(result["machine"]["uptime_end"])
     write_result(args.results, "derived", result, started, "" if records == 1_000_000 else str(records))

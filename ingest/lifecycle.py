@@ -175,7 +175,7 @@ def drop_path(path: str, lock_timeout_s: float) -> None:
     private = storage.join(path, layout.PRIVATE_DIR)
     with writer_lock(path, lock_timeout_s):
         delete_log(layout.delta_log(path))
-        for side in (layout.REJECTED_DIR, layout.CHANGELOG_DIR, layout.EMITTED_DIR):
+        for side in (layout.REJECTED_DIR, layout.CHANGELOG_DIR, layout.EMITTED_DIR, layout.SUBSCRIPTIONS_DIR):
             delete_log(layout.delta_log(storage.join(path, side)))
         storage.delete_children(path, keep={layout.PRIVATE_DIR})
         storage.delete_children(private, keep={layout.LOCK_FILE})

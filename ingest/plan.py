@@ -102,3 +102,18 @@ def parses_here(files: dict[str, str], fmt: str | None, input_bytes: int | None,
     if explicit is not None:
         return 0 < explicit and input_bytes <= explicit
     return input_bytes <= PARSE_HERE_BYTES if local_master else small_run(input_bytes)
+
+
+#: New source records of a derived pass up to which it runs in the driver, partition after
+#: partition (``derived.job.run_here``): its records and results fit in a few tens of MB, and a
+#: pass of a continuous run or of a small batch is done in a fraction of the Spark job's time;
+#: a larger pass runs as Spark tasks (``derived.job.run_job``), whatever its size.
+DERIVE_HERE_RECORDS = 100_000
+
+
+def derives_here(records: int) -> bool:
+    """Whether a derived pass over ``records`` new source records runs in this process
+    (``VERSIQ_DERIVE_HERE_RECORDS`` overrides ``DERIVE_HERE_RECORDS``; 0: never)."""
+    limit = settings.DERIVE_HERE_RECORDS.value()
+    limit = DERIVE_HERE_RECORDS if limit is None else limit
+    return limit > 0 and records <= limit

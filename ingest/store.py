@@ -44,6 +44,8 @@ from versiq.layout import (
     STREAM_KIND,
     STREAM_SCHEMA,
     STREAM_SORT,
+    SUBSCRIPTIONS_DIR,
+    SUBSCRIPTIONS_SCHEMA,
     StoreSettings,
     StoreState,
     bucket_of,
@@ -355,7 +357,8 @@ def table_sort(kind: str) -> tuple[str, ...]:
 
 
 #: The side tables of a store: directory -> schema.
-SIDE_TABLES = {REJECTED_DIR: REJECTED_SCHEMA, CHANGELOG_DIR: CHANGELOG_SCHEMA, EMITTED_DIR: EMITTED_SCHEMA}
+SIDE_TABLES = {REJECTED_DIR: REJECTED_SCHEMA, CHANGELOG_DIR: CHANGELOG_SCHEMA, EMITTED_DIR: EMITTED_SCHEMA,
+               SUBSCRIPTIONS_DIR: SUBSCRIPTIONS_SCHEMA}
 
 
 def commit_store(handle: StoreHandle, rows: DataFrame, state: StoreState, new_run: bool = True) -> int:

@@ -21,6 +21,8 @@ a store are versiq's own:
   read the store in (``changelogSince``; earlier history is bootstrapped from the store itself).
 - ``_emitted/``: derived tables and stream outputs: every result the operator emitted, in order
   (``EMITTED_SCHEMA``; docs/derived-tables.md).
+- ``_subscriptions/``: foreign-key joins: the left keys that point at each right key
+  (``SUBSCRIPTIONS_SCHEMA``), so a right-side change finds them without reading the left table.
 - ``_versiq/``: the writer lock file (``lock``).
 - ``_erasures/``: the audit trail of ``versiq erase`` (``ERASURES_SCHEMA``): one row per erase
   of keys from the store, with a keyed hash of each key (HMAC-SHA256 under the warehouse's
@@ -135,6 +137,7 @@ STREAM_KIND = "stream"
 REJECTED_DIR = "_rejected"
 CHANGELOG_DIR = "_changelog"
 EMITTED_DIR = "_emitted"
+SUBSCRIPTIONS_DIR = "_subscriptions"
 PRIVATE_DIR = "_versiq"
 #: The Delta log directory of a table: a directory with one is a table (a store, stream or side table).
 DELTA_LOG_DIR = "_delta_log"
@@ -202,6 +205,17 @@ CHANGELOG_SCHEMA = pa.schema(
     ]
 )
 
+#: ``<fk join>/_subscriptions``: KIP-213's subscription store, persisted: from run ``run`` on, left
+#: key ``key`` points at right key ``foreign_key`` (null: at none). A key's pointer is its row of
+#: the greatest run up to the table's run (rows of a later run are an unfinished attempt's).
+SUBSCRIPTIONS_SCHEMA = pa.schema(
+    [
+        pa.field("foreign_key", pa.string()),
+        pa.field("key", pa.string()),
+        pa.field("run", pa.int64()),
+    ]
+)
+
 #: ``<derived>/_emitted``: every result a derived table's operator emitted, in order.
 EMITTED_SCHEMA = pa.schema(
     [
@@ -263,12 +277,18 @@ REJECT_REASONS = (
 )
 
 
-def read_rule_sql(kind: str) -> str:
-    """The read rule as a DuckDB ``QUALIFY`` clause over store rows (with a ``run`` column):
-    the greatest run per (key, valid_from) for versioned stores, per key for timestamped ones."""
+def read_rule_window(kind: str) -> str:
+    """The read rule's window, SQL that DuckDB and Spark both read: the row numbered 1 in it
+    is the one a read sees (the greatest run per (key, valid_from) for versioned stores, per
+    key for timestamped ones)."""
     if kind == "versioned":
-        return "QUALIFY row_number() OVER (PARTITION BY key, valid_from ORDER BY run DESC) = 1"
-    return "QUALIFY row_number() OVER (PARTITION BY key ORDER BY run DESC, valid_from DESC) = 1"
+        return "PARTITION BY key, valid_from ORDER BY run DESC"
+    return "PARTITION BY key ORDER BY run DESC, valid_from DESC"
+
+
+def read_rule_sql(kind: str) -> str:
+    """The read rule as a DuckDB ``QUALIFY`` clause over store rows (with a ``run`` column)."""
+    return f"QUALIFY row_number() OVER ({read_rule_window(kind)}) = 1"
 
 
 def bucket_of(key: str, buckets: int) -> int:
@@ -583,18 +603,19 @@ def horizon(stream_time: int | None, history_retention_ms: int) -> int | None:
     return stream_time - history_retention_ms
 
 
-def horizon_sql(stream_time: dict[int, int], history_retention_ms: int) -> str:
-    """``horizon`` of each row's partition as a DuckDB expression over ``"partition"``: NULL for
-    a partition that has seen no record (and for a store that has seen none)."""
+def horizon_sql(stream_time: dict[int, int], history_retention_ms: int, quote: str = '"') -> str:
+    """``horizon`` of each row's partition as an SQL expression over its ``partition`` column
+    (quoted with ``quote``: DuckDB's ``"``, Spark's `````): NULL for a partition that has seen no
+    record (and for a store that has seen none)."""
     cases = " ".join(f"WHEN {p} THEN {t - history_retention_ms}" for p, t in sorted(stream_time.items()))
-    return f'CASE "partition" {cases} END' if cases else "NULL"
+    return f"CASE {quote}partition{quote} {cases} END" if cases else "NULL"
 
 
-def answerable_sql(stream_time: dict[int, int], history_retention_ms: int) -> str:
-    """The rows of a versioned store a query can still return, as a DuckDB condition: not
+def answerable_sql(stream_time: dict[int, int], history_retention_ms: int, quote: str = '"') -> str:
+    """The rows of a versioned store a query can still return, as an SQL condition: not
     history that ended at or before its partition's horizon (docs/semantics.md, retention
     edges; ``versiq maintain`` drops it)."""
-    bound = horizon_sql(stream_time, history_retention_ms)
+    bound = horizon_sql(stream_time, history_retention_ms, quote)
     return f"valid_to IS NULL OR {bound} IS NULL OR valid_to > {bound}"
 
 

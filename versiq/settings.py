@@ -303,6 +303,11 @@ PARSE_HERE_BYTES: Setting[int | None] = Setting(
     "a run over at most this many bytes of new local JSONL and CSV files (no Parquet; at most 2M records) parses "
     "them in its own process, not in Spark's Python workers, and decides them there (DuckDB); default "
     "`134217728` (128 MiB) with a local master, a small run's 4 MiB with a cluster's; `0` never", "ingest")
+DERIVE_HERE_RECORDS: Setting[int | None] = Setting(
+    "VERSIQ_DERIVE_HERE_RECORDS", whole_number, None,
+    "a derived pass over at most this many new source records runs in the process that runs the pipeline, "
+    "partition after partition; a larger one runs as Spark tasks, one per partition "
+    "([derived-tables.md](derived-tables.md)); default `100000`, `0` always in Spark tasks", "ingest")
 SHUFFLE_PARTITIONS: Setting[str] = Setting(
     "VERSIQ_SHUFFLE_PARTITIONS", string, "8", "`spark.sql.shuffle.partitions`, default `8`", "ingest")
 SPARK_JARS: Setting[str | None] = Setting(

@@ -20,25 +20,21 @@ Derived batches ("passes") are what make derived tables incremental and crash-sa
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-import pyarrow as pa
 from deltalake.exceptions import DeltaError
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from versiq import layout, storage
 from versiq.ingest.config import Pipeline
-from versiq.ingest.derived.expressions import key_string, parse_value
-from versiq.ingest.derived.operators import ForeignKeyJoin
+from versiq.ingest.derived.job import InputRead, JobOutput, pass_records, run_here, run_job
 from versiq.ingest.derived.spec import TableSpec
-from versiq.ingest.derived.state import SnapshotReader, TableState
-from versiq.ingest.derived.topology import DerivedNode, Emission, SourceRecord, Topology
+from versiq.ingest.derived.tasks import PassWork, TableRead
 from versiq.ingest.errors import LeaseLost
-from versiq.ingest.frames import local_frame
+from versiq.ingest.plan import derives_here
 from versiq.ingest.reports import TableReport
 from versiq.ingest.store import (
     LockTimeout,
@@ -49,18 +45,13 @@ from versiq.ingest.store import (
     writer_lock,
 )
 from versiq.layout import (
-    CHANGELOG_DIR,
     EMITTED_DIR,
-    EMITTED_SCHEMA,
     REJECTED_DIR,
-    REJECTED_SCHEMA,
     STREAM_KIND,
-    STREAM_SCHEMA,
+    SUBSCRIPTIONS_DIR,
     StoreSettings,
     StoreState,
-    bucket_of,
     has_table,
-    read_rule_sql,
     read_state,
 )
 from versiq.logs import counted
@@ -224,209 +215,163 @@ def _find_snapshot(path: str, current: int | None, start: dict[str, int]) -> int
                       f"{start}; delete the derived tables of this pipeline to rebuild them")
 
 
-def _read_records(path: str, after: int, upto: int, is_stream: bool) -> list[SourceRecord]:
-    """Records of runs (after, upto] of a stream table or a store's ``_changelog``, in order."""
-    table_path = path if is_stream else storage.join(path, CHANGELOG_DIR)
-    if upto <= after or not has_table(table_path):
-        return []
-    files = list(storage.delta_table(table_path).file_uris())
-    if not files:
-        return []
-    part = "0" if is_stream else '"partition"'
-    con = storage.duckdb_connect(path)
-    try:
-        rows = con.sql(
-            f"SELECT key, value, timestamp, {part} FROM read_parquet($files) WHERE run > $after AND run <= $upto "
-            "ORDER BY run, seq", params={"files": files, "after": after, "upto": upto}).fetchall()
-    finally:
-        con.close()
-    return [SourceRecord(k, v, int(t), int(p)) for k, v, t, p in rows]
-
-
-def _bootstrap_records(info: SourceInfo, run: int) -> list[SourceRecord]:
-    """The history store ``info`` holds after run ``run``, as a changelog: every version a query
-    could still return (validTo after its partition's horizon, or still valid; tombstones
-    included, as they end the validity before them; a timestamped store's current values), in
-    (timestamp, key) order, so every record is in order for its key."""
+def _bootstrap_read(info: SourceInfo, run: int, upto: int) -> InputRead:
+    """What a table added over store ``info`` starts from: the history the store holds after
+    run ``run`` as a changelog (every version a query could still return: validTo after its
+    partition's horizon, or still valid; tombstones included, as they end the validity before
+    them; a timestamped store's current values, in (timestamp, key) order, so every record is
+    in order for its key), then its changelog of runs (run, ``upto``]."""
     try:
         snapshot = _snapshot_of_run(info.path, info.snapshot, run)
     except DeriveError:
         raise DeriveError(f"store {info.name!r}: no readable snapshot of run {run} (its Delta log was cleaned up), "
                           "the history a table added over it starts from; delete the store and ingest it again "
                           "from its files") from None
-    files = list(storage.delta_table(info.path, version=snapshot).file_uris())
-    if not files:
-        return []
-    settings = info.settings
-    state = read_state(info.path, snapshot)
-    observable = "NOT tombstone"
-    if settings.kind == "versioned":
-        observable = layout.answerable_sql(state.stream_time, settings.history_retention_ms)
-    con = storage.duckdb_connect(info.path)
-    try:
-        rows = con.sql(
-            "SELECT key, value, valid_from, \"partition\" FROM (SELECT key, valid_from, valid_to, value, tombstone, "
-            f"\"partition\", run FROM read_parquet($files) {read_rule_sql(settings.kind)}) WHERE {observable} "
-            "ORDER BY valid_from, key", params={"files": files}).fetchall()
-    finally:
-        con.close()
-    log.info("store %s: derived tables start from its snapshot %d (run %d): %d version(s)", info.name, snapshot,
-             run, len(rows))
-    return [SourceRecord(k, v, int(t), int(p)) for k, v, t, p in rows]
+    log.info("store %s: derived tables start from its snapshot %d (run %d)", info.name, snapshot, run)
+    return InputRead(info.name, info.path, False, run, upto, kind=info.settings.kind, bootstrap=snapshot,
+                     stream_time=dict(read_state(info.path, snapshot).stream_time),
+                     history_retention_ms=info.settings.history_retention_ms)
+
+
+def _input_read(info: SourceInfo, after: int) -> InputRead:
+    """What the pass reads of source ``info`` that last consumed its run ``after``."""
+    covered = info.changelog_since is not None and info.changelog_since <= after + 1
+    if info.run > after and not info.is_stream and not covered:
+        if after:  # a table that consumed runs of this store always had their changelog
+            first = (info.changelog_since or info.run + 1) - 1
+            raise DeriveError(f"store {info.name!r} has no changelog of runs {after + 1}..{first}; delete the "
+                              "derived tables of this pipeline to rebuild them from the store")
+        if info.changelog_since is None:  # its ingest failed before committing to keep one
+            raise DeriveError(f"store {info.name!r} keeps no changelog yet (its ingest did not complete in this "
+                              "run); run the pipeline again")
+        # A store ingested before any table read it: bootstrap from what it holds
+        # (docs/derived-tables.md, "Tables added over an existing store"), then go on
+        # with its changelog from the first run that kept one.
+        return _bootstrap_read(info, info.changelog_since - 1, info.run)
+    return InputRead(info.name, info.path, info.is_stream, after, info.run, kind=info.settings.kind)
+
+
+def _components(tables: list[TableSpec]) -> list[list[TableSpec]]:
+    """The pass's tables cut into topologies: tables connected through derived tables (one
+    reads the other, or both read a third, directly or not). Each topology reads its source
+    records itself and has its own partitions; tables that share only source inputs are
+    independent, since the merge of rule 23 restricted to a table's inputs is the merge of those
+    inputs alone."""
+    derived = {t.name for t in tables}
+    parent: dict[str, str] = {}
+
+    def find(name: str) -> str:
+        while parent.setdefault(name, name) != name:
+            name = parent[name]
+        return name
+
+    for spec in tables:
+        for name in spec.inputs:
+            if name in derived:
+                parent[find(name)] = find(spec.name)
+    groups: dict[str, list[TableSpec]] = {}
+    for spec in tables:
+        groups.setdefault(find(spec.name), []).append(spec)
+    return list(groups.values())
+
+
+def rekeys(spec: TableSpec) -> bool:
+    """Whether a table's results are keyed by something else than its (left) input's key: a
+    group-by aggregate or a foreign-key join (in Kafka Streams, through repartition topics)."""
+    return spec.op == "fk_join" or (spec.op == "aggregate" and spec.group_by is not None)
+
+
+def pass_partitions(tables: list[TableSpec], sources: list[SourceInfo]) -> tuple[int, str]:
+    """How many partitions a new topology gets, and the partitioner its stream records are
+    placed by (docs/semantics.md, rule 23): the partition count of its source stores when they
+    all have the same one and the same partitioner, and no table re-keys; else 1."""
+    stores = [s.settings for s in sources if not s.is_stream]
+    if not stores or any(rekeys(t) for t in tables):
+        return 1, layout.DEFAULT_PARTITIONER
+    counts = {(s.partitions, s.partitioner) for s in stores}
+    if len(counts) != 1:
+        return 1, layout.DEFAULT_PARTITIONER
+    partitions, partitioner = counts.pop()
+    return partitions, partitioner
 
 
 def _run_pass(spark: SparkSession, pipeline: Pipeline, specs: dict[str, TableSpec], handles: dict[str, StoreHandle],
               infos: dict[str, SourceInfo], sources_of: dict[str, set[str]], start: dict[str, int],
               writers: list[str], reports: dict[str, TableReport]) -> None:
-    """Compute one pass and commit its writers in file order, adding each one's report to
-    ``reports`` as soon as it is committed."""
+    """Compute one pass, a Spark job per topology of it, and commit its writers in file order,
+    adding each one's report to ``reports`` as soon as it is committed."""
     order = [t.name for t in pipeline.tables]
     members = set(writers)
     for name in writers:
         members |= _upstream(specs, name)
-    pass_tables = [specs[name] for name in order if name in members]
-    pass_sources = set().union(*(sources_of[name] for name in members))
-    states: dict[str, TableState] = {}
-    readers: list[SnapshotReader] = []
-    records: dict[str, list[SourceRecord]] = {}
-    try:
-        for s in sorted(pass_sources):
-            info = infos[s]
-            after = start.get(s, 0)
-            covered = info.changelog_since is not None and info.changelog_since <= after + 1
-            if info.run > after and not info.is_stream and not covered:
-                if after:  # a table that consumed runs of this store always had their changelog
-                    first = (info.changelog_since or info.run + 1) - 1
-                    raise DeriveError(f"store {s!r} has no changelog of runs {after + 1}..{first}; delete the "
-                                      "derived tables of this pipeline to rebuild them from the store")
-                if info.changelog_since is None:  # its ingest failed before committing to keep one
-                    raise DeriveError(f"store {s!r} keeps no changelog yet (its ingest did not complete in this "
-                                      "run); run the pipeline again")
-                # A store ingested before any table read it: bootstrap from what it holds
-                # (docs/derived-tables.md, "Tables added over an existing store"), then go on
-                # with its changelog from the first run that kept one.
-                upto = info.changelog_since - 1
-                records[s] = _bootstrap_records(info, upto) + _read_records(info.path, upto, info.run, False)
-            else:
-                records[s] = _read_records(info.path, after, info.run, info.is_stream)
-            if info.is_stream:
-                continue
-            snapshot = _snapshot_of_run(info.path, info.snapshot, after) if after else None
-            reader = SnapshotReader(info.path, snapshot, info.settings.kind, info.settings.buckets,
-                                    info.settings.history_retention_ms)
-            readers.append(reader)
-            settings = info.settings
-            states[s] = TableState(s, settings.kind, settings.history_retention_ms, settings.partitions, reader)
-        for spec in pass_tables:
-            if spec.is_stream:
-                continue
-            handle = handles[spec.name]
-            if spec.name in writers:
-                version = handle.version
-            else:
-                version = _find_snapshot(handle.path, handle.version,
-                                         {s: start.get(s, 0) for s in sources_of[spec.name]})
-            reader = SnapshotReader(handle.path, version, spec.kind, spec.buckets, spec.history_retention_ms)
-            readers.append(reader)
-            states[spec.name] = TableState(spec.name, spec.kind, spec.history_retention_ms, 1, reader)
-        topology = Topology(pass_tables, states)
-        _prefetch(pass_tables, states, records, topology)
-        inputs = [(name, infos[name].is_stream, records[name]) for name in pipeline.inputs if name in records]
-        topology.run(inputs)
-        log.info("derived pass over %s: %d source record(s)", ", ".join(writers),
-                 sum(len(r) for r in records.values()))
-        for spec in pass_tables:
-            if spec.name in writers:
-                reports[spec.name] = _commit(spark, spec, handles, infos, topology.nodes[spec.name],
-                                             sources_of[spec.name])
-    finally:
-        for reader in readers:
-            reader.close()
+    for component in _components([specs[name] for name in order if name in members]):
+        names = {t.name for t in component}
+        sources = sorted(set().union(*(sources_of[t.name] for t in component)))
+        _run_topology(spark, pipeline, component, [w for w in writers if w in names], handles,
+                      [infos[s] for s in sources], sources_of, start, reports)
 
 
-def _prefetch(tables: list[TableSpec], states: dict[str, TableState],
-              records: dict[str, list[SourceRecord]], topology: Topology) -> None:
-    """Bulk-load the keys the batch will touch where they are known up front (the rest load
-    one key at a time on demand)."""
-    candidates: dict[str, set[str]] = {name: {r.key for r in recs} for name, recs in records.items()}
-    for name, state in states.items():
-        if name in records:
-            state.prefetch(candidates[name])
+def _run_topology(spark: SparkSession, pipeline: Pipeline, tables: list[TableSpec], writers: list[str],
+                  handles: dict[str, StoreHandle], sources: list[SourceInfo], sources_of: dict[str, set[str]],
+                  start: dict[str, int], reports: dict[str, TableReport]) -> None:
+    partitions, partitioner = pass_partitions(tables, sources)
+    built = {handles[t.name].settings.partitions for t in tables
+             if not t.is_stream and handles[t.name].table is not None}
+    if built:  # a table keeps the partitions it was built with: its keys' stream times are there
+        if len(built) > 1 or (partitions not in built and built != {1}):
+            raise DeriveError(f"derived tables {', '.join(t.name for t in tables)} were built with {sorted(built)} "
+                              f"partition(s) and their inputs now have {partitions}; rebuild them (versiq rebuild)")
+        partitions = built.pop()
+    reads: list[TableRead] = []
+    inputs_read: list[InputRead] = []
+    for info in sources:
+        after = start.get(info.name, 0)
+        inputs_read.append(_input_read(info, after))
+        if info.is_stream:
+            continue
+        snapshot = _snapshot_of_run(info.path, info.snapshot, after) if after else None
+        settings = info.settings
+        reads.append(TableRead(info.name, info.path, snapshot, settings.kind, settings.history_retention_ms,
+                               settings.buckets, settings.partitions))
     for spec in tables:
-        keys: set[str] = set()
-        if spec.op in ("filter", "copy", "to_table", "join", "stream_join"):
-            keys = set().union(*(candidates.get(i, set()) for i in spec.inputs))
-            for i in spec.inputs:
-                if i in states:
-                    states[i].prefetch(keys)
-        elif spec.op == "fk_join":
-            operator = topology.nodes[spec.name].operator
-            assert isinstance(operator, ForeignKeyJoin)
-            left, right = spec.inputs
-            left_records = [(r.key, r.value) for r in records.get(left, [])]
-            keys = operator.prefetch(candidates.get(left, set()), candidates.get(right, set()), left_records)
-        elif spec.op == "aggregate" and spec.group_by is not None:
-            source = spec.inputs[0]
-            pairs = [(r.key, r.value) for r in records.get(source, [])]
-            if source in states:
-                pairs += [(k, v[1]) for k in candidates.get(source, set()) if (v := states[source].latest(k))]
-            for key, value in pairs:
-                if value is not None:
-                    group = key_string(spec.group_by.evaluate(key, parse_value(value)))
-                    if group is not None:
-                        keys.add(group)
-        candidates[spec.name] = keys
-        if spec.name in states:
-            states[spec.name].prefetch(keys)
-
-
-def _emission_table(run: int, emissions: list[Emission]) -> pa.Table:
-    return pa.table({
-        "run": [run] * len(emissions),
-        "sequence": [e.sequence for e in emissions],
-        "key": [e.key for e in emissions],
-        "value": [e.value for e in emissions],
-        "timestamp": [e.timestamp for e in emissions],
-        "cause": [e.cause for e in emissions],
-    }, schema=EMITTED_SCHEMA)
-
-
-def _late_table(run: int, node: DerivedNode) -> pa.Table:
-    """A derived table's results later than its grace, as ``_rejected`` rows: ``source`` is
-    the input that caused the result, ``row`` its emission sequence, ``raw`` the result."""
-    stream_time = node.own.stream_time.get(0) if node.own is not None else None
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    rows = [{
-        "run": run, "source": e.cause, "line": None, "row": e.sequence, "partition": None, "offset": None,
-        "reason": "late",
-        "raw": f'{{"key":{json.dumps(e.key, ensure_ascii=False)},"timestamp":{e.timestamp},'
-               f'"value":{"null" if e.value is None else e.value}}}',
-        "detail": f"result timestamp {e.timestamp} is before the table's stream time {stream_time} minus its "
-                  f"history retention {node.spec.history_retention_ms} ms",
-        "ingested_at": now,
-    } for e in node.late]
-    return pa.Table.from_pylist(rows, schema=REJECTED_SCHEMA)
+        if spec.is_stream:
+            continue
+        handle = handles[spec.name]
+        if spec.name in writers:
+            version = handle.version
+        else:
+            version = _find_snapshot(handle.path, handle.version,
+                                     {s: start.get(s, 0) for s in sources_of[spec.name]})
+        reads.append(TableRead(spec.name, handle.path, version, spec.kind, spec.history_retention_ms, spec.buckets))
+    names = {s.name for s in sources}
+    work = PassWork(
+        tables=tuple(tables), writers=tuple(writers), reads=tuple(reads),
+        inputs=tuple((name, next(s for s in sources if s.name == name).is_stream)
+                     for name in pipeline.inputs if name in names),
+        runs=tuple((name, handles[name].state.run + 1) for name in writers), partitions=partitions)
+    at_most = pass_records(inputs_read)
+    here = derives_here(at_most)
+    log.info("derived pass over %s: at most %d source record(s), %d partition(s), %s", ", ".join(writers),
+             at_most, partitions, "in this process" if here else "in Spark tasks")
+    output = (run_here if here else run_job)(spark, work, inputs_read, partitioner)
+    try:
+        infos = {s.name: s for s in sources}
+        for spec in tables:
+            if spec.name in writers:
+                reports[spec.name] = _commit(spec, handles, infos, output, sources_of[spec.name], partitions)
+    finally:
+        output.release()
 
 
 def _or_minus_one(version: int | None) -> int:
     return -1 if version is None else version
 
 
-def _commit(spark: SparkSession, spec: TableSpec, handles: dict[str, StoreHandle], infos: dict[str, SourceInfo],
-            node: DerivedNode, sources: set[str]) -> TableReport:
+def _commit(spec: TableSpec, handles: dict[str, StoreHandle], infos: dict[str, SourceInfo], output: JobOutput,
+            sources: set[str], partitions: int) -> TableReport:
     handle = handles[spec.name]
+    totals = output.totals[spec.name]
     run = handle.state.run + 1
-    buckets = handle.settings.buckets
-    if node.own is None:
-        emitted = node.emissions
-        rows = pa.table({
-            "bucket": [bucket_of(e.key, buckets) for e in emitted],
-            "key": [e.key for e in emitted], "value": [e.value for e in emitted],
-            "timestamp": [e.timestamp for e in emitted], "run": [run] * len(emitted),
-            "seq": [e.sequence for e in emitted],
-        }, schema=STREAM_SCHEMA)
-    else:
-        rows = node.own.changed_rows(run, buckets)
     inputs: dict[str, int] = {}
     for name in spec.inputs:
         snapshot = infos[name].snapshot if name in infos else handles[name].version
@@ -434,18 +379,26 @@ def _commit(spark: SparkSession, spec: TableSpec, handles: dict[str, StoreHandle
             inputs[name] = snapshot
     state = StoreState(
         run=run,
-        stream_time=dict(node.own.stream_time) if node.own is not None else {},
+        stream_time={**handle.state.stream_time, **totals.stream_time} if not spec.is_stream else {},
         sources={s: {"run": infos[s].run, "snapshot": _or_minus_one(infos[s].snapshot)} for s in sorted(sources)},
         inputs=inputs,
         definition=spec.definition,
     )
+    if handle.table is None and not spec.is_stream:  # a new table is built with the pass's partitions
+        handle.settings = replace(handle.settings, partitions=partitions)
     # side tables first, the table's commit (data + state) last: docs in versiq.ingest.delta
-    emitted = _emission_table(run, node.emissions)
-    commit_side(handle.path, EMITTED_DIR, state, local_frame(spark, emitted), empty=emitted.num_rows == 0)
-    late = _late_table(run, node)
-    commit_side(handle.path, REJECTED_DIR, state, local_frame(spark, late), empty=late.num_rows == 0)
-    version = commit_store(handle, local_frame(spark, rows), state)
-    c = node.counts
+    commit_side(handle.path, EMITTED_DIR, state, _small(output.output("emitted", spec.name), totals.counts.emitted),
+                empty=totals.counts.emitted == 0)
+    commit_side(handle.path, REJECTED_DIR, state, _small(output.output("late", spec.name), totals.late),
+                empty=totals.late == 0)
+    if spec.op == "fk_join":  # created on the first run even when empty: its absence means "build it"
+        subscriptions = storage.join(handle.path, SUBSCRIPTIONS_DIR)
+        commit_side(handle.path, SUBSCRIPTIONS_DIR, state,
+                    _small(output.output("subscriptions", spec.name), totals.subscriptions),
+                    empty=totals.subscriptions == 0 and has_table(subscriptions))
+    rows = output.output("stream" if spec.is_stream else "store", spec.name)
+    version = commit_store(handle, rows.coalesce(1) if totals.rows <= SMALL_ROWS else rows.repartition("bucket"), state)
+    c = totals.counts
     report = TableReport(kind=spec.kind, emitted=c.emitted, accepted_latest=c.accepted_latest,
                          accepted_out_of_order=c.accepted_out_of_order,
                          replaced_same_timestamp=c.replaced_same_timestamp, tombstones=c.tombstones,
@@ -453,3 +406,12 @@ def _commit(spark: SparkSession, spec: TableSpec, handles: dict[str, StoreHandle
     report.rejected["late"] = c.late
     log.info("table %s: run %d emitted %s -> snapshot %d", spec.name, run, counted(c.emitted, "result"), version)
     return report
+
+
+#: Rows a table's output of one run may have to be written by one task (one file per bucket);
+#: more are spread over tasks by bucket.
+SMALL_ROWS = 100_000
+
+
+def _small(frame: DataFrame, rows: int) -> DataFrame:
+    return frame.coalesce(1) if rows <= SMALL_ROWS else frame

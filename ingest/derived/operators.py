@@ -16,6 +16,7 @@ from typing import Any
 from versiq.ingest.derived.expressions import is_true, key_string, parse_value, render_json
 from versiq.ingest.derived.spec import TableSpec
 from versiq.ingest.derived.state import Change, TableState
+from versiq.ingest.derived.subscriptions import Subscriptions
 
 
 @dataclass(frozen=True)
@@ -162,7 +163,11 @@ class ForeignKeyJoin(Operator):
 
     def __init__(self, spec: TableSpec, inputs: list[TableState | None], own: TableState | None) -> None:
         super().__init__(spec, inputs, own)
-        self._index: dict[str, set[str]] | None = None  # foreign key -> left keys (built on demand)
+        reader = None if own is None else own.reader
+        snapshot = reader is not None and reader.version is not None
+        self.subscriptions = Subscriptions(None if reader is None else reader.path,
+                                           reader.state.run if snapshot and reader is not None else None,
+                                           self._pointers)
 
     def _fk(self, key: str, value: str | None) -> str | None:
         assert self.spec.foreign_key is not None
@@ -170,17 +175,21 @@ class ForeignKeyJoin(Operator):
             return None
         return key_string(self.spec.foreign_key.evaluate(key, parse_value(value)))
 
-    def _subscribers(self, foreign_key: str) -> list[str]:
+    def _pointers(self) -> list[tuple[str, str]]:
+        """Every (left key, foreign key) of the whole left table (a table without a persisted
+        index: ``Subscriptions``)."""
         left = self.inputs[0]
         assert left is not None
-        if self._index is None:
-            self._index = {}
-            for key in left.keys():
-                current = left.latest_value(key)
-                fk = None if current is None else self._fk(key, current[0])
-                if fk is not None:
-                    self._index.setdefault(fk, set()).add(key)
-        return sorted(self._index.get(foreign_key, ()))
+        out = []
+        for key in left.keys():
+            current = left.latest_value(key)
+            fk = None if current is None else self._fk(key, current[0])
+            if fk is not None:
+                out.append((key, fk))
+        return out
+
+    def _subscribers(self, foreign_key: str) -> list[str]:
+        return self.subscriptions.subscribers(foreign_key)
 
     def prefetch(self, left_keys: set[str], right_keys: set[str],
                  left_records: list[tuple[str, str | None]]) -> set[str]:
@@ -197,6 +206,7 @@ class ForeignKeyJoin(Operator):
                 fks.add(fk)
         right.prefetch(fks)
         touched = set(left_keys)
+        self.subscriptions.load(right_keys)
         for foreign_key in right_keys:
             touched.update(self._subscribers(foreign_key))
         return touched
@@ -208,11 +218,8 @@ class ForeignKeyJoin(Operator):
             if left.versioned and not change.in_order:
                 return []
             old_fk, new_fk = self._fk(change.key, change.old), self._fk(change.key, change.new)
-            if self._index is not None:
-                if old_fk is not None:
-                    self._index.get(old_fk, set()).discard(change.key)
-                if new_fk is not None:
-                    self._index.setdefault(new_fk, set()).add(change.key)
+            if old_fk != new_fk:
+                self.subscriptions.moved(change.key, new_fk)
             return self._left_change(change, old_fk, new_fk)
         if right.versioned and not change.in_order:
             return []

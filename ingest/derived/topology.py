@@ -58,8 +58,11 @@ class DerivedNode:
 class Topology:
     """The derived tables of one pass over the tables states they read and write."""
 
-    def __init__(self, tables: list[TableSpec], states: dict[str, TableState]) -> None:
+    def __init__(self, tables: list[TableSpec], states: dict[str, TableState], partition: int = 0) -> None:
+        """``partition``: the partition of the pass this topology processes; the derived tables'
+        results are put in it (their stream time is per partition, as a task's store's is)."""
         self.states = states
+        self.partition = partition
         self.nodes: dict[str, DerivedNode] = {}
         self.dependents: dict[str, list[tuple[DerivedNode, int]]] = {}
         for spec in tables:
@@ -110,7 +113,7 @@ class Topology:
         if node.own is None:
             self._stream_record(node.spec.name, StreamRecord(emit.key, emit.value, emit.timestamp))
             return
-        result = node.own.put(emit.key, emit.value, emit.timestamp, 0)
+        result = node.own.put(emit.key, emit.value, emit.timestamp, self.partition)
         if result.change is None:
             counts.late += 1
             node.late.append(emission)

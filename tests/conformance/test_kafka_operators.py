@@ -21,9 +21,13 @@ The documented departures (docs/semantics.md, "Departures"), applied exactly and
   is compared with the last emission instead.
 
 Layout: scenarios with the same operator settings share one versiq pipeline group (a name
-prefix); scenario j owns stream-time partition j of each input, keys and foreign/group keys
-prefixed ``s<j>/`` and timestamps shifted by ``j * SPAN`` (all of scenario j's records precede
-scenario j+1's in every input, so the merge restricted to one scenario is the merge of it alone).
+prefix); scenario j owns partition j of each input store, keys and foreign/group keys prefixed
+``s<j>/`` (``scenario_key``: keys of stream-table joins get a suffix that puts them in partition
+j by Kafka's partitioner, as the stream's records are) and timestamps shifted by ``j * SPAN``
+(all of scenario j's records precede scenario j+1's in every input, so the merge restricted to
+one scenario is the merge of it alone). Filters, primary-key joins and stream-table joins run one
+topology per partition (rule 23), so each scenario is processed alone, as in Kafka's one task;
+foreign-key joins and aggregates re-key and so run in one partition, all scenarios merged.
 Kafka runs every scenario in its own TopologyTestDriver with unprefixed, unshifted records.
 
 ``make test`` runs 40 per operator from a fixed seed; ``make conformance`` runs
@@ -33,6 +37,7 @@ Kafka runs every scenario in its own TopologyTestDriver with unprefixed, unshift
 
 from __future__ import annotations
 
+import functools
 import heapq
 import json
 import os
@@ -54,6 +59,7 @@ from tests.support.conformance import (
 from tests.support.derived import RealPipeline
 from tests.support.derived_reference import InputDef, Rec
 from tests.support.kafka_streams import KAFKA_VERSION, kafka_loses_replaced_tombstone, run_operator_scenarios
+from versiq.layout import MURMUR2, default_partition_of
 
 OPS = ("filter", "join", "fk_join", "aggregate", "stream_join")
 #: Scenarios per operator: 40 in ``make test``; ``make conformance`` sets VERSIQ_CONFORMANCE_SCENARIOS.
@@ -265,6 +271,27 @@ def _local_answer(answer: dict[str, Any], prefix: str, shift: int) -> dict[str, 
     return {"emitted": emitted, "latest": latest}
 
 
+@functools.cache
+def scenario_key(j: int, key: str, partitions: int, stream: bool) -> str:
+    """Scenario j's name for ``key``: ``s<j>/key``; in a group with a stream input and several
+    partitions, with a suffix ``~n`` that puts it in partition j by Kafka's default partitioner,
+    where a stream record is processed (docs/semantics.md, rule 23), so that the stream's
+    records meet the table's, which scenario j keeps in partition j."""
+    name = f"s{j}/{key}"
+    if not stream or partitions == 1:
+        return name
+    n = 0
+    while default_partition_of(name, partitions, MURMUR2) != j:
+        n += 1
+        name = f"s{j}/{key}~{n}"
+    return name
+
+
+def local_key(key: str, prefix: str) -> str:
+    """The scenario's own name of a versiq key (``scenario_key`` undone)."""
+    return key[len(prefix):].split("~")[0]
+
+
 def run_batch(spark: Any, root: str, groups: list[tuple[Config, list[Runs]]]) -> tuple[Counter[str], list[str]]:
     """One versiq pipeline over every group (one Spark run per run index) and one JVM for Kafka,
     with one TopologyTestDriver per group fed scenario after scenario (each scenario's runs in
@@ -281,8 +308,10 @@ def run_batch(spark: Any, root: str, groups: list[tuple[Config, list[Runs]]]) ->
             kept.append((config, compared))
     groups = kept
     for g, (config, scenarios) in enumerate(groups):
+        partitions = len(scenarios)
+        stream = "stream" in config.kinds
         inputs = [InputDef(f"i{i}", kind, history_retention_ms=r or 0,
-                           partitions=1 if kind == "stream" else len(scenarios))
+                           partitions=1 if kind == "stream" else partitions)
                   for i, (kind, r) in enumerate(zip(config.kinds, config.retentions, strict=True))]
         steps = max(len(runs) for runs in scenarios)
         versiq_runs: list[dict[str, list[Rec]]] = [{} for _ in range(steps)]
@@ -291,7 +320,8 @@ def run_batch(spark: Any, root: str, groups: list[tuple[Config, list[Runs]]]) ->
             for step, run in enumerate(runs):
                 for i, recs in run.items():
                     versiq_runs[step].setdefault(f"i{i}", []).extend(
-                        Rec(prefix + key, None if value is None else value.replace("@", prefix), ts + j * SPAN,
+                        Rec(scenario_key(j, key, partitions, stream),
+                            None if value is None else value.replace("@", prefix), ts + j * SPAN,
                             j if config.kinds[i] != "stream" else 0)
                         for key, value, ts in recs)
         kafka_input.append({"id": f"g{g}", **config.kafka(), "records": [
@@ -306,13 +336,14 @@ def run_batch(spark: Any, root: str, groups: list[tuple[Config, list[Runs]]]) ->
         observed = real.observed(f"g{g}_", "out")
         for j, runs in enumerate(scenarios):
             prefix = f"s{j}/"
-            emissions = [(k[len(prefix):], None if v is None else v.replace(prefix, ""), ts - j * SPAN)
+            emissions = [(local_key(k, prefix), None if v is None else v.replace(prefix, ""), ts - j * SPAN)
                          for k, v, ts, _ in observed.emissions if k.startswith(prefix)]
             latest = {}
             for key, versions in observed.versions.items():
                 if key.startswith(prefix):
                     ts, _, value = max(versions, key=lambda v: v[0])
-                    latest[key[len(prefix):]] = (None if value is None else value.replace(prefix, ""), ts - j * SPAN)
+                    value = None if value is None else value.replace(prefix, "")
+                    latest[local_key(key, prefix)] = (value, ts - j * SPAN)
             kafka = _local_answer(answers[f"g{g}"], prefix, j * SPAN)
             tally[f"{config.op} scenarios"] += 1
             tally["records"] += sum(len(recs) for run in runs for recs in run.values())

@@ -15,7 +15,8 @@ versions, as-of reads), and so do the derived tables' own stores (one partition 
 from __future__ import annotations
 
 import decimal
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any
 
@@ -542,3 +543,34 @@ def run_pipeline(
     for records in runs:
         pipeline.process_run(records)
     return pipeline.results()
+
+
+def run_partitioned(inputs: list[InputDef], tables: list[dict[str, Any]], runs: list[dict[str, list[Rec]]],
+                    partitions: int, stream_partition: Callable[[str], int]) -> dict[str, TableResult]:
+    """docs/semantics.md rule 23 with ``partitions`` partitions (a pipeline without re-keying
+    tables over co-partitioned stores): the pipeline runs once per partition, over that
+    partition's records alone (a store record's ``partition``, a stream record's
+    ``stream_partition(key)``), as Kafka Streams runs one task per partition; the results are
+    combined: versions by key (a key lives in one partition), emissions run by run in partition
+    order, counts summed. A stream output's records are its emissions."""
+    per: list[dict[str, TableResult]] = []
+    kinds = {d.name: d.kind for d in inputs}
+    for p in range(partitions):
+        part_runs = [{name: [replace(r, partition=0) for r in recs
+                             if (stream_partition(r.key) if kinds[name] == "stream" else r.partition) == p]
+                      for name, recs in run.items()} for run in runs]
+        per.append(run_pipeline([replace(d, partitions=1) for d in inputs], tables, part_runs))
+    out: dict[str, TableResult] = {}
+    for name in per[0]:
+        emissions = [e for run in range(1, len(runs) + 1) for result in per for e in result[name].emissions
+                     if e.run == run]
+        versions: Versions = {}
+        counts = dict.fromkeys(per[0][name].counts, 0)
+        for result in per:
+            versions.update(result[name].versions)
+            for field_name, value in result[name].counts.items():
+                counts[field_name] += value
+        records = [(e.key, e.value, e.timestamp) for e in emissions] if per[0][name].records or any(
+            r[name].records for r in per) else []
+        out[name] = TableResult(emissions, versions, records, counts)
+    return out

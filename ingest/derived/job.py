@@ -1,0 +1,361 @@
+"""A derived pass as one Spark job: one task per partition of the pass, writes from the tasks.
+
+The job (``run_job``):
+
+1. **Reads** the pass's source records with Spark: each input's ``_changelog`` rows (stores) or
+   stream rows of the runs the pass consumes, and, for a store a table is added over, the
+   versions its snapshot holds (``bootstrap``). Every record keeps the partition it was
+   ingested in (the store's stream-time partition) and gets its *task*: its partition when the
+   pass has several (``PassWork.partitions``), a stream record its key's default partition by
+   the stores' partitioner (where a producer with Kafka's default partitioner puts it), and 0
+   when the pass has one.
+2. **Processes** each task's records in a Spark task (``mapInArrow`` after a range
+   repartition by task): sorted by (task, input, the input's own order), each task's records
+   go through ``tasks.run_partition``. A Spark partition may hold several tasks, one after
+   the other; no task's records are ever split.
+3. **Writes** each writer's changed rows, ``_emitted`` rows and late results straight from the
+   tasks' output (kept on the executors for the writes: ``persist``); only small statistics
+   (counts, emission counts, stream times per task) reach the driver, which makes the
+   emission sequences one per run (task order, then local order) and commits each table
+   once, side tables first (``versiq.ingest.delta``).
+
+The driver never holds the records or the results, so its memory does not grow with the pass.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute
+from deltalake import DeltaTable
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
+
+from versiq import layout, storage
+from versiq.ingest.derived.tasks import PartitionResult, PassWork, Readers, run_partition
+from versiq.ingest.derived.topology import SourceRecord, TableCounts
+from versiq.ingest.frames import local_frame
+from versiq.ingest.rules import SPARK
+from versiq.layout import (
+    CHANGELOG_DIR,
+    EMITTED_SCHEMA,
+    REJECTED_SCHEMA,
+    STORE_SCHEMA,
+    STREAM_SCHEMA,
+    SUBSCRIPTIONS_SCHEMA,
+    answerable_sql,
+    has_table,
+    read_rule_sql,
+    read_rule_window,
+)
+
+#: The records of a pass as the tasks read them: ``input`` is the index in ``PassWork.inputs``;
+#: ``o1``-``o4`` the input's own order (bootstrap versions by (valid_from, key) first, then
+#: changelog or stream rows by (run, seq)).
+RECORDS_SCHEMA = pa.schema([
+    pa.field("task", pa.int32()), pa.field("input", pa.int32()), pa.field("key", pa.string()),
+    pa.field("value", pa.string()), pa.field("timestamp", pa.int64()), pa.field("partition", pa.int32()),
+    pa.field("o1", pa.int32()), pa.field("o2", pa.int64()), pa.field("o3", pa.int64()), pa.field("o4", pa.string()),
+])
+
+#: Each output of the tasks and the columns it fills (prefixed, so that one row schema holds
+#: them all): a store's rows, a stream output's records, ``_emitted`` rows, late results.
+OUTPUTS: dict[str, tuple[str, pa.Schema]] = {
+    "store": ("s_", STORE_SCHEMA), "stream": ("t_", STREAM_SCHEMA),
+    "emitted": ("e_", EMITTED_SCHEMA), "late": ("j_", REJECTED_SCHEMA), "subscriptions": ("u_", SUBSCRIPTIONS_SCHEMA),
+}
+OUTPUT_SCHEMA = pa.schema([
+    pa.field("out", pa.string()), pa.field("table", pa.string()), pa.field("task", pa.int32()),
+    pa.field("info", pa.string()),
+    *(pa.field(prefix + f.name, f.type) for prefix, schema in OUTPUTS.values() for f in schema),
+])
+
+
+@dataclass(frozen=True)
+class InputRead:
+    """What the job reads of one source input: runs (after, upto] of its changelog or stream
+    table, after the versions of snapshot ``bootstrap`` when a table is added over the store."""
+
+    name: str
+    path: str
+    is_stream: bool
+    after: int
+    upto: int
+    kind: str = "versioned"
+    bootstrap: int | None = None
+    #: The bootstrap snapshot's stream time and the store's retention (what a query could return).
+    stream_time: dict[int, int] = field(default_factory=dict)
+    history_retention_ms: int = 0
+
+
+@dataclass
+class TableTotals:
+    """One writer's statistics over every task."""
+
+    counts: TableCounts = field(default_factory=TableCounts)
+    #: Emissions per task (for the run's sequence: task order, then local order).
+    emitted: dict[int, int] = field(default_factory=dict)
+    stream_time: dict[int, int] = field(default_factory=dict)
+    rows: int = 0
+    late: int = 0
+    subscriptions: int = 0
+
+
+@dataclass
+class JobOutput:
+    """The tasks' results, kept on the executors until ``release``."""
+
+    frame: DataFrame
+    totals: dict[str, TableTotals]
+
+    def offsets(self, name: str) -> dict[int, int]:
+        """Task -> how many emissions of the run come before the task's first."""
+        out, seen = {}, 0
+        for task, count in sorted(self.totals[name].emitted.items()):
+            out[task] = seen
+            seen += count
+        return out
+
+    def output(self, kind: str, name: str) -> DataFrame:
+        """One output of one writer with its table's columns; sequences made run-wide."""
+        prefix, schema = OUTPUTS[kind]
+        rows = self.frame.where((F.col("out") == kind) & (F.col("table") == name))
+        offsets = self.offsets(name)
+        shift = F.lit(0).cast("long")
+        if offsets:
+            pairs = [F.lit(x) for task, offset in sorted(offsets.items()) for x in (task, offset)]
+            shift = F.coalesce(F.element_at(F.create_map(*pairs), F.col("task")).cast("long"), F.lit(0).cast("long"))
+        sequenced = {"emitted": "sequence", "stream": "seq", "late": "row"}.get(kind)
+        columns = [(F.col(prefix + f.name) + shift if f.name == sequenced else F.col(prefix + f.name)).alias(f.name)
+                   for f in schema]
+        return rows.select(*columns)
+
+    def release(self) -> None:
+        self.frame.unpersist()
+
+
+def records_frame(spark: SparkSession, work: PassWork, reads: list[InputRead], partitioner: str) -> DataFrame:
+    """Every record of the pass, with its task (module docstring, step 1)."""
+    empty = spark.createDataFrame(pa.Table.from_pylist([], schema=RECORDS_SCHEMA)).drop("task")
+    index = {name: i for i, (name, _) in enumerate(work.inputs)}
+    frames = []
+    for read in reads:
+        frames += _input_frames(spark, read, index[read.name])
+    frame = empty
+    for part in frames:
+        frame = frame.unionByName(part)
+    if work.partitions == 1:
+        return frame.withColumn("task", F.lit(0).cast("int"))
+    streamed = F.expr(SPARK.default_partition(work.partitions, partitioner))
+    stream_inputs = [index[r.name] for r in reads if r.is_stream]
+    if not stream_inputs:
+        return frame.withColumn("task", F.col("partition"))
+    return frame.withColumn("task", F.when(F.col("input").isin(stream_inputs), streamed)
+                            .otherwise(F.col("partition")).cast("int"))
+
+
+def _input_frames(spark: SparkSession, read: InputRead, index: int) -> list[DataFrame]:
+    columns = ["input", "key", "value", "timestamp", "partition", "o1", "o2", "o3", "o4"]
+    frames = []
+    if read.bootstrap is not None:
+        versions = spark.read.format("delta").option("versionAsOf", read.bootstrap).load(read.path)
+        latest = versions.withColumn("_rn", F.expr(f"row_number() OVER ({read_rule_window(read.kind)})")) \
+            .where("_rn = 1").where(_observable(read, "`"))
+        frames.append(latest.select(
+            F.lit(index).cast("int").alias("input"), "key", "value", F.col("valid_from").alias("timestamp"),
+            F.col("partition").cast("int").alias("partition"), F.lit(0).cast("int").alias("o1"),
+            F.col("valid_from").alias("o2"), F.lit(0).cast("long").alias("o3"), F.col("key").alias("o4")))
+    table_path = read.path if read.is_stream else storage.join(read.path, CHANGELOG_DIR)
+    if read.upto > read.after and has_table(table_path):
+        runs = (F.col("run") > read.after) & (F.col("run") <= read.upto)
+        rows = spark.read.format("delta").load(table_path).where(runs)
+        partition = F.lit(0).cast("int") if read.is_stream else F.col("partition").cast("int")
+        frames.append(rows.select(
+            F.lit(index).cast("int").alias("input"), "key", "value", "timestamp", partition.alias("partition"),
+            F.lit(1).cast("int").alias("o1"), F.col("run").alias("o2"), F.col("seq").cast("long").alias("o3"),
+            F.lit("").alias("o4")))
+    return [f.select(*columns) for f in frames]
+
+
+def pass_records(reads: list[InputRead]) -> int:
+    """How many records the pass reads at most, from the Delta log's file statistics alone
+    (a file whose runs straddle the pass's counts whole)."""
+    total = 0
+    for read in reads:
+        if read.bootstrap is not None:
+            total += _file_records(storage.delta_table(read.path, version=read.bootstrap), None)
+        table_path = read.path if read.is_stream else storage.join(read.path, CHANGELOG_DIR)
+        if read.upto > read.after and has_table(table_path):
+            total += _file_records(storage.delta_table(table_path), (read.after, read.upto))
+    return total
+
+
+def _file_records(table: DeltaTable, runs: tuple[int, int] | None) -> int:
+    actions = pa.table(table.get_add_actions(flatten=True))
+    counts = actions.column("num_records").to_pylist()
+    if runs is None or "min.run" not in actions.column_names:
+        return sum(c or 0 for c in counts)
+    after, upto = runs
+    low, high = actions.column("min.run").to_pylist(), actions.column("max.run").to_pylist()
+    return sum(c or 0 for c, lo, hi in zip(counts, low, high, strict=True)
+               if lo is None or hi is None or (hi > after and lo <= upto))
+
+
+def _observable(read: InputRead, quote: str) -> str:
+    """The versions of a bootstrapped store a query could still return (SQL of both engines)."""
+    if read.kind == "versioned":
+        return answerable_sql(read.stream_time, read.history_retention_ms, quote)
+    return "NOT tombstone"
+
+
+def records_here(work: PassWork, reads: list[InputRead], partitioner: str) -> pa.Table:
+    """``records_frame`` read by DuckDB in this process, in task order (``run_here``)."""
+    index = {name: i for i, (name, _) in enumerate(work.inputs)}
+    parts = []
+    for read in reads:
+        i = index[read.name]
+        con = storage.duckdb_connect(read.path)
+        try:
+            if read.bootstrap is not None:
+                files = list(storage.delta_table(read.path, version=read.bootstrap).file_uris())
+                if files:
+                    parts.append(con.sql(
+                        f"SELECT {i}::INT AS input, key, value, valid_from AS timestamp, "
+                        '"partition"::INT AS "partition", 0::INT AS o1, valid_from AS o2, 0::BIGINT AS o3, '
+                        "key AS o4 FROM (SELECT * FROM "
+                        f"read_parquet($files) {read_rule_sql(read.kind)}) WHERE {_observable(read, chr(34))}",
+                        params={"files": files}).to_arrow_table())
+            table_path = read.path if read.is_stream else storage.join(read.path, CHANGELOG_DIR)
+            if read.upto > read.after and has_table(table_path):
+                files = list(storage.delta_table(table_path).file_uris())
+                part = "0" if read.is_stream else '"partition"'
+                if files:
+                    parts.append(con.sql(
+                        f'SELECT {i}::INT AS input, key, value, timestamp, {part}::INT AS "partition", 1::INT AS o1, '
+                        "run AS o2, seq::BIGINT AS o3, '' AS o4 FROM read_parquet($files) "
+                        "WHERE run > $after AND run <= $upto",
+                        params={"files": files, "after": read.after, "upto": read.upto}).to_arrow_table())
+        finally:
+            con.close()
+    schema = RECORDS_SCHEMA.remove(0)
+    table = pa.concat_tables([p.cast(schema) for p in parts]) if parts else schema.empty_table()
+    streams = {index[r.name] for r in reads if r.is_stream}
+    if work.partitions == 1:
+        tasks = [0] * table.num_rows
+    else:
+        tasks = [layout.default_partition_of(k, work.partitions, partitioner) if i in streams else p
+                 for i, k, p in zip(table["input"].to_pylist(), table["key"].to_pylist(),
+                                    table["partition"].to_pylist(), strict=True)]
+    table = table.add_column(0, "task", pa.array(tasks, pa.int32()))
+    return table.sort_by([(name, "ascending") for name in ORDER])
+
+
+def run_job(spark: SparkSession, work: PassWork, reads: list[InputRead], partitioner: str) -> JobOutput:
+    """Process the pass in Spark tasks (module docstring, step 2); the results stay on the
+    executors (``JobOutput.output`` reads them for the writes)."""
+    records = records_frame(spark, work, reads, partitioner)
+    slices = max(1, work.partitions)
+    ordered = records.repartitionByRange(slices, "task") if slices > 1 else records.coalesce(1)
+    ordered = ordered.sortWithinPartitions(*ORDER)
+    results = ordered.mapInArrow(partition_runner(work), from_arrow_schema(OUTPUT_SCHEMA))
+    results = results.persist(StorageLevel.MEMORY_AND_DISK)
+    stats = results.where(F.col("out") == "stats").select("table", "task", "info").collect()
+    return _output(results, work, [(r["table"], r["task"], r["info"]) for r in stats])
+
+
+def run_here(spark: SparkSession, work: PassWork, reads: list[InputRead], partitioner: str) -> JobOutput:
+    """Process a small pass in this process, partition after partition, with the same code as
+    the tasks (``partition_runner``): its records and results are held here, as Arrow tables,
+    and written by Spark from a local relation."""
+    records = records_here(work, reads, partitioner)
+    batches = list(partition_runner(work)(iter(records.to_batches())))
+    table = pa.Table.from_batches(batches, schema=OUTPUT_SCHEMA)
+    stats = table.filter(pa.compute.equal(table["out"], "stats")).select(["table", "task", "info"]).to_pylist()
+    return _output(local_frame(spark, table), work, [(r["table"], r["task"], r["info"]) for r in stats])
+
+
+#: The order the tasks read the records in: by task, then each input's own order.
+ORDER = ("task", "input", "o1", "o2", "o3", "o4")
+
+
+def _output(frame: DataFrame, work: PassWork, stats: list[tuple[str, int, str]]) -> JobOutput:
+    totals = {name: TableTotals() for name in work.writers}
+    for table, task, text in stats:
+        info = json.loads(text)
+        total = totals[table]
+        for name, value in info["counts"].items():
+            setattr(total.counts, name, getattr(total.counts, name) + value)
+        total.emitted[task] = info["counts"]["emitted"]
+        if info["stream_time"] is not None:
+            total.stream_time[task] = info["stream_time"]
+        total.rows += info["rows"]
+        total.late += info["late"]
+        total.subscriptions += info["subscriptions"]
+    return JobOutput(frame, totals)
+
+
+def partition_runner(work: PassWork) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The ``mapInArrow`` function: records sorted by (task, input, order) in, results out."""
+    names = [name for name, _ in work.inputs]
+    # the tasks read the tables as this process does: S3 endpoint, region and credentials come
+    # from these variables, which a cluster's executors do not inherit
+    environment = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "VERSIQ_"))}
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for name, value in environment.items():
+            os.environ.setdefault(name, value)
+        readers = Readers(work)
+        try:
+            task: int | None = None
+            records: dict[str, list[SourceRecord]] = {}
+            for batch in batches:
+                columns = [batch.column(n).to_pylist() for n in ("task", "input", "key", "value", "timestamp",
+                                                                  "partition")]
+                for t, i, key, value, timestamp, partition in zip(*columns, strict=True):
+                    if t != task:
+                        if task is not None:
+                            yield from result_batches(run_partition(work, task, records, readers))
+                        task, records = t, {}
+                    records.setdefault(names[i], []).append(SourceRecord(key, value, timestamp, partition))
+            if task is not None:
+                yield from result_batches(run_partition(work, task, records, readers))
+        finally:
+            readers.close()
+
+    return run
+
+
+def result_batches(result: PartitionResult) -> Iterator[pa.RecordBatch]:
+    """One partition's results as rows of ``OUTPUT_SCHEMA``."""
+    for name, outcome in result.tables.items():
+        subscriptions = outcome.subscriptions
+        stats = {"counts": vars(outcome.counts), "stream_time": outcome.stream_time,
+                 "rows": outcome.rows.num_rows, "late": outcome.late.num_rows,
+                 "subscriptions": 0 if subscriptions is None else subscriptions.num_rows}
+        yield _batch("stats", name, result.partition, [json.dumps(stats)], None)
+        rows_kind = "store" if "valid_from" in outcome.rows.schema.names else "stream"
+        for kind, table in ((rows_kind, outcome.rows), ("emitted", outcome.emitted), ("late", outcome.late),
+                            ("subscriptions", subscriptions)):
+            if table is not None and table.num_rows:
+                yield _batch(kind, name, result.partition, [None] * table.num_rows, table)
+
+
+def _batch(kind: str, name: str, task: int, info: list[str | None], table: pa.Table | None) -> pa.RecordBatch:
+    n = len(info)
+    columns: dict[str, pa.Array] = {
+        "out": pa.array([kind] * n, pa.string()), "table": pa.array([name] * n, pa.string()),
+        "task": pa.array([task] * n, pa.int32()), "info": pa.array(info, pa.string()),
+    }
+    for out_kind, (prefix, schema) in OUTPUTS.items():
+        for f in schema:
+            if table is not None and out_kind == kind:
+                columns[prefix + f.name] = table.column(f.name).combine_chunks()
+            else:
+                columns[prefix + f.name] = pa.nulls(n, f.type)
+    return pa.RecordBatch.from_arrays([columns[f.name] for f in OUTPUT_SCHEMA], schema=OUTPUT_SCHEMA)

@@ -1,0 +1,212 @@
+"""One partition of a derived pass: the work a Spark task does (docs/semantics.md, rule 23).
+
+A derived pass (``derive``) is cut into its *partitions*, as Kafka Streams cuts a topology into
+tasks: partition ``p`` of the pass holds partition ``p`` of each co-partitioned input, and its
+records go through the whole record-at-a-time topology (``Topology``) over the state of its
+own keys only, merged by head timestamp exactly as rule 23 says, restricted to that partition.
+Nothing here talks to Spark: ``run_partition`` takes a partition's records and returns its
+results as Arrow rows, whether it runs inside a Spark task (``derived.job``) or anywhere else.
+
+What one partition returns for each writer of the pass (``PartitionResult``): the rows its store
+changed (or the stream output's records), its ``_emitted`` rows and its late results, with
+*local* sequences (1, 2, ... within the partition); the job makes them one sequence per run
+(partition order, then local order) before writing. The table's stream time in the partition
+and its counts come back too, to be summed and committed by the driver.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from versiq.ingest.derived.expressions import key_string, parse_value
+from versiq.ingest.derived.operators import ForeignKeyJoin
+from versiq.ingest.derived.spec import TableSpec
+from versiq.ingest.derived.state import SnapshotReader, TableState
+from versiq.ingest.derived.topology import DerivedNode, Emission, SourceRecord, TableCounts, Topology
+from versiq.layout import EMITTED_SCHEMA, REJECTED_SCHEMA, STREAM_SCHEMA, bucket_of
+
+
+@dataclass(frozen=True)
+class TableRead:
+    """Where one table of the pass is read from: a source store, or a derived table of the pass,
+    at the snapshot the pass starts from (``version`` None: no snapshot yet)."""
+
+    name: str
+    path: str
+    version: int | None
+    kind: str
+    history_retention_ms: int
+    buckets: int
+    #: Stream-time partitions of a source store; 1 for a derived table.
+    partitions: int = 1
+
+    def reader(self) -> SnapshotReader:
+        return SnapshotReader(self.path, self.version, self.kind, self.buckets, self.history_retention_ms)
+
+
+@dataclass(frozen=True)
+class PassWork:
+    """Everything a partition of a pass needs, small enough to ship to every task."""
+
+    #: The tables of the pass, in pipeline file order (writers and the upstream tables they read).
+    tables: tuple[TableSpec, ...]
+    #: The tables whose results are written (the others are recomputed for their readers only).
+    writers: tuple[str, ...]
+    #: Source stores and derived tables of the pass (not streams), by name.
+    reads: tuple[TableRead, ...]
+    #: The pass's source inputs in declaration order, as the merge needs them: (name, is_stream).
+    inputs: tuple[tuple[str, bool], ...]
+    #: The run each writer commits.
+    runs: tuple[tuple[str, int], ...]
+    #: How many partitions the pass has (1: every record in one partition).
+    partitions: int = 1
+
+    def run_of(self, name: str) -> int:
+        return dict(self.runs)[name]
+
+    def spec(self, name: str) -> TableSpec:
+        return next(t for t in self.tables if t.name == name)
+
+
+@dataclass
+class TableOutcome:
+    """One writer's results in one partition."""
+
+    rows: pa.Table
+    emitted: pa.Table
+    late: pa.Table
+    counts: TableCounts
+    #: The table's stream time in this partition (None: it accepted nothing there, ever).
+    stream_time: int | None
+    #: A foreign-key join's moved pointers (``_subscriptions`` rows); None for other tables.
+    subscriptions: pa.Table | None = None
+
+
+@dataclass
+class PartitionResult:
+    partition: int
+    tables: dict[str, TableOutcome] = field(default_factory=dict)
+
+
+class Readers:
+    """The snapshot readers of one process, kept across the partitions it runs (one file listing
+    per table per task, not per partition)."""
+
+    def __init__(self, work: PassWork) -> None:
+        self._reads = {r.name: r for r in work.reads}
+        self._open: dict[str, SnapshotReader] = {}
+
+    def get(self, name: str) -> SnapshotReader:
+        if name not in self._open:
+            self._open[name] = self._reads[name].reader()
+        return self._open[name]
+
+    def close(self) -> None:
+        for reader in self._open.values():
+            reader.close()
+        self._open.clear()
+
+
+def run_partition(work: PassWork, partition: int, records: dict[str, list[SourceRecord]],
+                  readers: Readers) -> PartitionResult:
+    """Process partition ``partition`` of the pass: ``records`` are its source records by input,
+    each in the input's own order."""
+    states: dict[str, TableState] = {}
+    for read in work.reads:
+        states[read.name] = TableState(read.name, read.kind, read.history_retention_ms, read.partitions,
+                                       readers.get(read.name))
+    topology = Topology(list(work.tables), states, partition)
+    _prefetch(list(work.tables), states, records, topology)
+    topology.run([(name, is_stream, records.get(name, [])) for name, is_stream in work.inputs])
+    result = PartitionResult(partition)
+    for name in work.writers:
+        node = topology.nodes[name]
+        run = work.run_of(name)
+        own = node.own
+        stream_time = None if own is None else own.stream_time.get(partition)
+        rows = _stream_rows(run, node) if own is None else own.changed_rows(run, node.spec.buckets)
+        subscriptions = node.operator.subscriptions.rows(run) if isinstance(node.operator, ForeignKeyJoin) else None
+        result.tables[name] = TableOutcome(rows, emission_table(run, node.emissions), late_table(run, node, partition),
+                                           node.counts, stream_time, subscriptions)
+    return result
+
+
+def _prefetch(tables: list[TableSpec], states: dict[str, TableState],
+              records: dict[str, list[SourceRecord]], topology: Topology) -> None:
+    """Bulk-load the keys the partition will touch where they are known up front (the rest load
+    one key at a time on demand)."""
+    candidates: dict[str, set[str]] = {name: {r.key for r in recs} for name, recs in records.items()}
+    for name, state in states.items():
+        if name in records:
+            state.prefetch(candidates[name])
+    for spec in tables:
+        keys: set[str] = set()
+        if spec.op in ("filter", "copy", "to_table", "join", "stream_join"):
+            keys = set().union(*(candidates.get(i, set()) for i in spec.inputs))
+            for i in spec.inputs:
+                if i in states:
+                    states[i].prefetch(keys)
+        elif spec.op == "fk_join":
+            operator = topology.nodes[spec.name].operator
+            assert isinstance(operator, ForeignKeyJoin)
+            left, right = spec.inputs
+            left_records = [(r.key, r.value) for r in records.get(left, [])]
+            keys = operator.prefetch(candidates.get(left, set()), candidates.get(right, set()), left_records)
+        elif spec.op == "aggregate" and spec.group_by is not None:
+            source = spec.inputs[0]
+            pairs = [(r.key, r.value) for r in records.get(source, [])]
+            if source in states:
+                pairs += [(k, v[1]) for k in candidates.get(source, set()) if (v := states[source].latest(k))]
+            for key, value in pairs:
+                if value is not None:
+                    group = key_string(spec.group_by.evaluate(key, parse_value(value)))
+                    if group is not None:
+                        keys.add(group)
+        candidates[spec.name] = keys
+        if spec.name in states:
+            states[spec.name].prefetch(keys)
+
+
+def _stream_rows(run: int, node: DerivedNode) -> pa.Table:
+    """A stream output's records (``STREAM_SCHEMA``), ``seq`` its local emission sequence."""
+    emitted = node.emissions
+    return pa.table({
+        "bucket": [bucket_of(e.key, node.spec.buckets) for e in emitted],
+        "key": [e.key for e in emitted], "value": [e.value for e in emitted],
+        "timestamp": [e.timestamp for e in emitted], "run": [run] * len(emitted),
+        "seq": [e.sequence for e in emitted],
+    }, schema=STREAM_SCHEMA)
+
+
+def emission_table(run: int, emissions: Iterable[Emission]) -> pa.Table:
+    items = list(emissions)
+    return pa.table({
+        "run": [run] * len(items),
+        "sequence": [e.sequence for e in items],
+        "key": [e.key for e in items],
+        "value": [e.value for e in items],
+        "timestamp": [e.timestamp for e in items],
+        "cause": [e.cause for e in items],
+    }, schema=EMITTED_SCHEMA)
+
+
+def late_table(run: int, node: DerivedNode, partition: int) -> pa.Table:
+    """A derived table's results later than its grace, as ``_rejected`` rows: ``source`` is
+    the input that caused the result, ``row`` its emission sequence, ``raw`` the result."""
+    stream_time = node.own.stream_time.get(partition) if node.own is not None else None
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    rows = [{
+        "run": run, "source": e.cause, "line": None, "row": e.sequence, "partition": None, "offset": None,
+        "reason": "late",
+        "raw": f'{{"key":{json.dumps(e.key, ensure_ascii=False)},"timestamp":{e.timestamp},'
+               f'"value":{"null" if e.value is None else e.value}}}',
+        "detail": f"result timestamp {e.timestamp} is before the table's stream time {stream_time} minus its "
+                  f"history retention {node.spec.history_retention_ms} ms",
+        "ingested_at": now,
+    } for e in node.late]
+    return pa.Table.from_pylist(rows, schema=REJECTED_SCHEMA)

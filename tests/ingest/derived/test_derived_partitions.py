@@ -1,0 +1,131 @@
+"""Derived tables over co-partitioned stores run one topology per partition (docs/semantics.md,
+rule 23), in this process for a small pass and as Spark tasks for a large one: both must equal
+the reference model run once per partition (``run_partitioned``), as Kafka Streams runs one task
+per partition. A topology that re-keys (group-by, foreign-key join) has one partition.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from typing import Any
+
+import pytest
+from deltalake import DeltaTable
+
+from tests.support.derived import RealPipeline
+from tests.support.derived_reference import InputDef, Rec, run_partitioned
+from tests.support.derived_reference import run_pipeline as model_pipeline
+from versiq.layout import MURMUR2, StoreSettings, default_partition_of, read_state
+
+PARTITIONS = 3
+KEYS = ["k1", "k2", "k3", "k4", "k5", "k6"]
+
+
+def home(key: str) -> int:
+    """Where a producer with Kafka's default partitioner puts the key (stores and streams alike)."""
+    return default_partition_of(key, PARTITIONS, MURMUR2)
+
+
+assert len({home(k) for k in KEYS}) == PARTITIONS  # every partition has keys
+
+INPUTS = [
+    InputDef("A", "versioned", history_retention_ms=6, partitions=PARTITIONS),
+    InputDef("B", "timestamped", partitions=PARTITIONS),
+    InputDef("S", "stream"),
+]
+TABLES: list[dict[str, Any]] = [
+    {"name": "a_big", "from": "A", "filter": "value.n > 3", "history_retention_ms": 3},
+    {"name": "ab_outer", "join": {"left": "A", "right": "B", "type": "outer"}, "history_retention_ms": 4},
+    {"name": "ab_inner", "join": {"left": "A", "right": "B", "type": "inner"}},
+    {"name": "big_b_left", "join": {"left": "a_big", "right": "B", "type": "left"},
+     "select": {"a": "value.left.n", "b": "value.right.n"}},
+    {"name": "sa", "stream_join": {"stream": "S", "table": "A", "type": "left"}},
+    {"name": "sb", "stream_join": {"stream": "S", "table": "B", "type": "inner"}},
+    {"name": "sa_table", "from": "sa", "history_retention_ms": 5},
+]
+
+
+def _example(seed: int) -> list[dict[str, list[Rec]]]:
+    """Random runs (seeded): every input gets up to 12 records per run on random keys, values
+    and times, out of order, with tombstones; each partition's times lie in a band of their own,
+    so that one stream time for all partitions would make the lower bands' results late in the
+    tables with a short retention (the test fails if partitions were merged)."""
+    rng = random.Random(seed)
+    runs = []
+    for _ in range(rng.randint(1, 3)):
+        run: dict[str, list[Rec]] = {}
+        for spec in INPUTS:
+            recs = []
+            for _ in range(rng.randint(0, 12)):
+                key = rng.choice(KEYS)
+                value = None if rng.random() < 0.2 else json.dumps({"n": rng.randint(-3, 12)}, separators=(",", ":"))
+                timestamp = rng.randint(0, 25) + 100 * home(key)
+                recs.append(Rec(key, value, timestamp, home(key) if spec.kind != "stream" else 0))
+            run[spec.name] = recs
+        runs.append(run)
+    return runs
+
+
+def _check(real: RealPipeline, prefix: str, runs: list[dict[str, list[Rec]]]) -> None:
+    model = run_partitioned(INPUTS, TABLES, runs, PARTITIONS, home)
+    for table in TABLES:
+        name = table["name"]
+        got, want = real.observed(prefix, name), model[name]
+        context = (prefix, name, runs)
+        assert got.emissions == [(e.key, e.value, e.timestamp, e.cause) for e in want.emissions], context
+        assert got.versions == want.versions, context
+        assert got.records == want.records, context
+        assert got.counts == want.counts, context
+
+
+@pytest.mark.rule(23)
+@pytest.mark.parametrize("where", ["here", "tasks"])
+def test_each_partition_is_its_own_topology(spark: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
+                                            where: str) -> None:
+    monkeypatch.setenv("VERSIQ_DERIVE_HERE_RECORDS", "0" if where == "tasks" else "100000")
+    real = RealPipeline(spark, str(tmp_path))
+    examples = [_example(seed) for seed in range(4 if where == "here" else 2)]  # a Spark job per topology
+    for i, runs in enumerate(examples):
+        real.add(f"p{i}_", INPUTS, TABLES, runs)
+    real.run_all()
+    for i, runs in enumerate(examples):
+        _check(real, f"p{i}_", runs)
+
+
+@pytest.mark.rule(23)
+def test_tables_keep_their_partitions_and_stream_times(spark: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
+                                                       ) -> None:
+    """A table over co-partitioned stores is built with their partitions, a stream time per
+    partition; one that re-keys (here a group-by) has one partition, its merge global."""
+    monkeypatch.setenv("VERSIQ_DERIVE_HERE_RECORDS", "0")
+    def value(n: int, g: str) -> str:
+        return json.dumps({"n": n, "g": g}, separators=(",", ":"))
+
+    runs = [{"A": [Rec(k, value(i, "x"), 10 * i + 10, home(k)) for i, k in enumerate(KEYS)]},
+            {"A": [Rec(k, value(i, "y"), 5 * i, home(k)) for i, k in enumerate(KEYS)]}]
+    tables = [{"name": "f", "from": "A", "filter": "value.n >= 0", "history_retention_ms": 30},
+              {"name": "g", "from": "A", "group_by": "value.g", "aggregate": {"count": True}}]
+    inputs = [InputDef("A", "versioned", history_retention_ms=1000, partitions=PARTITIONS)]
+    real = RealPipeline(spark, str(tmp_path))
+    real.add("", inputs, tables[:1], runs)
+    real.add("q_", inputs, tables[1:], runs)
+    real.run_all()
+    path = os.path.join(real.warehouse, "f")
+    table = DeltaTable(path)
+    assert StoreSettings.from_description(table.metadata().description).partitions == PARTITIONS
+    state = read_state(path, table.version())
+    want = {p: max(ts for run in runs for r in run["A"] if r.partition == p for ts in [r.timestamp])
+            for p in range(PARTITIONS)}
+    assert state.stream_time == want
+    _assert_equal(real.observed("", "f"), run_partitioned(inputs, tables[:1], runs, PARTITIONS, home)["f"])
+    grouped = os.path.join(real.warehouse, "q_g")
+    assert StoreSettings.from_description(DeltaTable(grouped).metadata().description).partitions == 1
+    _assert_equal(real.observed("q_", "g"), model_pipeline(inputs, tables[1:], runs)["g"])
+
+
+def _assert_equal(got: Any, want: Any) -> None:
+    assert got.emissions == [(e.key, e.value, e.timestamp, e.cause) for e in want.emissions]
+    assert got.versions == want.versions
+    assert got.counts == want.counts
