@@ -335,9 +335,9 @@ def test_sigkill_of_an_ingest_writing_to_s3_then_rerun_equals_an_uninterrupted_r
         remote = _warehouse(f"kill{i}")
         run_then_kill(_ingest_args(remote, source), _env(), marker, delay)
         # the killed run's lease is still in the bucket: the rerun takes it over (same host, the
-        # holder's process is gone) and completes the store; the CLI's own rerun once, then the
-        # same run in the session's Spark (no JVM start)
-        if i == 0:
+        # holder's process is gone) and completes the store; after the kill at the commit, the
+        # CLI's own rerun; after the other, the same run in the session's Spark (no JVM start)
+        if i == 1:
             rerun = subprocess.run(_ingest_args(remote, source), env=_env(), capture_output=True, text=True,
                                    timeout=600)
             assert rerun.returncode == 0, rerun.stderr
