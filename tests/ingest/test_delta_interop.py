@@ -30,19 +30,9 @@ def _canonical(rows: list[dict[str, Any]]) -> list[str]:
     return sorted(json.dumps(r, sort_keys=True) for r in rows)
 
 
-def _through_spark(spark: Any, path: str, versions: int, columns: list[str]) -> dict[int, list[str]]:
-    """Each of the table's first ``versions`` snapshots as Spark SQL's ``VERSION AS OF`` reads it:
-    one query (a ``UNION ALL`` of the snapshots, each tagged with its version), so one Spark job
-    per table instead of one per snapshot (~0.6 s each)."""
-    tag = "__versiq_test_version"
-    assert tag not in columns
-    selected = ", ".join(f"`{c}`" for c in columns)
-    frame = spark.sql(" UNION ALL ".join(f"SELECT {selected}, {version} AS {tag} FROM delta.`{path}` "
-                                         f"VERSION AS OF {version}" for version in range(versions)))
-    rows: dict[int, list[dict[str, Any]]] = {version: [] for version in range(versions)}
-    for row in frame.collect():
-        rows[row[tag]].append({c: row[c] for c in columns})
-    return {version: _canonical(found) for version, found in rows.items()}
+def _through_spark(spark: Any, path: str, version: int, columns: list[str]) -> list[str]:
+    frame = spark.sql(f"SELECT * FROM delta.`{path}` VERSION AS OF {version}")
+    return _canonical([{c: row[c] for c in columns} for row in frame.collect()])
 
 
 def _through_delta_rs(path: str, version: int, columns: list[str]) -> list[str]:
@@ -83,9 +73,8 @@ def _snapshots(spark: Any, warehouse: str) -> dict[tuple[str, int], list[str]]:
         config = table.metadata().configuration
         assert all(config.get(name) == value for name, value in TABLE_PROPERTIES.items()), (path, config)
         columns = [f.name for f in table.schema().fields]
-        through_spark = _through_spark(spark, path, table.version() + 1, columns)
         for version in range(table.version() + 1):
-            spark_rows = through_spark[version]
+            spark_rows = _through_spark(spark, path, version, columns)
             assert _through_delta_rs(path, version, columns) == spark_rows, (path, version)
             assert _through_duckdb(path, version, columns) == spark_rows, (path, version)
             seen[(path, version)] = spark_rows
