@@ -7,6 +7,7 @@ Subprocess tests cost a JVM start each (~10 s), so they are few and each checks 
 
 from __future__ import annotations
 
+import concurrent.futures
 import fcntl
 import json
 import os
@@ -175,28 +176,40 @@ def test_rejected_rows_of_an_uncommitted_run_are_not_listed(spark, tmp_path, mon
 def test_kill_9_then_rerun_equals_an_uninterrupted_run(spark, tmp_path):
     src = tmp_path / "src"
     make_changelog(src, files=4, keys=400, per_key=5)
-    reference_wh = str(tmp_path / "ref")
-    with expressions(generated=True, parsed_here=False):
-        run_ingest(spark, reference_wh, [StoreSpec("k", str(src), history_retention_ms=3000)])
-    ref = os.path.join(reference_wh, "k")
     # killed as the run starts its store's commit (its _rejected rows committed): a point in the
     # run, not a delay, so a faster run is killed all the same
     marker = "store k: committing run 1"
     wh = str(tmp_path / "wh")
     args = [*VERSIQ, "ingest", "--warehouse", wh, "--store", "k", "--source", str(src),
             "--history-retention", "3000"]
-    proc = subprocess.Popen(args, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
-    assert proc.stderr is not None
-    seen = []
-    for line in proc.stderr:
-        seen.append(line)
-        if marker in line:
-            os.killpg(proc.pid, signal.SIGKILL)
-            break
-    proc.wait(timeout=60)
-    proc.stderr.close()
-    assert proc.returncode == -signal.SIGKILL, "".join(seen)
+
+    def run_then_kill_at_the_marker() -> tuple[int, list[str]]:
+        proc = subprocess.Popen(args, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        assert proc.stderr is not None
+        seen = []
+        try:
+            for line in proc.stderr:
+                seen.append(line)
+                if marker in line:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    break
+            return proc.wait(timeout=60), seen
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.stderr.close()
+
+    # the CLI's run is watched (and killed at the marker) by a thread while this process makes
+    # the reference run
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        killed = pool.submit(run_then_kill_at_the_marker)
+        reference_wh = str(tmp_path / "ref")
+        with expressions(generated=True, parsed_here=False):
+            run_ingest(spark, reference_wh, [StoreSpec("k", str(src), history_retention_ms=3000)])
+        returncode, seen = killed.result(timeout=300)
+    ref = os.path.join(reference_wh, "k")
+    assert returncode == -signal.SIGKILL, "".join(seen)
     result = versiq("ingest", "--warehouse", wh, "--store", "k", "--source", str(src),
                     "--history-retention", "3000", "--log-level", "debug")
     assert result.returncode == 0, result.stderr

@@ -9,6 +9,7 @@ reference."""
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import json
 import logging
 import os
@@ -503,19 +504,35 @@ def test_sigkill_at_several_moments_then_rerun_equals_an_uninterrupted_run(spark
     rng = random.Random(99)
     topic = new_topic(kafka_broker, "crash", 3)
     kafka_broker.produce(topic, _changelog(rng, 300, 3, base=10_000))
-    reference = str(tmp_path / "ref")
-    assert run_ingest(spark, reference, [_spec("c", kafka_broker, topic, history_retention_ms=H)]).stores["c"].error \
-        is None
-    ref = os.path.join(reference, "c")
     # moments: during start-up, while reading the topic, between the side tables and the store commit
     moments = [(None, 4.0 + rng.random() * 4), ("run 1 over", rng.random()), ("committing run 1", 0.0)]
-    for i, (marker, delay) in enumerate(moments):
+
+    def args(i: int) -> list[str]:
+        return ["ingest", "--warehouse", str(tmp_path / f"wh{i}"), "--store", "c", "--kafka-bootstrap",
+                kafka_broker.bootstrap, "--topic", topic, "--history-retention", str(H), "--max-future", "none"]
+
+    def kill(i: int) -> None:
+        run_then_kill([*VERSIQ, *args(i), "--log-level", "info"], _env(), *moments[i])
+
+    # the last moment is a point in the run (its marker, no delay): its run is killed while this
+    # process makes the reference run, in a thread of its own
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        killed_at_commit = pool.submit(kill, len(moments) - 1)
+        reference = str(tmp_path / "ref")
+        assert run_ingest(spark, reference, [_spec("c", kafka_broker, topic, history_retention_ms=H)]).stores["c"] \
+            .error is None
+        killed_at_commit.result(timeout=300)
+    ref = os.path.join(reference, "c")
+    for i in range(len(moments)):
         wh = str(tmp_path / f"wh{i}")
-        args = ["ingest", "--warehouse", wh, "--store", "c", "--kafka-bootstrap", kafka_broker.bootstrap,
-                "--topic", topic, "--history-retention", str(H), "--max-future", "none"]
-        run_then_kill([*VERSIQ, *args, "--log-level", "info"], _env(), marker, delay)
-        rerun = subprocess.run([*VERSIQ, *args], env=_env(), capture_output=True, text=True, timeout=300)
-        assert rerun.returncode == 0, rerun.stderr
+        if i < len(moments) - 1:
+            kill(i)
+        if i == 0:  # the CLI's own rerun once (its arguments are the reference's spec) ...
+            rerun = subprocess.run([*VERSIQ, *args(i)], env=_env(), capture_output=True, text=True, timeout=300)
+            assert rerun.returncode == 0, rerun.stderr
+        else:  # ... then the same run in the session's Spark: no JVM start of ~8 s per moment
+            report = run_ingest(spark, wh, [_spec("c", kafka_broker, topic, history_retention_ms=H)]).stores["c"]
+            assert report.error is None, report.error
         _same_store(os.path.join(wh, "c"), ref)
 
 
@@ -529,7 +546,10 @@ def test_the_broker_going_away_mid_run_never_leaves_a_partial_commit(spark, kafk
     wh = str(tmp_path / "wh")
     args = [*VERSIQ, "ingest", "--warehouse", wh, "--store", "o", "--kafka-bootstrap", kafka_broker.bootstrap,
             "--topic", topic, "--max-future", "none", "--log-level", "info"]
-    proc = subprocess.Popen(args, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    # the Kafka clients' timeouts through VERSIQ_KAFKA_* (10 s and 15 s by default, kafka.CLIENT_TIMEOUTS):
+    # the run still fails on the broker that went away, after 2 x 5 s of offset requests, not 2 x 15 s
+    short = {"VERSIQ_KAFKA_REQUEST_TIMEOUT_MS": "5000", "VERSIQ_KAFKA_DEFAULT_API_TIMEOUT_MS": "5000"}
+    proc = subprocess.Popen(args, env={**_env(), **short}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             stdin=subprocess.DEVNULL, text=True)
     assert proc.stderr is not None
     try:
@@ -545,8 +565,9 @@ def test_the_broker_going_away_mid_run_never_leaves_a_partial_commit(spark, kafk
     if code != 0:  # failed cleanly: no store commit at all
         assert "FAILED" in rest or "error" in rest.lower(), rest
         assert not os.path.isdir(os.path.join(path, "_delta_log"))
-    rerun = subprocess.run(args, env=_env(), capture_output=True, text=True, timeout=300)
-    assert rerun.returncode == 0, rerun.stderr
+    # the rerun in the session's Spark (the spec the CLI's arguments make; no JVM start)
+    report = run_ingest(spark, wh, [_spec("o", kafka_broker, topic)]).stores["o"]
+    assert report.error is None, report.error
     _same_store(path, os.path.join(reference, "o"))
 
 
