@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute
 from deltalake import DeltaTable
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -260,13 +260,30 @@ def run_job(spark: SparkSession, work: PassWork, reads: list[InputRead], partiti
     """Process the pass in Spark tasks (module docstring, step 2); the results stay on the
     executors (``JobOutput.output`` reads them for the writes)."""
     records = records_frame(spark, work, reads, partitioner)
-    slices = max(1, work.partitions)
-    ordered = records.repartitionByRange(slices, "task") if slices > 1 else records.coalesce(1)
-    ordered = ordered.sortWithinPartitions(*ORDER)
+    if work.partitions > 1:
+        ordered = records.repartition(work.partitions, _slot(spark, work.partitions)).sortWithinPartitions(*ORDER)
+    else:
+        ordered = records.coalesce(1).sortWithinPartitions(*ORDER)
     results = ordered.mapInArrow(partition_runner(work), from_arrow_schema(OUTPUT_SCHEMA))
     results = results.persist(StorageLevel.MEMORY_AND_DISK)
     stats = results.where(F.col("out") == "stats").select("table", "task", "info").collect()
     return _output(results, work, [(r["table"], r["task"], r["info"]) for r in stats])
+
+
+def _slot(spark: SparkSession, partitions: int) -> Column:
+    """A column that puts task t's records, alone, in Spark partition t of a hash repartition
+    into ``partitions``: for each t an integer whose ``pmod(hash(.), partitions)`` (the hash a
+    repartition by column uses) is t. A range repartition by task would place them by sampled
+    bounds, which can put two tasks in one partition and leave another empty."""
+    found: dict[int, int] = {}
+    candidates = spark.range(0, 64 * partitions).select(
+        F.col("id").cast("int").alias("id"), F.pmod(F.hash(F.col("id").cast("int")), F.lit(partitions)).alias("slot"))
+    for row in candidates.collect():
+        found.setdefault(row["slot"], row["id"])
+    if len(found) < partitions:  # 64 candidates per partition leave none out in practice
+        raise RuntimeError(f"no hash slot for every one of {partitions} partitions")
+    pairs = [F.lit(x) for task in range(partitions) for x in (task, found[task])]
+    return F.element_at(F.create_map(*pairs), F.col("task"))
 
 
 def run_here(spark: SparkSession, work: PassWork, reads: list[InputRead], partitioner: str) -> JobOutput:

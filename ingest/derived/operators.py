@@ -194,8 +194,8 @@ class ForeignKeyJoin(Operator):
     def prefetch(self, left_keys: set[str], right_keys: set[str],
                  left_records: list[tuple[str, str | None]]) -> set[str]:
         """Bulk-load what a batch will read: the right rows of the left records' foreign keys
-        and, when right keys change, the result rows of every left key pointing at them (this
-        builds the foreign-key index once). Returns the result keys the batch may touch."""
+        and, when right keys change, the left rows and result rows of every left key pointing at
+        them (``Subscriptions``). Returns the result keys the batch may touch."""
         left, right = self.inputs
         assert left is not None and right is not None
         fks = {fk for key, value in left_records if (fk := self._fk(key, value)) is not None}
@@ -209,6 +209,7 @@ class ForeignKeyJoin(Operator):
         self.subscriptions.load(right_keys)
         for foreign_key in right_keys:
             touched.update(self._subscribers(foreign_key))
+        left.prefetch(touched)  # the current values of the left rows a right change re-joins
         return touched
 
     def on_change(self, side: int, change: Change) -> list[Emit]:

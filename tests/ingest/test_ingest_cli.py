@@ -19,6 +19,7 @@ import time
 
 import pytest
 
+from tests.support.derived_cluster import check_on_cluster
 from tests.support.ingest import expressions, rejected_rows, store_versions, stream_times, write_jsonl
 from tests.support.server_process import free_ports
 from versiq.ingest.pipeline import StoreSpec, run_ingest
@@ -268,7 +269,8 @@ def test_continuous_mode_picks_up_a_file_that_lands_while_it_runs(tmp_path):
 @pytest.mark.cluster
 def test_ingest_on_a_spark_standalone_cluster(spark, tmp_path):
     """Master and one worker started from the PySpark installation on 127.0.0.1; the ingest
-    runs its parse and write tasks on the worker's executor."""
+    runs its parse and write tasks on the worker's executor, and derived tables their passes
+    (``tests.support.derived_cluster``)."""
     import pyspark
 
     spark_class = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-class")
@@ -296,6 +298,8 @@ def test_ingest_on_a_spark_standalone_cluster(spark, tmp_path):
         ref_wh = str(tmp_path / "ref")
         run_ingest(spark, ref_wh, [StoreSpec("dist", str(src), history_retention_ms=3000)])
         assert store_versions(os.path.join(wh, "dist")) == store_versions(os.path.join(ref_wh, "dist"))
+        # derived tables: a pass in Spark tasks on the worker, per partition (docs/semantics.md, rule 23)
+        check_on_cluster(spark, tmp_path / "derived", f"spark://127.0.0.1:{port}", e)
         # the executor really ran on the worker: it has an application work directory
         assert any(os.scandir(tmp_path / "work")), "no executor ran on the worker"
     finally:

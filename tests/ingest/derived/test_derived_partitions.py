@@ -129,3 +129,18 @@ def _assert_equal(got: Any, want: Any) -> None:
     assert got.emissions == [(e.key, e.value, e.timestamp, e.cause) for e in want.emissions]
     assert got.versions == want.versions
     assert got.counts == want.counts
+
+
+@pytest.mark.parametrize("partitions", [2, 3, 7, 16])
+def test_each_task_gets_a_spark_partition_of_its_own(spark: Any, partitions: int) -> None:
+    """The job's repartition puts every task's records, alone, in one Spark partition: tasks
+    run in parallel and none is split."""
+    from pyspark.sql import functions as F
+
+    from versiq.ingest.derived.job import _slot
+
+    tasks = spark.range(5000).select((F.col("id") % partitions).cast("int").alias("task"))
+    placed = tasks.repartition(partitions, _slot(spark, partitions)) \
+        .select(F.spark_partition_id().alias("slice"), "task").distinct().collect()
+    assert sorted(r["task"] for r in placed) == list(range(partitions))
+    assert len({r["slice"] for r in placed}) == partitions

@@ -1,0 +1,82 @@
+"""Derived tables on a Spark standalone cluster (``check_on_cluster``, called by the cluster test
+of tests/ingest/test_ingest_cli.py, which starts the master and the worker): a pass runs as
+Spark tasks on the worker's executor, one per partition of a topology over 2-partition stores,
+one task for a foreign-key join, and the tables equal those of the same pipeline run in this
+process. No tests here."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+from tests.support.derived import RealPipeline
+from tests.support.derived_reference import InputDef, Rec
+from tests.support.ingest import store_versions
+
+INPUTS = [InputDef("orders", "versioned", history_retention_ms=50, partitions=2),
+          InputDef("shipments", "versioned", partitions=2),
+          InputDef("customers", "versioned", partitions=2)]
+TABLES: list[dict[str, Any]] = [
+    {"name": "big", "from": "orders", "filter": "value.n > 3", "history_retention_ms": 20},
+    {"name": "shipped", "join": {"left": "orders", "right": "shipments", "type": "left"}},
+    {"name": "with_customer", "fk_join": {"left": "orders", "right": "customers", "foreign_key": "value.c",
+                                          "type": "inner"}},
+]
+
+
+def _runs() -> list[dict[str, list[Rec]]]:
+    def rec(key: str, n: int, ts: int, **extra: Any) -> Rec:
+        return Rec(key, json.dumps({"n": n, **extra}, separators=(",", ":")), ts, hash_free_partition(key))
+
+    orders = [rec(f"o{i}", i % 7, 10 * i + (100 if i % 2 else 0), c=f"c{i % 3}") for i in range(30)]
+    return [{"orders": orders, "shipments": [rec(f"o{i}", i, 200) for i in range(0, 30, 4)],
+             "customers": [*(rec(f"c{i}", i, 1) for i in range(3)), rec("c1", 10, 250)]}]
+
+
+def hash_free_partition(key: str) -> int:
+    """An explicit partition per key (the same in every store, so the stores are co-partitioned)."""
+    return int(key[1:]) % 2
+
+
+def check_on_cluster(spark: Any, root: Any, master: str, env: dict[str, str]) -> None:
+    """Run the pipeline through the CLI on ``master`` (every pass in Spark tasks) and in this
+    process's session; the derived tables and their emissions must be equal."""
+    runs = _runs()
+    here = RealPipeline(spark, str(root / "here"))
+    here.add("", INPUTS, TABLES, runs)
+    here.run_all()  # this process's session, passes in this process (small)
+    cluster = RealPipeline(spark, str(root / "cluster"))
+    cluster.add("", INPUTS, TABLES, runs)
+    cluster.pipeline()  # makes the source folders
+    config = root / "pipeline.json"
+    for step in range(cluster.steps()):
+        cluster.write_step(step)
+        config.write_text(json.dumps(_pipeline_file(cluster)))
+        result = subprocess.run(
+            [sys.executable, "-m", "versiq.cli", "ingest", "--warehouse", cluster.warehouse, "--config",
+             str(config), "--master", master],
+            capture_output=True, text=True, timeout=300, env={**env, "VERSIQ_DERIVE_HERE_RECORDS": "0"},
+            stdin=subprocess.DEVNULL)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "in Spark tasks" in result.stderr, result.stderr[-3000:]
+    for table in TABLES:
+        name = table["name"]
+        assert store_versions(os.path.join(cluster.warehouse, name)) == \
+            store_versions(os.path.join(here.warehouse, name)), name
+        assert cluster.observed("", name).emissions == here.observed("", name).emissions, name
+
+
+def _pipeline_file(real: RealPipeline) -> dict[str, Any]:
+    stores = [{"name": spec.name, "source": os.path.join(real.root, "sources", spec.name),
+               "history_retention": f"{spec.history_retention_ms}ms", "partitions": spec.partitions}
+              for _, spec in real.inputs]
+    tables = []
+    for _, table in real.tables:
+        entry = dict(table)
+        if "history_retention_ms" in entry:
+            entry["history_retention"] = f"{entry.pop('history_retention_ms')}ms"
+        tables.append(entry)
+    return {"stores": stores, "tables": tables}
