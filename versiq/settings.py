@@ -340,7 +340,7 @@ CHROMIUM: Setting[str] = Setting(
     "(`scripts/ensure-chromium.sh`)", "tests")
 CONFORMANCE_SCENARIOS: Setting[int | None] = Setting(
     "VERSIQ_CONFORMANCE_SCENARIOS", whole_number, None,
-    "random scenarios of the conformance tests against Kafka Streams: 200 for stores and 40 per operator in "
+    "random scenarios of the conformance tests against Kafka Streams: 200 for stores and 32 per operator in "
     "`make test`, 10,000 in `make conformance` ([conformance.md](conformance.md))", "tests")
 CONFORMANCE_GROUP: Setting[int | None] = Setting(
     "VERSIQ_CONFORMANCE_GROUP", whole_number, None,

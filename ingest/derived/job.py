@@ -29,6 +29,7 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+import duckdb
 import pyarrow as pa
 import pyarrow.compute
 from deltalake import DeltaTable
@@ -215,32 +216,15 @@ def _observable(read: InputRead, quote: str) -> str:
 
 
 def records_here(work: PassWork, reads: list[InputRead], partitioner: str) -> pa.Table:
-    """``records_frame`` read by DuckDB in this process, in task order (``run_here``)."""
+    """``records_frame`` read by DuckDB in this process, in task order (``run_here``); one
+    connection for the pass (its tables are all in one warehouse)."""
     index = {name: i for i, (name, _) in enumerate(work.inputs)}
-    parts = []
-    for read in reads:
-        i = index[read.name]
-        con = storage.duckdb_connect(read.path)
+    parts: list[pa.Table] = []
+    if reads:
+        con = storage.duckdb_connect(reads[0].path)
         try:
-            if read.bootstrap is not None:
-                files = list(storage.delta_table(read.path, version=read.bootstrap).file_uris())
-                if files:
-                    parts.append(con.sql(
-                        f"SELECT {i}::INT AS input, key, value, valid_from AS timestamp, "
-                        '"partition"::INT AS "partition", 0::INT AS o1, valid_from AS o2, 0::BIGINT AS o3, '
-                        "key AS o4 FROM (SELECT * FROM "
-                        f"read_parquet($files) {read_rule_sql(read.kind)}) WHERE {_observable(read, chr(34))}",
-                        params={"files": files}).to_arrow_table())
-            table_path = read.path if read.is_stream else storage.join(read.path, CHANGELOG_DIR)
-            if read.upto > read.after and has_table(table_path):
-                files = list(storage.delta_table(table_path).file_uris())
-                part = "0" if read.is_stream else '"partition"'
-                if files:
-                    parts.append(con.sql(
-                        f'SELECT {i}::INT AS input, key, value, timestamp, {part}::INT AS "partition", 1::INT AS o1, '
-                        "run AS o2, seq::BIGINT AS o3, '' AS o4 FROM read_parquet($files) "
-                        "WHERE run > $after AND run <= $upto",
-                        params={"files": files, "after": read.after, "upto": read.upto}).to_arrow_table())
+            for read in reads:
+                parts += _read_here(con, read, index[read.name])
         finally:
             con.close()
     schema = RECORDS_SCHEMA.remove(0)
@@ -254,6 +238,30 @@ def records_here(work: PassWork, reads: list[InputRead], partitioner: str) -> pa
                                     table["partition"].to_pylist(), strict=True)]
     table = table.add_column(0, "task", pa.array(tasks, pa.int32()))
     return table.sort_by([(name, "ascending") for name in ORDER])
+
+
+def _read_here(con: duckdb.DuckDBPyConnection, read: InputRead, i: int) -> list[pa.Table]:
+    parts = []
+    if read.bootstrap is not None:
+        files = list(storage.delta_table(read.path, version=read.bootstrap).file_uris())
+        if files:
+            parts.append(con.sql(
+                f"SELECT {i}::INT AS input, key, value, valid_from AS timestamp, "
+                '"partition"::INT AS "partition", 0::INT AS o1, valid_from AS o2, 0::BIGINT AS o3, '
+                "key AS o4 FROM (SELECT * FROM "
+                f"read_parquet($files) {read_rule_sql(read.kind)}) WHERE {_observable(read, chr(34))}",
+                params={"files": files}).to_arrow_table())
+    table_path = read.path if read.is_stream else storage.join(read.path, CHANGELOG_DIR)
+    if read.upto > read.after and has_table(table_path):
+        files = list(storage.delta_table(table_path).file_uris())
+        part = "0" if read.is_stream else '"partition"'
+        if files:
+            parts.append(con.sql(
+                f'SELECT {i}::INT AS input, key, value, timestamp, {part}::INT AS "partition", 1::INT AS o1, '
+                "run AS o2, seq::BIGINT AS o3, '' AS o4 FROM read_parquet($files) "
+                "WHERE run > $after AND run <= $upto",
+                params={"files": files, "after": read.after, "upto": read.upto}).to_arrow_table())
+    return parts
 
 
 def run_job(spark: SparkSession, work: PassWork, reads: list[InputRead], partitioner: str) -> JobOutput:

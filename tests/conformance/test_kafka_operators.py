@@ -30,7 +30,7 @@ topology per partition (rule 23), so each scenario is processed alone, as in Kaf
 foreign-key joins and aggregates re-key and so run in one partition, all scenarios merged.
 Kafka runs every scenario in its own TopologyTestDriver with unprefixed, unshifted records.
 
-``make test`` runs 40 per operator from a fixed seed; ``make conformance`` runs
+``make test`` runs 32 per operator from a fixed seed; ``make conformance`` runs
 ``VERSIQ_CONFORMANCE_SCENARIOS`` (default 10,000) per operator from a fresh seed
 (``VERSIQ_CONFORMANCE_SEED`` repeats one; tests/support/conformance.py) and prints a summary.
 """
@@ -62,8 +62,8 @@ from tests.support.kafka_streams import KAFKA_VERSION, kafka_loses_replaced_tomb
 from versiq.layout import MURMUR2, default_partition_of
 
 OPS = ("filter", "join", "fk_join", "aggregate", "stream_join")
-#: Scenarios per operator: 40 in ``make test``; ``make conformance`` sets VERSIQ_CONFORMANCE_SCENARIOS.
-PER_OPERATOR = int(os.environ.get("VERSIQ_CONFORMANCE_SCENARIOS", "40"))
+#: Scenarios per operator: 32 in ``make test``; ``make conformance`` sets VERSIQ_CONFORMANCE_SCENARIOS.
+PER_OPERATOR = int(os.environ.get("VERSIQ_CONFORMANCE_SCENARIOS", "32"))
 #: Scenarios per versiq pipeline group and groups per Spark run (one batch).
 GROUP_SIZE = int(os.environ.get("VERSIQ_CONFORMANCE_GROUP", "20"))  # make conformance: 500
 GROUPS_PER_BATCH = int(os.environ.get("VERSIQ_CONFORMANCE_GROUPS", "10"))

@@ -84,7 +84,7 @@ def _example(draw: st.DrawFn) -> list[dict[str, list[Rec]]]:
 
 @pytest.mark.rule(13, 14, 15, 16, 17, 23, 24, 25, 26, 27, 28, 29, 30)
 @settings(max_examples=2, deadline=None, suppress_health_check=list(HealthCheck))
-@given(examples=st.lists(_example(), min_size=4, max_size=4))
+@given(examples=st.lists(_example(), min_size=3, max_size=3))
 def test_pipeline_matches_reference_model(spark: Any, tmp_path_factory: Any,
                                           examples: list[list[dict[str, list[Rec]]]]) -> None:
     real = RealPipeline(spark, str(tmp_path_factory.mktemp("derived-prop")))
