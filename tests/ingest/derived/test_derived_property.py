@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from tests.support.derived import RealPipeline
@@ -83,10 +83,12 @@ def _example(draw: st.DrawFn) -> list[dict[str, list[Rec]]]:
 
 
 @pytest.mark.rule(13, 14, 15, 16, 17, 23, 24, 25, 26, 27, 28, 29, 30)
-@settings(max_examples=2, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=1, deadline=None, suppress_health_check=list(HealthCheck))
 @given(examples=st.lists(_example(), min_size=3, max_size=3))
 def test_pipeline_matches_reference_model(spark: Any, tmp_path_factory: Any,
                                           examples: list[list[dict[str, list[Rec]]]]) -> None:
+    # Hypothesis tries the simplest example first (no records at all: 20 s of empty commits)
+    assume(any(run for runs in examples for run in runs))
     real = RealPipeline(spark, str(tmp_path_factory.mktemp("derived-prop")))
     for i, runs in enumerate(examples):
         real.add(f"p{i}_", INPUTS, TABLES, runs)
