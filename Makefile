@@ -108,6 +108,20 @@ $(KAFKA_BROKER): tests/kafka-broker/pom.xml | java
 	  -DoutputDirectory=$(abspath .cache/kafka-broker)
 	@touch $@
 
+# A real Confluent-compatible schema registry for the tests (tests/schema-registry/pom.xml: Apicurio
+# Registry's JVM distribution from Maven Central, a Quarkus runner jar and its lib/), unpacked with
+# Maven into .cache/schema-registry (git-ignored); tests/support/schema_registry.py runs it with its
+# in-memory storage. The plugin's markers go to .cache/build (removed with it: stale markers would
+# skip the unpacking).
+SCHEMA_REGISTRY := .cache/schema-registry/.fetched
+
+$(SCHEMA_REGISTRY): tests/schema-registry/pom.xml | java
+	@bash scripts/ensure-maven.sh
+	rm -rf .cache/schema-registry .cache/build/schema-registry-markers
+	$(MVN) -Dmaven.repo.local=$(abspath .cache/m2) -f tests/schema-registry/pom.xml dependency:unpack-dependencies \
+	  -DoutputDirectory=$(abspath .cache/schema-registry) -DmarkersDirectory=$(abspath .cache/build/schema-registry-markers)
+	@touch $@
+
 # The driver JVM's class-data-sharing archive (versiq/ingest/class_archive.py), written once per JDK,
 # PySpark and recipe into .cache/jvm (git-ignored): every Spark start after it is shorter. Best
 # effort: a JVM that cannot write it within CLASS_ARCHIVE_TIMEOUT seconds (a busy machine) or fails
@@ -123,7 +137,8 @@ $(CLASS_ARCHIVE): $(BASE_STAMP) $(SPARK_JARS) ingest/class_archive.py ingest/war
 demo: $(BASE_STAMP) java $(SPARK_JARS) $(CLASS_ARCHIVE)
 	$(VENV)/bin/versiq demo $(DEMO_ARGS)
 
-test: $(DEV_STAMP) java chromium $(SPARK_JARS) $(CLASS_ARCHIVE) $(CONFORMANCE_JAR) $(KAFKA_BROKER)
+test: $(DEV_STAMP) java chromium $(SPARK_JARS) $(CLASS_ARCHIVE) $(CONFORMANCE_JAR) $(KAFKA_BROKER) \
+  $(SCHEMA_REGISTRY)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)

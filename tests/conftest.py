@@ -72,6 +72,25 @@ def kafka_broker():
 
 
 @pytest.fixture(scope="session")
+def schema_registry():
+    """One real Confluent-compatible schema registry (Apicurio Registry, tests/support/schema_registry.py)
+    on 127.0.0.1 for the session, started the first time a test asks for it (~5-15 s), stopped at the
+    end; ``url`` is its Confluent-compatible base URL. A test that stops or kills it must start it
+    again (``restart()``, ``start()``; ``ensure_running()`` after one that failed): its schemas and
+    ids survive."""
+    from tests.support.schema_registry import FETCH_HINT, SchemaRegistry, dist_present
+
+    if not dist_present():
+        pytest.fail(f"the schema registry is missing: {FETCH_HINT}", pytrace=False)
+    registry = SchemaRegistry()
+    try:
+        registry.start()
+        yield registry
+    finally:
+        registry.close()
+
+
+@pytest.fixture(scope="session")
 def s3_server():
     """One real S3-compatible server (SeaweedFS ``weed mini``, tests/support/s3_server.py) on
     127.0.0.1 for the session, started the first time a test asks for it (~1 s), stopped at the end.
