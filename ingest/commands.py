@@ -49,6 +49,7 @@ def _pipeline_from_args(args: argparse.Namespace) -> Any:
                                             ("--starting-offsets", args.starting_offsets),
                                             ("--value-format", args.value_format),
                                             ("--timestamp-field", args.timestamp_field),
+                                            ("--schema-registry", args.schema_registry),
                                             ("--allow-offset-gaps", args.allow_offset_gaps)) if value]
     if args.config:
         if args.store or args.source or kafka_flags:
@@ -66,7 +67,8 @@ def _pipeline_from_args(args: argparse.Namespace) -> Any:
                             starting_offsets=args.starting_offsets or "earliest",
                             allow_offset_gaps=args.allow_offset_gaps,
                             format=KafkaFormat(value_format=args.value_format or "json",
-                                               timestamp_field=args.timestamp_field))
+                                               timestamp_field=args.timestamp_field,
+                                               schema_registry=args.schema_registry))
     if not args.store or not (args.source or kafka):
         raise UsageError("--store and --source (or --kafka-bootstrap and --topic) are required (or --config FILE)")
     retention = None

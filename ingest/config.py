@@ -15,7 +15,8 @@ stores:
       kafka:
         bootstrap: "broker:9092"
         topic: orders
-        value_format: debezium     # json (default) | string | debezium
+        value_format: debezium     # json (default) | string | debezium | avro | json_sr
+        # schema_registry: {url: "http://registry:8081"}   # avro, json_sr: Confluent-compatible base URL
         options: {security.protocol: SASL_SSL}   # Kafka client settings (or VERSIQ_KAFKA_* variables)
 streams:                         # append-only event logs (docs/derived-tables.md)
   - name: clicks
@@ -52,7 +53,8 @@ _STORE_FIELDS = {"name", "source", "format", "kind", "history_retention", "parti
                  "max_future"}
 _STREAM_FIELDS = {"name", "source", "format", "buckets", "max_future"}
 _KAFKA_FIELDS = {"bootstrap", "topic", "options", "starting_offsets", "allow_offset_gaps", "value_format",
-                 "timestamp_field", "debezium_timestamp", "key_field"}
+                 "timestamp_field", "debezium_timestamp", "key_field", "schema_registry"}
+_REGISTRY_FIELDS = {"url"}
 
 
 @dataclass(frozen=True)
@@ -163,7 +165,7 @@ def _checked_entry(entry: Any, where: str, fields: set[str], hint: str = "") -> 
 
 def _kafka_source(source: dict[str, Any], where: str) -> KafkaSource:
     """``source: {kafka: {bootstrap, topic, options, starting_offsets, allow_offset_gaps,
-    value_format, timestamp_field, debezium_timestamp, key_field}}``."""
+    value_format, timestamp_field, debezium_timestamp, key_field, schema_registry: {url}}}``."""
     if set(source) != {"kafka"} or not isinstance(source["kafka"], dict):
         raise UsageError(f"{where}: 'source' must be a path or {{kafka: {{bootstrap: ..., topic: ...}}}}")
     kafka = source["kafka"]
@@ -184,13 +186,31 @@ def _kafka_source(source: dict[str, Any], where: str) -> KafkaSource:
         if not isinstance(value, str):
             raise UsageError(f"{where}: source.kafka: '{name}' must be a string")
     fmt = KafkaFormat(value_format=text.get("value_format", "json"), timestamp_field=text.get("timestamp_field"),
-                      debezium_timestamp=text.get("debezium_timestamp", "ts_ms"), key_field=text.get("key_field"))
+                      debezium_timestamp=text.get("debezium_timestamp", "ts_ms"), key_field=text.get("key_field"),
+                      schema_registry=_schema_registry(kafka, where))
     result = KafkaSource(bootstrap=kafka["bootstrap"], topic=kafka["topic"],
                          options={str(k): str(v) for k, v in options.items()},
                          starting_offsets=text.get("starting_offsets", "earliest"),
                          allow_offset_gaps=kafka.get("allow_offset_gaps", False), format=fmt)
     result.validate(where)
     return result
+
+
+def _schema_registry(kafka: dict[str, Any], where: str) -> str | None:
+    """``schema_registry: {url: ...}`` of a Kafka source (avro and json_sr values), its URL."""
+    if "schema_registry" not in kafka:
+        return None
+    registry = kafka["schema_registry"]
+    if not isinstance(registry, dict):
+        raise UsageError(f"{where}: source.kafka: 'schema_registry' must be a mapping such as "
+                         "{url: http://registry:8081}")
+    unknown = set(registry) - _REGISTRY_FIELDS
+    if unknown:
+        raise UsageError(f"{where}: source.kafka.schema_registry: unknown field(s): {', '.join(sorted(unknown))}")
+    if not isinstance(registry.get("url"), str) or not registry["url"]:
+        raise UsageError(f"{where}: source.kafka.schema_registry: 'url' is required (the registry's "
+                         "Confluent-compatible base URL)")
+    return str(registry["url"])
 
 
 def _check_integers(entry: dict[str, Any], where: str) -> None:

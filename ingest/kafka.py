@@ -62,6 +62,7 @@ from versiq import settings
 from versiq.ingest.errors import UsageError
 from versiq.ingest.order import MAX_POS, POS_BITS, RUN_SCHEMA
 from versiq.ingest.records.kafka_rows import KafkaFormat, parse_kafka
+from versiq.ingest.records.registry import SchemaRegistryError, check_registry
 from versiq.ingest.records.schema import PARSED_SCHEMA
 from versiq.ingest.sources import SourceError
 from versiq.layout import KafkaPosition
@@ -97,8 +98,9 @@ RECORD_BYTES_ESTIMATE = 256
 
 
 class KafkaSourceError(SourceError):
-    """The broker cannot be reached, the topic is missing or changed, or offsets the store needs
-    were deleted: the run fails and commits nothing (a rerun retries)."""
+    """The broker (or the schema registry of Avro / JSON Schema values) cannot be reached, the topic
+    is missing or changed, or offsets the store needs were deleted: the run fails and commits
+    nothing (a rerun retries)."""
 
 
 def redacted(text: str, source: KafkaSource) -> str:
@@ -302,12 +304,20 @@ def _java_error(exc: BaseException) -> str:
 
 
 _KAFKA_ERROR = re.compile(r"(org\.apache\.kafka\.[\w.]*(?:Exception|Error)[^\n]*)")
+#: A Spark task's ``records.registry.SchemaRegistryError``, in the driver's exception text.
+_REGISTRY_ERROR = re.compile(r"SchemaRegistryError: ([^\n]+)")
 
 
 def reading_failed(source: KafkaSource, exc: BaseException) -> KafkaSourceError | None:
     """The run's error when Spark's read of the topic failed because of Kafka (the broker went
-    away, records vanished): one line naming the source and Kafka's own error, not the Java
-    stack trace. None for any other failure."""
+    away, records vanished) or of the schema registry (unreachable, 5xx: ``records.registry``):
+    one line naming the source and the error, not the Java or Python stack trace. None for any
+    other failure."""
+    if isinstance(exc, SchemaRegistryError):
+        return KafkaSourceError(f"reading {source.name}: {exc}")
+    registry = _REGISTRY_ERROR.findall(str(exc))
+    if registry:
+        return KafkaSourceError(f"reading {source.name}: {registry[-1].strip()}")
     found = _KAFKA_ERROR.findall(str(exc))
     if not found:
         return None
@@ -429,6 +439,13 @@ def read_records(spark: SparkSession, source: KafkaSource, read: KafkaRead, max_
     ranges = {p: r for p, r in read.ranges.items() if r[0] < r[1]}
     if not ranges:
         return spark.createDataFrame(RUN_SCHEMA.empty_table())
+    if source.format.schema_registry is not None:
+        # A registry that cannot be asked fails the run here, before Spark reads (the tasks would
+        # fail the same way, each after its tries): records.registry.SchemaRegistryError.
+        try:
+            check_registry(source.format.schema_registry)
+        except SchemaRegistryError as exc:
+            raise KafkaSourceError(f"reading {source.name}: {exc}") from None
     for p, (start, end) in ranges.items():
         if end - start > MAX_POS:
             raise KafkaSourceError(f"topic {source.topic} partition {p}: {end - start} records in one run; at most "

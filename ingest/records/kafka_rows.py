@@ -34,7 +34,14 @@ The mapping (how a Kafka record becomes a versiq record):
   or Parquet value column), and one rule for all inputs is worth more than telling two nulls
   apart. ``string``: the UTF-8 text stored as a JSON string (the empty text is the JSON string
   ``""``, not a tombstone); a null value is a tombstone; bytes that are not UTF-8 are
-  ``bad_value``. ``debezium``: see below.
+  ``bad_value``. ``debezium``: see below. ``avro`` and ``json_sr``: the Confluent schema
+  registry's wire format (magic byte 0, the 4-byte schema id, the payload), each value decoded
+  with its writer schema from the registry at ``schema_registry`` (``records.registry``): Avro
+  becomes the JSON of the decoded datum, JSON Schema's payload is JSON text; the result then
+  follows the ``json`` rules (a null datum or JSON ``null`` is a tombstone, ``timestamp_field``
+  reads it). A value not in the wire format, an unknown schema id or a corrupt payload is
+  ``bad_value`` naming the schema id; a registry that cannot be asked fails the run
+  (``registry.SchemaRegistryError``).
 - **Timestamp.** The Kafka record timestamp; a negative one (Kafka's -1: the producer set none)
   or a null one is ``bad_timestamp``. With ``timestamp_field`` (a dotted path such as
   ``meta.ts``: every dot separates two member names) the timestamp is read from the value
@@ -76,13 +83,14 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from json.encoder import encode_basestring
 from typing import Any
 
 import orjson
 import pyarrow as pa
 
+from versiq.ingest.records import registry as wire
 from versiq.ingest.records.batch import Batcher
 from versiq.ingest.records.fields import Reject, timestamp_from_json
 from versiq.ingest.records.files import refuse_future
@@ -96,7 +104,9 @@ SKIPPED = "skipped_delete_marker"
 SKIPPED_DETAIL = ("the null-value message Debezium writes after a delete (the preceding 'd' event "
                   "already deleted the key)")
 
-VALUE_FORMATS = ("json", "string", "debezium")
+VALUE_FORMATS = ("json", "string", "debezium", "avro", "json_sr")
+#: The value formats whose values are in the schema registry's wire format.
+REGISTRY_FORMATS = ("avro", "json_sr")
 DEBEZIUM_TIMESTAMPS = ("ts_ms", "source.ts_ms")
 
 #: The columns ``parse_kafka`` reads (Spark's Kafka source with ``includeHeaders``, its
@@ -127,21 +137,36 @@ _SLOW: Any = object()  # "not canonical: take the general path"
 class KafkaFormat:
     """How a topic's records map to versiq records (the module docstring has the rules).
 
-    ``value_format``: ``json``, ``string`` or ``debezium``. ``timestamp_field``: a dotted path into
-    the JSON value (for ``debezium``, into the ``after`` row) to take the timestamp from instead
-    of the Kafka record's. ``debezium_timestamp``: ``ts_ms`` (the envelope's) or ``source.ts_ms``
-    (the source block's). ``key_field``: with ``debezium``, one member of the key struct as the
-    key instead of the struct's compact JSON text."""
+    ``value_format``: ``json``, ``string``, ``debezium``, ``avro`` or ``json_sr``.
+    ``timestamp_field``: a dotted path into the JSON value (for ``debezium``, into the ``after``
+    row; for ``avro``, into the decoded datum) to take the timestamp from instead of the Kafka
+    record's. ``debezium_timestamp``: ``ts_ms`` (the envelope's) or ``source.ts_ms`` (the source
+    block's). ``key_field``: with ``debezium``, one member of the key struct as the key instead
+    of the struct's compact JSON text. ``schema_registry``: with ``avro`` and ``json_sr``, the
+    schema registry's Confluent-compatible base URL (left out of ``repr``: its userinfo may hold
+    credentials)."""
 
     value_format: str = "json"
     timestamp_field: str | None = None
     debezium_timestamp: str = "ts_ms"
     key_field: str | None = None
+    schema_registry: str | None = field(default=None, repr=False)
 
     def validate(self) -> None:
         """Refuse settings that cannot mean anything, before any record is read (ValueError)."""
         if self.value_format not in VALUE_FORMATS:
-            raise ValueError(f"value_format {self.value_format!r} is not one of 'json', 'string', 'debezium'")
+            raise ValueError(f"value_format {self.value_format!r} is not one of "
+                             f"{', '.join(repr(f) for f in VALUE_FORMATS)}")
+        if self.value_format in REGISTRY_FORMATS:
+            if not self.schema_registry:
+                raise ValueError(f"value_format {self.value_format!r} needs a schema registry: its Confluent-"
+                                 "compatible base URL (pipeline: schema_registry: {url: ...}; --schema-registry URL)")
+            problem = wire.check_url(self.schema_registry)
+            if problem is not None:
+                raise ValueError(problem)
+        elif self.schema_registry is not None:
+            raise ValueError(f"a schema registry applies to value_format 'avro' and 'json_sr' only, not "
+                             f"{self.value_format!r}")
         if self.timestamp_field is not None:
             if self.value_format == "string":
                 raise ValueError("timestamp_field needs JSON values: with value_format 'string' the value is "
@@ -357,8 +382,10 @@ class _Rules:
         self.source_ts = fmt.debezium_timestamp == "source.ts_ms"
         self.key: Callable[[bytes | None, str | None], str] = (
             self.debezium_key if fmt.value_format == "debezium" else _text_key)
+        self.registry_url = fmt.schema_registry or ""
         self.value: Callable[[bytes | None, str | None, int | None], tuple[str | None, int]] = {
             "json": self.json_value, "string": self.string_value, "debezium": self.debezium_value,
+            "avro": self.avro_value, "json_sr": self.json_sr_value,
         }[fmt.value_format]
 
     # ------------------------------------------------------------------ json and string values
@@ -394,6 +421,31 @@ class _Rules:
         if text is None:
             raise Reject("bad_value", f"the value is not valid UTF-8: {_utf8_error(data)}")
         return encode_basestring(text), _kafka_timestamp(kts)
+
+    # ------------------------------------------------------------------ schema registry values
+    def avro_value(self, data: bytes | None, text: str | None, kts: int | None) -> tuple[str | None, int]:
+        """The JSON of the Avro datum (``registry.avro_json``), then the ``json`` rules."""
+        if data is None:
+            return None, _kafka_timestamp(kts)
+        schema_id, decoded = wire.avro_value(data, self.registry_url)
+        try:
+            return self.json_value(decoded, decoded.decode(), kts)
+        except Reject as rej:  # a timestamp_field that is not there: say which schema the datum had
+            raise Reject(rej.reason, f"schema id {schema_id}: {rej.detail}") from None
+
+    def json_sr_value(self, data: bytes | None, text: str | None, kts: int | None) -> tuple[str | None, int]:
+        """The JSON payload after the header, by the ``json`` rules."""
+        if data is None:
+            return None, _kafka_timestamp(kts)
+        schema_id, payload = wire.json_sr_value(data, self.registry_url)
+        try:
+            payload_text: str | None = payload.decode()
+        except UnicodeDecodeError:
+            payload_text = None
+        try:
+            return self.json_value(payload, payload_text, kts)
+        except Reject as rej:
+            raise Reject(rej.reason, f"schema id {schema_id}: {rej.detail}") from None
 
     # ------------------------------------------------------------------ Debezium
     def debezium_key(self, data: bytes | None, text: str | None) -> str:

@@ -1,0 +1,362 @@
+"""Kafka values in the Confluent schema-registry wire format (``value_format`` ``avro`` and
+``json_sr``): the value is a magic byte ``0``, the writer schema's id as a 4-byte big-endian
+integer, then the payload, the Avro binary encoding of one datum of that schema (``avro``) or
+JSON text (``json_sr``, the Confluent JSON Schema serializer's format).
+
+**The registry.** Each writer schema is fetched by its id from ``GET {url}/schemas/ids/{id}``
+under the registry's Confluent-compatible base URL (Confluent Schema Registry's root; Apicurio
+Registry's ``/apis/ccompat/v7``; Karapace, Redpanda), with the schemas it references
+(``GET {url}/subjects/{subject}/versions/{version}``), and kept for the life of the process (a
+Spark Python worker reads many batches): a schema id names one schema forever. An id the registry
+does not know is remembered for ``MISSING_TTL_S`` only.
+
+**What a record is.** A value that is not in the wire format (shorter than the 5-byte header,
+no magic byte 0), whose schema id the registry answers 404 for, whose schema is of another type
+(a JSON schema's id under ``avro``), or whose payload is not one datum of its schema (truncated,
+corrupt, bytes left over) is ``bad_value``, and the detail names the schema id. A null value is a
+tombstone, as for every format.
+
+**What the environment is.** A registry that cannot be reached (connection refused, a timeout),
+answers 5xx, refuses the credentials (401, 403) or answers anything else unexpected (a 404
+without Confluent's error code 40403: the URL is not a Confluent-compatible base URL) is not a
+property of the record: ``SchemaRegistryError`` is raised after a few tries, the run fails and
+commits nothing, and a rerun reads the same records again (``ingest.kafka.reading_failed``).
+
+**Avro to JSON** (``avro_json``; docs/kafka-and-s3-locally.md has the table): a record is an
+object of its fields in the schema's order; a map an object; an array an array; an enum its
+symbol; a union the value of its branch, unwrapped (``["null", "string"]`` gives null or the
+string); ``string`` a string; ``bytes`` and ``fixed`` standard base64 text; ``int``/``long``
+numbers; ``float``/``double`` numbers (a 32-bit float is the double of the same value: ``0.1f``
+reads ``0.10000000149011612``), NaN and the infinities the strings ``"NaN"``, ``"Infinity"``,
+``"-Infinity"`` (JSON has no such numbers). Logical types: ``decimal`` a string of its exact
+digits with the schema's scale (``"12.30"``), ``uuid`` its text, ``date`` ``"2024-01-31"``,
+``time-millis``/``time-micros`` ``"12:00:00.123"``, ``timestamp-millis``/``timestamp-micros``
+an RFC 3339 UTC instant (``"2024-01-31T12:00:00.123Z"``, microseconds only when there are any),
+``local-timestamp-*`` the same without ``Z``; other logical types (``timestamp-nanos``,
+``duration``) are their underlying type. A datum that is null (the ``null`` branch of a union
+at the top) is a tombstone, like a JSON null value.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import decimal
+import io
+import json
+import math
+import os
+import re
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import orjson
+
+from versiq.ingest.records.fields import Reject
+
+MAGIC = 0
+HEADER_BYTES = 5
+#: How long a schema id the registry answered 404 for is remembered (the producer may register
+#: schemas in a registry that was restored meanwhile; a run reads on after this).
+MISSING_TTL_S = 60.0
+#: One request's timeouts, and the tries of a request that failed for the environment (with
+#: these pauses between them) before the run fails.
+CONNECT_TIMEOUT_S = 5.0
+REQUEST_TIMEOUT_S = 10.0
+RETRY_PAUSES_S = (0.5, 1.5)
+#: How deep schema references may nest (a cycle of references stops here).
+MAX_REFERENCE_DEPTH = 16
+_CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
+_USERINFO = re.compile(r"//[^/@]*@")
+
+
+class SchemaRegistryError(Exception):
+    """The schema registry could not be asked (unreachable, 5xx, refused credentials, not a
+    Confluent-compatible API): the run fails and commits nothing; a rerun reads again. The
+    message is one line and carries no credentials."""
+
+
+def public_url(url: str) -> str:
+    """``url`` without the credentials of its userinfo (``https://***@host/``): for messages."""
+    return _USERINFO.sub("//***@", url)
+
+
+def check_url(url: str) -> str | None:
+    """Why ``url`` cannot be a schema registry's base URL, or None."""
+    if not re.match(r"https?://[^/]", url):
+        return f"schema registry URL {public_url(url)!r} is not an http:// or https:// URL"
+    return None
+
+
+@dataclass(frozen=True)
+class Schema:
+    """A writer schema: its type (``AVRO``, ``JSON``, ``PROTOBUF``) and, for Avro, fastavro's
+    parse; ``error`` when the registry's text cannot be used (every record of it is
+    ``bad_value``)."""
+
+    schema_type: str
+    parsed: Any = None
+    error: str | None = None
+
+
+# ---------------------------------------------------------------- the registry client
+class _Client:
+    """One registry's Confluent-compatible API, with the process's cache of its schemas."""
+
+    def __init__(self, url: str) -> None:
+        import httpx
+
+        self.url = url.rstrip("/")
+        self.public = public_url(self.url)
+        # httpx reads basic-auth credentials from the URL's userinfo
+        self.http = httpx.Client(timeout=httpx.Timeout(REQUEST_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
+                                 headers={"Accept": _CONTENT_TYPE}, follow_redirects=True)
+        self.schemas: dict[int, Schema] = {}
+        self.missing: dict[int, float] = {}  # schema id -> when the 404 was seen
+        self.subject_versions: dict[tuple[str, int], dict[str, Any]] = {}
+        self.lock = threading.Lock()
+
+    def _get(self, path: str) -> dict[str, Any] | None:
+        """The JSON object at ``path``; None for Confluent's "not found" (a 404 with an
+        ``error_code`` of 404xx); ``SchemaRegistryError`` for anything the environment is to blame
+        for, after ``RETRY_PAUSES_S``."""
+        import httpx
+
+        last = ""
+        for attempt in range(len(RETRY_PAUSES_S) + 1):
+            if attempt:
+                time.sleep(RETRY_PAUSES_S[attempt - 1])
+            try:
+                response = self.http.get(self.url + path)
+            except httpx.HTTPError as exc:
+                last = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                continue
+            if response.status_code >= 500 or response.status_code == 429:
+                last = f"HTTP {response.status_code}: {_body(response)}"
+                continue
+            if response.status_code == 404 and _confluent_not_found(response):
+                return None
+            if response.status_code != 200:
+                raise SchemaRegistryError(
+                    f"the schema registry at {self.public} answered GET {path} with HTTP {response.status_code}: "
+                    f"{_body(response)}" + (" (is the URL its Confluent-compatible base URL?)"
+                                            if response.status_code == 404 else ""))
+            try:
+                found = response.json()
+            except ValueError:
+                found = None
+            if not isinstance(found, dict):
+                raise SchemaRegistryError(f"the schema registry at {self.public} answered GET {path} with "
+                                          f"something other than a JSON object: {_body(response)}")
+            return found
+        raise SchemaRegistryError(f"the schema registry at {self.public} cannot be reached (GET {path}, "
+                                  f"{len(RETRY_PAUSES_S) + 1} tries): {last}")
+
+    def check(self) -> None:
+        """One request that any Confluent-compatible registry answers (``GET /config``, the
+        global compatibility level): ``SchemaRegistryError`` when it cannot be asked."""
+        if self._get("/config") is None:
+            raise SchemaRegistryError(f"the schema registry at {self.public} answered GET /config with 404: is the "
+                                      "URL its Confluent-compatible base URL?")
+
+    def schema(self, schema_id: int) -> Schema | None:
+        """The writer schema of ``schema_id``, None when the registry does not know it."""
+        with self.lock:
+            found = self.schemas.get(schema_id)
+            if found is not None:
+                return found
+            seen = self.missing.get(schema_id)
+            if seen is not None and time.monotonic() - seen < MISSING_TTL_S:
+                return None
+            answer = self._get(f"/schemas/ids/{schema_id}")
+            if answer is None:
+                self.missing[schema_id] = time.monotonic()
+                return None
+            self.missing.pop(schema_id, None)
+            found = self._schema(answer, f"schema id {schema_id}", 0)
+            self.schemas[schema_id] = found
+            return found
+
+    def _schema(self, answer: dict[str, Any], what: str, depth: int, named: dict[str, Any] | None = None) -> Schema:
+        schema_type = str(answer.get("schemaType") or "AVRO").upper()
+        text = answer.get("schema")
+        if not isinstance(text, str):
+            return Schema(schema_type, error=f"the registry's answer for {what} has no schema text")
+        if schema_type != "AVRO":
+            return Schema(schema_type)
+        from fastavro import parse_schema
+
+        named = {} if named is None else named
+        try:
+            for reference in answer.get("references") or []:
+                self._reference(reference, what, depth + 1, named)
+            definition = json.loads(text)
+            return Schema("AVRO", parse_schema(definition, named_schemas=named))
+        except SchemaRegistryError:
+            raise
+        except _Unusable as exc:
+            return Schema("AVRO", error=str(exc))
+        except Exception as exc:  # noqa: BLE001 - the schema text is not Avro: every record of it is bad
+            return Schema("AVRO", error=f"{what} is not a valid Avro schema: {type(exc).__name__}: {exc}")
+
+    def _reference(self, reference: Any, what: str, depth: int, named: dict[str, Any]) -> None:
+        """Parse a referenced schema into ``named`` (fastavro's named types)."""
+        from fastavro import parse_schema
+
+        if depth > MAX_REFERENCE_DEPTH:
+            raise _Unusable(f"{what}: schema references nest deeper than {MAX_REFERENCE_DEPTH}")
+        if not isinstance(reference, dict) or "subject" not in reference or "version" not in reference:
+            raise _Unusable(f"{what}: a schema reference is not {{name, subject, version}}: {reference!r}")
+        subject, version = str(reference["subject"]), reference["version"]
+        key = (subject, int(version))
+        answer = self.subject_versions.get(key)
+        if answer is None:
+            answer = self._get(f"/subjects/{quote(subject, safe='')}/versions/{int(version)}")
+            if answer is None:
+                raise _Unusable(f"{what} references subject {subject!r} version {version}, which the registry "
+                                "does not have (404)")
+            self.subject_versions[key] = answer
+        for nested in answer.get("references") or []:
+            self._reference(nested, what, depth + 1, named)
+        parse_schema(json.loads(answer["schema"]), named_schemas=named)
+
+
+class _Unusable(Exception):
+    """A schema whose references cannot be resolved: its records are ``bad_value``."""
+
+
+def _confluent_not_found(response: Any) -> bool:
+    try:
+        code = response.json().get("error_code")
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(code, int) and 40400 <= code <= 40499
+
+
+def _body(response: Any) -> str:
+    text = " ".join(response.text.split())
+    return text[:200] + ("..." if len(text) > 200 else "")
+
+
+_CLIENTS: dict[tuple[int, str], _Client] = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
+def client(url: str) -> _Client:
+    """The process's client of the registry at ``url`` (one per process: a forked Python worker
+    makes its own)."""
+    key = (os.getpid(), url)
+    with _CLIENTS_LOCK:
+        found = _CLIENTS.get(key)
+        if found is None:
+            found = _CLIENTS[key] = _Client(url)
+        return found
+
+
+def check_registry(url: str) -> None:
+    """``SchemaRegistryError`` unless the registry at ``url`` answers (before a run reads)."""
+    client(url).check()
+
+
+# ---------------------------------------------------------------- the wire format
+def _header(data: bytes) -> int:
+    """The schema id of a value in the wire format; ``bad_value`` when it is not in it."""
+    if len(data) < HEADER_BYTES:
+        raise Reject("bad_value", f"the value is {len(data)} byte(s), shorter than the schema registry's 5-byte "
+                     "header (magic byte 0 and a 4-byte schema id)")
+    if data[0] != MAGIC:
+        raise Reject("bad_value", f"the value does not start with the schema registry's magic byte 0 (first byte "
+                     f"0x{data[0]:02x}): it was not written with a schema registry serializer")
+    return int.from_bytes(data[1:HEADER_BYTES], "big")
+
+
+def _writer_schema(url: str, schema_id: int, expected: str) -> Schema:
+    found = client(url).schema(schema_id)
+    if found is None:
+        raise Reject("bad_value", f"schema id {schema_id} is not in the schema registry (404)")
+    if found.schema_type != expected:
+        raise Reject("bad_value", f"schema id {schema_id} is a {found.schema_type} schema, not {expected} "
+                     f"(value_format {'avro' if expected == 'AVRO' else 'json_sr'})")
+    if found.error is not None:
+        raise Reject("bad_value", f"schema id {schema_id}: {found.error}")
+    return found
+
+
+def avro_value(data: bytes, url: str) -> tuple[int, bytes]:
+    """(schema id, the compact JSON text of the decoded datum) of an Avro value in the wire
+    format; ``bad_value`` when it is not one; ``SchemaRegistryError`` when the registry cannot
+    be asked."""
+    from fastavro import schemaless_reader
+
+    schema_id = _header(data)
+    schema = _writer_schema(url, schema_id, "AVRO")
+    stream = io.BytesIO(data)
+    stream.seek(HEADER_BYTES)
+    try:
+        datum = schemaless_reader(stream, schema.parsed, None)
+    except Exception as exc:  # noqa: BLE001 - fastavro's errors on corrupt data are of many kinds
+        raise Reject("bad_value", f"schema id {schema_id}: the payload is not Avro data of its schema "
+                     f"({type(exc).__name__}: {exc})") from None
+    left = len(data) - stream.tell()
+    if left:
+        raise Reject("bad_value", f"schema id {schema_id}: {left} byte(s) after the Avro datum of its schema")
+    try:
+        return schema_id, _dumps(avro_json(datum))
+    except (RecursionError, TypeError, ValueError) as exc:
+        raise Reject("bad_value", f"schema id {schema_id}: the decoded datum cannot be rendered as JSON "
+                     f"({type(exc).__name__}: {exc})") from None
+
+
+def json_sr_value(data: bytes, url: str) -> tuple[int, bytes]:
+    """(schema id, the JSON payload's bytes) of a JSON Schema value in the wire format, its id
+    checked with the registry (the payload is not validated against the schema)."""
+    schema_id = _header(data)
+    _writer_schema(url, schema_id, "JSON")
+    return schema_id, data[HEADER_BYTES:]
+
+
+def _dumps(value: Any) -> bytes:
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError:  # nested deeper than orjson renders
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
+def _instant(value: datetime.datetime) -> str:
+    spec = "milliseconds" if value.microsecond % 1000 == 0 else "microseconds"
+    if value.tzinfo is None:
+        return value.isoformat(timespec=spec)
+    return value.astimezone(datetime.UTC).replace(tzinfo=None).isoformat(timespec=spec) + "Z"
+
+
+def avro_json(value: Any) -> Any:
+    """A datum fastavro decoded, as the JSON value versiq stores (module docstring)."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {str(k): avro_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [avro_json(v) for v in value]
+    if isinstance(value, (bytes, bytearray)):
+        return base64.b64encode(value).decode("ascii")
+    if isinstance(value, decimal.Decimal):
+        return format(value, "f")
+    if isinstance(value, datetime.datetime):
+        return _instant(value)
+    if isinstance(value, datetime.date):
+        return value.isoformat()
+    if isinstance(value, datetime.time):
+        return value.isoformat(timespec="milliseconds" if value.microsecond % 1000 == 0 else "microseconds")
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, tuple):  # (name, value) of fastavro's named unions, if asked for
+        return [avro_json(v) for v in value]
+    raise TypeError(f"no JSON form for a decoded {type(value).__name__}")
