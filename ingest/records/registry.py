@@ -22,7 +22,7 @@ without Confluent's error code 40403: the URL is not a Confluent-compatible base
 property of the record: ``SchemaRegistryError`` is raised after a few tries, the run fails and
 commits nothing, and a rerun reads the same records again (``ingest.kafka.reading_failed``).
 
-**Avro to JSON** (``avro_json``; docs/kafka-and-s3-locally.md has the table): a record is an
+**Avro to JSON** (``avro_json``; docs/contract.md, Kafka sources): a record is an
 object of its fields in the schema's order; a map an object; an array an array; an enum its
 symbol; a union the value of its branch, unwrapped (``["null", "string"]`` gives null or the
 string); ``string`` a string; ``bytes`` and ``fixed`` standard base64 text; ``int``/``long``

@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import struct
 import subprocess
 from typing import Any
@@ -204,3 +205,49 @@ def test_a_registry_that_is_down_fails_the_run_with_nothing_committed_and_the_re
     assert report.error is None, report.error
     assert report.read == 4 and not any(report.rejected.values())
     assert _versions(path) == {**_expected_prices(), "z": [(500, as_json("z", 1))]}
+
+
+def test_schema_registry_usage_errors_exit_2_before_any_spark(tmp_path):
+    wh = str(tmp_path / "wh")
+    kafka = ["--store", "s", "--kafka-bootstrap", "127.0.0.1:1", "--topic", "t"]
+    cases = [
+        ([*kafka, "--value-format", "avro"], "value_format 'avro' needs a schema registry"),
+        ([*kafka, "--schema-registry", "http://127.0.0.1:1"], "applies to value_format 'avro' and 'json_sr' only"),
+        ([*kafka, "--value-format", "json_sr", "--schema-registry", "registry:8081"], "not an http:// or https://"),
+        (["--config", "x.yaml", "--schema-registry", "http://127.0.0.1:1"], "not both (--schema-registry)"),
+    ]
+    for extra, message in cases:
+        result = subprocess.run([*VERSIQ, "ingest", "--warehouse", wh, *extra], env=_env(), capture_output=True,
+                                text=True, timeout=120)
+        assert result.returncode == 2 and message in result.stderr, (extra, result.stderr)
+
+
+def test_schema_registry_in_a_pipeline_file_is_checked(tmp_path):
+    import pytest
+
+    from versiq.ingest.errors import UsageError
+
+    def load(registry: str, value_format: str = "avro") -> Any:
+        pipeline = tmp_path / "p.yaml"
+        pipeline.write_text(f"""
+stores:
+  - name: s
+    source:
+      kafka: {{bootstrap: "127.0.0.1:1", topic: t, value_format: {value_format}{registry}}}
+""")
+        return load_config(str(pipeline))
+
+    spec = load(', schema_registry: {url: "https://u:pw@r:8081/apis/ccompat/v7"}').stores[0]
+    assert spec.kafka.format.schema_registry == "https://u:pw@r:8081/apis/ccompat/v7"
+    assert "pw" not in repr(spec)
+    for registry, message in [
+        ("", "needs a schema registry"),
+        (", schema_registry: http://r:8081", "'schema_registry' must be a mapping"),
+        (", schema_registry: {uri: http://r:8081}", "unknown field(s): uri"),
+        (", schema_registry: {}", "'url' is required"),
+        (", schema_registry: {url: r:8081}", "not an http:// or https:// URL"),
+    ]:
+        with pytest.raises(UsageError, match=re.escape(message)):
+            load(registry)
+    with pytest.raises(UsageError, match="applies to value_format 'avro' and 'json_sr' only"):
+        load(', schema_registry: {url: "http://r:8081"}', "json")

@@ -222,7 +222,11 @@ def test_max_timestamp_refuses_records_from_the_future_like_files():
 
 # ---------------------------------------------------------------------------------------- formats
 @pytest.mark.parametrize("kwargs, message", [
-    ({"value_format": "avro"}, "value_format 'avro' is not one of 'json', 'string', 'debezium'"),
+    ({"value_format": "protobuf"}, "value_format 'protobuf' is not one of 'json', 'string', 'debezium', 'avro', "
+                                   "'json_sr'"),
+    ({"value_format": "avro"}, "value_format 'avro' needs a schema registry"),
+    ({"value_format": "json_sr", "schema_registry": "registry:8081"}, "is not an http:// or https:// URL"),
+    ({"schema_registry": "http://registry:8081"}, "a schema registry applies to value_format 'avro' and 'json_sr'"),
     ({"value_format": "string", "timestamp_field": "ts"}, "timestamp_field needs JSON values"),
     ({"timestamp_field": "meta..ts"}, "timestamp_field 'meta..ts' is not a dotted path"),
     ({"timestamp_field": ""}, "timestamp_field '' is not a dotted path"),
@@ -241,7 +245,9 @@ def test_bad_format_settings_are_refused(kwargs, message):
 
 def test_good_format_settings_pass():
     for fmt in (KafkaFormat(), KafkaFormat(value_format="string"), KafkaFormat(timestamp_field="a.b"),
-                KafkaFormat("debezium", "updated_at", "source.ts_ms", "id")):
+                KafkaFormat("debezium", "updated_at", "source.ts_ms", "id"),
+                KafkaFormat("avro", "at", schema_registry="https://u:p@registry:8081/apis/ccompat/v7"),
+                KafkaFormat("json_sr", schema_registry="http://127.0.0.1:8081")):
         fmt.validate()
 
 
