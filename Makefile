@@ -17,6 +17,7 @@ BASE_STAMP := $(VENV)/.installed-base
 DEV_STAMP := $(VENV)/.installed-dev
 
 DEMO_ARGS ?=
+DEMO_KAFKA_ARGS ?=
 PYTEST_ARGS ?=
 # `make test` runs the suite in two pytest-xdist workers (each with its own SparkSession, Kafka
 # broker and S3 server when its tests ask for them): about 25% quicker than one on a 2-core machine,
@@ -33,7 +34,7 @@ PIP_ENV := $(if $(V),,PYTHONWARNINGS=ignore::UserWarning)
 # starts and ends unless jansi.noreset is set in the JVM's options (a -D of mvn comes too late).
 MVN := MAVEN_OPTS="$$MAVEN_OPTS -Djansi.noreset=true" mvn -q -B -Dstyle.color=never
 
-.PHONY: help demo test lint bench java chromium clean-demo conformance kafka s3
+.PHONY: help demo demo-kafka test lint bench java chromium clean-demo conformance kafka s3
 
 help:
 	@echo "make demo   generate sample data, ingest it into ./warehouse, serve it on 127.0.0.1:8080"
@@ -42,6 +43,8 @@ help:
 	@echo "make conformance   10,000 random scenarios per store kind and operator through versiq and Kafka Streams,"
 	@echo "                   from a fresh seed (VERSIQ_CONFORMANCE_SEED=N repeats one)"
 	@echo "make kafka  a local Kafka broker with the sample changelog in topic 'prices';  make s3  a local S3 server"
+	@echo "make demo-kafka    the Kafka round trip in one command: broker, sample, versiq ingest --continuous,"
+	@echo "                   versiq serve on 127.0.0.1:8081, and a record produced then answered over HTTP"
 
 $(PY):
 	@test -n "$(PYTHON)" || { echo "Python 3.11+ is required (python3.11 or python3 on PATH)" >&2; exit 1; }
@@ -166,6 +169,12 @@ conformance: $(DEV_STAMP) java $(SPARK_JARS) $(CONFORMANCE_JAR)
 # (docs/kafka-and-s3-locally.md): scripts/local_server.py prints what to set and run.
 kafka: $(DEV_STAMP) java $(KAFKA_BROKER)
 	$(PY) scripts/local_server.py kafka --sample demo-data
+
+# `make kafka` and what it prints, run for you (scripts/demo_kafka.py): the broker with the sample,
+# a continuous ingest of its topic, the server, and one record produced once the store is served,
+# whose curl and answer it prints; Ctrl-C stops all three. DEMO_KAFKA_ARGS='--port N' serves on N.
+demo-kafka: $(DEV_STAMP) java $(KAFKA_BROKER) $(SPARK_JARS) $(CLASS_ARCHIVE)
+	$(PY) scripts/demo_kafka.py --sample demo-data $(DEMO_KAFKA_ARGS)
 
 s3: $(DEV_STAMP)
 	$(PY) scripts/local_server.py s3

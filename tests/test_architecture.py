@@ -97,6 +97,15 @@ def test_one_top_level_package_and_no_old_names() -> None:
     assert not offenders, "import these through versiq.*:\n" + "\n".join(offenders)
 
 
+def test_the_package_never_imports_the_tools_of_the_checkout() -> None:
+    """``scripts/`` may use ``tests/support`` (the broker of make kafka and make demo-kafka); the
+    versiq package never imports tests, scripts or benchmarks (docs/architecture.md, "Scripts and
+    test support")."""
+    offenders = [f"{path.relative_to(ROOT)}:{line} imports {target}" for module, path in _modules().items()
+                 for target, line in _imports(module, path) if target.split(".")[0] in {"tests", "scripts", "bench"}]
+    assert not offenders, "the package must not import these:\n" + "\n".join(offenders)
+
+
 def test_imports_go_downward_only() -> None:
     modules = _modules()
     upward = []

@@ -115,8 +115,9 @@ class KafkaBroker(ServerProcess):
     stop_timeout = 30.0
 
     def __init__(self, jars_dir: Path | str = JARS_DIR, *, work_dir: Path | str | None = None,
-                 heap: str = "512m", extra_config: Mapping[str, str] | None = None) -> None:
-        super().__init__(work_dir, dir_prefix="versiq-kafka-", log_name="broker.log")
+                 heap: str = "512m", extra_config: Mapping[str, str] | None = None,
+                 new_session: bool = False) -> None:
+        super().__init__(work_dir, dir_prefix="versiq-kafka-", log_name="broker.log", new_session=new_session)
         self.jars_dir = Path(jars_dir)
         self.log_dir = self.work_dir / "data"
         self.config_file = self.work_dir / "server.properties"

@@ -108,9 +108,13 @@ class ServerProcess:
     stop_timeout = 20.0
 
     def __init__(self, work_dir: Path | str | None, *, dir_prefix: str, log_name: str,
-                 on_exit: Callable[[], None] | None = None) -> None:
+                 on_exit: Callable[[], None] | None = None, new_session: bool = False) -> None:
         """``work_dir``: where data and log live (None: a temporary directory removed on close);
-        ``on_exit``: run whenever the process is gone (it must not refer to this object)."""
+        ``on_exit``: run whenever the process is gone (it must not refer to this object);
+        ``new_session``: the process leads a session of its own, so that a Ctrl-C in the terminal
+        reaches only the program that started it, which stops it when it chooses (make demo-kafka:
+        the broker after the ingest that reads from it)."""
+        self.new_session = new_session
         if work_dir is None:
             self._owned_dir: str | None = tempfile.mkdtemp(prefix=dir_prefix)
             self.work_dir = Path(self._owned_dir)
@@ -183,7 +187,7 @@ class ServerProcess:
                 log.flush()
                 self._process = subprocess.Popen(
                     self.command(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    cwd=self.work_dir, env=self.environment(),
+                    cwd=self.work_dir, env=self.environment(), start_new_session=self.new_session,
                     # Only from the main thread: the signal comes when the starting *thread* ends.
                     preexec_fn=_die_with_parent if threading.current_thread() is threading.main_thread() else None,
                 )
