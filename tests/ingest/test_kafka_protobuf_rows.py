@@ -318,3 +318,65 @@ def test_key_format_settings_are_checked():
             KafkaFormat(**kwargs).validate()
     KafkaFormat(key_format="protobuf", schema_registry="http://r:1").validate()
     KafkaFormat(value_format="protobuf", schema_registry="http://r:1", timestamp_field="at").validate()
+
+
+WKT_FILE = "versiq_pbrows_wkt.proto"
+WKT = """syntax = "proto3";
+package versiq.wkt;
+import "google/protobuf/any.proto";
+import "google/protobuf/duration.proto";
+import "google/protobuf/struct.proto";
+import "google/protobuf/wrappers.proto";
+import "google/protobuf/field_mask.proto";
+import "google/protobuf/empty.proto";
+
+message Inner { int64 n = 1; map<int64, int64> m = 2; }
+message Holder {
+  google.protobuf.Int64Value big = 1;
+  google.protobuf.StringValue label = 2;
+  google.protobuf.Duration took = 3;
+  google.protobuf.Struct extra = 4;
+  google.protobuf.Any packed = 5;
+  google.protobuf.Any packed_wkt = 6;
+  google.protobuf.FieldMask mask = 7;
+  google.protobuf.Empty nothing = 8;
+  repeated google.protobuf.UInt64Value counts = 9;
+}
+"""
+
+
+def test_well_known_types(schema_registry, tmp_path):
+    pb = generate({WKT_FILE: WKT}, tmp_path / "pb")["versiq_pbrows_wkt"]
+    wkt_id = schema_registry.register("versiq-pbrows-wkt-value", WKT, "PROTOBUF")
+    holder = pb.Holder()
+    holder.big.value = 2**60 + 1
+    holder.label.value = "x"
+    holder.took.seconds, holder.took.nanos = 1, 500_000_000
+    holder.extra.update({"a": [1, "two", None], "b": {"c": True}})
+    inner = pb.Inner(n=2**55 + 3)
+    inner.m[10], inner.m[-2] = 1, 2**40
+    holder.packed.Pack(inner)
+    from google.protobuf import wrappers_pb2
+
+    holder.packed_wkt.Pack(wrappers_pb2.Int64Value(value=7))
+    holder.mask.paths.extend(["a.b", "c"])
+    holder.nothing.SetInParent()
+    holder.counts.add(value=2**64 - 1)
+    [row] = parse([wire(wkt_id, holder, [1])], KafkaFormat(value_format="protobuf",
+                                                           schema_registry=schema_registry.url))
+    assert row["reason"] is None, row["detail"]
+    assert json.loads(row["value"]) == {
+        "big": 2**60 + 1, "label": "x", "took": "1.500s", "extra": {"a": [1, "two", None], "b": {"c": True}},
+        "packed": {"@type": "type.googleapis.com/versiq.wkt.Inner", "n": 2**55 + 3, "m": {"-2": 2**40, "10": 1}},
+        "packed_wkt": {"@type": "type.googleapis.com/google.protobuf.Int64Value", "value": 7},
+        "mask": "a.b,c", "nothing": {}, "counts": [2**64 - 1]}
+
+
+def test_a_protoc_that_cannot_run_fails_the_run(schema_registry, monkeypatch):
+    """Not the schema's fault: SchemaRegistryError (the run fails, nothing committed), not bad_value."""
+    schema_id = schema_registry.register("versiq-pbrows-noprotoc-value",
+                                         'syntax = "proto3";\nmessage NoProtoc { int32 x = 1; }\n', "PROTOBUF")
+    monkeypatch.setattr(sys, "executable", "/nonexistent/python")
+    with pytest.raises(SchemaRegistryError, match=f"schema id {schema_id}: protoc could not compile"):
+        parse([b"\x00" + struct.pack(">I", schema_id) + b"\x00"],
+              KafkaFormat(value_format="protobuf", schema_registry=schema_registry.url))
