@@ -51,19 +51,26 @@ def add_ingest(sub: Any) -> None:
     ing.add_argument("--starting-offsets", choices=("earliest", "latest"), default=None,
                      help="Kafka: where a new store starts reading its topic (default earliest); later runs "
                           "go on from the offsets the store committed")
-    ing.add_argument("--value-format", choices=("json", "string", "debezium", "avro", "json_sr"), default=None,
+    ing.add_argument("--value-format", choices=("json", "string", "debezium", "avro", "json_sr", "protobuf"),
+                     default=None,
                      help="Kafka: how record values are read: JSON text (default), a string, Debezium change "
-                          "events (JSON converter), or the schema registry's wire format: Avro (avro, stored as "
-                          "the JSON of the decoded record) or JSON Schema (json_sr); these two need "
-                          "--schema-registry")
+                          "events (JSON converter), or the schema registry's wire format: Avro (avro) or "
+                          "Protobuf (protobuf), each stored as the JSON of the decoded record, or JSON Schema "
+                          "(json_sr); these three need --schema-registry")
+    ing.add_argument("--key-format", choices=("string", "avro", "json_sr", "protobuf"), default=None,
+                     help="Kafka: how record keys are read: the key bytes as UTF-8 text (string, default) or "
+                          "the schema registry's wire format (avro, json_sr, protobuf; needs --schema-registry): "
+                          "a decoded string is the key as it is, an integer its digits, a record its compact "
+                          "JSON with members sorted by name. A key that cannot be decoded is rejected bad_key")
     ing.add_argument("--timestamp-field", metavar="PATH",
                      help="Kafka: take the timestamp from this field of the JSON value (dotted path; RFC 3339 "
                           "or epoch ms) instead of the Kafka record timestamp")
     ing.add_argument("--schema-registry", metavar="URL",
-                     help="Kafka, --value-format avro or json_sr: the schema registry's Confluent-compatible base "
-                          "URL (e.g. http://registry:8081, Apicurio's .../apis/ccompat/v7); each value's writer "
-                          "schema is fetched by the id in its 5-byte header. A value that cannot be decoded is "
-                          "rejected bad_value; a registry that cannot be reached fails the run")
+                     help="Kafka, --value-format or --key-format avro, json_sr or protobuf: the schema registry's "
+                          "Confluent-compatible base URL (e.g. http://registry:8081, Apicurio's "
+                          ".../apis/ccompat/v7); each value's (key's) writer schema is fetched by the id in its "
+                          "5-byte header. A value that cannot be decoded is rejected bad_value (a key bad_key); "
+                          "a registry that cannot be reached fails the run")
     ing.add_argument("--allow-offset-gaps", action="store_true",
                      help="Kafka: when records the store had not read were deleted by the topic's retention, "
                           "record the gap and read on instead of failing")

@@ -48,6 +48,7 @@ def _pipeline_from_args(args: argparse.Namespace) -> Any:
     kafka_flags = [flag for flag, value in (("--kafka-bootstrap", args.kafka_bootstrap), ("--topic", args.topic),
                                             ("--starting-offsets", args.starting_offsets),
                                             ("--value-format", args.value_format),
+                                            ("--key-format", args.key_format),
                                             ("--timestamp-field", args.timestamp_field),
                                             ("--schema-registry", args.schema_registry),
                                             ("--allow-offset-gaps", args.allow_offset_gaps)) if value]
@@ -68,7 +69,8 @@ def _pipeline_from_args(args: argparse.Namespace) -> Any:
                             allow_offset_gaps=args.allow_offset_gaps,
                             format=KafkaFormat(value_format=args.value_format or "json",
                                                timestamp_field=args.timestamp_field,
-                                               schema_registry=args.schema_registry))
+                                               schema_registry=args.schema_registry,
+                                               key_format=args.key_format or "string"))
     if not args.store or not (args.source or kafka):
         raise UsageError("--store and --source (or --kafka-bootstrap and --topic) are required (or --config FILE)")
     retention = None

@@ -15,8 +15,9 @@ stores:
       kafka:
         bootstrap: "broker:9092"
         topic: orders
-        value_format: debezium     # json (default) | string | debezium | avro | json_sr
-        # schema_registry: {url: "http://registry:8081"}   # avro, json_sr: Confluent-compatible base URL
+        value_format: debezium     # json (default) | string | debezium | avro | json_sr | protobuf
+        # key_format: string       # string (default) | avro | json_sr | protobuf (not with debezium)
+        # schema_registry: {url: "http://registry:8081"}   # avro, json_sr, protobuf: Confluent-compatible base URL
         options: {security.protocol: SASL_SSL}   # Kafka client settings (or VERSIQ_KAFKA_* variables)
 streams:                         # append-only event logs (docs/derived-tables.md)
   - name: clicks
@@ -53,7 +54,7 @@ _STORE_FIELDS = {"name", "source", "format", "kind", "history_retention", "parti
                  "max_future"}
 _STREAM_FIELDS = {"name", "source", "format", "buckets", "max_future"}
 _KAFKA_FIELDS = {"bootstrap", "topic", "options", "starting_offsets", "allow_offset_gaps", "value_format",
-                 "timestamp_field", "debezium_timestamp", "key_field", "schema_registry"}
+                 "timestamp_field", "debezium_timestamp", "key_field", "schema_registry", "key_format"}
 _REGISTRY_FIELDS = {"url"}
 
 
@@ -165,7 +166,7 @@ def _checked_entry(entry: Any, where: str, fields: set[str], hint: str = "") -> 
 
 def _kafka_source(source: dict[str, Any], where: str) -> KafkaSource:
     """``source: {kafka: {bootstrap, topic, options, starting_offsets, allow_offset_gaps,
-    value_format, timestamp_field, debezium_timestamp, key_field, schema_registry: {url}}}``."""
+    value_format, key_format, timestamp_field, debezium_timestamp, key_field, schema_registry: {url}}}``."""
     if set(source) != {"kafka"} or not isinstance(source["kafka"], dict):
         raise UsageError(f"{where}: 'source' must be a path or {{kafka: {{bootstrap: ..., topic: ...}}}}")
     kafka = source["kafka"]
@@ -181,13 +182,13 @@ def _kafka_source(source: dict[str, Any], where: str) -> KafkaSource:
     if not isinstance(kafka.get("allow_offset_gaps", False), bool):
         raise UsageError(f"{where}: source.kafka: 'allow_offset_gaps' must be true or false")
     text = {name: kafka[name] for name in ("value_format", "timestamp_field", "debezium_timestamp", "key_field",
-                                          "starting_offsets") if name in kafka}
+                                          "starting_offsets", "key_format") if name in kafka}
     for name, value in text.items():
         if not isinstance(value, str):
             raise UsageError(f"{where}: source.kafka: '{name}' must be a string")
     fmt = KafkaFormat(value_format=text.get("value_format", "json"), timestamp_field=text.get("timestamp_field"),
                       debezium_timestamp=text.get("debezium_timestamp", "ts_ms"), key_field=text.get("key_field"),
-                      schema_registry=_schema_registry(kafka, where))
+                      schema_registry=_schema_registry(kafka, where), key_format=text.get("key_format", "string"))
     result = KafkaSource(bootstrap=kafka["bootstrap"], topic=kafka["topic"],
                          options={str(k): str(v) for k, v in options.items()},
                          starting_offsets=text.get("starting_offsets", "earliest"),
@@ -197,7 +198,7 @@ def _kafka_source(source: dict[str, Any], where: str) -> KafkaSource:
 
 
 def _schema_registry(kafka: dict[str, Any], where: str) -> str | None:
-    """``schema_registry: {url: ...}`` of a Kafka source (avro and json_sr values), its URL."""
+    """``schema_registry: {url: ...}`` of a Kafka source (avro, json_sr, protobuf values or keys), its URL."""
     if "schema_registry" not in kafka:
         return None
     registry = kafka["schema_registry"]

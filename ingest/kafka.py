@@ -98,9 +98,9 @@ RECORD_BYTES_ESTIMATE = 256
 
 
 class KafkaSourceError(SourceError):
-    """The broker (or the schema registry of Avro / JSON Schema values) cannot be reached, the topic
-    is missing or changed, or offsets the store needs were deleted: the run fails and commits
-    nothing (a rerun retries)."""
+    """The broker (or the schema registry of Avro, JSON Schema or Protobuf values and keys) cannot
+    be reached, the topic is missing or changed, or offsets the store needs were deleted: the run
+    fails and commits nothing (a rerun retries)."""
 
 
 def redacted(text: str, source: KafkaSource) -> str:

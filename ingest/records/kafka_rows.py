@@ -25,7 +25,13 @@ The mapping (how a Kafka record becomes a versiq record):
   envelope (``{"schema": ..., "payload": {...}}``): the key is the compact text of that object
   (member order kept), or with ``key_field`` the value of that one member (a string as it is,
   an integer as its decimal text; anything else is ``bad_key``). Key JSON that does not parse
-  or is not an object is ``bad_key``. The key size limit and the Unicode check of every format
+  or is not an object is ``bad_key``. With ``key_format`` ``avro``, ``json_sr`` or ``protobuf``
+  the key bytes are in the schema registry's wire format and decoded like values (below): a
+  decoded string is the key as it is, an integer its decimal text, anything else (a record, a
+  Protobuf message, an array) its compact JSON text with every object's members sorted by name
+  (``canonical_key``: the same key for the same logical record whatever order a writer's schema
+  declares its fields in). A key that cannot be decoded, a null datum and the empty string are
+  ``bad_key`` naming the schema id. The key size limit and the Unicode check of every format
   apply (``batch.Batcher``).
 - **Value.** ``json``: UTF-8 JSON text, parsed strictly and stored compact, like a file's value
   column; text that is not UTF-8 or not JSON is ``bad_value``. A null value is a tombstone (the
@@ -34,10 +40,11 @@ The mapping (how a Kafka record becomes a versiq record):
   or Parquet value column), and one rule for all inputs is worth more than telling two nulls
   apart. ``string``: the UTF-8 text stored as a JSON string (the empty text is the JSON string
   ``""``, not a tombstone); a null value is a tombstone; bytes that are not UTF-8 are
-  ``bad_value``. ``debezium``: see below. ``avro`` and ``json_sr``: the Confluent schema
-  registry's wire format (magic byte 0, the 4-byte schema id, the payload), each value decoded
-  with its writer schema from the registry at ``schema_registry`` (``records.registry``): Avro
-  becomes the JSON of the decoded datum, JSON Schema's payload is JSON text; the result then
+  ``bad_value``. ``debezium``: see below. ``avro``, ``json_sr`` and ``protobuf``: the Confluent
+  schema registry's wire format (magic byte 0, the 4-byte schema id, the payload), each value
+  decoded with its writer schema from the registry at ``schema_registry`` (``records.registry``):
+  Avro becomes the JSON of the decoded datum, Protobuf the JSON of the message
+  (``records.protobuf``), JSON Schema's payload is JSON text; the result then
   follows the ``json`` rules (a null datum or JSON ``null`` is a tombstone, ``timestamp_field``
   reads it). A value not in the wire format, an unknown schema id or a corrupt payload is
   ``bad_value`` naming the schema id; a registry that cannot be asked fails the run
@@ -104,9 +111,11 @@ SKIPPED = "skipped_delete_marker"
 SKIPPED_DETAIL = ("the null-value message Debezium writes after a delete (the preceding 'd' event "
                   "already deleted the key)")
 
-VALUE_FORMATS = ("json", "string", "debezium", "avro", "json_sr")
-#: The value formats whose values are in the schema registry's wire format.
-REGISTRY_FORMATS = ("avro", "json_sr")
+VALUE_FORMATS = ("json", "string", "debezium", "avro", "json_sr", "protobuf")
+#: The formats (of values and of keys) in the schema registry's wire format.
+REGISTRY_FORMATS = ("avro", "json_sr", "protobuf")
+#: ``string``: the key bytes as UTF-8 text; the others: the schema registry's wire format.
+KEY_FORMATS = ("string", "avro", "json_sr", "protobuf")
 DEBEZIUM_TIMESTAMPS = ("ts_ms", "source.ts_ms")
 
 #: The columns ``parse_kafka`` reads (Spark's Kafka source with ``includeHeaders``, its
@@ -137,36 +146,49 @@ _SLOW: Any = object()  # "not canonical: take the general path"
 class KafkaFormat:
     """How a topic's records map to versiq records (the module docstring has the rules).
 
-    ``value_format``: ``json``, ``string``, ``debezium``, ``avro`` or ``json_sr``.
+    ``value_format``: ``json``, ``string``, ``debezium``, ``avro``, ``json_sr`` or ``protobuf``.
     ``timestamp_field``: a dotted path into the JSON value (for ``debezium``, into the ``after``
     row; for ``avro``, into the decoded datum) to take the timestamp from instead of the Kafka
     record's. ``debezium_timestamp``: ``ts_ms`` (the envelope's) or ``source.ts_ms`` (the source
     block's). ``key_field``: with ``debezium``, one member of the key struct as the key instead
-    of the struct's compact JSON text. ``schema_registry``: with ``avro`` and ``json_sr``, the
-    schema registry's Confluent-compatible base URL (left out of ``repr``: its userinfo may hold
-    credentials)."""
+    of the struct's compact JSON text. ``schema_registry``: with ``avro``, ``json_sr`` and
+    ``protobuf`` values or keys, the schema registry's Confluent-compatible base URL (left out of
+    ``repr``: its userinfo may hold credentials). ``key_format``: ``string`` (the key bytes as
+    UTF-8 text) or ``avro``, ``json_sr``, ``protobuf`` (the registry's wire format, decoded: the
+    module docstring's Key rule)."""
 
     value_format: str = "json"
     timestamp_field: str | None = None
     debezium_timestamp: str = "ts_ms"
     key_field: str | None = None
     schema_registry: str | None = field(default=None, repr=False)
+    key_format: str = "string"
 
     def validate(self) -> None:
         """Refuse settings that cannot mean anything, before any record is read (ValueError)."""
         if self.value_format not in VALUE_FORMATS:
             raise ValueError(f"value_format {self.value_format!r} is not one of "
                              f"{', '.join(repr(f) for f in VALUE_FORMATS)}")
-        if self.value_format in REGISTRY_FORMATS:
+        if self.key_format not in KEY_FORMATS:
+            raise ValueError(f"key_format {self.key_format!r} is not one of "
+                             f"{', '.join(repr(f) for f in KEY_FORMATS)}")
+        needs = [f"{what}_format {fmt!r}" for what, fmt in (("value", self.value_format), ("key", self.key_format))
+                 if fmt in REGISTRY_FORMATS]
+        if needs:
             if not self.schema_registry:
-                raise ValueError(f"value_format {self.value_format!r} needs a schema registry: its Confluent-"
-                                 "compatible base URL (pipeline: schema_registry: {url: ...}; --schema-registry URL)")
+                raise ValueError(f"{' and '.join(needs)} need{'s' if len(needs) == 1 else ''} a schema registry: its "
+                                 "Confluent-compatible base URL (pipeline: schema_registry: {url: ...}; "
+                                 "--schema-registry URL)")
             problem = wire.check_url(self.schema_registry)
             if problem is not None:
                 raise ValueError(problem)
         elif self.schema_registry is not None:
-            raise ValueError(f"a schema registry applies to value_format 'avro' and 'json_sr' only, not "
-                             f"{self.value_format!r}")
+            raise ValueError(f"a schema registry applies to value_format or key_format 'avro', 'json_sr' and "
+                             f"'protobuf' only, not value_format {self.value_format!r} with key_format "
+                             f"{self.key_format!r}")
+        if self.value_format == "debezium" and self.key_format != "string":
+            raise ValueError(f"key_format {self.key_format!r} does not apply to value_format 'debezium': its keys are "
+                             "the connector's JSON key struct (key_field picks one member)")
         if self.timestamp_field is not None:
             if self.value_format == "string":
                 raise ValueError("timestamp_field needs JSON values: with value_format 'string' the value is "
@@ -362,6 +384,30 @@ def _utf8_error(data: bytes) -> str:
     raise AssertionError("the bytes are valid UTF-8")
 
 
+def canonical_key(parsed: Any) -> str:
+    """The store key of a decoded registry key (``strict_loads`` parse): a string as it is, an
+    integer its decimal text, anything else its compact JSON text with every object's members
+    sorted by name (code points), so a record gives the same key whatever order its writer's
+    schema declares the fields in. A null or empty key is ``bad_key``."""
+    if parsed is None:
+        raise Reject("bad_key", "the decoded key is null")
+    if type(parsed) is str:
+        if not parsed:
+            raise Reject("bad_key", "the decoded key is the empty string")
+        return parsed
+    if isinstance(parsed, RawInt):
+        return "0" if parsed == "-0" else str.__str__(parsed)
+    return compact(_sorted_members(parsed))
+
+
+def _sorted_members(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {name: _sorted_members(value[name]) for name in sorted(value)}
+    if isinstance(value, list):
+        return [_sorted_members(v) for v in value]
+    return value
+
+
 def _text_key(data: bytes | None, text: str | None) -> str:
     if data is None:
         raise Reject("bad_key", "the record has no key (null)")
@@ -380,12 +426,16 @@ class _Rules:
         self.path = tuple(fmt.timestamp_field.split(".")) if fmt.timestamp_field else None
         self.key_field = fmt.key_field
         self.source_ts = fmt.debezium_timestamp == "source.ts_ms"
-        self.key: Callable[[bytes | None, str | None], str] = (
-            self.debezium_key if fmt.value_format == "debezium" else _text_key)
         self.registry_url = fmt.schema_registry or ""
+        self.key: Callable[[bytes | None, str | None], str] = (
+            self.debezium_key if fmt.value_format == "debezium" else
+            {"string": _text_key, "avro": self.registry_key, "json_sr": self.registry_key,
+             "protobuf": self.registry_key}[fmt.key_format])
+        self.key_decoder = {"avro": wire.avro_value, "json_sr": wire.json_sr_value,
+                            "protobuf": wire.protobuf_value}.get(fmt.key_format)
         self.value: Callable[[bytes | None, str | None, int | None], tuple[str | None, int]] = {
             "json": self.json_value, "string": self.string_value, "debezium": self.debezium_value,
-            "avro": self.avro_value, "json_sr": self.json_sr_value,
+            "avro": self.avro_value, "json_sr": self.json_sr_value, "protobuf": self.protobuf_value,
         }[fmt.value_format]
 
     # ------------------------------------------------------------------ json and string values
@@ -432,6 +482,35 @@ class _Rules:
             return self.json_value(decoded, decoded.decode(), kts)
         except Reject as rej:  # a timestamp_field that is not there: say which schema the datum had
             raise Reject(rej.reason, f"schema id {schema_id}: {rej.detail}") from None
+
+    def protobuf_value(self, data: bytes | None, text: str | None, kts: int | None) -> tuple[str | None, int]:
+        """The JSON of the Protobuf message (``protobuf.ProtoSchema.to_json``), then the ``json`` rules."""
+        if data is None:
+            return None, _kafka_timestamp(kts)
+        schema_id, decoded = wire.protobuf_value(data, self.registry_url)
+        try:
+            return self.json_value(decoded, decoded.decode(), kts)
+        except Reject as rej:
+            raise Reject(rej.reason, f"schema id {schema_id}: {rej.detail}") from None
+
+    def registry_key(self, data: bytes | None, text: str | None) -> str:
+        """A key in the registry's wire format (``key_format``), decoded: a JSON string is the key
+        as it is, an integer its decimal text, anything else (a record, a message, an array) the
+        compact JSON text with the members of every object sorted by name (``canonical_key``)."""
+        if data is None:
+            raise Reject("bad_key", "the record has no key (null)")
+        assert self.key_decoder is not None
+        schema_id, decoded = self.key_decoder(data, self.registry_url, "key")
+        try:
+            parsed = strict_loads(decoded.decode())
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+            raise Reject("bad_key", f"schema id {schema_id}: the key is not JSON text: {exc}") from None
+        try:
+            return canonical_key(parsed)
+        except Reject as rej:
+            raise Reject(rej.reason, f"schema id {schema_id}: {rej.detail}") from None
+        except RecursionError:
+            raise Reject("bad_key", f"schema id {schema_id}: the decoded key is nested too deeply") from None
 
     def json_sr_value(self, data: bytes | None, text: str | None, kts: int | None) -> tuple[str | None, int]:
         """The JSON payload after the header, by the ``json`` rules."""

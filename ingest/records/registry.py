@@ -1,7 +1,10 @@
-"""Kafka values in the Confluent schema-registry wire format (``value_format`` ``avro`` and
-``json_sr``): the value is a magic byte ``0``, the writer schema's id as a 4-byte big-endian
-integer, then the payload, the Avro binary encoding of one datum of that schema (``avro``) or
-JSON text (``json_sr``, the Confluent JSON Schema serializer's format).
+"""Kafka values and keys in the Confluent schema-registry wire format (``value_format`` and
+``key_format`` ``avro``, ``json_sr``, ``protobuf``): the value is a magic byte ``0``, the writer
+schema's id as a 4-byte big-endian integer, then the payload, the Avro binary encoding of one
+datum of that schema (``avro``), JSON text (``json_sr``, the Confluent JSON Schema serializer's
+format), or the message indexes and the bytes of one message (``protobuf``: ``records.protobuf``
+builds the classes from the ``.proto`` text, picks the message and renders its JSON). Each
+function takes ``what``, ``value`` or ``key``: a key that cannot be decoded is ``bad_key``.
 
 **The registry.** Each writer schema is fetched by its id from ``GET {url}/schemas/ids/{id}``
 under the registry's Confluent-compatible base URL (Confluent Schema Registry's root; Apicurio
@@ -12,15 +15,17 @@ does not know is remembered for ``MISSING_TTL_S`` only.
 
 **What a record is.** A value that is not in the wire format (shorter than the 5-byte header,
 no magic byte 0), whose schema id the registry answers 404 for, whose schema is of another type
-(a JSON schema's id under ``avro``), or whose payload is not one datum of its schema (truncated,
-corrupt, bytes left over) is ``bad_value``, and the detail names the schema id. A null value is a
+(a JSON schema's id under ``avro``), whose schema does not compile (Protobuf) or whose payload is
+not one datum of its schema (truncated, corrupt, bytes left over; Protobuf message indexes that
+name no message) is ``bad_value``, and the detail names the schema id. A null value is a
 tombstone, as for every format.
 
 **What the environment is.** A registry that cannot be reached (connection refused, a timeout),
 answers 5xx, refuses the credentials (401, 403) or answers anything else unexpected (a 404
 without Confluent's error code 40403: the URL is not a Confluent-compatible base URL) is not a
 property of the record: ``SchemaRegistryError`` is raised after a few tries, the run fails and
-commits nothing, and a rerun reads the same records again (``ingest.kafka.reading_failed``).
+commits nothing, and a rerun reads the same records again (``ingest.kafka.reading_failed``). So
+is a protoc that cannot be run at all (``protobuf.ProtocFailed``).
 
 **Avro to JSON** (``avro_json``; docs/contract.md, Kafka sources): a record is an
 object of its fields in the schema's order; a map an object; an array an array; an enum its
@@ -76,8 +81,9 @@ _USERINFO = re.compile(r"//[^/@]*@")
 
 class SchemaRegistryError(Exception):
     """The schema registry could not be asked (unreachable, 5xx, refused credentials, not a
-    Confluent-compatible API): the run fails and commits nothing; a rerun reads again. The
-    message is one line and carries no credentials."""
+    Confluent-compatible API), or protoc could not be run to compile a Protobuf schema: the run
+    fails and commits nothing; a rerun reads again. The message is one line and carries no
+    credentials."""
 
 
 def public_url(url: str) -> str:
@@ -95,8 +101,8 @@ def check_url(url: str) -> str | None:
 @dataclass(frozen=True)
 class Schema:
     """A writer schema: its type (``AVRO``, ``JSON``, ``PROTOBUF``) and, for Avro, fastavro's
-    parse; ``error`` when the registry's text cannot be used (every record of it is
-    ``bad_value``)."""
+    parse, for Protobuf the compiled ``protobuf.ProtoSchema``; ``error`` when the registry's text
+    cannot be used (every record of it is ``bad_value``)."""
 
     schema_type: str
     parsed: Any = None
@@ -181,19 +187,24 @@ class _Client:
             self.schemas[schema_id] = found
             return found
 
-    def _schema(self, answer: dict[str, Any], what: str, depth: int, named: dict[str, Any] | None = None) -> Schema:
+    def _schema(self, answer: dict[str, Any], what: str, depth: int) -> Schema:
         schema_type = str(answer.get("schemaType") or "AVRO").upper()
         text = answer.get("schema")
         if not isinstance(text, str):
             return Schema(schema_type, error=f"the registry's answer for {what} has no schema text")
-        if schema_type != "AVRO":
-            return Schema(schema_type)
+        if schema_type == "AVRO":
+            return self._avro(answer, text, what, depth)
+        if schema_type == "PROTOBUF":
+            return self._protobuf(answer, text, what, depth)
+        return Schema(schema_type)
+
+    def _avro(self, answer: dict[str, Any], text: str, what: str, depth: int) -> Schema:
         from fastavro import parse_schema
 
-        named = {} if named is None else named
+        named: dict[str, Any] = {}
         try:
             for reference in answer.get("references") or []:
-                self._reference(reference, what, depth + 1, named)
+                self._avro_reference(reference, what, depth + 1, named)
             definition = json.loads(text)
             return Schema("AVRO", parse_schema(definition, named_schemas=named))
         except SchemaRegistryError:
@@ -203,26 +214,63 @@ class _Client:
         except Exception as exc:  # noqa: BLE001 - the schema text is not Avro: every record of it is bad
             return Schema("AVRO", error=f"{what} is not a valid Avro schema: {type(exc).__name__}: {exc}")
 
-    def _reference(self, reference: Any, what: str, depth: int, named: dict[str, Any]) -> None:
+    def _avro_reference(self, reference: Any, what: str, depth: int, named: dict[str, Any]) -> None:
         """Parse a referenced schema into ``named`` (fastavro's named types)."""
         from fastavro import parse_schema
 
+        answer = self._referenced(reference, what, depth)
+        for nested in answer.get("references") or []:
+            self._avro_reference(nested, what, depth + 1, named)
+        parse_schema(json.loads(answer["schema"]), named_schemas=named)
+
+    def _protobuf(self, answer: dict[str, Any], text: str, what: str, depth: int) -> Schema:
+        """Compile the .proto text with the texts of its references (``records.protobuf``)."""
+        from versiq.ingest.records import protobuf
+
+        imports: dict[str, str] = {}
+        try:
+            self._proto_imports(answer, what, depth + 1, imports)
+            return Schema("PROTOBUF", protobuf.build(text, imports))
+        except _Unusable as exc:
+            return Schema("PROTOBUF", error=str(exc))
+        except protobuf.ProtoUnusable as exc:
+            return Schema("PROTOBUF", error=str(exc))
+        except protobuf.ProtocFailed as exc:
+            raise SchemaRegistryError(f"{what}: {exc}") from None
+
+    def _proto_imports(self, answer: dict[str, Any], what: str, depth: int, imports: dict[str, str]) -> None:
+        """The texts of ``answer``'s references (and theirs) into ``imports``, by import path."""
+        for reference in answer.get("references") or []:
+            if not isinstance(reference, dict) or not isinstance(reference.get("name"), str):
+                raise _Unusable(f"{what}: a schema reference is not {{name, subject, version}}: {reference!r}")
+            if reference["name"] in imports:
+                continue
+            found = self._referenced(reference, what, depth)
+            if not isinstance(found.get("schema"), str):
+                raise _Unusable(f"{what}: the registry's answer for reference {reference['name']!r} has no schema "
+                                "text")
+            imports[reference["name"]] = found["schema"]
+            self._proto_imports(found, what, depth + 1, imports)
+
+    def _referenced(self, reference: Any, what: str, depth: int) -> dict[str, Any]:
+        """The registry's answer for a schema reference {name, subject, version} (cached)."""
         if depth > MAX_REFERENCE_DEPTH:
             raise _Unusable(f"{what}: schema references nest deeper than {MAX_REFERENCE_DEPTH}")
         if not isinstance(reference, dict) or "subject" not in reference or "version" not in reference:
             raise _Unusable(f"{what}: a schema reference is not {{name, subject, version}}: {reference!r}")
         subject, version = str(reference["subject"]), reference["version"]
-        key = (subject, int(version))
+        try:
+            key = (subject, int(version))
+        except (TypeError, ValueError):
+            raise _Unusable(f"{what}: schema reference {reference!r} has no version number") from None
         answer = self.subject_versions.get(key)
         if answer is None:
-            answer = self._get(f"/subjects/{quote(subject, safe='')}/versions/{int(version)}")
+            answer = self._get(f"/subjects/{quote(subject, safe='')}/versions/{key[1]}")
             if answer is None:
                 raise _Unusable(f"{what} references subject {subject!r} version {version}, which the registry "
                                 "does not have (404)")
             self.subject_versions[key] = answer
-        for nested in answer.get("references") or []:
-            self._reference(nested, what, depth + 1, named)
-        parse_schema(json.loads(answer["schema"]), named_schemas=named)
+        return answer
 
 
 class _Unusable(Exception):
@@ -263,60 +311,95 @@ def check_registry(url: str) -> None:
 
 
 # ---------------------------------------------------------------- the wire format
-def _header(data: bytes) -> int:
-    """The schema id of a value in the wire format; ``bad_value`` when it is not in it."""
+#: The ``value_format``/``key_format`` of each schema type, for details.
+_FORMAT_OF = {"AVRO": "avro", "JSON": "json_sr", "PROTOBUF": "protobuf"}
+
+
+def _header(data: bytes, what: str = "value") -> int:
+    """The schema id of a ``what`` (``value`` or ``key``) in the wire format; ``bad_value`` (or
+    ``bad_key``) when it is not in it."""
     if len(data) < HEADER_BYTES:
-        raise Reject("bad_value", f"the value is {len(data)} byte(s), shorter than the schema registry's 5-byte "
+        raise Reject(f"bad_{what}", f"the {what} is {len(data)} byte(s), shorter than the schema registry's 5-byte "
                      "header (magic byte 0 and a 4-byte schema id)")
     if data[0] != MAGIC:
-        raise Reject("bad_value", f"the value does not start with the schema registry's magic byte 0 (first byte "
-                     f"0x{data[0]:02x}): it was not written with a schema registry serializer")
+        raise Reject(f"bad_{what}", f"the {what} does not start with the schema registry's magic byte 0 (first "
+                     f"byte 0x{data[0]:02x}): it was not written with a schema registry serializer")
     return int.from_bytes(data[1:HEADER_BYTES], "big")
 
 
-def _writer_schema(url: str, schema_id: int, expected: str) -> Schema:
+def _writer_schema(url: str, schema_id: int, expected: str, what: str = "value") -> Schema:
     found = client(url).schema(schema_id)
     if found is None:
-        raise Reject("bad_value", f"schema id {schema_id} is not in the schema registry (404)")
+        raise Reject(f"bad_{what}", f"schema id {schema_id} is not in the schema registry (404)")
     if found.schema_type != expected:
-        raise Reject("bad_value", f"schema id {schema_id} is a {found.schema_type} schema, not {expected} "
-                     f"(value_format {'avro' if expected == 'AVRO' else 'json_sr'})")
+        raise Reject(f"bad_{what}", f"schema id {schema_id} is a {found.schema_type} schema, not {expected} "
+                     f"({what}_format {_FORMAT_OF[expected]})")
     if found.error is not None:
-        raise Reject("bad_value", f"schema id {schema_id}: {found.error}")
+        raise Reject(f"bad_{what}", f"schema id {schema_id}: {found.error}")
     return found
 
 
-def avro_value(data: bytes, url: str) -> tuple[int, bytes]:
-    """(schema id, the compact JSON text of the decoded datum) of an Avro value in the wire
-    format; ``bad_value`` when it is not one; ``SchemaRegistryError`` when the registry cannot
-    be asked."""
+def avro_value(data: bytes, url: str, what: str = "value") -> tuple[int, bytes]:
+    """(schema id, the compact JSON text of the decoded datum) of an Avro value (or key: ``what``)
+    in the wire format; ``bad_value`` (``bad_key``) when it is not one; ``SchemaRegistryError``
+    when the registry cannot be asked."""
     from fastavro import schemaless_reader
 
-    schema_id = _header(data)
-    schema = _writer_schema(url, schema_id, "AVRO")
+    reason = f"bad_{what}"
+    schema_id = _header(data, what)
+    schema = _writer_schema(url, schema_id, "AVRO", what)
     stream = io.BytesIO(data)
     stream.seek(HEADER_BYTES)
     try:
         datum = schemaless_reader(stream, schema.parsed, None)
     except Exception as exc:  # noqa: BLE001 - fastavro's errors on corrupt data are of many kinds
-        raise Reject("bad_value", f"schema id {schema_id}: the payload is not Avro data of its schema "
+        raise Reject(reason, f"schema id {schema_id}: the payload is not Avro data of its schema "
                      f"({type(exc).__name__}: {exc})") from None
     left = len(data) - stream.tell()
     if left:
-        raise Reject("bad_value", f"schema id {schema_id}: {left} byte(s) after the Avro datum of its schema")
+        raise Reject(reason, f"schema id {schema_id}: {left} byte(s) after the Avro datum of its schema")
     try:
         return schema_id, _dumps(avro_json(datum))
     except (RecursionError, TypeError, ValueError) as exc:
-        raise Reject("bad_value", f"schema id {schema_id}: the decoded datum cannot be rendered as JSON "
+        raise Reject(reason, f"schema id {schema_id}: the decoded datum cannot be rendered as JSON "
                      f"({type(exc).__name__}: {exc})") from None
 
 
-def json_sr_value(data: bytes, url: str) -> tuple[int, bytes]:
-    """(schema id, the JSON payload's bytes) of a JSON Schema value in the wire format, its id
-    checked with the registry (the payload is not validated against the schema)."""
-    schema_id = _header(data)
-    _writer_schema(url, schema_id, "JSON")
+def json_sr_value(data: bytes, url: str, what: str = "value") -> tuple[int, bytes]:
+    """(schema id, the JSON payload's bytes) of a JSON Schema value (or key) in the wire format,
+    its id checked with the registry (the payload is not validated against the schema)."""
+    schema_id = _header(data, what)
+    _writer_schema(url, schema_id, "JSON", what)
     return schema_id, data[HEADER_BYTES:]
+
+
+def protobuf_value(data: bytes, url: str, what: str = "value") -> tuple[int, bytes]:
+    """(schema id, the compact JSON text of the message) of a Protobuf value (or key) in
+    Confluent's wire format: the 5-byte header, the message indexes (``protobuf.read_indexes``),
+    the message's bytes, decoded with the class built from the writer schema
+    (``protobuf.ProtoSchema``). ``bad_value`` (``bad_key``) when it cannot be decoded;
+    ``SchemaRegistryError`` when the registry cannot be asked."""
+    from google.protobuf.message import DecodeError
+
+    from versiq.ingest.records import protobuf
+
+    reason = f"bad_{what}"
+    schema_id = _header(data, what)
+    schema: protobuf.ProtoSchema = _writer_schema(url, schema_id, "PROTOBUF", what).parsed
+    try:
+        indexes, start = protobuf.read_indexes(data, HEADER_BYTES)
+        name, cls = schema.message_class(indexes)
+    except (ValueError, LookupError) as exc:
+        raise Reject(reason, f"schema id {schema_id}: {exc}") from None
+    try:
+        message = cls.FromString(data[start:])
+    except (DecodeError, RecursionError, ValueError) as exc:
+        raise Reject(reason, f"schema id {schema_id}: the payload is not a {name} message ({exc})") from None
+    try:
+        return schema_id, _dumps(schema.to_json(message))
+    except Exception as exc:  # noqa: BLE001 - json_format's errors (a Timestamp out of range, an Any of an unknown type)
+        raise Reject(reason, f"schema id {schema_id}: the {name} message cannot be rendered as JSON "
+                     f"({type(exc).__name__}: {exc})") from None
 
 
 def _dumps(value: Any) -> bytes:

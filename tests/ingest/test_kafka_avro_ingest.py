@@ -212,7 +212,7 @@ def test_schema_registry_usage_errors_exit_2_before_any_spark(tmp_path):
     kafka = ["--store", "s", "--kafka-bootstrap", "127.0.0.1:1", "--topic", "t"]
     cases = [
         ([*kafka, "--value-format", "avro"], "value_format 'avro' needs a schema registry"),
-        ([*kafka, "--schema-registry", "http://127.0.0.1:1"], "applies to value_format 'avro' and 'json_sr' only"),
+        ([*kafka, "--schema-registry", "http://127.0.0.1:1"], "applies to value_format or key_format"),
         ([*kafka, "--value-format", "json_sr", "--schema-registry", "registry:8081"], "not an http:// or https://"),
         (["--config", "x.yaml", "--schema-registry", "http://127.0.0.1:1"], "not both (--schema-registry)"),
     ]
@@ -249,5 +249,5 @@ stores:
     ]:
         with pytest.raises(UsageError, match=re.escape(message)):
             load(registry)
-    with pytest.raises(UsageError, match="applies to value_format 'avro' and 'json_sr' only"):
+    with pytest.raises(UsageError, match="applies to value_format or key_format 'avro', 'json_sr' and 'protobuf' only"):
         load(', schema_registry: {url: "http://r:8081"}', "json")

@@ -222,7 +222,7 @@ def test_format_settings_are_checked():
         KafkaFormat(value_format="avro").validate()
     with pytest.raises(ValueError, match="not an http"):
         KafkaFormat(value_format="json_sr", schema_registry="registry:8081").validate()
-    with pytest.raises(ValueError, match="applies to value_format 'avro' and 'json_sr' only"):
+    with pytest.raises(ValueError, match="applies to value_format or key_format 'avro', 'json_sr' and 'protobuf' only"):
         KafkaFormat(value_format="json", schema_registry="http://r:8081").validate()
     assert "secret" not in repr(KafkaFormat(value_format="avro", schema_registry="http://u:secret@r:8081"))
 

@@ -222,11 +222,14 @@ def test_max_timestamp_refuses_records_from_the_future_like_files():
 
 # ---------------------------------------------------------------------------------------- formats
 @pytest.mark.parametrize("kwargs, message", [
-    ({"value_format": "protobuf"}, "value_format 'protobuf' is not one of 'json', 'string', 'debezium', 'avro', "
-                                   "'json_sr'"),
+    ({"value_format": "proto"}, "value_format 'proto' is not one of 'json', 'string', 'debezium', 'avro', "
+                                "'json_sr', 'protobuf'"),
+    ({"value_format": "protobuf"}, "value_format 'protobuf' needs a schema registry"),
+    ({"key_format": "avro"}, "key_format 'avro' needs a schema registry"),
     ({"value_format": "avro"}, "value_format 'avro' needs a schema registry"),
     ({"value_format": "json_sr", "schema_registry": "registry:8081"}, "is not an http:// or https:// URL"),
-    ({"schema_registry": "http://registry:8081"}, "a schema registry applies to value_format 'avro' and 'json_sr'"),
+    ({"schema_registry": "http://registry:8081"}, "a schema registry applies to value_format or key_format 'avro', "
+                                                  "'json_sr' and 'protobuf' only"),
     ({"value_format": "string", "timestamp_field": "ts"}, "timestamp_field needs JSON values"),
     ({"timestamp_field": "meta..ts"}, "timestamp_field 'meta..ts' is not a dotted path"),
     ({"timestamp_field": ""}, "timestamp_field '' is not a dotted path"),

@@ -161,13 +161,18 @@ class SchemaRegistry(ServerProcess):
             raise SchemaRegistryError(f"{method} {path}: HTTP {response.status_code}: {response.text[:500]}")
         return response.json()
 
-    def register(self, subject: str, schema: Any, schema_type: str = "AVRO") -> int:
+    def register(self, subject: str, schema: Any, schema_type: str = "AVRO",
+                 references: list[dict[str, Any]] | None = None) -> int:
         """Register ``schema`` (a JSON-able object or its text) under ``subject`` and return its
-        id, the one the Confluent wire format carries. ``schema_type``: AVRO, JSON or PROTOBUF."""
+        id, the one the Confluent wire format carries. ``schema_type``: AVRO, JSON or PROTOBUF;
+        ``references``: ``[{"name": ..., "subject": ..., "version": ...}]`` (for Protobuf the
+        name is the import path)."""
         text = schema if isinstance(schema, str) else json.dumps(schema)
         body: dict[str, Any] = {"schema": text}
         if schema_type != "AVRO":
             body["schemaType"] = schema_type
+        if references:
+            body["references"] = references
         return int(self._request("POST", f"/subjects/{subject}/versions", body)["id"])
 
     def schema(self, schema_id: int) -> dict[str, Any]:
