@@ -113,8 +113,8 @@ $(KAFKA_BROKER): tests/kafka-broker/pom.xml | java
 
 # A real Confluent-compatible schema registry for the tests (tests/schema-registry/pom.xml: Apicurio
 # Registry's JVM distribution from Maven Central, a Quarkus runner jar and its lib/), unpacked with
-# Maven into .cache/schema-registry (git-ignored); tests/support/schema_registry.py runs it with its
-# in-memory storage. The plugin's markers go to .cache/build (removed with it: stale markers would
+# Maven into .cache/schema-registry (git-ignored); tests/support/schema_registry.py runs it with
+# H2 in a file (its schemas and ids survive a restart). The plugin's markers go to .cache/build (removed with it: stale markers would
 # skip the unpacking).
 SCHEMA_REGISTRY := .cache/schema-registry/.fetched
 

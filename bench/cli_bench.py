@@ -10,7 +10,11 @@ same CLI with a resident driver listening (``versiq driver``, ``ingest.driver``,
 bench with its warm-up runs; the seconds until it is ready are reported apart): every run is the
 driver's, no JVM starts. ``autostart`` is the CLI with ``VERSIQ_DRIVER_AUTOSTART``: its first
 run (of the bench) runs in its own JVM and starts a driver in the background, which the later
-runs find (without warm-up runs: the first of them compile as they go). ``no_crc`` is ``c1``
+runs find (without warm-up runs: the first of them compile as they go). ``no_archive`` is
+``c1`` without the class-data-sharing archive (``VERSIQ_JVM_ARCHIVE_DIR`` an empty folder),
+``spark_parses`` ``c1`` with every run parsed and decided by Spark (``VERSIQ_PARSE_HERE_BYTES=0``,
+no parse in the driver, no DuckDB decisions): each measures one speed piece on the user's
+paths (docs/benchmarks.md, "What each speed piece gains"). ``no_crc`` is ``c1``
 on tables whose newest commit has no Delta checksum file (the bench deletes them before each of
 its runs), as versiq wrote them before it kept Delta's default of writing one. ``previous`` is
 ``c1`` run by the code of an earlier commit (``--baseline-checkout DIR``, e.g. ``git worktree
@@ -32,7 +36,7 @@ time per process is the figure. The machine's load average is recorded before an
 
     .venv/bin/python bench/cli_bench.py [--repeat 3] [--skip-1m | --repeat-1m 3] [--settings c1,driver]
         [--results bench/results]
-        [--baseline-checkout DIR --settings previous,c1]
+        [--baseline-checkout DIR --settings previous,c1] [--skip-small]
 """
 
 from __future__ import annotations
@@ -79,7 +83,15 @@ SETTINGS: dict[str, dict[str, str]] = {
     # the same CLI, its runs made by a resident driver (``versiq driver``, started by this bench,
     # warm-up included; its start is reported apart): VERSIQ_DRIVER_SOCKET is set in main()
     "driver": {},
+    # the CLI without the class-data-sharing archive (VERSIQ_JVM_ARCHIVE_DIR, an empty folder):
+    # what the archive gains on each path; set in main()
+    "no_archive": {},
+    # the CLI with every run parsed by Spark tasks and decided by Spark (VERSIQ_PARSE_HERE_BYTES=0):
+    # what parsing in the driver and deciding with DuckDB gain
+    "spark_parses": {"VERSIQ_PARSE_HERE_BYTES": "0"},
 }
+#: Extra environment of the resident driver (and its clients) per driver setting.
+DRIVER_SETTINGS: dict[str, dict[str, str]] = {"driver": {}}
 #: ``-P``: the package comes from ``PYTHONPATH`` or the installed one, never from the working
 #: directory (which would shadow a ``previous`` checkout when the bench runs from a checkout).
 VERSIQ = [sys.executable, "-P", "-m", "versiq.cli", "ingest"]
@@ -87,19 +99,20 @@ VERSIQ = [sys.executable, "-P", "-m", "versiq.cli", "ingest"]
 BASE_ENV = {**os.environ, "PYSPARK_PYTHON": sys.executable, "VERSIQ_DRIVER_SOCKET": "off"}
 
 
-def start_driver(work: str) -> tuple[subprocess.Popen[str], float]:
-    """``versiq driver`` on a socket in ``work``; returns it and the seconds until it was ready
-    (session, warm-up runs)."""
-    socket_file = os.path.join(work, "driver.sock")
+def start_driver(work: str, name: str = "driver") -> tuple[subprocess.Popen[str], float]:
+    """``versiq driver`` of setting ``name`` (``DRIVER_SETTINGS``) on a socket in ``work``;
+    returns it and the seconds until it was ready (session, warm-up runs)."""
+    socket_file = os.path.join(work, f"{name}.sock")
+    extra = DRIVER_SETTINGS[name]
     started = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "versiq.cli", "driver", "--socket", socket_file],
-                            env={k: v for k, v in BASE_ENV.items() if k != "VERSIQ_DRIVER_SOCKET"},
-                            stdout=subprocess.PIPE, stderr=open(os.path.join(work, "driver.log"), "w"),  # noqa: SIM115
+                            env={**{k: v for k, v in BASE_ENV.items() if k != "VERSIQ_DRIVER_SOCKET"}, **extra},
+                            stdout=subprocess.PIPE, stderr=open(os.path.join(work, f"{name}.log"), "w"),  # noqa: SIM115
                             stdin=subprocess.DEVNULL, text=True)
     assert proc.stdout is not None
     if "ready on" not in proc.stdout.readline():
-        raise SystemExit(f"versiq driver did not start; see {work}/driver.log")
-    SETTINGS["driver"] = {"VERSIQ_DRIVER_SOCKET": socket_file}
+        raise SystemExit(f"versiq driver did not start; see {work}/{name}.log")
+    SETTINGS[name] = {"VERSIQ_DRIVER_SOCKET": socket_file, **extra}
     return proc, time.monotonic() - started
 
 
@@ -204,6 +217,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--keys", type=int, default=200_000, help="keys of the store the 10k batches go into (x 10)")
     ap.add_argument("--skip-1m", action="store_true")
+    ap.add_argument("--skip-small", action="store_true", help="skip the one-record and 10k paths")
     ap.add_argument("--repeat-1m", type=int, default=1, help="runs of each setting building the 1M-event store")
     ap.add_argument("--settings", default=",".join(SETTINGS),
                     help=f"comma-separated settings to compare (default all: {', '.join(SETTINGS)}); the first "
@@ -220,7 +234,7 @@ def main() -> None:
         del SETTINGS[name]
     work = tempfile.mkdtemp(prefix="versiq-cli-bench-")
     load_before = os.getloadavg()
-    driver = None
+    drivers: list[subprocess.Popen[str]] = []
     try:
         result: dict[str, object] = {
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -231,18 +245,23 @@ def main() -> None:
         if "autostart" in SETTINGS:
             SETTINGS["autostart"] = {"VERSIQ_DRIVER_SOCKET": os.path.join(work, "auto", "driver.sock"),
                                      "VERSIQ_DRIVER_AUTOSTART": "10m"}
-        if "driver" in SETTINGS:
-            driver, result["driver_ready_s"] = start_driver(work)
-            print(f"resident driver ready after {result['driver_ready_s']:.1f} s", flush=True)
-        result |= {
-            "one_record": _summary(one_record(work, args.repeat), chosen[0]),
-            f"10k_into_{args.keys * 10}": _summary(batch_into_store(work, args.repeat, args.keys), chosen[0]),
-        }
+        if "no_archive" in SETTINGS:
+            os.makedirs(os.path.join(work, "no-archive"))
+            SETTINGS["no_archive"] = {"VERSIQ_JVM_ARCHIVE_DIR": os.path.join(work, "no-archive")}
+        for name in [name for name in DRIVER_SETTINGS if name in SETTINGS]:
+            driver, result[f"{name}_ready_s"] = start_driver(work, name)
+            drivers.append(driver)
+            print(f"resident driver ({name}) ready after {result[f'{name}_ready_s']:.1f} s", flush=True)
+        if not args.skip_small:
+            result |= {
+                "one_record": _summary(one_record(work, args.repeat), chosen[0]),
+                f"10k_into_{args.keys * 10}": _summary(batch_into_store(work, args.repeat, args.keys), chosen[0]),
+            }
         if not args.skip_1m:
             result["1m_new_store"] = _summary(new_store(work, args.repeat_1m), chosen[0])
         result["load_before"], result["load_after"] = load_before, os.getloadavg()
     finally:
-        if driver is not None:
+        for driver in drivers:
             driver.terminate()
             driver.wait(timeout=120)
         for pid in AUTOSTARTED:

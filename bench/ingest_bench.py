@@ -8,7 +8,7 @@
 - Warm (``--warm ROUNDS``, issue 17): the JSONL build again in the same session, each round
   followed by the DuckDB baseline, the ratio of the medians printed; ``--warm-baseline-env
   NAME=VALUE`` alternates each round's build with one under that setting (the same run's
-  baseline of a change behind a variable, e.g. ``VERSIQ_PARSE_WORKERS=1``).
+  baseline of a change behind a variable, e.g. ``VERSIQ_PARSE_HERE_BYTES=0``).
 - Incremental: after a full build, a 10k-event JSONL batch (random existing keys, 10% out of
   order, 1% tombstones, 0.1% late) is ingested ``--batches`` times into the same store; the
   median is the figure, for the 1M-version store and (``--big``) the 10M-version store, and the
@@ -278,7 +278,7 @@ def main() -> None:
                          "followed by the DuckDB baseline (issue 17's warm ratio)")
     ap.add_argument("--warm-baseline-env", metavar="NAME=VALUE",
                     help="with --warm: each round also builds once with this environment variable set "
-                         "(e.g. VERSIQ_PARSE_WORKERS=1), alternating with the default")
+                         "(e.g. VERSIQ_PARSE_HERE_BYTES=0), alternating with the default")
     ap.add_argument("--label", default="", help="results file ingest-<date>-<label>.json")
     ap.add_argument("--results", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     args = ap.parse_args()

@@ -9,7 +9,6 @@ never rename. Exit status: 0 success, 1 a store failed, 2 usage or configuration
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -72,19 +71,8 @@ def run() -> None:  # pragma: no cover - the process entry point
         sys.stdout.flush()
         sys.stderr.flush()
     finally:
-        _stop_parse_workers()
         logging.shutdown()
         os._exit(code)
-
-
-def _stop_parse_workers() -> None:
-    """The worker processes of a large run parsed here (``ingest.parse_workers``), if this
-    process started any: they would end with it anyway, but their semaphores would be reported
-    as leaked. Looked up, not imported: most commands never load the ingest."""
-    workers = sys.modules.get("versiq.ingest.parse_workers")
-    if workers is not None:
-        with contextlib.suppress(BaseException):  # a second Ctrl-C: the process ends all the same
-            workers.stop_pool()
 
 
 if __name__ == "__main__":  # pragma: no cover

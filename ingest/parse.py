@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from concurrent.futures.process import BrokenProcessPool
 from typing import overload
 
 import pyarrow as pa
@@ -15,7 +14,6 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from versiq.ingest.frames import rows_frame
 from versiq.ingest.order import MAX_FILES, RUN_SCHEMA, with_order
-from versiq.ingest.parse_workers import Piece, WorkerRun
 from versiq.ingest.plan import RunPlan
 from versiq.ingest.records import format_of, parse_file
 from versiq.ingest.sources import read_error
@@ -43,8 +41,7 @@ def parse_run(spark: SparkSession, plan: RunPlan, files: dict[str, str], fmt: st
         start_soon(spark)
         # no ``fst``: only Spark's decisions read it, and a run parsed here is decided here
         # (with several partitions it costs a hash per record in Python)
-        table = parse_here(files, fmt, None, max_timestamp, max_rows=PARSE_HERE_ROWS, pieces=plan.pieces,
-                           workers=plan.workers)
+        table = parse_here(files, fmt, None, max_timestamp, max_rows=PARSE_HERE_ROWS)
         if table is not None:
             log.debug("%s parsed in this process", counted(table.num_rows, "record"))
             return table, plan
@@ -74,40 +71,25 @@ def parse_files(spark: SparkSession, files: dict[str, str], fmt: str | None, par
 
 @overload
 def parse_here(files: dict[str, str], fmt: str | None, partitioning: Partitioning | None,
-               max_timestamp: int | None = None, *,
-               pieces: list[Piece] | None = None, workers: int = 1) -> pa.Table: ...
+               max_timestamp: int | None = None) -> pa.Table: ...
 
 
 @overload
 def parse_here(files: dict[str, str], fmt: str | None, partitioning: Partitioning | None,
-               max_timestamp: int | None = None, *,
-               max_rows: int, pieces: list[Piece] | None = None, workers: int = 1) -> pa.Table | None: ...
+               max_timestamp: int | None = None, *, max_rows: int) -> pa.Table | None: ...
 
 
 def parse_here(files: dict[str, str], fmt: str | None, partitioning: Partitioning | None,
-               max_timestamp: int | None = None, *,
-               max_rows: int | None = None, pieces: list[Piece] | None = None, workers: int = 1) -> pa.Table | None:
-    """The rows ``parse_files`` gives, parsed in this process: for a run whose Spark job would
-    cost more than its parse (``ingest.plan``); the parse and the reads that follow need no
-    Spark, so they overlap the JVM's start (``spark.start_soon``). ``pieces``: the run cut for
-    ``workers`` worker processes (``parse_workers.plan_pieces``), None: parsed in this process
-    alone. With ``max_rows``: None once the files hold more records than that (the caller has
-    Spark parse them)."""
+               max_timestamp: int | None = None, *, max_rows: int | None = None) -> pa.Table | None:
+    """The rows ``parse_files`` gives, parsed in this process, one file after another: for a
+    run whose Spark job would cost more than its parse (``ingest.plan``); the parse and the
+    reads that follow need no Spark, so they overlap the JVM's start (``spark.start_soon``).
+    With ``max_rows``: None once the files hold more records than that (the caller has Spark
+    parse them)."""
     _check_files(files)
-    if pieces is not None:
-        try:
-            with WorkerRun.start(pieces, max_timestamp, workers) as run:
-                return _collect(files, run.files(), partitioning, max_rows)
-        except BrokenProcessPool as exc:  # the pool could not start, or a worker died
-            _parse_here_instead(str(exc))
     parsed = ((index, parse_file(full, rel, format_of(rel, fmt), max_timestamp))
               for index, (rel, full) in enumerate(files.items()))
     return _collect(files, parsed, partitioning, max_rows)
-
-
-def _parse_here_instead(why: str) -> None:
-    """The parse workers failed (the run's files did not: they are parsed again here)."""
-    logging.getLogger("versiq.ingest").warning("%s: this run parses in the driver", why)
 
 
 def _collect(files: dict[str, str], parsed: Iterator[tuple[int, Iterator[pa.RecordBatch]]],

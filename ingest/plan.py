@@ -1,7 +1,7 @@
 """A run's plan: where it parses, who decides, how Spark plans its jobs; chosen once per run by
 ``choose_plan`` (the one place that weighs the size thresholds against each other) and logged once::
 
-    store prices: run 5 over 3 new files: parse in the driver (2 worker processes), decide with DuckDB, write with Spark
+    store prices: run 5 over 3 new files: parse in the driver, decide with DuckDB, write with Spark
 
 The plans (docs/architecture.md has this table with the reasons):
 
@@ -9,17 +9,12 @@ The plans (docs/architecture.md has this table with the reasons):
 run                         parse                               decide      Spark plans as
 ==========================  ==================================  ==========  =====================
 local files, <= 128 MiB     the driver (``parse.parse_here``)   DuckDB      small run <= 4 MiB
-  ... >= 16 MiB, long-      worker processes of the driver
-  lived process
 larger, Parquet, S3, Kafka  Spark tasks                         Spark       small run <= 4 MiB
 cluster master              the driver only for a small run     (as parse)
 ==========================  ==================================  ==========  =====================
 
 Spark always writes. A run the driver finds to hold more than ``parse.PARSE_HERE_ROWS`` records
 while it parses is parsed again by Spark tasks (``RunPlan.spark_parses``), and that is logged too.
-Parse workers pay only in a process that runs more than once (a resident driver, continuous
-mode, an in-process caller): a one-shot CLI run waits for its JVM's start anyway, which the parse
-in one process already overlaps (docs/benchmarks.md, "The driver parses on every core").
 """
 
 from __future__ import annotations
@@ -29,9 +24,8 @@ from dataclasses import dataclass, replace
 from pyspark.sql import SparkSession
 
 from versiq import settings
-from versiq.ingest.parse_workers import Piece, parse_workers, plan_pieces
 from versiq.ingest.records import format_of
-from versiq.ingest.spark import long_lived, runs_locally, small_run
+from versiq.ingest.spark import runs_locally, small_run
 
 #: New input (bytes of new text files) up to which a run parses its files in the driver and
 #: decides them there: the parse and DuckDB's decisions overlap the JVM's start, and Spark only
@@ -46,15 +40,12 @@ PARSE_HERE_BYTES_ENV = settings.PARSE_HERE_BYTES.name
 @dataclass(frozen=True)
 class RunPlan:
     """How one run goes. ``parse``: ``driver`` (this process, decided by DuckDB) or ``spark``
-    (Spark tasks parse, Spark decides); ``pieces``: the worker processes' pieces of a driver's
-    parse (None: one process); ``small``: Spark plans for little data
+    (Spark tasks parse, Spark decides); ``small``: Spark plans for little data
     (``spark.plans_for_input``: interpreted expressions, no adaptive execution)."""
 
     parse: str
     small: bool
     input_bytes: int | None
-    pieces: list[Piece] | None = None
-    workers: int = 1
 
     @property
     def decide(self) -> str:
@@ -62,12 +53,11 @@ class RunPlan:
 
     def spark_parses(self) -> RunPlan:
         """The plan of a run the driver gave up parsing (too many records): Spark's."""
-        return replace(self, parse="spark", pieces=None, workers=1)
+        return replace(self, parse="spark")
 
     def describe(self) -> str:
         if self.parse == "driver":
-            where = "parse in the driver" + (f" ({self.workers} worker processes)" if self.pieces else "")
-            text = f"{where}, decide with DuckDB, write with Spark"
+            text = "parse in the driver, decide with DuckDB, write with Spark"
         else:
             text = "parse, decide and write with Spark"
         return text + (" (a small run)" if self.small else "")
@@ -77,14 +67,11 @@ def choose_plan(spark: SparkSession, files: dict[str, str] | None, fmt: str | No
                 input_bytes: int | None) -> RunPlan:
     """The plan of a run over ``files`` (relative path -> path; None: not files, e.g. a Kafka
     topic) of ``input_bytes`` (None: not known, e.g. S3 objects) in ``spark`` (a local master or
-    a cluster's; a one-shot CLI run's session or a process that runs more, ``spark.long_lived``).
-    Starts no session."""
+    a cluster's). Starts no session."""
     small = small_run(input_bytes)
     if files is None or not parses_here(files, fmt, input_bytes, local_master=runs_locally(spark)):
         return RunPlan("spark", small, input_bytes)
-    workers = parse_workers() if long_lived(spark) else 1
-    pieces = plan_pieces(files, fmt, workers)
-    return RunPlan("driver", small, input_bytes, pieces, workers if pieces else 1)
+    return RunPlan("driver", small, input_bytes)
 
 
 def parses_here(files: dict[str, str], fmt: str | None, input_bytes: int | None, *,

@@ -469,12 +469,6 @@ def _ship_project(spark: SparkSession) -> None:
     spark.sparkContext.addPyFile(target)
 
 
-def long_lived(spark: SparkSession) -> bool:
-    """Whether ``spark``'s process runs more than one run (a resident driver, continuous mode, an
-    in-process caller), unlike a one-shot CLI run's session on demand."""
-    return not isinstance(spark, SparkOnDemand)
-
-
 def runs_locally(spark: SparkSession) -> bool:
     """Whether ``spark``'s master is local (its tasks run in the driver's JVM), known without
     starting a session that starts on demand."""

@@ -121,8 +121,8 @@ def test_a_value_is_read_when_asked_for_and_a_bad_one_names_its_variable(monkeyp
     assert settings.LEASE_TTL.value({"VERSIQ_LEASE_TTL": "1m"}) == 60.0
     with pytest.raises(ValueError, match=re.escape("VERSIQ_LEASE_TTL: must be at least 3s (got '1s')")):
         settings.LEASE_TTL.value({"VERSIQ_LEASE_TTL": "1s"})
-    with pytest.raises(ValueError, match="VERSIQ_PARSE_WORKERS='many': expected a number of processes"):
-        settings.PARSE_WORKERS.value({"VERSIQ_PARSE_WORKERS": "many"})
+    with pytest.raises(ValueError, match="VERSIQ_DERIVE_HERE_RECORDS: 'many' is not a whole number"):
+        settings.DERIVE_HERE_RECORDS.value({"VERSIQ_DERIVE_HERE_RECORDS": "many"})
     assert settings.CORS_ORIGINS.value({"VERSIQ_CORS_ORIGINS": " https://a, ,https://b "}) == ("https://a", "https://b")
     assert settings.DRIVER_AUTOSTART.value({"VERSIQ_DRIVER_AUTOSTART": "0s"}) is None
     assert settings.KAFKA.values({"VERSIQ_KAFKA_SASL_MECHANISM": "PLAIN", "VERSIQ_KAFKA_": "x"}) == \
@@ -147,13 +147,13 @@ def _versiq(*args: str, extra: dict[str, str]) -> subprocess.CompletedProcess[st
 
 def test_a_misspelt_variable_gets_one_warning_naming_the_closest(tmp_path: Path) -> None:
     missing = str(tmp_path / "no-warehouse")  # serve stops at once, after its start-up checks
-    out = _versiq("serve", "--warehouse", missing, extra={"VERSIQ_PARSE_WORKER": "2", "VERSIQ_ZZZ": "1"})
+    out = _versiq("serve", "--warehouse", missing, extra={"VERSIQ_PARSE_HERE_BYTE": "2", "VERSIQ_ZZZ": "1"})
     assert out.returncode == 2, out.stderr
     warnings = [line for line in out.stderr.splitlines() if "unknown environment variable" in line]
     assert len(warnings) == 2, out.stderr  # one each, though the CLI and serve both check
-    assert "VERSIQ_PARSE_WORKER: did you mean VERSIQ_PARSE_WORKERS?" in warnings[0]
+    assert "VERSIQ_PARSE_HERE_BYTE: did you mean VERSIQ_PARSE_HERE_BYTES?" in warnings[0]
     assert "VERSIQ_ZZZ: see docs/configuration.md" in warnings[1]
-    known = {"VERSIQ_PARSE_WORKERS": "2", "VERSIQ_KAFKA_SECURITY_PROTOCOL": "SSL", "VERSIQ_CONFORMANCE_SEED": "1",
+    known = {"VERSIQ_PARSE_HERE_BYTES": "2", "VERSIQ_KAFKA_SECURITY_PROTOCOL": "SSL", "VERSIQ_CONFORMANCE_SEED": "1",
              "VERSIQ_LOG_LEVEL": "WARNING"}
     out = _versiq("serve", "--warehouse", missing, extra=known)
     assert out.returncode == 2 and "unknown environment variable" not in out.stderr, out.stderr

@@ -181,14 +181,6 @@ def lease_ttl_s(value: str) -> float:
     return seconds
 
 
-def processes(value: str) -> int:
-    """A number of processes; below 1 counts as 1 (the process alone)."""
-    try:
-        return max(1, int(value))
-    except ValueError:
-        raise ValueError("expected a number of processes") from None
-
-
 def comma_list(value: str) -> tuple[str, ...]:
     """Comma-separated items, blanks around them and empty ones left out."""
     return tuple(item.strip() for item in value.split(",") if item.strip())
@@ -293,11 +285,6 @@ INTERPRETED_RUN_BYTES: Setting[int] = Setting(
     "run's records count 256 bytes each) plans for little data: Spark's expressions evaluated without compiling "
     "generated code, no adaptive query execution, one shuffle partition per core; default `4194304`; `0` never",
     "ingest")
-PARSE_WORKERS: Setting[int | None] = Setting(
-    "VERSIQ_PARSE_WORKERS", processes, None,
-    "how many worker processes parse a run of at least 16 MiB that parses in its own process "
-    "(`VERSIQ_PARSE_HERE_BYTES`); default one per core the process may run on, within its cgroup's CPU quota; "
-    "`1` the process parses alone (it also does when the workers cannot start or one dies)", "ingest")
 PARSE_HERE_BYTES: Setting[int | None] = Setting(
     "VERSIQ_PARSE_HERE_BYTES", whole_number, None,
     "a run over at most this many bytes of new local JSONL and CSV files (no Parquet; at most 2M records) parses "

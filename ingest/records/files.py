@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 
 from versiq import storage
 from versiq.ingest.records.csv_rows import csv_records, parse_csv
-from versiq.ingest.records.jsonl import Span, jsonl_lines, parse_jsonl
+from versiq.ingest.records.jsonl import jsonl_lines, parse_jsonl
 from versiq.ingest.records.parquet_rows import parquet_row_text, parse_parquet, timestamp_ticks, timestamp_type
 from versiq.ingest.records.schema import BATCH_ROWS, FORMAT_BY_EXTENSION, PARSED_SCHEMA
 from versiq.timestamps import format_timestamp
@@ -27,19 +27,15 @@ def format_of(path: str, explicit: str | None) -> str:
     return FORMAT_BY_EXTENSION.get(os.path.splitext(path)[1].lower(), "jsonl")
 
 
-def parse_file(path: str, source: str, fmt: str, max_timestamp: int | None = None,
-               span: Span | None = None) -> Iterator[pa.RecordBatch]:
+def parse_file(path: str, source: str, fmt: str, max_timestamp: int | None = None) -> Iterator[pa.RecordBatch]:
     """Parse one file. Content that is not a record is a rejection; a file that cannot be
     *read* (an OSError) raises: that fails the run, which commits nothing, so the file is not
     marked done and the next run reads it (``ingest.sources``).
 
     ``max_timestamp``: records stamped later are rejected ``bad_timestamp`` (the store's
-    ``max_future`` guard, ``future_bound``), so they never reach stream time. ``span``: only
-    those bytes of a JSONL file, whole lines numbered from 1 at its start (``jsonl_lines``)."""
-    if span is not None and fmt != "jsonl":
-        raise ValueError(f"only a JSONL file can be parsed in pieces, not {fmt}")
+    ``max_future`` guard, ``future_bound``), so they never reach stream time."""
     with storage.local_copy(path) as local:
-        for batch in (parse_jsonl(local, source, span=span) if span else PARSERS[fmt](local, source)):
+        for batch in PARSERS[fmt](local, source):
             yield batch if max_timestamp is None else refuse_future(batch, max_timestamp)
 
 

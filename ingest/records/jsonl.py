@@ -32,40 +32,20 @@ _dumps = orjson.dumps
 _JSONDecodeError = orjson.JSONDecodeError
 
 
-#: Bytes ``[start, end)`` of a file holding whole lines (``end`` None: to the end of the file).
-Span = tuple[int, int | None]
-
-
-def jsonl_lines(handle: Any, span: Span | None = None) -> Iterator[tuple[int, bytes]]:
+def jsonl_lines(handle: Any) -> Iterator[tuple[int, bytes]]:
     """(1-based line number, line bytes) of a binary file; a UTF-8 byte order mark at the very
-    start of the file is not part of the first line (editors on Windows write one).
-
-    ``span``: only the lines in those bytes, numbered from 1 at its start (``ingest.parse_workers``
-    parses a file in pieces and renumbers them); ``start`` must be a line's first byte and
-    ``end`` one past a newline."""
-    start, end = span or (0, None)
-    if start:
-        handle.seek(start)
-    left = None if end is None else end - start
-    if left is not None and left <= 0:
-        return
+    start of the file is not part of the first line (editors on Windows write one)."""
     for number, line_bytes in enumerate(handle, start=1):
-        size = len(line_bytes)
-        if number == 1 and start == 0 and line_bytes.startswith(UTF8_BOM):
+        if number == 1 and line_bytes.startswith(UTF8_BOM):
             line_bytes = line_bytes[len(UTF8_BOM):]
         yield number, line_bytes
-        if left is not None:
-            left -= size
-            if left <= 0:
-                return
 
 
-def parse_jsonl(path: str, source: str, fast: bool = True, span: Span | None = None) -> Iterator[pa.RecordBatch]:
-    """``fast``: try ``_fast_json_line`` on each line first (tests turn it off to compare);
-    ``span``: only the lines in those bytes (``jsonl_lines``)."""
+def parse_jsonl(path: str, source: str, fast: bool = True) -> Iterator[pa.RecordBatch]:
+    """``fast``: try ``_fast_json_line`` on each line first (tests turn it off to compare)."""
     out = Batcher(source)
     with open(path, "rb") as handle:
-        for number, line_bytes in jsonl_lines(handle, span):
+        for number, line_bytes in jsonl_lines(handle):
             body = line_bytes.rstrip(b"\r\n")
             if not (fast and len(body) <= MAX_RECORD_BYTES and _fast_json_line(out, number, body)):
                 _slow_jsonl_line(out, number, line_bytes)

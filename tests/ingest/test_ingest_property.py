@@ -81,7 +81,7 @@ def test_ingest_matches_reference_model(spark, tmp_path_factory, data):
     Runs 1 and 3 parse their files in this process when small and in Spark tasks when planned
     as larger runs (as a run beyond ``plan.PARSE_HERE_BYTES`` is), run 2 the other way (a small
     run parsed by Spark tasks: ``VERSIQ_PARSE_HERE_BYTES=0``; a larger one parsed here, as a run
-    of up to ``PARSE_HERE_BYTES`` is, by worker processes in pieces: ``parse_workers``). A run
+    of up to ``PARSE_HERE_BYTES`` is). A run
     parsed here is decided here by DuckDB (``ingest.decisions_here``), one parsed by Spark tasks
     by Spark (``ingest.semantics``): the two engines decide runs of one store in turn. A run may
     be followed by a compaction (``COMPACTIONS``), which must not change what a query can return

@@ -192,30 +192,21 @@ def test_a_session_started_early_is_the_active_session_of_the_run_that_uses_it(t
 
 def test_a_runs_plan_is_chosen_once_and_says_what_the_run_does(spark, tmp_path, monkeypatch):
     """``plan.choose_plan``: where a run parses and who decides, from its size and the process
-    it runs in; parse workers only in a process that runs more than once (a one-shot CLI run's
-    session on demand waits for its JVM's start anyway)."""
-    import versiq.ingest.parse_workers as parse_workers
-
+    it runs in."""
     monkeypatch.delenv(PARSE_HERE_BYTES_ENV, raising=False)
     monkeypatch.delenv(INTERPRETED_RUN_BYTES_ENV, raising=False)
     path = write_jsonl(str(tmp_path), "a.jsonl", [json.dumps({"key": f"k{i}", "value": i, "timestamp": i})
                                                   for i in range(50)])
     files, size = {"a.jsonl": path}, os.path.getsize(path)
     plan = choose_plan(spark, files, None, size)
-    assert (plan.parse, plan.decide, plan.small, plan.pieces) == ("driver", "duckdb", True, None)
+    assert (plan.parse, plan.decide, plan.small) == ("driver", "duckdb", True)
     assert plan.describe() == "parse in the driver, decide with DuckDB, write with Spark (a small run)"
     assert choose_plan(spark, None, None, 10 ** 9).describe() == "parse, decide and write with Spark"
     assert choose_plan(spark, files, None, None).parse == "spark"  # size unknown (S3)
     monkeypatch.setenv(PARSE_HERE_BYTES_ENV, "0")
     assert choose_plan(spark, files, None, size).describe() == "parse, decide and write with Spark (a small run)"
     monkeypatch.delenv(PARSE_HERE_BYTES_ENV)
-    monkeypatch.setattr(parse_workers, "PARALLEL_PARSE_BYTES", 0)
-    monkeypatch.setattr(parse_workers, "PIECE_BYTES", 100)
-    monkeypatch.setenv("VERSIQ_PARSE_WORKERS", "2")
-    plan = choose_plan(spark, files, None, size)  # this test session runs many runs
-    assert plan.pieces and plan.workers == 2
-    assert plan.describe().startswith("parse in the driver (2 worker processes), decide with DuckDB")
-    one_shot = SparkOnDemand("local[1]")
+    one_shot = SparkOnDemand("local[1]")  # a one-shot CLI run's session, on demand: the same plan
     plan = choose_plan(one_shot.as_session(), files, None, size)
-    assert plan.parse == "driver" and plan.pieces is None and plan.workers == 1
+    assert plan.describe() == "parse in the driver, decide with DuckDB, write with Spark (a small run)"
     one_shot.stop()  # never started

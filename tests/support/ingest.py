@@ -49,12 +49,10 @@ def expressions(*, generated: bool, parsed_here: bool | None = None) -> Iterator
     or parse them in Spark tasks and decide them in Spark (a larger one, ``VERSIQ_PARSE_HERE_BYTES``);
     None: as the run's size says. Every combination must write the same store. A table parsed
     here is spread over every core however small (``frames.SPREAD_ROWS``), as a larger run's
-    is; a run ``generated`` and ``parsed_here`` is parsed by two worker processes in pieces of
-    a few lines (``parse_workers``), as a run of ``PARALLEL_PARSE_BYTES`` is. (pytest's
+    is. (pytest's
     ``monkeypatch`` fixture is per test; hypothesis examples need a scope of their own.)"""
     import pytest
 
-    from versiq.ingest.parse_workers import PARSE_WORKERS_ENV
     from versiq.ingest.plan import PARSE_HERE_BYTES, PARSE_HERE_BYTES_ENV
     from versiq.ingest.spark import INTERPRETED_RUN_BYTES_ENV
 
@@ -68,20 +66,7 @@ def expressions(*, generated: bool, parsed_here: bool | None = None) -> Iterator
             patch.delenv(PARSE_HERE_BYTES_ENV, raising=False)
         else:
             patch.setenv(PARSE_HERE_BYTES_ENV, str(PARSE_HERE_BYTES) if parsed_here else "0")
-        if generated and parsed_here:
-            patch.setattr("versiq.ingest.parse._parse_here_instead", _workers_must_not_fail)
-            patch.setattr("versiq.ingest.parse_workers.PARALLEL_PARSE_BYTES", 0)
-            patch.setattr("versiq.ingest.parse_workers.PIECE_BYTES", 64)
-            patch.setenv(PARSE_WORKERS_ENV, "2")
-        else:
-            patch.setenv(PARSE_WORKERS_ENV, "1")
         yield
-
-
-def _workers_must_not_fail(why: str) -> None:
-    """``parse._parse_here_instead`` where a run must be parsed by the parse workers: parsing it
-    again in one process gives the same store, so their failure would go unseen."""
-    raise AssertionError(f"the parse workers failed: {why}")
 
 
 def records_from(source: str, specs: list[tuple]) -> list[InRecord]:
