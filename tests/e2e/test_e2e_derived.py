@@ -8,11 +8,12 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 from tests.support.e2e import key_path, serve_engine
-from tests.support.ingest import store_versions
+from tests.support.ingest import ingest_in_process, store_versions
 
 PIPELINE = """
 stores:
@@ -172,10 +173,11 @@ def _latest(path: Path) -> dict[str, str | None]:
     return {key: versions[-1].value for key, versions in store_versions(str(path)).items()}
 
 
-def test_a_table_added_over_the_demo_store_through_the_cli(tmp_path: Path) -> None:
+def test_a_table_added_over_the_demo_store_through_the_cli(spark: Any, tmp_path: Path) -> None:
     """Issue 10 item 12 as docs/cli.md shows it: `versiq demo` (what `make demo` runs) ingests
     `prices` without any table; a pipeline file then adds a filter table over it, and later runs
-    (one without the pipeline file, as `make demo` or `versiq ingest --store` do) keep it exact."""
+    (one without the pipeline file, as `make demo` or `versiq ingest --store` do) keep it exact.
+    The later runs are the CLI's command in this process (``ingest_in_process``: no JVM start)."""
     data, wh = tmp_path / "demo-data", tmp_path / "warehouse"
     result = _versiq("demo", "--no-serve", "--keys", "300", "--warehouse", str(wh), "--data", str(data))
     assert result.returncode == 0, result.stderr
@@ -202,13 +204,14 @@ tables:
     late = max(v.timestamp for vs in store_versions(str(wh / "prices")).values() for v in vs) + 1000
     (data / "later-1.jsonl").write_text(
         json.dumps({"key": "sku-new", "value": {"price": 99.5}, "timestamp": late}) + "\n")
-    result = _versiq("ingest", "--warehouse", str(wh), "--store", "prices", "--source", str(data))
-    assert result.returncode == 0, result.stderr
+    status, printed = ingest_in_process(spark, "--warehouse", str(wh), "--store", "prices", "--source", str(data))
+    assert status == 0, printed
     (data / "later-2.jsonl").write_text(
         json.dumps({"key": "sku-new", "value": {"price": 10}, "timestamp": late + 1}) + "\n"
         + json.dumps({"key": "sku-new2", "value": {"price": 60}, "timestamp": late + 2}) + "\n")
-    result = _versiq(*config)
-    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    status, printed = ingest_in_process(spark, *config[1:])
+    assert status == 0, printed
+    assert "table expensive (versioned): emitted" in printed, printed
     check_expensive()
     versions = store_versions(str(wh / "expensive"))
     assert [(v.timestamp, v.value) for v in versions["sku-new"]] == [(late, '{"price":99.5}'), (late + 1, None)]

@@ -10,6 +10,7 @@ is the source (the Kafka property test, run against S3 here).
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import random
@@ -30,7 +31,7 @@ from hypothesis import strategies as st
 from tests.ingest.test_ingest_cli import VERSIQ
 from tests.ingest.test_kafka_ingest import _partition, _spec, consume, model_records, new_topic
 from tests.support.e2e import collect_pages, key_path, serve_engine
-from tests.support.ingest import model_versions, rejected_rows, store_versions, stream_times
+from tests.support.ingest import ingest_in_process, model_versions, rejected_rows, store_versions, stream_times
 from tests.support.processes import run_then_kill
 from tests.support.reference import ReferenceStore
 from tests.support.server_process import free_ports
@@ -331,16 +332,23 @@ def big_run(spark: Any, tmp_path_factory: Any) -> tuple[str, StoreSpec, str]:
 @pytest.mark.slow
 def test_sigkill_of_an_ingest_writing_to_s3_then_rerun_equals_an_uninterrupted_run(spark, s3, big_run):
     source, spec, reference = big_run
-    for i, (marker, delay) in enumerate([(None, 6.0), ("committing run 1", 0.0)]):
-        remote = _warehouse(f"kill{i}")
-        run_then_kill(_ingest_args(remote, source), _env(), marker, delay)
+    moments = [(None, 6.0), ("committing run 1", 0.0)]
+    remotes = [_warehouse(f"kill{i}") for i in range(len(moments))]
+    # both runs killed at once (each watched by a thread of its own: much of their time is their
+    # JVMs' start), each in a warehouse of its own
+    with concurrent.futures.ThreadPoolExecutor(len(moments)) as pool:
+        killed = [pool.submit(run_then_kill, _ingest_args(remote, source), _env(), marker, delay)
+                  for remote, (marker, delay) in zip(remotes, moments, strict=True)]
+        for future in killed:
+            future.result(timeout=600)
+    for i, remote in enumerate(remotes):
         # the killed run's lease is still in the bucket: the rerun takes it over (same host, the
         # holder's process is gone) and completes the store; after the kill at the commit, the
-        # CLI's own rerun; after the other, the same run in the session's Spark (no JVM start)
+        # CLI's own rerun (its command in this process, the session's Spark: no JVM start); after
+        # the other, the same run as the reference's spec
         if i == 1:
-            rerun = subprocess.run(_ingest_args(remote, source), env=_env(), capture_output=True, text=True,
-                                   timeout=600)
-            assert rerun.returncode == 0, rerun.stderr
+            status, printed = ingest_in_process(spark, *_ingest_args(remote, source)[len(VERSIQ) + 1:])
+            assert status == 0, printed
         else:
             report = run_ingest(spark, remote, [spec]).stores["c"]
             assert report.error is None, report.error

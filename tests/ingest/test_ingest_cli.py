@@ -20,7 +20,14 @@ import time
 import pytest
 
 from tests.support.derived_cluster import check_on_cluster
-from tests.support.ingest import expressions, rejected_rows, store_versions, stream_times, write_jsonl
+from tests.support.ingest import (
+    expressions,
+    ingest_in_process,
+    rejected_rows,
+    store_versions,
+    stream_times,
+    write_jsonl,
+)
 from tests.support.server_process import free_ports
 from versiq.ingest.pipeline import StoreSpec, run_ingest
 
@@ -182,7 +189,7 @@ def test_kill_9_then_rerun_equals_an_uninterrupted_run(spark, tmp_path):
     marker = "store k: committing run 1"
     wh = str(tmp_path / "wh")
     args = [*VERSIQ, "ingest", "--warehouse", wh, "--store", "k", "--source", str(src),
-            "--history-retention", "3000"]
+            "--history-retention", "3000", "--log-level", "debug"]
 
     def run_then_kill_at_the_marker() -> tuple[int, list[str]]:
         proc = subprocess.Popen(args, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
@@ -210,17 +217,21 @@ def test_kill_9_then_rerun_equals_an_uninterrupted_run(spark, tmp_path):
             run_ingest(spark, reference_wh, [StoreSpec("k", str(src), history_retention_ms=3000)])
         returncode, seen = killed.result(timeout=300)
     ref = os.path.join(reference_wh, "k")
-    assert returncode == -signal.SIGKILL, "".join(seen)
-    result = versiq("ingest", "--warehouse", wh, "--store", "k", "--source", str(src),
-                    "--history-retention", "3000", "--log-level", "debug")
-    assert result.returncode == 0, result.stderr
+    killed_log = "".join(seen)
+    assert returncode == -signal.SIGKILL, killed_log
     # the CLI's JVM ran this small run with interpreted expressions, the reference with
     # generated code: the same store either way (spark.plans_for_input)
-    assert re.search(r"driver JVM options: .*-XX:TieredStopAtLevel=1", result.stderr), result.stderr
+    assert re.search(r"driver JVM options: .*-XX:TieredStopAtLevel=1", killed_log), killed_log
     assert "store k: run 1 over 4 new files: parse in the driver, decide with DuckDB, write with Spark (a small run)" \
-        in result.stderr, result.stderr  # the run's plan
+        in killed_log, killed_log  # the run's plan
     # ... and parsed its files in its own process (parse.parse_here), the reference in Spark tasks
-    assert re.search(r"[\d,]+ records parsed in this process", result.stderr), result.stderr
+    assert re.search(r"[\d,]+ records parsed in this process", killed_log), killed_log
+    # the rerun: the CLI's command with the same arguments, in this process (no JVM start),
+    # planned as the CLI's run was (a small run: interpreted expressions, parsed here)
+    with expressions(generated=False, parsed_here=True):
+        status, printed = ingest_in_process(spark, *args[len(VERSIQ) + 1:])
+    assert status == 0, printed
+    assert "store k: read" in printed, printed
     path = os.path.join(wh, "k")
     assert store_versions(path) == store_versions(ref)
     assert stream_times(path) == stream_times(ref)
@@ -289,17 +300,14 @@ def test_ingest_on_a_spark_standalone_cluster(spark, tmp_path):
     try:
         src = tmp_path / "src"
         make_changelog(src, files=2, keys=50, per_key=4)
-        wh = str(tmp_path / "wh")
-        result = subprocess.run(
-            [*VERSIQ, "ingest", "--warehouse", wh, "--store", "dist", "--source", str(src),
-             "--master", f"spark://127.0.0.1:{port}", "--history-retention", "3000"],
-            capture_output=True, text=True, timeout=300, env=e, stdin=subprocess.DEVNULL)
-        assert result.returncode == 0, result.stderr[-3000:]
+        # derived tables: a pass in Spark tasks on the worker, per partition (docs/semantics.md,
+        # rule 23); the same CLI runs (one driver and executor start) ingest the store "dist"
+        check_on_cluster(spark, tmp_path / "derived", f"spark://127.0.0.1:{port}", e,
+                         stores=[{"name": "dist", "source": str(src), "history_retention": "3000ms"}])
         ref_wh = str(tmp_path / "ref")
         run_ingest(spark, ref_wh, [StoreSpec("dist", str(src), history_retention_ms=3000)])
+        wh = os.path.join(tmp_path, "derived", "cluster", "warehouse")
         assert store_versions(os.path.join(wh, "dist")) == store_versions(os.path.join(ref_wh, "dist"))
-        # derived tables: a pass in Spark tasks on the worker, per partition (docs/semantics.md, rule 23)
-        check_on_cluster(spark, tmp_path / "derived", f"spark://127.0.0.1:{port}", e)
         # the executor really ran on the worker: it has an application work directory
         assert any(os.scandir(tmp_path / "work")), "no executor ran on the worker"
     finally:

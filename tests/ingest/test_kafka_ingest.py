@@ -30,7 +30,14 @@ from hypothesis import strategies as st
 from tests.ingest.test_ingest_cli import VERSIQ
 from tests.ingest.test_ingest_cli import env as _env
 from tests.support.e2e import model_key_json, serve_engine
-from tests.support.ingest import expressions, model_versions, rejected_rows, store_versions, stream_times
+from tests.support.ingest import (
+    expressions,
+    ingest_in_process,
+    model_versions,
+    rejected_rows,
+    store_versions,
+    stream_times,
+)
 from tests.support.processes import run_then_kill
 from tests.support.reference import InRecord, ReferenceStore
 from versiq.ingest.kafka import RECORD_BYTES_ESTIMATE, KafkaSource
@@ -514,23 +521,23 @@ def test_sigkill_at_several_moments_then_rerun_equals_an_uninterrupted_run(spark
     def kill(i: int) -> None:
         run_then_kill([*VERSIQ, *args(i), "--log-level", "info"], _env(), *moments[i])
 
-    # the last moment is a point in the run (its marker, no delay): its run is killed while this
-    # process makes the reference run, in a thread of its own
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        killed_at_commit = pool.submit(kill, len(moments) - 1)
+    # the three runs are killed at once (each watched by a thread of its own: most of their time
+    # is their JVMs' start) while this process makes the reference run
+    with concurrent.futures.ThreadPoolExecutor(len(moments)) as pool:
+        killed = [pool.submit(kill, i) for i in range(len(moments))]
         reference = str(tmp_path / "ref")
         assert run_ingest(spark, reference, [_spec("c", kafka_broker, topic, history_retention_ms=H)]).stores["c"] \
             .error is None
-        killed_at_commit.result(timeout=300)
+        for future in killed:
+            future.result(timeout=300)
     ref = os.path.join(reference, "c")
     for i in range(len(moments)):
         wh = str(tmp_path / f"wh{i}")
-        if i < len(moments) - 1:
-            kill(i)
-        if i == 0:  # the CLI's own rerun once (its arguments are the reference's spec) ...
-            rerun = subprocess.run([*VERSIQ, *args(i)], env=_env(), capture_output=True, text=True, timeout=300)
-            assert rerun.returncode == 0, rerun.stderr
-        else:  # ... then the same run in the session's Spark: no JVM start of ~8 s per moment
+        if i == 0:  # the CLI's own rerun once (its arguments are the reference's spec), its
+            # command in this process (no JVM start of ~8 s) ...
+            status, printed = ingest_in_process(spark, *args(i)[1:])
+            assert status == 0, printed
+        else:  # ... then the same run as the reference's spec
             report = run_ingest(spark, wh, [_spec("c", kafka_broker, topic, history_retention_ms=H)]).stores["c"]
             assert report.error is None, report.error
         _same_store(os.path.join(wh, "c"), ref)

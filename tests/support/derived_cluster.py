@@ -40,10 +40,13 @@ def hash_free_partition(key: str) -> int:
     return int(key[1:]) % 2
 
 
-def check_on_cluster(spark: Any, root: Any, master: str, env: dict[str, str]) -> None:
+def check_on_cluster(spark: Any, root: Any, master: str, env: dict[str, str],
+                     stores: list[dict[str, Any]] | None = None) -> None:
     """Run the pipeline through the CLI on ``master`` (every pass in Spark tasks); the derived
     tables and their emissions must be the reference model's: once per partition for the
-    tables that do not re-key, over everything for the foreign-key join."""
+    tables that do not re-key, over everything for the foreign-key join. ``stores``: entries
+    of more stores the same runs ingest (one driver and executor start for everything the
+    caller checks on the cluster)."""
     runs = _runs()
     cluster = RealPipeline(spark, str(root / "cluster"))
     cluster.add("", INPUTS, TABLES, runs)
@@ -51,7 +54,9 @@ def check_on_cluster(spark: Any, root: Any, master: str, env: dict[str, str]) ->
     config = root / "pipeline.json"
     for step in range(cluster.steps()):
         cluster.write_step(step)
-        config.write_text(json.dumps(_pipeline_file(cluster)))
+        pipeline = _pipeline_file(cluster)
+        pipeline["stores"] += stores or []
+        config.write_text(json.dumps(pipeline))
         result = subprocess.run(
             [sys.executable, "-m", "versiq.cli", "ingest", "--warehouse", cluster.warehouse, "--config",
              str(config), "--master", master],

@@ -141,3 +141,21 @@ def model_versions(model, keys) -> dict[str, list[StoredVersion]]:
         if vs:
             out[key] = [StoredVersion(v.timestamp, v.value, v.valid_to) for v in vs]
     return out
+
+
+def ingest_in_process(spark, *argv: str) -> tuple[int, str]:
+    """``versiq ingest ARGV`` run by this process in the session's Spark: the CLI's parser and
+    command (``ingest_command`` given a session, as the resident driver runs it), so the same
+    pipeline, report and exit status as the process, without a JVM start. Returns the exit status
+    and what the command printed on stderr (its summary)."""
+    import io
+
+    from versiq.cli.main import build_parser
+    from versiq.ingest.commands import ingest_command
+
+    parser = build_parser()
+    args = parser.parse_args(["ingest", *argv])
+    printed = io.StringIO()
+    with contextlib.redirect_stderr(printed):
+        status = ingest_command(args, parser, spark=spark)
+    return status, printed.getvalue()

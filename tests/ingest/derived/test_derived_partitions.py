@@ -7,6 +7,7 @@ per partition. A topology that re-keys (group-by, foreign-key join) has one part
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 from typing import Any
@@ -81,17 +82,34 @@ def _check(real: RealPipeline, prefix: str, runs: list[dict[str, list[Rec]]]) ->
 
 
 @pytest.mark.rule(23)
-@pytest.mark.parametrize("where", ["here", "tasks"])
 def test_each_partition_is_its_own_topology(spark: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
-                                            where: str) -> None:
-    monkeypatch.setenv("VERSIQ_DERIVE_HERE_RECORDS", "0" if where == "tasks" else "100000")
+                                            caplog: pytest.LogCaptureFixture) -> None:
+    """The same examples twice in one set of runs: the topologies of pipelines ``here*`` run in
+    this process, those of ``tasks*`` as Spark tasks (``VERSIQ_DERIVE_HERE_RECORDS`` set for each
+    topology's pass), so the stores of both are ingested once per run."""
+    from versiq.ingest.derived import derive
+
+    run_topology = derive._run_topology
+
+    def where_its_prefix_says(spark: Any, pipeline: Any, tables: list[Any], *rest: Any) -> None:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("VERSIQ_DERIVE_HERE_RECORDS", "0" if tables[0].name.startswith("tasks") else "100000")
+            run_topology(spark, pipeline, tables, *rest)
+
+    monkeypatch.setattr(derive, "_run_topology", where_its_prefix_says)
     real = RealPipeline(spark, str(tmp_path))
     examples = [_example(seed) for seed in range(2)]
-    for i, runs in enumerate(examples):
-        real.add(f"p{i}_", INPUTS, TABLES, runs)
-    real.run_all()
-    for i, runs in enumerate(examples):
-        _check(real, f"p{i}_", runs)
+    prefixes = [f"{where}{i}_" for where in ("here", "tasks") for i in range(len(examples))]
+    for prefix in prefixes:
+        real.add(prefix, INPUTS, TABLES, examples[int(prefix[-2])])
+    with caplog.at_level(logging.INFO, logger="versiq.ingest"):
+        real.run_all()
+    passes = [r.getMessage() for r in caplog.records if r.getMessage().startswith("derived pass over ")]
+    for prefix in prefixes:
+        mine = [m for m in passes if m.startswith(f"derived pass over {prefix}")]
+        assert mine and all(m.endswith("in Spark tasks" if prefix.startswith("tasks") else "in this process")
+                            for m in mine), (prefix, mine)
+        _check(real, prefix, examples[int(prefix[-2])])
 
 
 @pytest.mark.rule(23)
