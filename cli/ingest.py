@@ -65,6 +65,10 @@ def add_ingest(sub: Any) -> None:
     ing.add_argument("--timestamp-field", metavar="PATH",
                      help="Kafka: take the timestamp from this field of the JSON value (dotted path; RFC 3339 "
                           "or epoch ms) instead of the Kafka record timestamp")
+    ing.add_argument("--timestamp-header", metavar="NAME",
+                     help="Kafka: take the timestamp from this record header (its UTF-8 text: epoch ms or RFC "
+                          "3339; the last header of that name) instead of the Kafka record timestamp; a record "
+                          "without it is rejected missing_field")
     ing.add_argument("--schema-registry", metavar="URL",
                      help="Kafka, --value-format or --key-format avro, json_sr or protobuf: the schema registry's "
                           "Confluent-compatible base URL (e.g. http://registry:8081, Apicurio's "

@@ -50,6 +50,7 @@ def _pipeline_from_args(args: argparse.Namespace) -> Any:
                                             ("--value-format", args.value_format),
                                             ("--key-format", args.key_format),
                                             ("--timestamp-field", args.timestamp_field),
+                                            ("--timestamp-header", args.timestamp_header),
                                             ("--schema-registry", args.schema_registry),
                                             ("--allow-offset-gaps", args.allow_offset_gaps)) if value]
     if args.config:
@@ -69,6 +70,7 @@ def _pipeline_from_args(args: argparse.Namespace) -> Any:
                             allow_offset_gaps=args.allow_offset_gaps,
                             format=KafkaFormat(value_format=args.value_format or "json",
                                                timestamp_field=args.timestamp_field,
+                                               timestamp_header=args.timestamp_header,
                                                schema_registry=args.schema_registry,
                                                key_format=args.key_format or "string"))
     if not args.store or not (args.source or kafka):

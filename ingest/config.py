@@ -54,7 +54,8 @@ _STORE_FIELDS = {"name", "source", "format", "kind", "history_retention", "parti
                  "max_future"}
 _STREAM_FIELDS = {"name", "source", "format", "buckets", "max_future"}
 _KAFKA_FIELDS = {"bootstrap", "topic", "options", "starting_offsets", "allow_offset_gaps", "value_format",
-                 "timestamp_field", "debezium_timestamp", "key_field", "schema_registry", "key_format"}
+                 "timestamp_field", "timestamp_header", "debezium_timestamp", "key_field", "schema_registry",
+                 "key_format"}
 _REGISTRY_FIELDS = {"url"}
 
 
@@ -166,7 +167,8 @@ def _checked_entry(entry: Any, where: str, fields: set[str], hint: str = "") -> 
 
 def _kafka_source(source: dict[str, Any], where: str) -> KafkaSource:
     """``source: {kafka: {bootstrap, topic, options, starting_offsets, allow_offset_gaps,
-    value_format, key_format, timestamp_field, debezium_timestamp, key_field, schema_registry: {url}}}``."""
+    value_format, key_format, timestamp_field, timestamp_header, debezium_timestamp, key_field,
+    schema_registry: {url}}}``."""
     if set(source) != {"kafka"} or not isinstance(source["kafka"], dict):
         raise UsageError(f"{where}: 'source' must be a path or {{kafka: {{bootstrap: ..., topic: ...}}}}")
     kafka = source["kafka"]
@@ -181,12 +183,14 @@ def _kafka_source(source: dict[str, Any], where: str) -> KafkaSource:
         raise UsageError(f"{where}: source.kafka: 'options' must be a mapping of Kafka client settings")
     if not isinstance(kafka.get("allow_offset_gaps", False), bool):
         raise UsageError(f"{where}: source.kafka: 'allow_offset_gaps' must be true or false")
-    text = {name: kafka[name] for name in ("value_format", "timestamp_field", "debezium_timestamp", "key_field",
-                                          "starting_offsets", "key_format") if name in kafka}
+    text = {name: kafka[name] for name in ("value_format", "timestamp_field", "timestamp_header",
+                                          "debezium_timestamp", "key_field", "starting_offsets", "key_format")
+            if name in kafka}
     for name, value in text.items():
         if not isinstance(value, str):
             raise UsageError(f"{where}: source.kafka: '{name}' must be a string")
     fmt = KafkaFormat(value_format=text.get("value_format", "json"), timestamp_field=text.get("timestamp_field"),
+                      timestamp_header=text.get("timestamp_header"),
                       debezium_timestamp=text.get("debezium_timestamp", "ts_ms"), key_field=text.get("key_field"),
                       schema_registry=_schema_registry(kafka, where), key_format=text.get("key_format", "string"))
     result = KafkaSource(bootstrap=kafka["bootstrap"], topic=kafka["topic"],

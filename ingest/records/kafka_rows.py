@@ -16,8 +16,10 @@ The mapping (how a Kafka record becomes a versiq record):
   header names, in the order each name first appears, each to its value as UTF-8 text, null for
   a null value, or ``{"base64": <text>}`` for bytes that are not UTF-8; a name the record repeats
   maps to the array of its values in order. A record without headers has no such member, so its
-  raw is what it was before headers were read. Headers are carried into raw only: no rule reads
-  them, so they never change a record's key, value, timestamp or outcome.
+  raw is what it was before headers were read. One rule reads a header: with
+  ``timestamp_header`` (``_header_timestamp``) the record's timestamp is that header's value;
+  otherwise headers never change a record's key, value, timestamp or outcome. Headers are not
+  stored with a version (a Kafka Streams versioned store keeps none either).
 - **Key.** The key bytes as UTF-8 text. A null key, bytes that are not UTF-8, and the empty key
   are ``bad_key`` (unlike a file's empty ``key``, which is ``missing_field``: a Kafka record
   always has the key slot, so the key is wrong rather than missing). With ``debezium`` the key
@@ -155,7 +157,9 @@ class KafkaFormat:
     ``protobuf`` values or keys, the schema registry's Confluent-compatible base URL (left out of
     ``repr``: its userinfo may hold credentials). ``key_format``: ``string`` (the key bytes as
     UTF-8 text) or ``avro``, ``json_sr``, ``protobuf`` (the registry's wire format, decoded: the
-    module docstring's Key rule)."""
+    module docstring's Key rule). ``timestamp_header``: the name of a record header whose value
+    (UTF-8 epoch milliseconds or an RFC 3339 instant; the last header of that name) is the
+    record's timestamp instead of the Kafka record's."""
 
     value_format: str = "json"
     timestamp_field: str | None = None
@@ -163,6 +167,7 @@ class KafkaFormat:
     key_field: str | None = None
     schema_registry: str | None = field(default=None, repr=False)
     key_format: str = "string"
+    timestamp_header: str | None = None
 
     def validate(self) -> None:
         """Refuse settings that cannot mean anything, before any record is read (ValueError)."""
@@ -196,6 +201,15 @@ class KafkaFormat:
             if "" in self.timestamp_field.split("."):
                 raise ValueError(f"timestamp_field {self.timestamp_field!r} is not a dotted path of member "
                                  "names such as 'updated_at' or 'meta.ts'")
+        if self.timestamp_header is not None:
+            if not self.timestamp_header:
+                raise ValueError("timestamp_header is empty: name the header that holds the timestamp")
+            if self.timestamp_field is not None:
+                raise ValueError("give timestamp_field (a field of the value) or timestamp_header (a record "
+                                 "header), not both")
+            if self.value_format == "debezium":
+                raise ValueError("timestamp_header does not apply to value_format 'debezium': its timestamp is "
+                                 "the envelope's (debezium_timestamp)")
         if self.value_format != "debezium":
             if self.debezium_timestamp != "ts_ms":
                 raise ValueError(f"debezium_timestamp {self.debezium_timestamp!r} applies to value_format "
@@ -220,6 +234,7 @@ def parse_kafka(batch: pa.RecordBatch, fmt: KafkaFormat, source: str, max_timest
     fmt.validate()
     rules = _Rules(fmt, fast)
     key_of, value_of, debezium = rules.key, rules.value, fmt.value_format == "debezium"
+    header = fmt.timestamp_header
     out = Batcher(source)
     columns = [batch.column(name).to_pylist() for name in KAFKA_INPUT_SCHEMA.names]
     for key_b, value_b, part, offset, kts, headers in zip(*columns, strict=True):
@@ -245,7 +260,11 @@ def parse_kafka(batch: pa.RecordBatch, fmt: KafkaFormat, source: str, max_timest
                 key = key_of(key_b, key_t)
             else:
                 key = key_of(key_b, key_t)
-                value, ts = value_of(value_b, value_t, kts)
+                if header is None:
+                    value, ts = value_of(value_b, value_t, kts)
+                else:  # the value's own rules with a stand-in timestamp; the header's replaces it
+                    value, _ = value_of(value_b, value_t, 0)
+                    ts = _header_timestamp(headers, header)
         except Reject as rej:
             out.reject(offset, rej.reason, rej.detail, raw, part, offset)
             continue
@@ -274,6 +293,32 @@ def _headers_member(headers: list[dict[str, Any]]) -> str:
     members = [encode_basestring(name) + ":" + (values[0] if len(values) == 1 else "[" + ",".join(values) + "]")
                for name, values in grouped.items()]
     return '"headers":{' + ",".join(members) + "}"
+
+
+def _header_timestamp(headers: list[dict[str, Any]] | None, name: str) -> int:
+    """The timestamp in the last header called ``name`` (as Kafka's ``Headers.lastHeader``): its
+    UTF-8 text, epoch milliseconds or an RFC 3339 instant, by the rules of a file's
+    ``timestamp``; missing or null is ``missing_field``."""
+    found = [h["value"] for h in headers or () if h["key"] == name]
+    if not found:
+        raise Reject("missing_field", f"the record has no header '{name}' (timestamp_header)")
+    data = found[-1]
+    if data is None:
+        raise Reject("missing_field", f"header '{name}' is null (timestamp_header)")
+    try:
+        text = data.decode()
+    except UnicodeDecodeError:
+        raise Reject("bad_timestamp", f"header '{name}' is not valid UTF-8: {_utf8_error(data)}") from None
+    value: Any = text
+    if text.lstrip("-").isascii() and text.lstrip("-").isdigit():
+        try:
+            value = strict_loads(text)  # epoch ms, as a JSON integer is read
+        except ValueError:  # leading zeros: not a number's text
+            pass
+    try:
+        return timestamp_from_json(value, True)
+    except Reject as rej:
+        raise Reject(rej.reason, f"header '{name}': {rej.detail}") from None
 
 
 def _header_value(data: bytes | None) -> str:

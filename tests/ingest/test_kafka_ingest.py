@@ -393,8 +393,16 @@ def test_partitions_added_to_the_topic_get_their_own_stream_time(spark, kafka_br
 def test_rejected_records_show_their_headers_and_headers_change_no_stored_value(spark, kafka_broker, tmp_path):
     """Headers as docs/contract.md words them: by name, UTF-8 text, base64 for other bytes, null,
     every value of a repeated name in order; also in the raw of a record rejected after parsing
-    (late), and a record without headers keeps the raw it always had."""
-    topic = new_topic(kafka_broker, "headers", 1)
+    (late), and a record without headers keeps the raw it always had. A second store of the same
+    run takes its timestamps from a header (``timestamp_header``): the last of its name, RFC 3339
+    or epoch ms, a tombstone's too; a record without it is ``missing_field``."""
+    topic, stamped = new_topic(kafka_broker, "headers", 1), new_topic(kafka_broker, "stamped", 1)
+    kafka_broker.produce(stamped, [
+        {"key": "a", "value": '{"n": 1}', "timestamp_ms": 5, "headers": [("at", "1970-01-01T00:00:20Z")]},
+        {"key": "a", "value": '{"n": 2}', "timestamp_ms": 6, "headers": [("at", "1"), ("at", "30000")]},
+        {"key": "b", "value": '{"n": 3}', "timestamp_ms": 7},
+        {"key": "a", "value": None, "timestamp_ms": 8, "headers": [("at", "40000")]},
+    ])
     headers = [("trace", "é-1"), ("bin", b"\xff\x00"), ("none", None), ("rep", "1"), ("empty", b""),
                ("rep", b"\xfe"), ("rep", None)]
     kafka_broker.produce(topic, [
@@ -404,7 +412,14 @@ def test_rejected_records_show_their_headers_and_headers_change_no_stored_value(
         {"key": "d", "value": "{bad", "timestamp_ms": 10_002},
     ])
     wh = str(tmp_path / "wh")
-    report = run_ingest(spark, wh, [_spec("h", kafka_broker, topic, history_retention_ms=1_000)]).stores["h"]
+    reports = run_ingest(spark, wh, [_spec("h", kafka_broker, topic, history_retention_ms=1_000),
+                                     _spec("s", kafka_broker, stamped, format=KafkaFormat(timestamp_header="at"),
+                                           history_retention_ms=10**9)]).stores
+    assert reports["s"].error is None and {k: v for k, v in reports["s"].rejected.items() if v} == {
+        "missing_field": 1}, reports["s"]
+    assert [(v.timestamp, v.value) for v in store_versions(os.path.join(wh, "s"))["a"]] == [
+        (20_000, '{"n":1}'), (30_000, '{"n":2}'), (40_000, None)]
+    report = reports["h"]
     assert report.error is None, report.error
     assert report.accepted_latest == 1 and {k: v for k, v in report.rejected.items() if v} == {
         "bad_value": 2, "late": 1}
@@ -666,11 +681,29 @@ def test_kafka_usage_errors_exit_2_before_any_spark(tmp_path):
         (["--store", "s", "--kafka-bootstrap", "127.0.0.1:1"], "--kafka-bootstrap and --topic"),
         (["--store", "s", "--kafka-bootstrap", "127.0.0.1:1", "--topic", "t", "--source", "x"], "not both"),
         (["--store", "s", "--kafka-bootstrap", "127.0.0.1:1", "--topic", "t", "--partitions", "3"], "topic's"),
+        (["--store", "s", "--kafka-bootstrap", "127.0.0.1:1", "--topic", "t", "--timestamp-header", "at",
+          "--timestamp-field", "a"], "not both"),
     ]
     for extra, message in cases:
         result = subprocess.run([*VERSIQ, "ingest", "--warehouse", wh, *extra], env=_env(), capture_output=True,
                                 text=True, timeout=60)
         assert result.returncode == 2 and message in result.stderr, (extra, result.stderr)
+
+
+def test_timestamp_header_in_a_pipeline_file(tmp_path):
+    """``timestamp_header`` of a Kafka source in a pipeline file; with ``timestamp_field`` it is
+    a usage error naming the source."""
+    from versiq.ingest.config import load_config
+    from versiq.ingest.errors import UsageError
+
+    config = tmp_path / "pipeline.yaml"
+    source = '{kafka: {bootstrap: "127.0.0.1:1", topic: t, timestamp_header: event-time%s}}'
+    config.write_text(f"stores:\n  - name: s\n    source: {source % ''}\n")
+    store = load_config(str(config), str(tmp_path / "wh")).stores[0]
+    assert store.kafka is not None and store.kafka.format.timestamp_header == "event-time"
+    config.write_text(f"stores:\n  - name: s\n    source: {source % ', timestamp_field: at'}\n")
+    with pytest.raises(UsageError, match="timestamp_field .* or timestamp_header .*, not both"):
+        load_config(str(config), str(tmp_path / "wh"))
 
 
 def test_client_settings_are_used_and_never_logged_or_reported(kafka_broker, tmp_path):

@@ -203,6 +203,42 @@ def test_timestamp_field_reads_the_value_like_a_files_timestamp(field, value, ex
     assert (row["ts"] if row["reason"] is None else outcome(row)) == expected
 
 
+@pytest.mark.parametrize(("headers", "expected"), [
+    ([("at", b"1704067200123")], TS + 123),
+    ([("at", b"2024-01-01T00:00:00.5Z")], TS + 500),
+    ([("at", b"1"), ("other", b"x"), ("at", b"2")], 2),  # the last header of the name, as Kafka's lastHeader
+    ([], ("missing_field", "the record has no header 'at' (timestamp_header)")),
+    ([("At", b"1")], ("missing_field", "the record has no header 'at' (timestamp_header)")),  # names are exact
+    ([("at", None)], ("missing_field", "header 'at' is null (timestamp_header)")),
+    ([("at", b"\xff")], ("bad_timestamp", "header 'at' is not valid UTF-8: 'utf-8' codec can't decode byte 0xff "
+                                          "in position 0: invalid start byte")),
+    ([("at", b"-5")], ("bad_timestamp", "header 'at': timestamp -5 is outside [0, 2^63-1]")),
+    ([("at", b"0012")], 12),  # digits are epoch ms
+    ([("at", b"yesterday")], ("bad_timestamp", "header 'at': 'yesterday' is not a timestamp: expected epoch "
+                                               "milliseconds (a non-negative integer) or an RFC 3339 instant with "
+                                               "offset such as 2024-01-31T12:00:00Z")),
+])
+def test_timestamp_header_takes_the_timestamp_from_a_header(headers, expected):
+    """``timestamp_header``: the record's timestamp is the header's text (epoch ms or RFC 3339),
+    whatever the Kafka timestamp (-1 here); the value is read by its own rules."""
+    fmt = KafkaFormat(timestamp_header="at")
+    row = parse([(b"k", b'{"n":1}', -1, 0, headers)], fmt)[0]
+    assert (row["ts"] if row["reason"] is None else outcome(row)) == expected
+    if row["reason"] is None:
+        assert (row["key"], row["value"]) == ("k", '{"n":1}')
+        tombstone = parse([(b"k", None, -1, 0, headers)], fmt)[0]  # a tombstone's timestamp too
+        assert (tombstone["value"], tombstone["ts"]) == (None, expected)
+
+
+def test_timestamp_header_settings_that_cannot_mean_anything_are_refused():
+    for fmt, message in [(KafkaFormat(timestamp_header=""), "timestamp_header is empty"),
+                         (KafkaFormat(timestamp_header="at", timestamp_field="a"), "not both"),
+                         (KafkaFormat(value_format="debezium", timestamp_header="at"), "does not apply")]:
+        with pytest.raises(ValueError, match=message):
+            fmt.validate()
+    KafkaFormat(value_format="string", timestamp_header="at").validate()  # a string value has no fields: fine
+
+
 def test_a_tombstone_with_timestamp_field_takes_the_kafka_timestamp():
     fmt = KafkaFormat(timestamp_field="updated_at")
     assert outcome(one(b"k", None, fmt, ts=TS + 5)) == ("k", None, TS + 5)
