@@ -1,5 +1,7 @@
 """Kafka topics as sources of stores and streams: what a run reads from a topic, read
-with Spark's own Kafka source (spark-sql-kafka-0-10).
+with Spark's own Kafka source (spark-sql-kafka-0-10), or, for a store's run of few records
+(``plan.choose_plan``), in the driver with the confluent-kafka client (``read_here``), which
+gives the same rows without a Spark job.
 
 **Where a run starts and ends.** A store fed by a topic keeps its position in the topic, the next
 offset of every partition (``layout.KafkaPosition``), in its own ``StoreState``: committed in the
@@ -36,7 +38,16 @@ variables (``VERSIQ_KAFKA_SASL_JAAS_CONFIG`` is ``sasl.jaas.config``; the enviro
 Kafka (Java) client settings given to both Spark's source and the metadata consumer of this
 module, so one configuration (security protocol, SASL, SSL) serves both. Their values are
 never logged, reported or shown. Settings versiq manages itself (group, offsets, deserializers)
-are refused.
+are refused. A run read in the driver gives them to librdkafka (``driver_config``), only when
+every one has a setting of the same meaning there (``DRIVER_OPTIONS``); otherwise the store's
+runs read with Spark's source, and the log says why once.
+
+**A run read in the driver** (``read_here``) assigns each partition at the run's start offset
+and reads until its end offset (or the partition's end, past records the log cleaner removed),
+with the source's ``isolation.level`` (the Java client's default, ``read_uncommitted``, unless
+set), never committing to a consumer group. The position is still committed with the run's data
+only: a broker that stops answering for ``POLL_TIMEOUT_MS``, or records deleted before they
+were read, fail the run before anything is written, and the rerun reads the range again.
 
 The broker's metadata (partitions, offsets) is asked with the Java Kafka client Spark's source
 uses (same jar, same settings), through the session's JVM.
