@@ -14,10 +14,19 @@ freshness (record produced -> visible in ``versiq serve``) in continuous mode.
   produce time is noted, and a poller asks the service for the oldest probe not yet seen every
   20 ms; freshness = first 200 answer - produce time (p50, p99, max).
 
+With ``--run-pairs N``, the seconds of a store's run over 1,000 new records read in the driver and
+by Spark, alternating, in one session (``run_seconds``).
+
+With ``--baseline-checkout DIR`` (a checkout of an earlier commit, e.g. ``git archive HEAD |
+tar -x -C DIR`` before a change) freshness is measured ``--rounds`` times for each code,
+alternating (baseline, then this checkout), the baseline's processes run with
+``machine.baseline_env`` and ``python -P``.
+
 The machine load (1-minute load average) is recorded before and after every figure. Prints a
 table and writes ``bench/results/kafka-<date>.json``.
 
     .venv/bin/python bench/kafka_bench.py [--keys 1000000] [--rate 1000 --seconds 60]
+        [--skip-throughput] [--baseline-checkout DIR --rounds 2] [--run-pairs 6]
 """
 
 from __future__ import annotations
@@ -43,7 +52,7 @@ sys.path.insert(0, HERE)
 
 import gen_changelog as gen  # noqa: E402
 from ingest_bench import ensure_changelog, link_source  # noqa: E402
-from machine import loadavg, uptime, write_result  # noqa: E402
+from machine import baseline_env, loadavg, uptime, write_result  # noqa: E402
 
 from tests.support.kafka_broker import KafkaBroker  # noqa: E402
 from versiq.ingest.kafka import KafkaSource  # noqa: E402
@@ -121,29 +130,78 @@ def throughput(broker: KafkaBroker, work: str, keys: int) -> dict:
     return {"produced": produced, "runs": runs}
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYSPARK_PYTHON": sys.executable, "VERSIQ_REFRESH_INTERVAL": "200ms"}
+def run_seconds(broker: KafkaBroker, work: str, pairs: int, records: int = 1000) -> dict:
+    """Seconds of a store's run over ``records`` new records of a 1-partition topic, read in the
+    driver (``kafka.read_here``, decided by DuckDB) and by Spark (``VERSIQ_PARSE_HERE_BYTES=0``),
+    alternating, in one warm session: continuous mode's runs without the streaming trigger. The
+    first run of each (a new store) is not counted."""
+    import json
+
+    from versiq.ingest.spark import get_spark
+
+    spark = get_spark("local[*]")
+    warehouse = os.path.join(work, "wh-run-seconds")
+    shutil.rmtree(warehouse, ignore_errors=True)
+    out: dict = {"records": records, "driver": [], "spark": [], "load_before": loadavg()}
+    topics = {mode: broker.new_topic(f"runs-{mode}", 1) for mode in ("driver", "spark")}
+    previous = os.environ.get("VERSIQ_PARSE_HERE_BYTES")
+    try:
+        for i in range(pairs + 1):
+            for mode, topic in topics.items():
+                os.environ["VERSIQ_PARSE_HERE_BYTES"] = "0" if mode == "spark" else str(128 << 20)
+                broker.produce(topic, [{"key": f"k{i * records + j}", "value": json.dumps({"n": j}),
+                                        "timestamp_ms": 1_000_000 + i * records + j} for j in range(records)])
+                source = KafkaSource(bootstrap=broker.bootstrap, topic=topic)
+                t0 = time.perf_counter()
+                report = run_ingest(spark, warehouse, [StoreSpec(mode, source.name, kafka=source,
+                                                                 max_future_ms=None)]).stores[mode]
+                seconds = time.perf_counter() - t0
+                if report.error or report.read != records:
+                    raise RuntimeError(f"{mode}: {report.error or report.read}")
+                if i:
+                    out[mode].append(round(seconds, 3))
+    finally:
+        if previous is None:
+            os.environ.pop("VERSIQ_PARSE_HERE_BYTES", None)
+        else:
+            os.environ["VERSIQ_PARSE_HERE_BYTES"] = previous
+        spark.stop()
+    out["load_after"] = loadavg()
+    for mode in ("driver", "spark"):
+        out[f"{mode}_median_s"] = round(statistics.median(out[mode]), 3)
+    print(f"a run of {records} records: read in the driver {out['driver_median_s']} s, by Spark "
+          f"{out['spark_median_s']} s (medians of {pairs}; load {out['load_before']} -> {out['load_after']})",
+          flush=True)
+    return out
 
 
-def freshness(broker: KafkaBroker, work: str, rate: int, seconds: int) -> dict:
+def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    return {**os.environ, "PYSPARK_PYTHON": sys.executable, "VERSIQ_REFRESH_INTERVAL": "200ms", **(extra or {})}
+
+
+def freshness(broker: KafkaBroker, work: str, rate: int, seconds: int, name: str = "fresh",
+              checkout: str | None = None) -> dict:
+    """Freshness of this checkout's code, or with ``checkout`` that checkout's (``baseline_env``)."""
     import httpx
     from confluent_kafka import Producer
 
-    topic = broker.create_topic("fresh", 1, {"retention.ms": "-1"})
-    warehouse = os.path.join(work, "wh-fresh")
+    extra = baseline_env(checkout) if checkout else None
+    python = [sys.executable, "-P"] if checkout else [sys.executable]
+    topic = broker.create_topic(name, 1, {"retention.ms": "-1"})
+    warehouse = os.path.join(work, f"wh-{name}")
     shutil.rmtree(warehouse, ignore_errors=True)
     producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0})
     producer.produce(topic, key=b"warmup", value=b"0", timestamp=int(time.time() * 1000))
     producer.flush(30)
     ingest = subprocess.Popen(
-        [sys.executable, "-m", "versiq.cli", "ingest", "--warehouse", warehouse, "--store", "fresh",
+        [*python, "-m", "versiq.cli", "ingest", "--warehouse", warehouse, "--store", "fresh",
          "--kafka-bootstrap", broker.bootstrap, "--topic", topic, "--continuous", "--trigger-interval", "200ms"],
-        env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        env=_env(extra), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     port = 18_000 + os.getpid() % 1000
     while not os.path.isdir(os.path.join(warehouse, "fresh", "_delta_log")):
         time.sleep(0.2)
-    serve = subprocess.Popen([sys.executable, "-m", "versiq.cli", "serve", "--warehouse", warehouse,
-                              "--port", str(port)], env=_env(), stdout=subprocess.DEVNULL,
+    serve = subprocess.Popen([*python, "-m", "versiq.cli", "serve", "--warehouse", warehouse,
+                              "--port", str(port)], env=_env(extra), stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     probes: list[tuple[str, float]] = []
@@ -199,7 +257,7 @@ def freshness(broker: KafkaBroker, work: str, rate: int, seconds: int) -> dict:
            "p50_s": round(statistics.median(latencies), 3),
            "p99_s": round(latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))], 3),
            "max_s": round(latencies[-1], 3), "load_before": load_before, "load_after": loadavg()}
-    print(f"freshness at {rate}/s: p50 {out['p50_s']} s, p99 {out['p99_s']} s, max {out['max_s']} s "
+    print(f"{name}: freshness at {rate}/s: p50 {out['p50_s']} s, p99 {out['p99_s']} s, max {out['max_s']} s "
           f"({out['seen']}/{out['probes']} probes; load {load_before} -> {out['load_after']})", flush=True)
     return out
 
@@ -211,6 +269,11 @@ def main() -> None:
     ap.add_argument("--rate", type=int, default=1000)
     ap.add_argument("--seconds", type=int, default=60)
     ap.add_argument("--skip-throughput", action="store_true")
+    ap.add_argument("--skip-freshness", action="store_true")
+    ap.add_argument("--baseline-checkout", help="a checkout of an earlier commit: freshness of its code too")
+    ap.add_argument("--rounds", type=int, default=1, help="freshness runs of each code (alternating)")
+    ap.add_argument("--run-pairs", type=int, default=0,
+                    help="also time this many runs of 1,000 records read in the driver and by Spark, alternating")
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
     result: dict = {"date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -219,7 +282,22 @@ def main() -> None:
     shutil.rmtree(os.path.join(args.work, "kafka"), ignore_errors=True)  # a fresh broker: topics of this run only
     broker = KafkaBroker(work_dir=os.path.join(args.work, "kafka"), heap="1g").start()
     try:
-        result["freshness"] = freshness(broker, args.work, args.rate, args.seconds)
+        if args.skip_freshness:
+            pass
+        elif args.baseline_checkout or args.rounds > 1:
+            checkout = args.baseline_checkout and os.path.abspath(args.baseline_checkout)
+            runs: dict[str, list[dict]] = {"this": [], **({"baseline": []} if checkout else {})}
+            for i in range(args.rounds):
+                for code in runs:
+                    runs[code].append(freshness(broker, args.work, args.rate, args.seconds, f"fresh-{code}-{i}",
+                                                checkout if code == "baseline" else None))
+            result["freshness_runs"] = runs
+            result["baseline_checkout"] = args.baseline_checkout
+            result["freshness"] = runs["this"][-1]
+        else:
+            result["freshness"] = freshness(broker, args.work, args.rate, args.seconds)
+        if args.run_pairs:
+            result["run_seconds"] = run_seconds(broker, args.work, args.run_pairs)
         if not args.skip_throughput:
             result["throughput"] = throughput(broker, args.work, args.keys)
     finally:

@@ -1,5 +1,7 @@
 """Kafka topics as sources of stores and streams: what a run reads from a topic, read
-with Spark's own Kafka source (spark-sql-kafka-0-10).
+with Spark's own Kafka source (spark-sql-kafka-0-10), or, for a store's run of few records
+(``plan.choose_plan``), in the driver with the confluent-kafka client (``read_here``), which
+gives the same rows without a Spark job.
 
 **Where a run starts and ends.** A store fed by a topic keeps its position in the topic, the next
 offset of every partition (``layout.KafkaPosition``), in its own ``StoreState``: committed in the
@@ -36,7 +38,16 @@ variables (``VERSIQ_KAFKA_SASL_JAAS_CONFIG`` is ``sasl.jaas.config``; the enviro
 Kafka (Java) client settings given to both Spark's source and the metadata consumer of this
 module, so one configuration (security protocol, SASL, SSL) serves both. Their values are
 never logged, reported or shown. Settings versiq manages itself (group, offsets, deserializers)
-are refused.
+are refused. A run read in the driver gives them to librdkafka (``driver_config``), only when
+every one has a setting of the same meaning there (``DRIVER_OPTIONS``); otherwise the store's
+runs read with Spark's source, and the log says why once.
+
+**A run read in the driver** (``read_here``) assigns each partition at the run's start offset
+and reads until its end offset (or the partition's end, past records the log cleaner removed),
+with the source's ``isolation.level`` (the Java client's default, ``read_uncommitted``, unless
+set), never committing to a consumer group. The position is still committed with the run's data
+only: a broker that stops answering for ``POLL_TIMEOUT_MS``, or records deleted before they
+were read, fail the run before anything is written, and the rerun reads the range again.
 
 The broker's metadata (partitions, offsets) is asked with the Java Kafka client Spark's source
 uses (same jar, same settings), through the session's JVM.
@@ -48,6 +59,7 @@ import contextlib
 import json
 import logging
 import re
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,9 +73,9 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from versiq import settings
 from versiq.ingest.errors import UsageError
 from versiq.ingest.order import MAX_POS, POS_BITS, RUN_SCHEMA
-from versiq.ingest.records.kafka_rows import KafkaFormat, parse_kafka
+from versiq.ingest.records.kafka_rows import KAFKA_INPUT_SCHEMA, KafkaFormat, parse_kafka
 from versiq.ingest.records.registry import SchemaRegistryError, check_registry
-from versiq.ingest.records.schema import PARSED_SCHEMA
+from versiq.ingest.records.schema import BATCH_ROWS, PARSED_SCHEMA
 from versiq.ingest.sources import SourceError
 from versiq.layout import KafkaPosition
 
@@ -439,17 +451,7 @@ def read_records(spark: SparkSession, source: KafkaSource, read: KafkaRead, max_
     ranges = {p: r for p, r in read.ranges.items() if r[0] < r[1]}
     if not ranges:
         return spark.createDataFrame(RUN_SCHEMA.empty_table())
-    if source.format.schema_registry is not None:
-        # A registry that cannot be asked fails the run here, before Spark reads (the tasks would
-        # fail the same way, each after its tries): records.registry.SchemaRegistryError.
-        try:
-            check_registry(source.format.schema_registry)
-        except SchemaRegistryError as exc:
-            raise KafkaSourceError(f"reading {source.name}: {exc}") from None
-    for p, (start, end) in ranges.items():
-        if end - start > MAX_POS:
-            raise KafkaSourceError(f"topic {source.topic} partition {p}: {end - start} records in one run; at most "
-                                   f"{MAX_POS}")
+    _check_ranges(source, ranges)
     topic = source.topic
     reader = (spark.read.format("kafka")
               .option("assign", json.dumps({topic: sorted(ranges)}))
@@ -481,6 +483,21 @@ def read_records(spark: SparkSession, source: KafkaSource, read: KafkaRead, max_
     return frame.mapInArrow(parse, from_arrow_schema(RUN_SCHEMA))
 
 
+def _check_ranges(source: KafkaSource, ranges: dict[int, tuple[int, int]]) -> None:
+    """Before a run reads ``ranges``: a registry that cannot be asked fails the run here, before
+    anything is read (Spark's tasks would fail the same way, each after its tries:
+    ``records.registry.SchemaRegistryError``), and so does a range too long for ``seq``."""
+    if source.format.schema_registry is not None:
+        try:
+            check_registry(source.format.schema_registry)
+        except SchemaRegistryError as exc:
+            raise KafkaSourceError(f"reading {source.name}: {exc}") from None
+    for p, (start, end) in ranges.items():
+        if end - start > MAX_POS:
+            raise KafkaSourceError(f"topic {source.topic} partition {p}: {end - start} records in one run; at most "
+                                   f"{MAX_POS}")
+
+
 def _with_kafka_order(batch: pa.RecordBatch, starts: dict[int, int]) -> pa.RecordBatch:
     """A ``PARSED_SCHEMA`` batch of Kafka records as ``RUN_SCHEMA`` (``read_records``)."""
     part = batch.column(PARSED_SCHEMA.get_field_index("part"))
@@ -499,3 +516,166 @@ def trigger_frame(spark: SparkSession, source: KafkaSource) -> DataFrame:
     for name, value in _reader_options(source).items():
         reader = reader.option(name, value)
     return reader.load().select(F.col("topic").alias("path"))
+
+
+# ---------------------------------------------------------------- reading a small run in the driver
+#: Java client settings with the same meaning in librdkafka (the confluent-kafka client a small
+#: run reads with, ``read_here``), each to its librdkafka name. ``None``: understood, with nothing
+#: to set (``default.api.timeout.ms`` bounds the Java client's blocking calls; the driver's read
+#: is bounded by ``POLL_TIMEOUT_MS``, as a Spark task's).
+DRIVER_OPTIONS: dict[str, str | None] = {
+    "bootstrap.servers": "bootstrap.servers",
+    "client.id": "client.id",
+    "security.protocol": "security.protocol",
+    "sasl.mechanism": "sasl.mechanism",
+    "sasl.username": "sasl.username",
+    "sasl.password": "sasl.password",
+    "ssl.keystore.location": "ssl.keystore.location",
+    "ssl.keystore.password": "ssl.keystore.password",
+    "ssl.key.password": "ssl.key.password",
+    "ssl.truststore.location": "ssl.ca.location",
+    "ssl.keystore.type": None,
+    "ssl.truststore.type": None,
+    "ssl.endpoint.identification.algorithm": "ssl.endpoint.identification.algorithm",
+    "isolation.level": "isolation.level",
+    "request.timeout.ms": "socket.timeout.ms",
+    "default.api.timeout.ms": None,
+    "max.partition.fetch.bytes": "max.partition.fetch.bytes",
+    "fetch.max.bytes": "fetch.max.bytes",
+}
+#: SASL mechanisms that need nothing but a user name and password in both clients (GSSAPI and
+#: OAUTHBEARER are configured differently in each).
+DRIVER_SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+_HEADERS = KAFKA_INPUT_SCHEMA.field("headers").type
+#: The stores (source names) whose reason to read with Spark was logged (``driver_config``).
+_LOGGED_SPARK_READS: set[tuple[str, str]] = set()
+
+
+def driver_config(source: KafkaSource) -> tuple[dict[str, str] | None, str]:
+    """The librdkafka settings of ``source``'s client settings (``DRIVER_OPTIONS``), or None and
+    why not: a setting that has no same-meaning librdkafka setting (``sasl.jaas.config``, a Java
+    JKS keystore or truststore, GSSAPI or OAUTHBEARER) keeps its runs on Spark's Kafka source.
+    Names only in the reason, never values (other than the mechanism or store type)."""
+    options = source.client_options()
+    unknown = sorted(set(options) - set(DRIVER_OPTIONS))
+    if unknown:
+        return None, f"Kafka option(s) {', '.join(unknown)} have no same-meaning setting in librdkafka"
+    if "SASL" in options.get("security.protocol", "PLAINTEXT").upper():
+        mechanism = options.get("sasl.mechanism", "GSSAPI").upper()  # both clients' default
+        if mechanism not in DRIVER_SASL_MECHANISMS:
+            return None, f"sasl.mechanism {mechanism} is configured differently in librdkafka"
+        if "sasl.username" not in options:
+            return None, "SASL without sasl.username (the Java client's credentials are in sasl.jaas.config)"
+    for store, librdkafka_type in (("keystore", "PKCS12"), ("truststore", "PEM")):
+        stated = options.get(f"ssl.{store}.type", "JKS").upper()
+        if f"ssl.{store}.location" in options and stated != librdkafka_type:
+            return None, f"ssl.{store}.type {stated}: librdkafka reads a {store} of type {librdkafka_type} only"
+    config: dict[str, str] = {"isolation.level": "read_uncommitted",  # the Java client's default
+                              "socket.timeout.ms": CLIENT_TIMEOUTS["request.timeout.ms"]}
+    for name, value in options.items():
+        target = DRIVER_OPTIONS[name]
+        if target == "ssl.endpoint.identification.algorithm":
+            value = value or "none"  # the Java client's empty value turns the check off
+        if target is not None:
+            config[target] = value
+    return config, ""
+
+
+def reads_here(source: KafkaSource, store: str) -> bool:
+    """Whether a small run of ``source`` may read in the driver (``driver_config``); when not,
+    says why once per store and reason."""
+    config, why = driver_config(source)
+    if config is None and (store, why) not in _LOGGED_SPARK_READS:
+        _LOGGED_SPARK_READS.add((store, why))
+        log.info("%s: %s: its runs read with Spark's Kafka source", store, why)
+    return config is not None
+
+
+def read_here(source: KafkaSource, read: KafkaRead, max_timestamp: int | None) -> pa.Table:
+    """``read_records``' rows as one Arrow table, read in this process with the confluent-kafka
+    client (librdkafka): each partition assigned at the run's start offset and read up to its end
+    offset, nothing committed to any consumer group, then parsed by ``records.kafka_rows`` as
+    Spark's tasks parse them. A small run's Spark job costs more than its read
+    (``plan.choose_plan``). Raises ``KafkaSourceError`` when the broker stops answering for
+    ``POLL_TIMEOUT_MS``, the records planned were deleted meanwhile, or the read is refused: the
+    run fails before anything is written (the rerun reads the range again)."""
+    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+    ranges = {p: r for p, r in read.ranges.items() if r[0] < r[1]}
+    if not ranges:
+        return RUN_SCHEMA.empty_table()
+    _check_ranges(source, ranges)
+    config, why = driver_config(source)
+    if config is None:
+        raise ValueError(f"{source.name}: {why}")
+    errors: list[str] = []
+
+    def on_error(error: Any) -> None:
+        errors.append(str(error))
+
+    consumer_config: dict[str, Any] = {
+        **config, "group.id": "versiq-driver-read", "enable.auto.commit": False, "enable.auto.offset.store": False,
+        "auto.offset.reset": "error", "enable.partition.eof": True, "error_cb": on_error,
+        "client.id": config.get("client.id", "versiq-driver-read")}
+    try:
+        consumer = Consumer(consumer_config)
+    except (KafkaException, ValueError) as exc:
+        raise KafkaSourceError(redacted(f"cannot create a Kafka client for {source.bootstrap}: {exc}",
+                                        source)) from None
+    columns: dict[int, tuple[list[Any], ...]] = {p: ([], [], [], [], []) for p in ranges}
+    pending = set(ranges)
+    following = {p: start for p, (start, _end) in ranges.items()}  # the next offset to read
+    try:
+        consumer.assign([TopicPartition(source.topic, p, start) for p, (start, _end) in ranges.items()])
+        progress = time.monotonic()
+        while pending:
+            # at most the records left (consume returns once it has that many, or at the timeout)
+            left = sum(ranges[p][1] - following[p] for p in pending)
+            for msg in consumer.consume(num_messages=max(1, min(10_000, left)), timeout=0.5):
+                p, offset = int(msg.partition() or 0), int(msg.offset() or 0)
+                error = msg.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        if p in pending and offset >= ranges[p][1]:  # the rest of the range is gone
+                            pending.discard(p)                             # (compacted, or control records)
+                        continue
+                    if error.retriable() and not error.fatal():
+                        errors.append(str(error))
+                        continue
+                    raise KafkaSourceError(redacted(
+                        f"reading {source.name} from {source.bootstrap} failed: partition {p}: {error}", source))
+                if p not in pending:
+                    continue
+                end = ranges[p][1]
+                following[p] = offset + 1
+                if offset < end:
+                    keys, values, offsets, stamps, headers = columns[p]
+                    keys.append(msg.key())
+                    values.append(msg.value())
+                    offsets.append(offset)
+                    stamps.append(msg.timestamp()[1])
+                    found: Any = msg.headers()
+                    headers.append(None if found is None else [{"key": k, "value": v} for k, v in found])
+                    progress = time.monotonic()
+                if offset >= end - 1:
+                    pending.discard(p)
+                    consumer.pause([TopicPartition(source.topic, p)])
+            if pending and time.monotonic() - progress > POLL_TIMEOUT_MS / 1000:
+                last = f": {errors[-1]}" if errors else ""
+                raise KafkaSourceError(redacted(
+                    f"reading {source.name} from {source.bootstrap} failed: no records for {POLL_TIMEOUT_MS // 1000} s "
+                    f"in partition(s) {sorted(pending)}{last}", source))
+    finally:
+        consumer.close()
+    starts = {p: s for p, (s, _e) in ranges.items()}
+    batches: list[pa.RecordBatch] = []
+    for p in sorted(ranges):
+        keys, values, offsets, stamps, headers = columns[p]
+        for lo in range(0, len(offsets), BATCH_ROWS):
+            hi = lo + BATCH_ROWS
+            batch = pa.RecordBatch.from_arrays(
+                [pa.array(keys[lo:hi], pa.binary()), pa.array(values[lo:hi], pa.binary()),
+                 pa.array([p] * len(offsets[lo:hi]), pa.int32()), pa.array(offsets[lo:hi], pa.int64()),
+                 pa.array(stamps[lo:hi], pa.int64()), pa.array(headers[lo:hi], _HEADERS)], schema=KAFKA_INPUT_SCHEMA)
+            batches.append(_with_kafka_order(parse_kafka(batch, source.format, source.name, max_timestamp), starts))
+    return pa.Table.from_batches(batches, schema=RUN_SCHEMA)

@@ -34,6 +34,7 @@ from versiq.ingest.kafka import (
     describe_read,
     plan_run,
     read_errors,
+    read_here,
     read_records,
     read_report,
 )
@@ -253,16 +254,21 @@ def _ingest_topic(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, sou
         return _nothing_new(spark, handle, spec, report, f"no new records in {source.name}")
     run = handle.state.run + 1
     report.run = run
-    plan = choose_plan(spark, None, None, read.input_bytes)
+    plan = choose_plan(spark, None, None, read.input_bytes, kafka=source, store=f"store {spec.name}")
     log.info("store %s: run %d over %s: %s", spec.name, run, describe_read(source, read), plan.describe())
 
     def rejections(parsed: DataFrame | pa.Table, classified: DataFrame | pa.Table, state: StoreState,
                    decided: int, total: int) -> None:
-        assert isinstance(parsed, DataFrame) and isinstance(classified, DataFrame)  # Kafka: Spark decides
-        write_source_rejected(parsed, classified, handle.path, state, source.name, decided=decided, total=total)
+        write_source_rejected(spark, parsed, classified, handle.path, state, source.name, decided=decided,
+                              total=total)
 
     with read_errors(source):
-        parsed = read_records(spark, source, read, future_bound(spec.max_future_ms))
+        parsed: DataFrame | pa.Table
+        if plan.parse == "driver":  # read and parsed here, decided by DuckDB (``kafka.read_here``)
+            parsed = read_here(source, read, future_bound(spec.max_future_ms))
+            log.debug("%s read and parsed in this process", counted(parsed.num_rows, "record"))
+        else:
+            parsed = read_records(spark, source, read, future_bound(spec.max_future_ms))
         _run_once(spark, handle, spec, run, report, parsed, False, rejections,
                   lambda state: replace(state, kafka=read.position(position, source.topic, run)), plan)
     return report

@@ -9,9 +9,14 @@ The plans (docs/architecture.md has this table with the reasons):
 run                         parse                               decide      Spark plans as
 ==========================  ==================================  ==========  =====================
 local files, <= 128 MiB     the driver (``parse.parse_here``)   DuckDB      small run <= 4 MiB
-larger, Parquet, S3, Kafka  Spark tasks                         Spark       small run <= 4 MiB
+Kafka, <= 128 MiB / 256 B   the driver (``kafka.read_here``)    DuckDB      small run <= 4 MiB
+larger, Parquet, S3         Spark tasks                         Spark       small run <= 4 MiB
 cluster master              the driver only for a small run     (as parse)
 ==========================  ==================================  ==========  =====================
+
+A Kafka run's size is its records times ``kafka.RECORD_BYTES_ESTIMATE`` (256 bytes): up to
+524,288 records it is read in the driver with the confluent-kafka client, unless the source's
+client settings have no same-meaning librdkafka setting (``kafka.driver_config``; said once).
 
 Spark always writes. A run the driver finds to hold more than ``parse.PARSE_HERE_ROWS`` records
 while it parses is parsed again by Spark tasks (``RunPlan.spark_parses``), and that is logged too.
@@ -24,6 +29,7 @@ from dataclasses import dataclass, replace
 from pyspark.sql import SparkSession
 
 from versiq import settings
+from versiq.ingest.kafka import KafkaSource, reads_here
 from versiq.ingest.records import format_of
 from versiq.ingest.spark import runs_locally, small_run
 
@@ -64,14 +70,17 @@ class RunPlan:
 
 
 def choose_plan(spark: SparkSession, files: dict[str, str] | None, fmt: str | None,
-                input_bytes: int | None) -> RunPlan:
+                input_bytes: int | None, *, kafka: KafkaSource | None = None, store: str = "") -> RunPlan:
     """The plan of a run over ``files`` (relative path -> path; None: not files, e.g. a Kafka
     topic) of ``input_bytes`` (None: not known, e.g. S3 objects) in ``spark`` (a local master or
-    a cluster's). Starts no session."""
+    a cluster's); or of a run of ``store`` over the records of ``kafka`` (``files`` None,
+    ``input_bytes`` its records times ``kafka.RECORD_BYTES_ESTIMATE``). Starts no session."""
     small = small_run(input_bytes)
-    if files is None or not parses_here(files, fmt, input_bytes, local_master=runs_locally(spark)):
-        return RunPlan("spark", small, input_bytes)
-    return RunPlan("driver", small, input_bytes)
+    if kafka is not None:
+        here = parses_here({}, None, input_bytes, local_master=runs_locally(spark)) and reads_here(kafka, store)
+    else:
+        here = files is not None and parses_here(files, fmt, input_bytes, local_master=runs_locally(spark))
+    return RunPlan("driver" if here else "spark", small, input_bytes)
 
 
 def parses_here(files: dict[str, str], fmt: str | None, input_bytes: int | None, *,

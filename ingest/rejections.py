@@ -104,14 +104,33 @@ def write_rejected(spark: SparkSession, parsed: DataFrame | pa.Table, classified
     commit_side(store_path, REJECTED_DIR, state, frame.repartition(1).sortWithinPartitions("seq"), empty=False)
 
 
-def write_source_rejected(parsed: DataFrame, classified: DataFrame | None, store_path: str, state: StoreState,
-                          source: str, decided: int = 0, total: int | None = None) -> None:
+def write_source_rejected(spark: SparkSession, parsed: DataFrame | pa.Table, classified: DataFrame | pa.Table | None,
+                          store_path: str, state: StoreState, source: str, decided: int = 0,
+                          total: int | None = None) -> None:
     """The run's rejected records for a source whose parsed records all carry their text
     (``raw``; Kafka: a record cannot be read again from a file), named ``source`` with their
-    partition and offset (no line or row). Written like ``write_rejected``."""
+    partition and offset (no line or row). Written like ``write_rejected``; ``parsed`` and
+    ``classified`` are Arrow tables in a run read and decided in this process
+    (``kafka.read_here``): the same rows, assembled here."""
     if total == 0:
-        _none_rejected(parsed.sparkSession, store_path, state)
+        _none_rejected(spark, store_path, state)
         return
+    if isinstance(parsed, pa.Table):
+        parts = [_arrow(_parsed_rejected(parsed))]
+        if classified is not None and decided:
+            texts: pa.Table = parsed.select(["seq", "raw"])
+            parts.append(_arrow(_decided_rejected(classified)).join(texts, "seq").select(parts[0].column_names))
+        table = pa.concat_tables([t.cast(parts[0].schema) for t in parts]).sort_by("seq")
+        rows = table.num_rows
+        ingested = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        out = pa.table({
+            "run": pa.array(np.full(rows, state.run), pa.int64()), "source": pa.array([source] * rows, pa.string()),
+            "line": pa.nulls(rows, pa.int64()), "row": pa.nulls(rows, pa.int64()), "partition": table.column("part"),
+            "offset": table.column("offset"), "reason": table.column("reason"), "raw": table.column("raw"),
+            "detail": table.column("detail"), "ingested_at": pa.array([ingested] * rows, pa.string())})
+        commit_side(store_path, REJECTED_DIR, state, local_frame(spark, out), empty=False)
+        return
+    assert classified is None or isinstance(classified, DataFrame)
     rejected = parsed.filter(F.col("reason").isNotNull()).select("seq", "part", "offset", "reason", "detail", "raw")
     if classified is not None and decided:
         later = classified.filter(F.col("outcome") != "accepted").select(

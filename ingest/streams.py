@@ -102,8 +102,8 @@ def ingest_stream(spark: SparkSession, warehouse: str, spec: StreamSpec, lock_ti
             with read_errors(source):
                 _append_run(handle, spec, run, report, read_records(spark, source, read, bound),
                             StoreState(run=run, kafka=read.position(position, source.topic, run)),
-                            lambda parsed, state, total: write_source_rejected(parsed, None, handle.path, state,
-                                                                               source.name, total=total))
+                            lambda parsed, state, total: write_source_rejected(spark, parsed, None, handle.path,
+                                                                               state, source.name, total=total))
             return report
         done = set(handle.state.done_files)
         listing = list_sources(spec.source)

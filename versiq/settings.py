@@ -288,7 +288,8 @@ INTERPRETED_RUN_BYTES: Setting[int] = Setting(
 PARSE_HERE_BYTES: Setting[int | None] = Setting(
     "VERSIQ_PARSE_HERE_BYTES", whole_number, None,
     "a run over at most this many bytes of new local JSONL and CSV files (no Parquet; at most 2M records) parses "
-    "them in its own process, not in Spark's Python workers, and decides them there (DuckDB); default "
+    "them in its own process, not in Spark's Python workers, and decides them there (DuckDB); a store's Kafka run "
+    "(its records count 256 bytes each) is read there too, with the confluent-kafka client; default "
     "`134217728` (128 MiB) with a local master, a small run's 4 MiB with a cluster's; `0` never", "ingest")
 DERIVE_HERE_RECORDS: Setting[int | None] = Setting(
     "VERSIQ_DERIVE_HERE_RECORDS", whole_number, None,

@@ -42,6 +42,7 @@ from tests.support.processes import run_then_kill
 from tests.support.reference import InRecord, ReferenceStore
 from versiq.ingest.kafka import RECORD_BYTES_ESTIMATE, KafkaSource
 from versiq.ingest.pipeline import StoreSpec, run_ingest
+from versiq.ingest.plan import PARSE_HERE_BYTES_ENV
 from versiq.ingest.records.kafka_rows import KafkaFormat
 from versiq.ingest.spark import INTERPRETED_RUN_BYTES_ENV
 from versiq.layout import read_state
@@ -234,18 +235,23 @@ def test_a_run_of_few_records_plans_as_a_small_run(spark, kafka_broker, tmp_path
     """Offsets count records, not bytes: a run's size is its records times
     ``RECORD_BYTES_ESTIMATE``, so a micro-batch of a few thousand records plans as a small run
     (``ingest.spark.plans_for_input``: measured, continuous mode's runs of 3-5k records took
-    3.0-3.5 s instead of 4.8-5 s), and one beyond the limit as a large run."""
+    3.0-3.5 s instead of 4.8-5 s), and one beyond the limit as a large run. A run of few records
+    is read in the driver and decided by DuckDB (``kafka.read_here``); with
+    ``VERSIQ_PARSE_HERE_BYTES=0`` Spark reads and decides it."""
     monkeypatch.delenv(INTERPRETED_RUN_BYTES_ENV, raising=False)
+    monkeypatch.delenv(PARSE_HERE_BYTES_ENV, raising=False)
     topic = new_topic(kafka_broker, "small", 1)
     wh = str(tmp_path / "wh")
     spec = _spec("s", kafka_broker, topic)
     kafka_broker.produce(topic, [{"key": f"k{i}", "value": str(i), "timestamp_ms": 1000 + i} for i in range(10)])
     with caplog.at_level(logging.DEBUG, logger="versiq.ingest"):
         assert run_ingest(spark, wh, [spec]).stores["s"].error is None
-    assert "parse, decide and write with Spark (a small run)" in caplog.text  # the run's plan: 10 records
+    # the run's plan: 10 records
+    assert "parse in the driver, decide with DuckDB, write with Spark (a small run)" in caplog.text
     assert spark.conf.get("spark.sql.adaptive.enabled") == "true"  # the session's own, after the run
     caplog.clear()
     monkeypatch.setenv(INTERPRETED_RUN_BYTES_ENV, str(5 * RECORD_BYTES_ESTIMATE))  # 10 records are beyond it
+    monkeypatch.setenv(PARSE_HERE_BYTES_ENV, "0")
     kafka_broker.produce(topic, [{"key": f"k{i}", "value": "70", "timestamp_ms": 2000 + i} for i in range(10)])
     with caplog.at_level(logging.DEBUG, logger="versiq.ingest"):
         report = run_ingest(spark, wh, [spec]).stores["s"]
