@@ -220,17 +220,22 @@ def test_values_that_cannot_be_decoded_are_bad_value_naming_the_schema_id(schema
     assert '"Missing" is not defined' in rows[-1]["detail"], rows[-1]["detail"]
 
 
-def test_a_registry_that_cannot_be_asked_raises(schema_registry, shop):
+def test_a_registry_that_cannot_be_asked_raises(schema_registry, shop, monkeypatch):
+    from tests.ingest.test_kafka_registry_rows import recorded_pauses
     from tests.support.server_process import free_ports
+    from versiq.ingest.records.registry import RETRY_PAUSES_S
 
+    pauses = recorded_pauses(monkeypatch)  # each request tried after every pause, none slept
     pb, _money_id, shop_id = shop
     (closed,) = free_ports(1)
     down = KafkaFormat(value_format="protobuf", schema_registry=f"http://127.0.0.1:{closed}")
     with pytest.raises(SchemaRegistryError, match="cannot be reached"):
         parse([wire(shop_id, pb.Order())], down)
+    assert pauses == list(RETRY_PAUSES_S)
     keys_down = KafkaFormat(key_format="protobuf", schema_registry=f"http://127.0.0.1:{closed}")
     with pytest.raises(SchemaRegistryError, match="cannot be reached"):
         parse([b"{}"], keys_down, keys=[wire(shop_id, pb.Order())])
+    assert pauses == [*RETRY_PAUSES_S, *RETRY_PAUSES_S]
 
 
 # ------------------------------------------------------------------------------------------ keys

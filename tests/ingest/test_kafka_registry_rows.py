@@ -199,21 +199,39 @@ def test_schema_references_are_resolved(schema_registry):
     assert json.loads(row["value"]) == {"id": "o1", "total": {"cents": 250, "currency": "EUR"}}
 
 
-def test_a_registry_that_cannot_be_asked_raises_and_is_not_a_rejection(schema_registry):
+def recorded_pauses(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The pauses the registry client makes between a request's tries (``RETRY_PAUSES_S``),
+    recorded instead of slept: a test sees the retries without waiting for them."""
+    import time
+    import types
+
+    pauses: list[float] = []
+    monkeypatch.setattr(wire, "time", types.SimpleNamespace(sleep=pauses.append, monotonic=time.monotonic))
+    return pauses
+
+
+def test_a_registry_that_cannot_be_asked_raises_and_is_not_a_rejection(schema_registry, monkeypatch):
     from tests.support.server_process import free_ports
 
+    pauses = recorded_pauses(monkeypatch)
     (closed,) = free_ports(1)
     value = wire_value(1, avro_bytes(PRICE, {"sku": "a", "cents": 1, "at": 1}))
     down = KafkaFormat(value_format="avro", schema_registry=f"http://user:pw-secret@127.0.0.1:{closed}")
     with pytest.raises(SchemaRegistryError, match="cannot be reached") as raised:
         parse([value], down)
     assert "pw-secret" not in str(raised.value) and "***@127.0.0.1" in str(raised.value)
+    # tried 3 times, after each pause of the schedule
+    assert f"{len(wire.RETRY_PAUSES_S) + 1} tries" in str(raised.value) and len(wire.RETRY_PAUSES_S) == 2
+    assert pauses == list(wire.RETRY_PAUSES_S)
+    pauses.clear()
     # the registry's root, not its Confluent-compatible base URL: a 404 without Confluent's error code
     wrong = KafkaFormat(value_format="avro", schema_registry=schema_registry.root)
     with pytest.raises(SchemaRegistryError, match="Confluent-compatible base URL"):
         parse([value], wrong)
+    assert pauses == []  # a 404 is an answer: no retry
     with pytest.raises(SchemaRegistryError):
         wire.check_registry(f"http://127.0.0.1:{closed}")
+    assert pauses == list(wire.RETRY_PAUSES_S)
     wire.check_registry(schema_registry.url)
 
 

@@ -159,3 +159,21 @@ def ingest_in_process(spark, *argv: str) -> tuple[int, str]:
     with contextlib.redirect_stderr(printed):
         status = ingest_command(args, parser, spark=spark)
     return status, printed.getvalue()
+
+
+def get_in_process(*argv: str) -> tuple[int, str]:
+    """``versiq get ARGV`` run by this process: the CLI's parser and command (the read path of
+    GET /v1/stores/{store}/keys/{key}, no server), without a process start. Returns the exit
+    status and what the command printed on stdout."""
+    import io
+
+    from versiq.cli.main import build_parser
+    from versiq.service.offline import get_command
+
+    args = build_parser().parse_args(["get", *argv])
+    raw = io.BytesIO()
+    printed = io.TextIOWrapper(raw, encoding="utf-8")  # the command writes its bytes to stdout.buffer
+    with contextlib.redirect_stdout(printed):
+        status = get_command(args)
+    printed.flush()
+    return status, raw.getvalue().decode("utf-8")
