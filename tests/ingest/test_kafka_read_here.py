@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 from deltalake import DeltaTable
 
-from tests.ingest.test_kafka_avro_ingest import PRICE, price, wire
 from tests.ingest.test_kafka_ingest import _changelog, _spec, new_topic
 from tests.support.ingest import rejected_rows, store_versions, stream_times
+from tests.support.registry_stores import PRICE, price
+from tests.support.registry_stores import avro_wire as wire
 from versiq.ingest.kafka import KafkaSource, driver_config
 from versiq.ingest.pipeline import StoreSpec, run_ingest
 from versiq.ingest.plan import PARSE_HERE_BYTES_ENV
