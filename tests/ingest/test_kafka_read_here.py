@@ -47,18 +47,23 @@ def _odd_records(rng: random.Random, partitions: int, base: int) -> list[dict[st
     return out
 
 
-def _ingest(spark, wh: str, spec: StoreSpec, monkeypatch, caplog, here: bool) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+def _ingest(spark, wh: str, specs: list[StoreSpec], monkeypatch, caplog, here: bool) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    """One run of ``specs`` into ``wh``, read in the driver (``here``) or by Spark: each store's
+    report, without its seconds."""
     if here:
         monkeypatch.delenv(PARSE_HERE_BYTES_ENV, raising=False)
     else:
         monkeypatch.setenv(PARSE_HERE_BYTES_ENV, "0")  # every run parses in Spark tasks
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="versiq.ingest"):
-        report = run_ingest(spark, wh, [spec]).stores[spec.name]
-    assert report.error is None, report.error
-    assert (DRIVER if here else SPARK) in caplog.text, caplog.text
-    out = dataclasses.asdict(report)
-    out.pop("seconds", None)
+        reports = run_ingest(spark, wh, specs).stores
+    out = {}
+    for name, report in reports.items():
+        assert report.error is None, report.error
+        out[name] = dataclasses.asdict(report)
+        out[name].pop("seconds", None)
+    if any(r["run"] for r in out.values()):
+        assert (DRIVER if here else SPARK) in caplog.text, caplog.text
     return out
 
 
@@ -72,28 +77,7 @@ def _same(path: str, reference: str) -> None:
     assert plain(rejected_rows(path)) == plain(rejected_rows(reference))
 
 
-@pytest.mark.rule(19, 20, 21)
-@pytest.mark.parametrize("seed", [3, 11])
-def test_a_random_topic_read_here_equals_sparks_read_run_after_run(spark, kafka_broker, tmp_path, monkeypatch,
-                                                                   caplog, seed):
-    rng = random.Random(seed)
-    partitions = rng.choice([1, 3])
-    topic = new_topic(kafka_broker, "here", partitions)
-    here, there = str(tmp_path / "here"), str(tmp_path / "spark")
-    spec = _spec("s", kafka_broker, topic, history_retention_ms=50)
-    for run in range(3):
-        records = _changelog(rng, rng.randrange(20, 120), partitions, base=10_000 + 300 * run)
-        records += _odd_records(rng, partitions, base=10_000 + 300 * run)
-        rng.shuffle(records)
-        kafka_broker.produce(topic, records)
-        reports = [_ingest(spark, wh, spec, monkeypatch, caplog, here=wh == here) for wh in (here, there)]
-        assert reports[0] == reports[1]
-        _same(os.path.join(here, "s"), os.path.join(there, "s"))
-    assert rejected_rows(os.path.join(here, "s"))  # the runs rejected records
-
-
-def test_debezium_change_events_read_here_equal_sparks_read(spark, kafka_broker, tmp_path, monkeypatch,
-                                                                    caplog):
+def _debezium_topic(kafka_broker) -> str:  # type: ignore[no-untyped-def]
     topic = new_topic(kafka_broker, "here-dbz", 2)
     env = lambda op, after, ts: json.dumps({"op": op, "after": after, "ts_ms": ts})  # noqa: E731
     kafka_broker.produce(topic, [
@@ -104,15 +88,10 @@ def test_debezium_change_events_read_here_equal_sparks_read(spark, kafka_broker,
         {"key": None, "value": env("t", None, 103), "partition": 1, "timestamp_ms": 1},
         {"key": '{"id": 3}', "value": env("u", {"id": 3}, 104), "partition": 1, "timestamp_ms": 1},
     ])
-    spec = _spec("d", kafka_broker, topic, format=KafkaFormat(value_format="debezium", key_field="id"))
-    here, there = str(tmp_path / "here"), str(tmp_path / "spark")
-    reports = [_ingest(spark, wh, spec, monkeypatch, caplog, here=wh == here) for wh in (here, there)]
-    assert reports[0] == reports[1] and reports[0]["skipped"]
-    _same(os.path.join(here, "d"), os.path.join(there, "d"))
+    return topic
 
 
-def test_avro_values_of_the_schema_registry_read_here_equal_sparks_read(spark, kafka_broker, schema_registry,
-                                                                        tmp_path, monkeypatch, caplog):
+def _avro_topic(kafka_broker, schema_registry) -> str:  # type: ignore[no-untyped-def]
     topic = kafka_broker.new_topic("here-avro", partitions=2)
     v1 = schema_registry.register(f"{topic}-value", PRICE)
     good = wire(v1, PRICE, price("c", 1))
@@ -123,12 +102,40 @@ def test_avro_values_of_the_schema_registry_read_here_equal_sparks_read(spark, k
         {"key": "d", "value": b'{"sku": "d"}', "partition": 0, "timestamp_ms": 4_001},
         {"key": "f", "value": good[:-2], "partition": 0, "timestamp_ms": 4_003},
     ])
-    fmt = KafkaFormat(value_format="avro", schema_registry=schema_registry.url)
-    spec = _spec("p", kafka_broker, topic, format=fmt)
+    return topic
+
+
+@pytest.mark.rule(19, 20, 21)
+def test_topics_read_here_equal_sparks_read_run_after_run(spark, kafka_broker, schema_registry, tmp_path,
+                                                          monkeypatch, caplog):
+    """The same runs of four stores made twice, read in the driver and read by Spark: two random
+    topics (1 and 3 partitions; changelogs with bad JSON, bytes that are not UTF-8, JSON null,
+    empty keys, headers, late records, partition conflicts) over two runs, a Debezium topic
+    (a skipped delete marker, a truncate) and an Avro topic of the schema registry (a tombstone,
+    values not in the wire format, a truncated one): equal reports, stores, stream times,
+    positions and rejections after every run."""
+    rng = random.Random(3)
+    randoms = {f"r{n}": (new_topic(kafka_broker, "here", n), n) for n in (1, 3)}
+    specs = [_spec(name, kafka_broker, topic, history_retention_ms=50) for name, (topic, _n) in randoms.items()]
+    specs += [_spec("d", kafka_broker, _debezium_topic(kafka_broker),
+                    format=KafkaFormat(value_format="debezium", key_field="id")),
+              _spec("p", kafka_broker, _avro_topic(kafka_broker, schema_registry),
+                    format=KafkaFormat(value_format="avro", schema_registry=schema_registry.url))]
     here, there = str(tmp_path / "here"), str(tmp_path / "spark")
-    reports = [_ingest(spark, wh, spec, monkeypatch, caplog, here=wh == here) for wh in (here, there)]
-    assert reports[0] == reports[1]
-    _same(os.path.join(here, "p"), os.path.join(there, "p"))
+    for run in range(2):
+        for topic, partitions in randoms.values():
+            records = _changelog(rng, rng.randrange(20, 120), partitions, base=10_000 + 300 * run)
+            records += _odd_records(rng, partitions, base=10_000 + 300 * run)
+            rng.shuffle(records)
+            kafka_broker.produce(topic, records)
+        reports = [_ingest(spark, wh, specs, monkeypatch, caplog, here=wh == here) for wh in (here, there)]
+        assert reports[0] == reports[1]
+        for spec in specs:
+            _same(os.path.join(here, spec.name), os.path.join(there, spec.name))
+        if run == 0:
+            assert reports[0]["d"]["skipped"]  # the delete marker
+    for name in randoms:
+        assert rejected_rows(os.path.join(here, name))  # the runs rejected records
     assert len(rejected_rows(os.path.join(here, "p"))) == 2
 
 
