@@ -21,8 +21,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import logging
-import os
-import shutil
 import socket
 import subprocess
 import time
@@ -31,6 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tests.support.processes import java_binary
 from tests.support.server_process import ServerProcess, free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,16 +85,6 @@ def jars_present(jars_dir: Path = JARS_DIR) -> bool:
     return any(jars_dir.glob("kafka_2.13-*.jar")) and any(jars_dir.glob("log4j-slf4j-impl-*.jar"))
 
 
-def _java() -> str:
-    home = os.environ.get("JAVA_HOME")
-    if home and os.access(os.path.join(home, "bin", "java"), os.X_OK):
-        return os.path.join(home, "bin", "java")
-    java = shutil.which("java")
-    if java is None:
-        raise KafkaBrokerError("java is not on PATH (Java 17 or later is needed: make java)")
-    return java
-
-
 def _as_bytes(value: bytes | str | None) -> bytes | None:
     return value.encode("utf-8") if isinstance(value, str) else value
 
@@ -145,7 +134,8 @@ class KafkaBroker(ServerProcess):
             self._format(timeout)
 
     def _java_command(self, main: str, *args: str) -> list[str]:
-        return [_java(), f"-Xmx{self.heap}", "-Xms64m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+        return [java_binary(KafkaBrokerError), f"-Xmx{self.heap}", "-Xms64m", "-XX:+UseSerialGC",
+                "-XX:TieredStopAtLevel=1",
                 "-Djava.awt.headless=true", "-Djava.net.preferIPv4Stack=true",
                 f"-Dlog4j2.configurationFile={self.work_dir / 'log4j2.properties'}",
                 "-cp", str(self.jars_dir / "*"), main, *args]

@@ -5,6 +5,7 @@ process to be ready, and stopping it."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -59,3 +60,14 @@ def stop(process: subprocess.Popen, timeout: float = 20.0) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait(timeout=timeout)
+
+
+def java_binary(error: type[Exception]) -> str:
+    """The ``java`` of ``JAVA_HOME``, else the one on ``PATH``; ``error`` when there is none."""
+    home = os.environ.get("JAVA_HOME")
+    if home and os.access(os.path.join(home, "bin", "java"), os.X_OK):
+        return os.path.join(home, "bin", "java")
+    java = shutil.which("java")
+    if java is None:
+        raise error("java is not on PATH (Java 17 or later is needed: make java)")
+    return java

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import Any
 
 import httpx
 
+from tests.support.processes import java_binary
 from tests.support.server_process import ServerProcess, free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,16 +50,6 @@ def runner_jar(dist_dir: Path = DIST_DIR) -> Path:
 def dist_present(dist_dir: Path = DIST_DIR) -> bool:
     """Whether the registry's distribution has been unpacked into ``dist_dir``."""
     return runner_jar(dist_dir).is_file() and (dist_dir / "lib").is_dir()
-
-
-def _java() -> str:
-    home = os.environ.get("JAVA_HOME")
-    if home and os.access(os.path.join(home, "bin", "java"), os.X_OK):
-        return os.path.join(home, "bin", "java")
-    java = shutil.which("java")
-    if java is None:
-        raise SchemaRegistryError("java is not on PATH (Java 17 or later is needed: make java)")
-    return java
 
 
 class SchemaRegistry(ServerProcess):
@@ -111,7 +101,8 @@ class SchemaRegistry(ServerProcess):
         # The application's own properties set these under the prod profile (%prod.): the same keys
         # with and without it, so they win whichever way the configuration resolves profiles.
         flags = [f"-D{prefix}{key}={value}" for key, value in settings.items() for prefix in ("", "%prod.")]
-        return [_java(), f"-Xmx{self.heap}", "-Xms64m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+        return [java_binary(SchemaRegistryError), f"-Xmx{self.heap}", "-Xms64m", "-XX:+UseSerialGC",
+                "-XX:TieredStopAtLevel=1",
                 "-Djava.awt.headless=true", "-Djava.net.preferIPv4Stack=true", *flags,
                 "-jar", str(runner_jar(self.dist_dir))]
 
