@@ -84,7 +84,21 @@ def parse_value(text: str | None) -> Any:
     """
     if text is None:
         return None
+    if text.__class__ is str:
+        # the decoder's scanner alone, when the text is one JSON value and nothing around it;
+        # anything else (blanks around it, extra data, a BOM, no value) goes through json.loads
+        try:
+            parsed, end = _SCAN(text, 0)
+        except StopIteration:
+            pass
+        else:
+            if end == len(text):
+                return parsed
     return json.loads(text, parse_float=Decimal, parse_constant=_reject_constant)
+
+
+_SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder(  # type: ignore[attr-defined]
+    parse_float=Decimal, parse_constant=_reject_constant).scan_once
 
 
 def render_number(n: int | Decimal) -> str:
@@ -129,8 +143,8 @@ def render_number(n: int | Decimal) -> str:
     return "-" + text if sign else text
 
 
-def _render_string(s: str) -> str:
-    return json.dumps(s, ensure_ascii=False)
+#: ``json.dumps(s, ensure_ascii=False)`` for a string, without building an encoder per call.
+_render_string: Callable[[str], str] = json.encoder.encode_basestring  # type: ignore[attr-defined]
 
 
 def render_json(value: Any) -> str:
@@ -141,6 +155,13 @@ def render_json(value: Any) -> str:
     it does not reproduce the input's spelling. Values that must stay verbatim (join results)
     are built from the original text instead (docs/derived-tables.md, "Values").
     """
+    cls = value.__class__
+    if cls is str:
+        return _render_string(value)
+    if cls is int:
+        return render_number(value)
+    if cls is dict:
+        return "{" + ",".join([_render_member(name, member) for name, member in value.items()]) + "}"
     if value is None:
         return "null"
     if value is True:
@@ -154,15 +175,16 @@ def render_json(value: Any) -> str:
     if isinstance(value, str):
         return _render_string(value)
     if isinstance(value, dict):
-        members = []
-        for name, member in value.items():
-            if not isinstance(name, str):
-                raise TypeError(f"object member names must be strings, not {name!r}")
-            members.append(_render_string(name) + ":" + render_json(member))
-        return "{" + ",".join(members) + "}"
+        return "{" + ",".join([_render_member(name, member) for name, member in value.items()]) + "}"
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(render_json(item) for item in value) + "]"
     raise TypeError(f"{type(value).__name__} is not a JSON value")
+
+
+def _render_member(name: Any, member: Any) -> str:
+    if not isinstance(name, str):
+        raise TypeError(f"object member names must be strings, not {name!r}")
+    return _render_string(name) + ":" + render_json(member)
 
 
 #: Numbers the evaluator works with have a magnitude below 1E+1001 and, unless zero, of at least
@@ -663,6 +685,11 @@ def _is_number(x: Any) -> bool:
 
 def _normalise(x: Any) -> Any:
     """A float becomes a Decimal of its shortest text; a non-finite or out-of-range number null."""
+    cls = x.__class__
+    if cls is str or cls is bool or x is None:
+        return x
+    if cls is int:
+        return x if -_INT_LIMIT < x < _INT_LIMIT else None
     if isinstance(x, float):
         x = Decimal(str(x))
     if _is_number(x) and not _in_range(x):
@@ -825,55 +852,144 @@ def _call(function: str, values: list[Any]) -> Any:
     return x.lower() if function == "lower" else x.upper()
 
 
-def _eval(node: _Node, key: Any, value: Any, agg: Any = None) -> Any:
+#: A compiled expression: (key, value, agg) -> result.
+_Fn = Callable[[Any, Any, Any], Any]
+
+#: Comparison operators on two ints or two strings (``_compare``'s first case).
+_SAME_KIND_COMPARISONS: dict[str, Callable[[Any, Any], bool]] = {
+    "=": operator.eq, "!=": operator.ne, **_ORDERINGS,
+}
+_INT_ARITHMETIC: dict[str, Callable[[int, int], int]] = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+
+
+def _compile(node: _Node) -> _Fn:
+    """The node as a Python function of (key, value, agg), built once per expression: it
+    computes exactly what the node means (``_compare``, ``_arithmetic``, ``_call`` ...), with
+    the common cases (a member of the value, two ints or two strings compared, int arithmetic)
+    taken without the general helpers. Recurses once per tree level, as evaluation does."""
     match node:
         case _Literal(literal):
-            return literal
+            return lambda key, value, agg: literal
         case _Path(steps):
-            return _walk(value, steps)
+            return _compile_path(steps, of_agg=False)
         case _Agg(steps):
-            return _walk(agg, steps)
+            return _compile_path(steps, of_agg=True)
         case _Key():
-            return _normalise(key)
+            return lambda key, value, agg: _normalise(key)
         case _Compare(op, left, right):
-            return _compare(op, _eval(left, key, value, agg), _eval(right, key, value, agg))
+            return _compile_compare(op, _compile(left), _compile(right))
         case _And(left, right):
-            a = _truth(_eval(left, key, value, agg))
-            if a is False:
-                return False
-            b = _truth(_eval(right, key, value, agg))
-            if b is False:
-                return False
-            return True if a is True and b is True else None
+            return _compile_and(_compile(left), _compile(right))
         case _Or(left, right):
-            a = _truth(_eval(left, key, value, agg))
-            if a is True:
-                return True
-            b = _truth(_eval(right, key, value, agg))
-            if b is True:
-                return True
-            return False if a is False and b is False else None
+            return _compile_or(_compile(left), _compile(right))
         case _Not(operand):
-            t = _truth(_eval(operand, key, value, agg))
-            return None if t is None else not t
+            return _compile_not(_compile(operand))
         case _IsNull(operand, negated):
-            return (_eval(operand, key, value, agg) is None) != negated
+            inner = _compile(operand)
+            return lambda key, value, agg: (inner(key, value, agg) is None) != negated
         case _Arithmetic(op, left, right):
-            return _arithmetic(op, _eval(left, key, value, agg), _eval(right, key, value, agg))
+            return _compile_arithmetic(op, _compile(left), _compile(right))
         case _Negate(operand):
-            x = _eval(operand, key, value, agg)
-            if not _is_number(x):
-                return None
-            return x.copy_negate() if isinstance(x, Decimal) else -x  # copy_negate: no context rounding
+            return _compile_negate(_compile(operand))
         case _Call("coalesce", args):
-            for arg in args:
-                result = _eval(arg, key, value, agg)
-                if result is not None:
-                    return result
-            return None
+            return _compile_coalesce(tuple(_compile(arg) for arg in args))
         case _Call(function, args):
-            return _call(function, [_eval(arg, key, value, agg) for arg in args])
+            fns = tuple(_compile(arg) for arg in args)
+            return lambda key, value, agg: _call(function, [f(key, value, agg) for f in fns])
     raise AssertionError(f"unknown node {node!r}")  # pragma: no cover - the parser builds only the above
+
+
+def _compile_path(steps: tuple[str | int, ...], of_agg: bool) -> _Fn:
+    if len(steps) == 1 and isinstance(steps[0], str):
+        name = steps[0]
+        if of_agg:
+            def agg_member(key: Any, value: Any, agg: Any) -> Any:
+                return _normalise(agg.get(name)) if isinstance(agg, dict) else None
+            return agg_member
+
+        def member(key: Any, value: Any, agg: Any) -> Any:
+            return _normalise(value.get(name)) if isinstance(value, dict) else None
+        return member
+    if of_agg:
+        return lambda key, value, agg: _walk(agg, steps)
+    return lambda key, value, agg: _walk(value, steps)
+
+
+def _compile_compare(op: str, left: _Fn, right: _Fn) -> _Fn:
+    same_kind = _SAME_KIND_COMPARISONS[op]
+
+    def compare(key: Any, value: Any, agg: Any) -> Any:
+        a = left(key, value, agg)
+        b = right(key, value, agg)
+        kind = a.__class__
+        if (kind is int or kind is str) and b.__class__ is kind:
+            return same_kind(a, b)
+        return _compare(op, a, b)
+    return compare
+
+
+def _compile_and(left: _Fn, right: _Fn) -> _Fn:
+    def and_(key: Any, value: Any, agg: Any) -> Any:
+        a = left(key, value, agg)  # three-valued: only True and False count (``_truth``)
+        if a is False:
+            return False
+        b = right(key, value, agg)
+        if b is False:
+            return False
+        return True if a is True and b is True else None
+    return and_
+
+
+def _compile_or(left: _Fn, right: _Fn) -> _Fn:
+    def or_(key: Any, value: Any, agg: Any) -> Any:
+        a = left(key, value, agg)
+        if a is True:
+            return True
+        b = right(key, value, agg)
+        if b is True:
+            return True
+        return False if a is False and b is False else None
+    return or_
+
+
+def _compile_not(operand: _Fn) -> _Fn:
+    def not_(key: Any, value: Any, agg: Any) -> Any:
+        t = operand(key, value, agg)
+        return False if t is True else True if t is False else None
+    return not_
+
+
+def _compile_arithmetic(op: str, left: _Fn, right: _Fn) -> _Fn:
+    exact = _INT_ARITHMETIC.get(op)
+    if exact is None:
+        return lambda key, value, agg: _arithmetic(op, left(key, value, agg), right(key, value, agg))
+
+    def arithmetic(key: Any, value: Any, agg: Any) -> Any:
+        a = left(key, value, agg)
+        b = right(key, value, agg)
+        if a.__class__ is int and b.__class__ is int:
+            return _normalise(exact(a, b))
+        return _arithmetic(op, a, b)
+    return arithmetic
+
+
+def _compile_negate(operand: _Fn) -> _Fn:
+    def negate(key: Any, value: Any, agg: Any) -> Any:
+        x = operand(key, value, agg)
+        if not _is_number(x):
+            return None
+        return x.copy_negate() if isinstance(x, Decimal) else -x  # copy_negate: no context rounding
+    return negate
+
+
+def _compile_coalesce(args: tuple[_Fn, ...]) -> _Fn:
+    def coalesce(key: Any, value: Any, agg: Any) -> Any:
+        for arg in args:
+            result = arg(key, value, agg)
+            if result is not None:
+                return result
+        return None
+    return coalesce
 
 
 # --------------------------------------------------------------------------------------------
@@ -885,22 +1001,29 @@ def _eval(node: _Node, key: Any, value: Any, agg: Any = None) -> Any:
 class Expression:
     """A parsed expression; equal (and hashed) by its text.
 
-    Constructing one parses ``text`` (raising ``ExpressionError``), so an ``Expression`` that
-    exists is always valid and evaluation needs no error path.
+    Constructing one parses ``text`` (raising ``ExpressionError``) and compiles the tree into
+    one Python function (``_compile``), so an ``Expression`` that exists is always valid and
+    evaluation needs no error path. It pickles as its text (and compiles again when loaded).
     """
 
     text: str
     _root: _Node = field(init=False, repr=False, compare=False)
+    _fn: _Fn = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_root", _parse(self.text))
+        root = _parse(self.text)
+        object.__setattr__(self, "_root", root)
+        object.__setattr__(self, "_fn", _compile(root))
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return Expression, (self.text,)
 
     def evaluate(self, key: str, value: Any, agg: Any = None) -> Any:
         """Evaluate over a record: ``key`` (its key string) and ``value`` (``parse_value`` of its
         value, or None), and ``agg`` (the current aggregate, for an aggregate's adder and
         subtractor). Never raises: every failure is None (null).
         """
-        return _eval(self._root, key, value, agg)
+        return self._fn(key, value, agg)
 
     @property
     def uses_agg(self) -> bool:

@@ -9,9 +9,8 @@ merge order. Emitted results are applied to the derived table's own store by the
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import Any, NamedTuple
 
 from versiq.ingest.derived.expressions import is_true, key_string, parse_value, render_json
 from versiq.ingest.derived.spec import TableSpec
@@ -19,15 +18,13 @@ from versiq.ingest.derived.state import Change, TableState
 from versiq.ingest.derived.subscriptions import Subscriptions
 
 
-@dataclass(frozen=True)
-class StreamRecord:
+class StreamRecord(NamedTuple):
     key: str
     value: str | None
     timestamp: int
 
 
-@dataclass(frozen=True)
-class Emit:
+class Emit(NamedTuple):
     key: str
     value: str | None  # None: a tombstone
     timestamp: int
@@ -54,9 +51,12 @@ class Operator:
         newest = self.own.latest(key)
         return None if newest is None else newest[0]
 
-    def _stamp(self, key: str, *stamps: int | None) -> int:
+    def _stamp(self, key: str, stamp: int, other: int | None = None) -> int:
         """A join result's timestamp: the max of the given ones and the key's previous result."""
-        return max(s for s in (*stamps, self._prev(key)) if s is not None)
+        if other is not None and other > stamp:
+            stamp = other
+        previous = self._prev(key)
+        return stamp if previous is None or stamp >= previous else previous
 
     def _join(self, key: str, left: str | None, right: str | None) -> str:
         """The joined value: ``{"left":L,"right":R}`` verbatim, or the ``select`` projection."""
@@ -74,13 +74,9 @@ class Filter(Operator):
 
     def on_change(self, side: int, change: Change) -> list[Emit]:
         assert self.spec.filter is not None
-        predicate = self.spec.filter
-
-        def passes(value: str | None) -> bool:
-            return value is not None and is_true(predicate.evaluate(change.key, parse_value(value)))
-
-        if passes(change.new):
-            return [Emit(change.key, change.new, change.timestamp)]
+        new = change.new
+        if new is not None and is_true(self.spec.filter.evaluate(change.key, parse_value(new))):
+            return [Emit(change.key, new, change.timestamp)]
         table, own = self.inputs[0], self.own
         assert table is not None and own is not None
         if not table.versioned and own.latest_value(change.key) is None:
@@ -163,6 +159,7 @@ class ForeignKeyJoin(Operator):
 
     def __init__(self, spec: TableSpec, inputs: list[TableState | None], own: TableState | None) -> None:
         super().__init__(spec, inputs, own)
+        self._fks: dict[str, tuple[str, str | None]] = {}
         reader = None if own is None else own.reader
         snapshot = reader is not None and reader.version is not None
         self.subscriptions = Subscriptions(None if reader is None else reader.path,
@@ -170,10 +167,18 @@ class ForeignKeyJoin(Operator):
                                            self._pointers)
 
     def _fk(self, key: str, value: str | None) -> str | None:
+        """The foreign key of a left value. The last one computed for each left key is kept with
+        the value text it came from, so a key's change does not parse again the old value (the
+        text a change's ``old`` is, that its previous change computed as ``new``)."""
         assert self.spec.foreign_key is not None
         if value is None:
             return None
-        return key_string(self.spec.foreign_key.evaluate(key, parse_value(value)))
+        known = self._fks.get(key)
+        if known is not None and known[0] is value:
+            return known[1]
+        fk = key_string(self.spec.foreign_key.evaluate(key, parse_value(value)))
+        self._fks[key] = (value, fk)
+        return fk
 
     def _pointers(self) -> list[tuple[str, str]]:
         """Every (left key, foreign key) of the whole left table (a table without a persisted
@@ -198,13 +203,14 @@ class ForeignKeyJoin(Operator):
         them (``Subscriptions``). Returns the result keys the batch may touch."""
         left, right = self.inputs
         assert left is not None and right is not None
-        fks = {fk for key, value in left_records if (fk := self._fk(key, value)) is not None}
-        for key in left_keys:
-            current = left.latest_value(key)
-            fk = None if current is None else self._fk(key, current[0])
-            if fk is not None:
-                fks.add(fk)
-        right.prefetch(fks)
+        if not right.fully_loaded:
+            fks = {fk for key, value in left_records if (fk := self._fk(key, value)) is not None}
+            for key in left_keys:
+                current = left.latest_value(key)
+                fk = None if current is None else self._fk(key, current[0])
+                if fk is not None:
+                    fks.add(fk)
+            right.prefetch(fks)
         touched = set(left_keys)
         self.subscriptions.load(right_keys)
         for foreign_key in right_keys:
@@ -280,43 +286,101 @@ def _number(value: Any) -> int | Decimal | None:
     return value
 
 
+#: Totals below this magnitude render as digits that parse back to the same int (``_current``).
+_ROUND_TRIP = 10 ** 1000
+
+
 class Aggregate(Operator):
     """Rule 17 (KIP-904): subtract the old value from its group and add the new one to its group,
     one atomic update when the group is the same; out-of-order changes of a versioned input
-    are ignored. The aggregate's state is its own store's latest value per group."""
+    are ignored. The aggregate's state is its own store's latest value per group.
+
+    Two things computed are kept, each with the exact text it was computed from and used only
+    while that very text object comes back, so they never change an answer: per input key, the
+    group and amounts of its last value (a change's ``old`` is its previous change's ``new``),
+    and per group, the totals of its last emitted aggregate when they are all ints (the
+    aggregate's current value is the text emitted last, and an int renders as digits that parse
+    back to the same int)."""
+
+    def __init__(self, spec: TableSpec, inputs: list[TableState | None], own: TableState | None) -> None:
+        super().__init__(spec, inputs, own)
+        self._contributions: dict[str, tuple[str, str | None, tuple[int | Decimal | None, ...]]] = {}
+        self._emitted: dict[str, tuple[str, dict[str, Any]]] = {}
+        #: ``"name":`` of each aggregate, as ``render_json`` renders an object's member
+        self._members = {name: render_json(name) + ":" for name, _ in spec.aggregates}
 
     def on_change(self, side: int, change: Change) -> list[Emit]:
         table, own = self.inputs[0], self.own
         assert table is not None and own is not None and self.spec.group_by is not None
         if table.versioned and not change.in_order:
             return []
-        group_by = self.spec.group_by
-
-        def group(value: str | None) -> tuple[str | None, Any]:
-            if value is None:
-                return None, None
-            parsed = parse_value(value)
-            return key_string(group_by.evaluate(change.key, parsed)), parsed
-
-        g_old, old = group(change.old)
-        g_new, new = group(change.new)
         if self.spec.aggregator is not None:
+            group_by = self.spec.group_by
+
+            def group(value: str | None) -> tuple[str | None, Any]:
+                if value is None:
+                    return None, None
+                parsed = parse_value(value)
+                return key_string(group_by.evaluate(change.key, parsed)), parsed
+
+            g_old, old = group(change.old)
+            g_new, new = group(change.new)
             return self._custom(change.timestamp, g_old, old, g_new, new, change.new)
-        updates: list[tuple[str, list[tuple[int, Any]]]] = []
+        g_old, old_amounts = self._contribution(change.key, change.old)
+        g_new, new_amounts = self._contribution(change.key, change.new)
         if g_old is not None and g_old == g_new:
-            updates.append((g_old, [(-1, old), (1, new)]))
-        else:
-            if g_old is not None:
-                updates.append((g_old, [(-1, old)]))
-            if g_new is not None:
-                updates.append((g_new, [(1, new)]))
+            return [self._update(g_old, change.timestamp, old_amounts, new_amounts)]
         out = []
-        for group_key, steps in updates:
-            totals = self._current(group_key)
-            for sign, parsed in steps:
-                self._apply(totals, sign, change.key, parsed)
-            out.append(Emit(group_key, render_json(totals), self._stamp(group_key, change.timestamp)))
+        if g_old is not None:
+            out.append(self._update(g_old, change.timestamp, old_amounts, None))
+        if g_new is not None:
+            out.append(self._update(g_new, change.timestamp, None, new_amounts))
         return out
+
+    def _update(self, group_key: str, timestamp: int, removed: tuple[int | Decimal | None, ...] | None,
+                added: tuple[int | Decimal | None, ...] | None) -> Emit:
+        """One group's new aggregate: its current totals, minus the removed value's amounts, plus
+        the added one's, stamped with the later of ``timestamp`` and the group's last result."""
+        assert self.own is not None
+        newest = self.own.latest(group_key)
+        totals = self._current(group_key, None if newest is None else newest[1])
+        if removed is not None:
+            self._apply(totals, -1, removed)
+        if added is not None:
+            self._apply(totals, 1, added)
+        parts = []
+        exact = True
+        for name, value in totals.items():
+            if value.__class__ is int and -_ROUND_TRIP < value < _ROUND_TRIP:
+                parts.append(self._members[name] + str(value))  # render_number of an int
+            else:
+                parts.append(self._members[name] + render_json(value))
+                exact = False
+        text = "{" + ",".join(parts) + "}"
+        if exact:
+            self._emitted[group_key] = (text, totals)
+        else:
+            self._emitted.pop(group_key, None)
+        stamp = timestamp if newest is None or timestamp >= newest[0] else newest[0]
+        return Emit(group_key, text, stamp)
+
+    def _contribution(self, key: str, value: str | None) -> tuple[str | None, tuple[int | Decimal | None, ...]]:
+        """A value's group and its amount for each aggregate (None for ``count``, or when the
+        expression is not a number)."""
+        if value is None:
+            return None, ()
+        known = self._contributions.get(key)
+        if known is not None and known[0] is value:
+            return known[1], known[2]
+        assert self.spec.group_by is not None
+        parsed = parse_value(value)
+        group = key_string(self.spec.group_by.evaluate(key, parsed))
+        amounts: tuple[int | Decimal | None, ...] = ()
+        if group is not None:
+            amounts = tuple(None if name == "count" or expr is None else _number(expr.evaluate(key, parsed))
+                            for name, expr in self.spec.aggregates)
+        self._contributions[key] = (value, group, amounts)
+        return group, amounts
 
     def _custom(self, timestamp: int, g_old: str | None, old: Any, g_new: str | None, new: Any,
                 new_text: str | None) -> list[Emit]:
@@ -349,24 +413,27 @@ class Aggregate(Operator):
             out.append(Emit(group_key, value, self._stamp(group_key, timestamp)))
         return out
 
-    def _current(self, group_key: str) -> dict[str, Any]:
-        assert self.own is not None
-        found = self.own.latest_value(group_key)
-        stored = parse_value(found[0]) if found is not None else {}
+    def _current(self, group_key: str, text: str | None) -> dict[str, Any]:
+        """The totals of the group's current aggregate ``text`` (None: none, or a tombstone)."""
+        if text is not None:
+            emitted = self._emitted.get(group_key)
+            if emitted is not None and emitted[0] is text:
+                return dict(emitted[1])
+        stored = parse_value(text) if text is not None else {}
         totals: dict[str, Any] = {}
         for name, _ in self.spec.aggregates:
             current = stored.get(name) if isinstance(stored, dict) else None
             totals[name] = _number(current) or 0
         return totals
 
-    def _apply(self, totals: dict[str, Any], sign: int, key: str, parsed: Any) -> None:
-        for name, expr in self.spec.aggregates:
+    def _apply(self, totals: dict[str, Any], sign: int, amounts: tuple[int | Decimal | None, ...]) -> None:
+        for (name, _), amount in zip(self.spec.aggregates, amounts, strict=True):
             if name == "count":
                 totals[name] += sign
-            elif expr is not None:
-                amount = _number(expr.evaluate(key, parsed))
-                if amount is not None:
-                    totals[name] = totals[name] + amount if sign > 0 else totals[name] - amount
+            elif amount is not None:
+                totals[name] = totals[name] + amount if sign > 0 else totals[name] - amount
+
+
 
 
 OPERATORS: dict[str, Callable[[TableSpec, list[TableState | None], TableState | None], Operator]] = {

@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import duckdb
 import pyarrow as pa
@@ -25,8 +25,7 @@ from versiq.layout import STORE_SCHEMA, StoreState, bucket_of, horizon_sql, read
 Version = tuple[int, str | None]
 
 
-@dataclass(frozen=True)
-class Change:
+class Change(NamedTuple):
     """What applying a record to a table forwards downstream (docs/derived-tables.md)."""
 
     key: str
@@ -36,11 +35,14 @@ class Change:
     in_order: bool
 
 
-@dataclass(frozen=True)
-class PutResult:
+class PutResult(NamedTuple):
     change: Change | None  # None: rejected as late
     latest: bool = False
     replaced: bool = False
+
+
+#: A put rejected as late.
+_LATE = PutResult(None)
 
 
 class SnapshotReader:
@@ -129,10 +131,11 @@ class TableState:
         self.loaded: dict[str, list[Version]] = {}  # as read from the snapshot (for the diff)
         self.touched: set[str] = set()
         self.fully_loaded = reader is None or not reader.files
+        self._versioned = kind == "versioned"
 
     @property
     def versioned(self) -> bool:
-        return self.kind == "versioned"
+        return self._versioned
 
     # -- loading ----------------------------------------------------------------------------
     def prefetch(self, keys: Iterable[str] | None) -> None:
@@ -171,44 +174,65 @@ class TableState:
 
     # -- writes -----------------------------------------------------------------------------
     def put(self, key: str, value: str | None, timestamp: int, partition: int = 0) -> PutResult:
-        """Apply one record exactly as the store does; the change to forward (None: late)."""
-        versions = self._get(key)
-        self.partition.setdefault(key, partition)
-        old_latest = versions[-1] if versions else None
-        old_value = old_latest[1] if old_latest else None
-        if not self.versioned:
-            latest = old_latest is None or timestamp >= old_latest[0]
+        """Apply one record exactly as the store does; the change to forward (None: late).
+
+        A key's versions are ascending by timestamp, one per timestamp: a record newer than the
+        key's newest version is appended, one at the newest's timestamp replaces it, and only an
+        older one is placed by binary search."""
+        versions = self.versions.get(key)
+        if versions is None:
+            versions = self._get(key)
+        p = self.partition.setdefault(key, partition)
+        old_ts: int | None = None
+        old_value: str | None = None
+        if versions:
+            old_ts, old_value = versions[-1]
+        if not self._versioned:
             self.versions[key] = [(timestamp, value)]
             self.touched.add(key)
-            return PutResult(Change(key, value, old_value, timestamp, True), latest=latest,
-                             replaced=old_latest is not None and old_latest[0] == timestamp)
-        p = self.partition[key]
+            return PutResult(Change(key, value, old_value, timestamp, True),
+                             old_ts is None or timestamp >= old_ts, old_ts is not None and old_ts == timestamp)
         st = self.stream_time.get(p)
         if st is not None and timestamp < st - self.history_retention_ms:
-            return PutResult(None)
-        self.stream_time[p] = timestamp if st is None else max(st, timestamp)
-        i = bisect.bisect_left(versions, timestamp, key=_timestamp)
-        replaced = i < len(versions) and versions[i][0] == timestamp
-        if replaced:
-            versions[i] = (timestamp, value)
+            return _LATE
+        if st is None or timestamp > st:
+            self.stream_time[p] = timestamp
+        if old_ts is None or timestamp > old_ts:
+            versions.append((timestamp, value))
+            replaced = False
+            in_order = True
+        elif timestamp == old_ts:
+            versions[-1] = (timestamp, value)
+            replaced = in_order = True
         else:
-            versions.insert(i, (timestamp, value))
+            i = bisect.bisect_left(versions, timestamp, key=_timestamp)
+            replaced = versions[i][0] == timestamp  # i < len(versions): the newest is later
+            if replaced:
+                versions[i] = (timestamp, value)
+            else:
+                versions.insert(i, (timestamp, value))
+            in_order = False
         self.touched.add(key)
-        in_order = old_latest is None or timestamp >= old_latest[0]
-        return PutResult(Change(key, value, old_value, timestamp, in_order), latest=in_order, replaced=replaced)
+        return PutResult(Change(key, value, old_value, timestamp, in_order), in_order, replaced)
 
     # -- reads ------------------------------------------------------------------------------
     def latest(self, key: str) -> Version | None:
         """The key's newest version (a tombstone has value None), or None without versions."""
-        versions = self._get(key)
+        versions = self.versions.get(key)
+        if versions is None:
+            versions = self._get(key)
         return versions[-1] if versions else None
 
     def latest_value(self, key: str) -> tuple[str, int] | None:
         """The key's current value and its timestamp; None when none or a tombstone."""
-        newest = self.latest(key)
-        if newest is None or newest[1] is None:
-            return None
-        return newest[1], newest[0]
+        versions = self.versions.get(key)
+        if versions is None:
+            versions = self._get(key)
+        if versions:
+            ts, value = versions[-1]
+            if value is not None:
+                return value, ts
+        return None
 
     def as_of(self, key: str, t: int) -> tuple[str, int] | None:
         """docs/semantics.md rules 7-8 (a timestamped table answers its current value)."""
@@ -232,26 +256,42 @@ class TableState:
     # -- the diff to write ------------------------------------------------------------------
     def changed_rows(self, run: int, buckets: int) -> pa.Table:
         """Store rows (``versiq.layout.STORE_SCHEMA``) for every version whose content changed."""
-        cols: dict[str, list[object]] = {n: [] for n in ("bucket", "key", "valid_from", "valid_to", "value",
-                                                          "tombstone", "partition", "run")}
-
-        def add(key: str, ts: int, valid_to: int | None, value: str | None) -> None:
-            for name, item in (("bucket", bucket_of(key, buckets)), ("key", key), ("valid_from", ts),
-                               ("valid_to", valid_to), ("value", value), ("tombstone", value is None),
-                               ("partition", self.partition.get(key, 0)), ("run", run)):
-                cols[name].append(item)
-
+        keys: list[str] = []
+        valid_from: list[int] = []
+        valid_to: list[int | None] = []
+        values: list[str | None] = []
+        spans: list[tuple[str, int]] = []  # (key, how many of its rows), in key order
         for key in sorted(self.touched):
             final = self.versions[key]
-            if not self.versioned:
+            start = len(keys)
+            if not self._versioned:
                 if final != self.loaded.get(key, []):
-                    add(key, final[0][0], None, final[0][1])
-                continue
-            before = {ts: (valid_to, value) for ts, valid_to, value in versions_with_valid_to(self.loaded.get(key, []))}
-            for ts, valid_to, value in versions_with_valid_to(final):
-                if before.get(ts) != (valid_to, value):
-                    add(key, ts, valid_to, value)
-        return pa.table(cols, schema=STORE_SCHEMA)
+                    keys.append(key)
+                    valid_from.append(final[0][0])
+                    valid_to.append(None)
+                    values.append(final[0][1])
+            else:
+                loaded = self.loaded.get(key)
+                before = {ts: (to, value) for ts, to, value in versions_with_valid_to(loaded)} if loaded else None
+                last = len(final) - 1
+                for i, (ts, value) in enumerate(final):
+                    to = final[i + 1][0] if i < last else None
+                    if before is None or before.get(ts) != (to, value):
+                        keys.append(key)
+                        valid_from.append(ts)
+                        valid_to.append(to)
+                        values.append(value)
+            if len(keys) > start:
+                spans.append((key, len(keys) - start))
+        bucket: list[int] = []
+        partition: list[int] = []
+        for key, n in spans:
+            bucket += [bucket_of(key, buckets)] * n
+            partition += [self.partition.get(key, 0)] * n
+        return pa.table({
+            "bucket": bucket, "key": keys, "valid_from": valid_from, "valid_to": valid_to, "value": values,
+            "tombstone": [value is None for value in values], "partition": partition, "run": [run] * len(keys),
+        }, schema=STORE_SCHEMA)
 
 
 def _timestamp(version: Version) -> int:

@@ -157,7 +157,7 @@ def _prefetch(tables: list[TableSpec], states: dict[str, TableState],
             left, right = spec.inputs
             left_records = [(r.key, r.value) for r in records.get(left, [])]
             keys = operator.prefetch(candidates.get(left, set()), candidates.get(right, set()), left_records)
-        elif spec.op == "aggregate" and spec.group_by is not None:
+        elif spec.op == "aggregate" and spec.group_by is not None and _groups_wanted(spec, tables, states):
             source = spec.inputs[0]
             pairs = [(r.key, r.value) for r in records.get(source, [])]
             if source in states:
@@ -170,6 +170,13 @@ def _prefetch(tables: list[TableSpec], states: dict[str, TableState],
         candidates[spec.name] = keys
         if spec.name in states:
             states[spec.name].prefetch(keys)
+
+
+def _groups_wanted(spec: TableSpec, tables: list[TableSpec], states: dict[str, TableState]) -> bool:
+    """Whether prefetching needs the groups an aggregate's records touch: to load them from its
+    own table's snapshot, or for a table that reads the aggregate."""
+    own = states.get(spec.name)
+    return (own is not None and not own.fully_loaded) or any(spec.name in t.inputs for t in tables)
 
 
 def _stream_rows(run: int, node: DerivedNode) -> pa.Table:

@@ -12,22 +12,21 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from versiq.ingest.derived.operators import OPERATORS, Emit, Operator, StreamRecord
 from versiq.ingest.derived.spec import TableSpec
 from versiq.ingest.derived.state import Change, TableState
 
 
-@dataclass(frozen=True)
-class SourceRecord:
+class SourceRecord(NamedTuple):
     key: str
     value: str | None
     timestamp: int
     partition: int = 0
 
 
-@dataclass(frozen=True)
-class Emission:
+class Emission(NamedTuple):
     sequence: int
     key: str
     value: str | None
@@ -80,6 +79,9 @@ class Topology:
         for index, (_, _, records) in enumerate(inputs):
             if records:
                 heads.append((records[0].timestamp, index, 0))
+        if len(heads) == 1:  # one input with records: the merge is its own order
+            self._run_one(*inputs[heads[0][1]])
+            return
         heapq.heapify(heads)
         while heads:
             _, index, position = heapq.heappop(heads)
@@ -93,6 +95,17 @@ class Topology:
                     self._changed(name, result.change)
             if position + 1 < len(records):
                 heapq.heappush(heads, (records[position + 1].timestamp, index, position + 1))
+
+    def _run_one(self, name: str, is_stream: bool, records: list[SourceRecord]) -> None:
+        if is_stream:
+            for record in records:
+                self._stream_record(name, StreamRecord(record.key, record.value, record.timestamp))
+            return
+        put, changed = self.states[name].put, self._changed
+        for record in records:
+            change = put(record.key, record.value, record.timestamp, record.partition).change
+            if change is not None:
+                changed(name, change)
 
     # -- propagation ------------------------------------------------------------------------
     def _changed(self, name: str, change: Change) -> None:
@@ -122,6 +135,8 @@ class Topology:
             counts.accepted_latest += 1
         else:
             counts.accepted_out_of_order += 1
-        counts.replaced_same_timestamp += int(result.replaced)
-        counts.tombstones += int(emit.value is None)
+        if result.replaced:
+            counts.replaced_same_timestamp += 1
+        if emit.value is None:
+            counts.tombstones += 1
         self._changed(node.spec.name, result.change)
