@@ -18,15 +18,14 @@ import sys
 from typing import Any
 
 import fastavro
-import pyarrow as pa
 import pytest
 
+from tests.support.kafka_rows import parse
 from tests.support.protobuf_wire import generate, message_indexes, wire
 from versiq.ingest.records import protobuf
 from versiq.ingest.records.jsonvalue import strict_loads
-from versiq.ingest.records.kafka_rows import KAFKA_INPUT_SCHEMA, KafkaFormat, canonical_key, parse_kafka
+from versiq.ingest.records.kafka_rows import KafkaFormat, canonical_key
 from versiq.ingest.records.registry import SchemaRegistryError
-from versiq.ingest.records.schema import PARSED_SCHEMA
 
 MONEY_FILE = "versiq_pbrows_money.proto"
 MONEY = """syntax = "proto3";
@@ -83,18 +82,6 @@ def shop(schema_registry, tmp_path_factory):
     shop_id = schema_registry.register("versiq-pbrows-shop-value", SHOP, "PROTOBUF", references=[
         {"name": MONEY_FILE, "subject": "versiq-pbrows-money", "version": 1}])
     return modules["versiq_pbrows_shop"], money_id, shop_id
-
-
-def parse(values: list[bytes | None], fmt: KafkaFormat, keys: list[bytes | None] | None = None) -> list[dict[str, Any]]:
-    n = len(values)
-    batch = pa.RecordBatch.from_arrays([
-        pa.array(keys if keys is not None else [f"k{i}".encode() for i in range(n)], pa.binary()),
-        pa.array(values, pa.binary()), pa.array([0] * n, pa.int32()), pa.array(range(n), pa.int64()),
-        pa.array([1_000 + i for i in range(n)], pa.int64()),
-        pa.nulls(n, KAFKA_INPUT_SCHEMA.field("headers").type)], schema=KAFKA_INPUT_SCHEMA)
-    parsed = parse_kafka(batch, fmt, "kafka:t")
-    assert parsed.schema == PARSED_SCHEMA
-    return parsed.to_pylist()
 
 
 def full_order(pb: Any) -> Any:

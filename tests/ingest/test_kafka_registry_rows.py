@@ -20,6 +20,7 @@ import fastavro
 import pyarrow as pa
 import pytest
 
+from tests.support.kafka_rows import parse
 from versiq.ingest.kafka import KafkaSource, KafkaSourceError, reading_failed
 from versiq.ingest.records import registry as wire
 from versiq.ingest.records.kafka_rows import KAFKA_INPUT_SCHEMA, KafkaFormat, parse_kafka
@@ -91,18 +92,6 @@ def avro_bytes(schema: Any, datum: Any) -> bytes:
     out = io.BytesIO()
     fastavro.schemaless_writer(out, fastavro.parse_schema(schema), datum)
     return out.getvalue()
-
-
-def parse(values: list[bytes | None], fmt: KafkaFormat, keys: list[str] | None = None) -> list[dict[str, Any]]:
-    n = len(values)
-    batch = pa.RecordBatch.from_arrays([
-        pa.array([(k or f"k{i}").encode() for i, k in enumerate(keys or [None] * n)], pa.binary()),
-        pa.array(values, pa.binary()), pa.array([0] * n, pa.int32()), pa.array(range(n), pa.int64()),
-        pa.array([1_000 + i for i in range(n)], pa.int64()),
-        pa.nulls(n, KAFKA_INPUT_SCHEMA.field("headers").type)], schema=KAFKA_INPUT_SCHEMA)
-    parsed = parse_kafka(batch, fmt, "kafka:t")
-    assert parsed.schema == PARSED_SCHEMA
-    return parsed.to_pylist()
 
 
 def test_every_avro_type_and_logical_type_becomes_the_documented_json(schema_registry):
