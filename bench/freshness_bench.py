@@ -22,8 +22,14 @@ HEAD~1``), mode ``previous`` is the default mode run by that checkout's code (it
 first on ``PYTHONPATH`` of the ingest and of the service, the same jars and JVM class archive) and becomes
 the baseline.
 
+``--store-versions 0,2000000`` measures each mode on a store that starts empty (0) and on one
+that already holds that many versions (keys x 10 from ``gen_changelog``, their timestamps
+spanning the 30 days before now, ingested once by a batch run into a template warehouse that
+each measurement copies): the cost of a small run must not grow with the store. The figures
+are keyed ``<mode>@<versions>``.
+
     .venv/bin/python bench/freshness_bench.py [--probes 20] [--every 3] [--rounds 2] \\
-        [--modes generated_code,default] [--baseline-checkout DIR]
+        [--modes generated_code,default] [--baseline-checkout DIR] [--store-versions 0,2000000]
 """
 
 from __future__ import annotations
@@ -77,13 +83,39 @@ PREVIOUS = "previous"
 WARMUP_PROBES = 3
 
 
-def measure(mode: str, probes: int, every: float, rng: random.Random) -> tuple[list[float], list[float], tuple]:
+def prefilled_warehouse(versions: int, work: str) -> str:
+    """A warehouse whose store ``fresh`` holds ``versions`` versions (``versions // 10`` keys x
+    10 events of ``gen_changelog``, shifted to end now), written by one batch ``versiq ingest``."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from gen_changelog import START_MS, make_events, write_changelog
+
+    events = make_events(max(1, versions // 10), 10, seed=42)
+    shift = int(time.time() * 1000) - 30 * 86_400_000 - START_MS
+    events = events.set_column(events.schema.get_field_index("timestamp"), "timestamp",
+                               pc.add(events["timestamp"], pa.scalar(shift, pa.int64())))
+    source = os.path.join(work, "prefill-src")
+    write_changelog(events, source, "jsonl", 8)
+    warehouse = os.path.join(work, "prefill-wh")
+    started = time.monotonic()
+    subprocess.run([sys.executable, "-m", "versiq.cli", "ingest", "--warehouse", warehouse, "--store", "fresh",
+                    "--source", os.path.join(source, "jsonl"), "--log-level", "WARNING"], env=_env(), check=True)
+    print(f"prefilled store fresh with {events.num_rows} events in {time.monotonic() - started:.1f} s", flush=True)
+    shutil.rmtree(source, ignore_errors=True)
+    return warehouse
+
+
+def measure(mode: str, probes: int, every: float, rng: random.Random,
+            template: str | None = None) -> tuple[list[float], list[float], tuple]:
     """One ingest + service pair in ``mode``: each probe's latency, each micro-batch's run time (from
-    the ingest's summary lines) and the machine load before and after."""
+    the ingest's summary lines) and the machine load before and after. ``template``: a warehouse
+    to start from (copied), whose store ``fresh`` already holds versions."""
     import httpx
 
     work = tempfile.mkdtemp(prefix="versiq-fresh-")
     source, staging, warehouse = (os.path.join(work, d) for d in ("src", "staging", "wh"))
+    if template is not None:
+        shutil.copytree(template, warehouse)
     os.makedirs(source)
     os.makedirs(staging)
     _land(source, staging, "warmup.jsonl", "warmup")
@@ -128,7 +160,8 @@ def measure(mode: str, probes: int, every: float, rng: random.Random) -> tuple[l
             serve.stop()
         os.killpg(ingest.pid, signal.SIGTERM)
         ingest.wait(timeout=60)
-    # one micro-batch per landed file: the store's creation (warmup.jsonl) and the warm-up probes first
+    # one micro-batch per landed file: warmup.jsonl (the store's creation, unless prefilled) and the
+    # warm-up probes first
     runs = [float(s) for s in re.findall(r"store fresh: read \d+.*? in ([\d.]+)s", open(log_path).read())]
     runs = runs[1 + WARMUP_PROBES:]
     shutil.rmtree(work, ignore_errors=True)
@@ -157,6 +190,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=17, help="of the landing moments' random part")
     ap.add_argument("--results", default=os.path.join(HERE, "results"))
     ap.add_argument("--baseline-checkout", help=f"a checkout of an earlier commit: mode {PREVIOUS!r} runs its code")
+    ap.add_argument("--store-versions", default="0",
+                    help="comma-separated sizes of the store the probes land in (0: it starts empty)")
     args = ap.parse_args()
     baseline = BASELINE
     if args.baseline_checkout:
@@ -169,30 +204,50 @@ def main() -> None:
     unknown = set(modes) - set(MODES)
     if unknown:
         ap.error(f"unknown mode(s): {', '.join(sorted(unknown))}")
+    sizes = [int(v) for v in args.store_versions.split(",") if v]
+    scratch = tempfile.mkdtemp(prefix="versiq-fresh-templates-")
+    templates = {size: prefilled_warehouse(size, os.path.join(scratch, str(size))) if size else None
+                 for size in sizes}
+    cases = [(mode, size) for size in sizes for mode in modes]
+
+    def label(mode: str, size: int) -> str:
+        return mode if sizes == [0] else f"{mode}@{size}"
+
     # rounds alternate the order (A B, B A, ...): the first pair of a run measured slower either way;
-    # within a round every mode gets the same landing moments (one seed per round)
-    pooled: dict[str, tuple[list[float], list[float], list[tuple]]] = {m: ([], [], []) for m in modes}
+    # within a round every case gets the same landing moments (one seed per round)
+    pooled: dict[str, tuple[list[float], list[float], list[tuple]]] = {label(*c): ([], [], []) for c in cases}
     for round_ in range(args.rounds):
-        for mode in (modes if round_ % 2 == 0 else modes[::-1]):
-            latencies, runs, load = measure(mode, args.probes, args.every, random.Random(args.seed + round_))
-            pooled[mode][0].extend(latencies)
-            pooled[mode][1].extend(runs)
-            pooled[mode][2].append(load)
+        for mode, size in (cases if round_ % 2 == 0 else cases[::-1]):
+            latencies, runs, load = measure(mode, args.probes, args.every, random.Random(args.seed + round_),
+                                            templates[size])
+            pooled[label(mode, size)][0].extend(latencies)
+            pooled[label(mode, size)][1].extend(runs)
+            pooled[label(mode, size)][2].append(load)
+    shutil.rmtree(scratch, ignore_errors=True)
     result: dict[str, object] = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "load_generator": "httpx.Client in the bench process, polling every 20 ms",
         "trigger_interval_s": TRIGGER_S, "every_s": args.every, "rounds": args.rounds,
         "baseline_checkout": args.baseline_checkout and subprocess.run(
             ["git", "-C", args.baseline_checkout, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
-        "modes": {mode: summary(*pooled[mode]) for mode in modes},
+        "store_versions": sizes,
+        "modes": {name: summary(*figures) for name, figures in pooled.items()},
     }
     figures = result["modes"]
     assert isinstance(figures, dict)
-    if baseline in figures:
-        for mode in modes:
-            if mode != baseline:
-                result[f"p50_ratio_{mode}_vs_{baseline}"] = round(
-                    figures[mode]["p50_s"] / figures[baseline]["p50_s"], 2)
+    for size in sizes:
+        base = label(baseline, size)
+        if base in figures:
+            for mode in modes:
+                if mode != baseline:
+                    result[f"p50_ratio_{label(mode, size)}_vs_{base}"] = round(
+                        figures[label(mode, size)]["p50_s"] / figures[base]["p50_s"], 2)
+    if 0 in sizes:
+        for size in sizes:
+            if size:
+                for mode in modes:
+                    result[f"p50_ratio_{label(mode, size)}_vs_{label(mode, 0)}"] = round(
+                        figures[label(mode, size)]["p50_s"] / figures[label(mode, 0)]["p50_s"], 2)
     print(json.dumps(result, indent=2))
     write_result(args.results, "freshness", result, datetime.now(UTC))
 
