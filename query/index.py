@@ -11,7 +11,10 @@ the key's few versions: microseconds, no I/O once the pages are cached.
 
 :func:`build_loaded` builds the index of a new snapshot, building **only the buckets whose set
 of data files changed** (others are shared with the previous index, and across processes by the
-files' digest); the catalog swaps the store's reference atomically, so a reader never sees a
+files' digest); a bucket to which a commit only added files is **merged**: the resolved rows of
+the added files are applied to the previous bucket's columns (``index_files.merged``) instead of
+reading and sorting every file of the bucket again, so a small commit's refresh does not grow
+with the store. The catalog swaps the store's reference atomically, so a reader never sees a
 half-built index.
 
 :class:`StoreView` is what every read path hands to ``query.reads``: this index, or an older
@@ -52,6 +55,9 @@ class DataFile:
     min_key: str | None
     max_key: str | None
     num_records: int
+    #: The file's smallest and greatest ``run`` (Delta's statistics; None when not recorded).
+    min_run: int | None = None
+    max_run: int | None = None
 
     def may_contain(self, key: str) -> bool:
         return layout.may_hold_key(key, self.min_key, self.max_key)
@@ -65,16 +71,24 @@ def files_by_bucket(dt: DeltaTable, table_path: str) -> dict[int, list[DataFile]
     mins = adds.column("min.key").to_pylist() if "min.key" in cols else [None] * len(paths)
     maxs = adds.column("max.key").to_pylist() if "max.key" in cols else [None] * len(paths)
     nrec = adds.column("num_records").to_pylist() if "num_records" in cols else [0] * len(paths)
+    min_runs = adds.column("min.run").to_pylist() if "min.run" in cols else [None] * len(paths)
+    max_runs = adds.column("max.run").to_pylist() if "max.run" in cols else [None] * len(paths)
     out: dict[int, list[DataFile]] = {}
     for i, p in enumerate(paths):
         if buckets is None or buckets[i] is None:
             raise ValueError("store table is not partitioned by 'bucket' (versiq layout)")
         out.setdefault(int(buckets[i]), []).append(
-            DataFile(storage.data_file(table_path, p), mins[i], maxs[i], int(nrec[i] or 0))
+            DataFile(storage.data_file(table_path, p), mins[i], maxs[i], int(nrec[i] or 0), min_runs[i], max_runs[i])
         )
     for files in out.values():
         files.sort(key=lambda f: f.path)
     return out
+
+
+#: A bucket whose new files hold more resolved rows than this share of its rows is built again
+#: from all its files rather than merged (``BucketIndex.merge_or_build``): merging costs a copy of
+#: the bucket plus work per added key, building a read and sort of every file.
+MERGE_AT_MOST = 0.25
 
 
 @dataclass(frozen=True)
@@ -85,15 +99,49 @@ class BucketIndex:
     files: frozenset[str]
     data: index_files.BucketFiles
     physical_rows: int
+    #: The greatest ``run`` of the bucket's files (None: a file without the statistic).
+    max_run: int | None = None
+
+    @staticmethod
+    def _of(files: list[DataFile], data: index_files.BucketFiles) -> BucketIndex:
+        runs = [f.max_run for f in files]
+        return BucketIndex(files=frozenset(f.path for f in files), data=data,
+                           physical_rows=sum(f.num_records for f in files),
+                           max_run=None if not runs or None in runs else max(r for r in runs if r is not None))
 
     @staticmethod
     def open_or_build(con: duckdb.DuckDBPyConnection, kind: str, files: list[DataFile], bucket: int,
-                      cache: str) -> BucketIndex:
+                      cache: str, prev: BucketIndex | None = None) -> BucketIndex:
+        """The bucket of ``files``: opened from the cache, else built into it, by merging the rows
+        of the files added since ``prev`` into it when that is what changed (``merge_from``),
+        otherwise from every file."""
         paths = [f.path for f in files]
         directory = index_files.bucket_directory(cache, bucket, index_files.bucket_digest(kind, paths))
-        data, _built = index_files.open_or_build(directory, lambda: arrow(con, resolve_sql(kind, None),
-                                                                            {"files": paths}))
-        return BucketIndex(files=frozenset(paths), data=data, physical_rows=sum(f.num_records for f in files))
+        base = prev.merge_from(files) if prev is not None else None
+
+        def build() -> pa.Table | index_files.BucketTables:
+            if base is not None:
+                added = arrow(con, resolve_sql(kind, None), {"files": [f.path for f in base]})
+                if added.num_rows <= MERGE_AT_MOST * max(1, prev.data.row_count if prev else 0):
+                    assert prev is not None
+                    return index_files.merged(prev.data, added, kind)
+            return arrow(con, resolve_sql(kind, None), {"files": paths})
+
+        data, _built = index_files.open_or_build(directory, build)
+        return BucketIndex._of(files, data)
+
+    def merge_from(self, files: list[DataFile]) -> list[DataFile] | None:
+        """The files of ``files`` that this bucket was not built from, when they can be merged
+        into it (``index_files.merged``): every file of this bucket is still there (nothing was
+        compacted or erased) and each added file's rows are of later runs than all of this
+        bucket's (Delta's statistics say so). None otherwise."""
+        paths = {f.path for f in files}
+        if self.max_run is None or not self.files <= paths:
+            return None
+        added = [f for f in files if f.path not in self.files]
+        if not added or any(f.min_run is None or f.min_run <= self.max_run for f in added):
+            return None
+        return added
 
     def rows(self, key: str) -> reads.KeyRows | None:
         return self.data.rows(key)
@@ -207,7 +255,8 @@ def build_loaded(name: str, path: str, dt: DeltaTable, settings: layout.StoreSet
                  con: duckdb.DuckDBPyConnection, cache: str) -> LoadedStore:
     """The index of ``dt``'s snapshot, its buckets' files under ``cache`` (this store's folder of
     ``index_files.cache_dir``): buckets whose files did not change since ``prev`` are shared,
-    the others opened from the cache or built into it."""
+    the others opened from the cache or built into it (merged into ``prev``'s bucket when files
+    were only added to it: the cost of a small commit does not grow with the bucket)."""
     version = dt.version()
     state = layout.read_state(path, version)
     files = files_by_bucket(dt, path)
@@ -217,7 +266,7 @@ def build_loaded(name: str, path: str, dt: DeltaTable, settings: layout.StoreSet
         if old is not None and old.files == frozenset(f.path for f in bfiles):
             buckets[b] = old
         else:
-            buckets[b] = BucketIndex.open_or_build(con, settings.kind, bfiles, b, cache)
+            buckets[b] = BucketIndex.open_or_build(con, settings.kind, bfiles, b, cache, old)
     return LoadedStore(
         name=name,
         snapshot=version,

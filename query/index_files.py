@@ -252,22 +252,102 @@ def key_runs(keys: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return starts, np.append(starts[1:], np.int64(n)).astype(np.int64)
 
 
-def write_bucket(directory: str, resolved: pa.Table) -> None:
-    """Write the files of one bucket from its resolved rows (columns key, valid_from, valid_to,
-    tombstone, partition, value; sorted by key, valid_from) into ``directory`` (created)."""
-    os.makedirs(directory)
+@dataclass(frozen=True)
+class BucketTables:
+    """The two files of a bucket, as tables (``ROWS_SCHEMA``, ``KEYS_SCHEMA``), ready to write."""
+
+    rows: pa.Table
+    keys: pa.Table
+
+
+def _keys_table(keys: pa.Array, starts: np.ndarray, ends: np.ndarray, hashes: np.ndarray) -> pa.Table:
+    """``keys.arrow`` of keys in ascending order with their row ranges and crc32 (in key order)."""
+    order = np.argsort(hashes, kind="stable").astype(np.int32)
+    return pa.table({"key": keys.cast(pa.large_string()), "start": starts, "end": ends, "hash": hashes[order],
+                     "ordinal": order}, schema=KEYS_SCHEMA)
+
+
+def bucket_tables(resolved: pa.Table) -> BucketTables:
+    """A bucket's files from its resolved rows (columns key, valid_from, valid_to, tombstone,
+    partition, value; sorted by key, valid_from)."""
     vf, vt, tomb, values, part = rows_from_table(resolved)
     rows = pa.table({"valid_from": vf, "valid_to": vt, "tombstone": tomb.view(np.uint8), "partition": part,
                      "value": values.cast(pa.large_string())}, schema=ROWS_SCHEMA)
     keycol = resolved.column("key").combine_chunks()
     starts, ends = key_runs(keycol)
-    uniq = keycol.take(pa.array(starts)).cast(pa.large_string())
+    uniq = keycol.take(pa.array(starts))
     hashes = np.fromiter((key_hash(k) for k in uniq.to_pylist()), dtype=np.uint32, count=len(uniq))
-    order = np.argsort(hashes, kind="stable").astype(np.int32)
-    keys = pa.table({"key": uniq, "start": starts, "end": ends, "hash": hashes[order], "ordinal": order},
-                    schema=KEYS_SCHEMA)
-    _write(os.path.join(directory, "rows.arrow"), rows)
-    _write(os.path.join(directory, "keys.arrow"), keys)
+    return BucketTables(rows, _keys_table(uniq, starts, ends, hashes))
+
+
+def merged(old: BucketFiles, added: pa.Table, kind: str) -> BucketTables:
+    """The bucket ``old`` with ``added`` applied: ``added`` are the resolved rows (as for
+    ``bucket_tables``) of data files committed after every file ``old`` was built from, so each of
+    them is of a later run than any row of ``old``, and the read rule (``layout.read_rule_window``)
+    gives it precedence: for a versioned store it replaces the row of the same (key, valid_from),
+    for a timestamped one the key's row. The result equals ``bucket_tables`` of the resolved rows
+    of all the files; its cost is a copy of the bucket's columns plus the work on the keys of
+    ``added``, instead of reading and sorting every data file of the bucket again."""
+    keycol = added.column("key").combine_chunks()
+    a_starts, a_ends = key_runs(keycol)
+    a_keys = keycol.take(pa.array(a_starts)).cast(pa.large_string())
+    a_list = a_keys.to_pylist()
+    a_hashes = np.fromiter((key_hash(k) for k in a_list), dtype=np.uint32, count=len(a_list))
+    a_vf, a_vt, a_tomb, a_values, a_part = rows_from_table(added)
+    n_rows, n_keys = old.row_count, old.key_count
+    found = old.find_many(a_list, a_hashes)
+    lengths = np.asarray(old.ends, dtype=np.int64) - np.asarray(old.starts, dtype=np.int64)
+    row_parts: list[np.ndarray] = []
+    key_parts: list[np.ndarray] = []
+    length_parts: list[np.ndarray] = []
+    next_key = next_row = 0
+    for j, key in enumerate(a_list):
+        at = int(found[j]) if found[j] >= 0 else old.first_at_or_after(key)
+        at_row = int(old.starts[at]) if at < n_keys else n_rows
+        row_parts.append(np.arange(next_row, at_row, dtype=np.int64))  # the old keys before this one
+        key_parts.append(np.arange(next_key, at, dtype=np.int64))
+        length_parts.append(lengths[next_key:at])
+        mine = np.arange(a_starts[j], a_ends[j], dtype=np.int64)
+        if found[j] >= 0 and kind == "versioned":
+            s, e = int(old.starts[at]), int(old.ends[at])
+            kept = np.flatnonzero(~np.isin(old.valid_from[s:e], a_vf[mine])) + s
+            both = np.concatenate([kept, mine + n_rows])
+            stamps = np.concatenate([old.valid_from[kept], a_vf[mine]])
+            mine_rows = both[np.argsort(stamps, kind="stable")]
+        else:  # a new key, or a timestamped key's one row
+            mine_rows = mine + n_rows
+        row_parts.append(mine_rows)
+        key_parts.append(np.array([n_keys + j], dtype=np.int64))
+        length_parts.append(np.array([len(mine_rows)], dtype=np.int64))
+        next_key = at + 1 if found[j] >= 0 else at
+        next_row = int(old.ends[at]) if found[j] >= 0 else at_row
+    row_parts.append(np.arange(next_row, n_rows, dtype=np.int64))
+    key_parts.append(np.arange(next_key, n_keys, dtype=np.int64))
+    length_parts.append(lengths[next_key:])
+    take = np.concatenate(row_parts)
+    rows = pa.table({
+        "valid_from": np.concatenate([old.valid_from, a_vf])[take],
+        "valid_to": np.concatenate([old.valid_to, a_vt])[take],
+        "tombstone": np.concatenate([old.tombstone, a_tomb])[take].view(np.uint8),
+        "partition": np.concatenate([old.partition, a_part])[take],
+        "value": pa.concat_arrays([old.values, a_values.cast(pa.large_string())]).take(pa.array(take)),
+    }, schema=ROWS_SCHEMA)
+    key_take = np.concatenate(key_parts)
+    old_hashes = np.empty(n_keys, dtype=np.uint32)
+    old_hashes[old.ordinals] = old.hashes
+    ends = np.cumsum(np.concatenate(length_parts)).astype(np.int64)
+    starts = ends - np.concatenate(length_parts)
+    keys = pa.concat_arrays([old.keys, a_keys]).take(pa.array(key_take))
+    return BucketTables(rows, _keys_table(keys, starts, ends, np.concatenate([old_hashes, a_hashes])[key_take]))
+
+
+def write_bucket(directory: str, contents: pa.Table | BucketTables) -> None:
+    """Write the files of one bucket into ``directory`` (created): from its resolved rows (see
+    ``bucket_tables``) or from its tables."""
+    os.makedirs(directory)
+    tables = contents if isinstance(contents, BucketTables) else bucket_tables(contents)
+    _write(os.path.join(directory, "rows.arrow"), tables.rows)
+    _write(os.path.join(directory, "keys.arrow"), tables.keys)
 
 
 def open_bucket(directory: str) -> BucketFiles:
@@ -321,9 +401,9 @@ def _open_if_sound(directory: str, repair: bool) -> BucketFiles | None:
         return None
 
 
-def open_or_build(directory: str, build: Callable[[], pa.Table]) -> tuple[BucketFiles, bool]:
+def open_or_build(directory: str, build: Callable[[], pa.Table | BucketTables]) -> tuple[BucketFiles, bool]:
     """The bucket at ``directory``: opened when its files exist, else built with ``build()``
-    (the resolved rows as an Arrow table) by this process while others wait, then opened.
+    (its resolved rows as an Arrow table, or its tables) by this process while others wait, then opened.
     Returns the bucket and whether this process built it."""
     opened = _open_if_sound(directory, repair=False)
     if opened is not None:

@@ -5,6 +5,7 @@ a commit builds only the buckets it touched, and stale directories go away."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import string
@@ -205,4 +206,87 @@ def test_the_index_of_a_store_removed_from_the_warehouse_is_removed(tmp_path):
     engine.refresh()
     assert os.listdir(folder) == ["kept"]
     assert engine.get("kept", VersionedKeyQuery("k")).record.value == "1"
+    engine.close()
+
+
+@pytest.mark.parametrize("kind", ["versioned", "timestamped"])
+def test_a_bucket_merged_with_added_files_equals_one_built_from_all_of_them(tmp_path, kind):
+    """Commit after commit of random records (out of order, tombstones, same-timestamp
+    replacements, crc32-colliding and non-ASCII keys), the bucket merged from the previous one
+    and the resolved rows of the added files (``index_files.merged``) has exactly the files a
+    build from every data file has."""
+    import duckdb
+    from deltalake import DeltaTable
+
+    from versiq.query.files import arrow
+    from versiq.query.index import BucketIndex, files_by_bucket, resolve_sql
+
+    rng = random.Random(11)
+    a, b = _colliding_keys()
+    keys = [a, b, "", "é", "zz", "a/b"] + [f"k{i:02d}" for i in range(30)]
+    builder = StoreBuilder(str(tmp_path / "wh"), "s", kind=kind, buckets=1)
+    con = duckdb.connect()
+    prev: BucketIndex | None = None
+    merges = 0
+    for commit in range(12):
+        records = [(rng.choice(keys), None if rng.random() < 0.15 else json.dumps(rng.randrange(100)),
+                    rng.randrange(0, 60 + 10 * commit)) for _ in range(rng.randint(1, 25))]
+        builder.apply(records)
+        files = files_by_bucket(DeltaTable(builder.path), builder.path)[0]
+        paths = [f.path for f in files]
+        full = index_files.bucket_tables(arrow(con, resolve_sql(kind, None), {"files": paths}))
+        if prev is not None:
+            added = prev.merge_from(files)
+            assert added is not None and [f.path for f in added] == sorted(set(paths) - prev.files)
+            got = index_files.merged(prev.data, arrow(con, resolve_sql(kind, None), {"files": [f.path for f in added]}),
+                                     kind)
+            assert got.rows.equals(full.rows), commit
+            assert got.keys.equals(full.keys), commit
+            merges += 1
+        directory = str(tmp_path / f"b{commit}")
+        index_files.write_bucket(directory, full)
+        prev = BucketIndex(frozenset(paths), index_files.open_bucket(directory), 0,
+                           max(f.max_run for f in files if f.max_run is not None))
+    assert merges == 11
+
+
+def test_a_refresh_merges_a_commit_into_its_buckets_and_builds_them_after_a_compaction(tmp_path, monkeypatch):
+    """The engine merges the files a commit added into the buckets it touched, answering what an
+    engine that builds from every file answers; files that went away (a compaction rewrote
+    them) make it build the bucket from its files again."""
+    from deltalake import DeltaTable
+
+    wh = str(tmp_path / "wh")
+    builder = StoreBuilder(wh, "s", buckets=2)
+    keys = [f"k{i}" for i in range(100)]
+    builder.apply([(k, json.dumps(i), 10) for i, k in enumerate(keys)])
+    engine = Engine(wh, refresh_interval_s=3600, cache_dir=str(tmp_path / "cache"))
+    engine.refresh()
+    calls = []
+    merged = index_files.merged
+    monkeypatch.setattr(index_files, "merged", lambda *a: calls.append(1) or merged(*a))
+
+    def same_as_a_fresh_build(label: str) -> None:
+        fresh = Engine(wh, refresh_interval_s=3600, cache_dir=str(tmp_path / f"fresh-{label}"))
+        fresh.refresh()
+        for key in keys + ["nope"]:
+            for as_of in (None, 5, 15, 25, 35):
+                want, got = (e.get("s", VersionedKeyQuery(key, as_of=as_of)) for e in (fresh, engine))
+                assert got.record == want.record, (label, key, as_of)
+        fresh.close()
+
+    builder.apply([("k1", "100", 20), ("k2", None, 20), ("new", "1", 30)])
+    engine.refresh()
+    assert calls, "the commit's buckets were built, not merged"
+    keys.append("new")
+    same_as_a_fresh_build("merged")
+    # a compaction: the same rows in one new file per bucket (the old files removed)
+    calls.clear()
+    table = DeltaTable(builder.path)
+    rows = table.to_pyarrow_table()
+    from deltalake import write_deltalake
+    write_deltalake(builder.path, rows, mode="overwrite", partition_by=["bucket"])
+    engine.refresh()
+    assert not calls
+    same_as_a_fresh_build("compacted")
     engine.close()
