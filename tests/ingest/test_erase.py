@@ -14,7 +14,7 @@ import pytest
 from deltalake import DeltaTable
 
 from tests.ingest.test_ingest_cli import VERSIQ, env, versiq
-from tests.support.ingest import store_versions, write_jsonl
+from tests.support.ingest import erase_in_process, store_versions, write_jsonl
 from tests.support.processes import run_then_kill
 from versiq import storage
 from versiq.ingest import delta, maintain
@@ -96,13 +96,15 @@ def test_erase_killed_after_the_store_commit_is_completed_by_its_rerun(spark, tm
     assert leaks(os.path.join(people, "_rejected")) and leaks(adults)
     assert not os.path.exists(os.path.join(people, "_erasures")), "recorded before it was done"
 
-    done = versiq("erase", "--warehouse", wh, "--store", "people", "--key", KEY)
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout)
-    assert result["rebuild"] == ["by_city"] and "versiq rebuild --table by_city" in done.stderr
+    # the rerun: the CLI's erase command in this process (``erase_in_process``: the kill above
+    # needed a process of its own, the rerun does not need a JVM start)
+    status, stdout, stderr = erase_in_process(spark, "--warehouse", wh, "--store", "people", "--key", KEY)
+    assert status == 0, stderr
+    result = json.loads(stdout)
+    assert result["rebuild"] == ["by_city"] and "versiq rebuild --table by_city" in stderr
     assert result["rows"]["people"] == 0, "the rerun erased the store's rows again"
     assert result["rows"]["people/_rejected"] == 1 and result["rows"]["adults"] >= 1
-    assert KEY not in done.stdout + done.stderr and VALUE not in done.stdout + done.stderr
+    assert KEY not in stdout + stderr and VALUE not in stdout + stderr
 
     assert leaks(people) == [] and leaks(adults) == []
     assert store_versions(people) == others
@@ -140,8 +142,7 @@ def test_erase_killed_after_the_store_commit_is_completed_by_its_rerun(spark, tm
     secret = os.path.join(wh, "_versiq", "erase-secret")
     assert stat.S_IMODE(os.stat(secret).st_mode) == 0o600
 
-    # erasing again finds nothing left and records a second erase (in the session's Spark: the
-    # CLI's erase ran above, its JVM start is not needed again)
+    # erasing again finds nothing left and records a second erase
     again = erase_keys(wh, "people", [KEY], spark=lambda: spark)
     assert sum(again.rows.values()) == 0
     assert len(DeltaTable(os.path.join(people, "_erasures")).to_pyarrow_table()) == 2

@@ -30,20 +30,26 @@ from versiq.ingest.streams import StreamSpec
 REFS = {"from": None, "join": ("left", "right"), "fk_join": ("left", "right"), "stream_join": ("stream", "table")}
 
 
-def rename_table(table: dict[str, Any], prefix: str) -> dict[str, Any]:
-    """A ``tables`` entry with every table/input name prefixed (expressions untouched), and
-    ``history_retention_ms`` (the reference model's field) as the YAML's ``history_retention``."""
+def rename_table(table: dict[str, Any], prefix: str, inputs_as: dict[str, str] | None = None) -> dict[str, Any]:
+    """A ``tables`` entry with every table/input name prefixed (expressions untouched), or for the
+    names in ``inputs_as`` the full name given there, and ``history_retention_ms`` (the reference
+    model's field) as the YAML's ``history_retention``."""
+    renamed = inputs_as or {}
+
+    def ref(name: str) -> str:
+        return renamed.get(name, prefix + name)
+
     out = dict(table)
     out["name"] = prefix + table["name"]
     if "from" in table:
-        out["from"] = prefix + table["from"]
+        out["from"] = ref(table["from"])
     for op in ("join", "fk_join", "stream_join"):
         if op in table:
             sub = dict(table[op])
             refs = REFS[op]
             assert refs is not None
             for side in refs:
-                sub[side] = prefix + sub[side]
+                sub[side] = ref(sub[side])
             out[op] = sub
     if "history_retention_ms" in out:
         out["history_retention"] = out.pop("history_retention_ms")
@@ -68,7 +74,10 @@ class Observed:
 
 
 class RealPipeline:
-    """Several reference-shaped pipelines (one per prefix), run together through the real ingest."""
+    """Several reference-shaped pipelines (one per prefix), run together through the real ingest.
+    A pipeline's tables may read inputs added under another prefix (``add``'s ``inputs_as``):
+    several pipelines over one set of input stores, each a topology of its own (tables that
+    share only source inputs are independent: ``derive._components``)."""
 
     def __init__(self, spark: Any, root: str) -> None:
         self.spark = spark
@@ -78,12 +87,17 @@ class RealPipeline:
         self.tables: list[tuple[str, dict[str, Any]]] = []
         self.runs: list[tuple[str, list[dict[str, list[Rec]]]]] = []
         self.reports: list[Any] = []
+        self.inputs_as: dict[str, dict[str, str]] = {}
 
     def add(self, prefix: str, inputs: list[InputDef], tables: list[dict[str, Any]],
-            runs: list[dict[str, list[Rec]]]) -> None:
+            runs: list[dict[str, list[Rec]]], inputs_as: dict[str, str] | None = None) -> None:
+        """A pipeline named by ``prefix``; ``inputs_as``: the inputs its tables read that are
+        another pipeline's (input name -> full name), not in ``inputs``."""
         self.inputs += [(prefix, i) for i in inputs]
         self.tables += [(prefix, t) for t in tables]
         self.runs.append((prefix, runs))
+        if inputs_as:
+            self.inputs_as[prefix] = dict(inputs_as)
 
     def pipeline(self) -> Pipeline:
         stores, streams, kinds = [], [], {}
@@ -99,7 +113,8 @@ class RealPipeline:
                                         history_retention_ms=spec.history_retention_ms,
                                         partitions=spec.partitions, changelog=True))
                 kinds[name] = spec.kind
-        tables = parse_tables([rename_table(t, prefix) for prefix, t in self.tables], kinds)
+        tables = parse_tables([rename_table(t, prefix, self.inputs_as.get(prefix)) for prefix, t in self.tables],
+                              kinds)
         return Pipeline(stores=stores, streams=streams, tables=tables)
 
     def steps(self) -> int:
@@ -148,8 +163,9 @@ class RealPipeline:
         emitted = os.path.join(path, "_emitted")
         if os.path.isdir(os.path.join(emitted, "_delta_log")):
             rows = DeltaTable(emitted).to_pyarrow_table().sort_by([("run", "ascending"), ("sequence", "ascending")])
-            out.emissions = [(r["key"], r["value"], r["timestamp"], r["cause"].removeprefix(prefix))
-                             for r in rows.to_pylist()]
+            shared = {full: short for short, full in self.inputs_as.get(prefix, {}).items()}
+            out.emissions = [(r["key"], r["value"], r["timestamp"],
+                              shared.get(r["cause"], r["cause"].removeprefix(prefix))) for r in rows.to_pylist()]
         kind = next(t for p, t in self.tables if p + t["name"] == name).get("kind", "versioned")
         is_stream = "stream_join" in next(t for p, t in self.tables if p + t["name"] == name)
         if is_stream:

@@ -161,6 +161,41 @@ def ingest_in_process(spark, *argv: str) -> tuple[int, str]:
     return status, printed.getvalue()
 
 
+def erase_in_process(spark, *argv: str) -> tuple[int, str, str]:
+    """``versiq erase ARGV`` run by this process in the session's Spark: the CLI's parser and
+    command (``erase_command``, its Spark session the given one), so the same erase, output and
+    exit status as the process, without a JVM start. Returns the exit status, stdout and stderr
+    (what the command prints and its log records, at the CLI's level and in its format, as the
+    process writes them to stderr; the session JVM's own log is not in it)."""
+    import functools
+    import io
+    import logging
+
+    import pytest
+
+    from versiq.cli.main import build_parser
+    from versiq.ingest import erase
+    from versiq.ingest.commands import erase_command
+
+    args = build_parser().parse_args(["erase", *argv])
+    out, err = io.StringIO(), io.StringIO()
+    handler = logging.StreamHandler(err)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setLevel(args.log_level.upper())
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(min(level, handler.level) if level else handler.level)
+    try:
+        with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            patch.setattr(erase, "erase_keys", functools.partial(erase.erase_keys, spark=lambda: spark))
+            status = erase_command(args)
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+    return status, out.getvalue(), err.getvalue()
+
+
 def get_in_process(*argv: str) -> tuple[int, str]:
     """``versiq get ARGV`` run by this process: the CLI's parser and command (the read path of
     GET /v1/stores/{store}/keys/{key}, no server), without a process start. Returns the exit

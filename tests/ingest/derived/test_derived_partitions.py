@@ -86,7 +86,9 @@ def test_each_partition_is_its_own_topology(spark: Any, tmp_path: Any, monkeypat
                                             caplog: pytest.LogCaptureFixture) -> None:
     """The same examples twice in one set of runs: the topologies of pipelines ``here*`` run in
     this process, those of ``tasks*`` as Spark tasks (``VERSIQ_DERIVE_HERE_RECORDS`` set for each
-    topology's pass), so the stores of both are ingested once per run."""
+    topology's pass). ``here<i>`` and ``tasks<i>`` read the same input stores and stream
+    (``e<i>_*``, ingested once per run): tables that share only source inputs are topologies of
+    their own, each run where its prefix says."""
     from versiq.ingest.derived import derive
 
     run_topology = derive._run_topology
@@ -99,9 +101,11 @@ def test_each_partition_is_its_own_topology(spark: Any, tmp_path: Any, monkeypat
     monkeypatch.setattr(derive, "_run_topology", where_its_prefix_says)
     real = RealPipeline(spark, str(tmp_path))
     examples = [_example(seed) for seed in range(2)]
+    for i, runs in enumerate(examples):
+        real.add(f"e{i}_", INPUTS, [], runs)
     prefixes = [f"{where}{i}_" for where in ("here", "tasks") for i in range(len(examples))]
     for prefix in prefixes:
-        real.add(prefix, INPUTS, TABLES, examples[int(prefix[-2])])
+        real.add(prefix, [], TABLES, [], inputs_as={spec.name: f"e{prefix[-2]}_{spec.name}" for spec in INPUTS})
     with caplog.at_level(logging.INFO, logger="versiq.ingest"):
         real.run_all()
     passes = [r.getMessage() for r in caplog.records if r.getMessage().startswith("derived pass over ")]
