@@ -155,7 +155,7 @@ def main() -> None:
           "synchronous, in memory, no broker, a commit per input record), warm JVM, reading the JSON lines "
           "included.")
     head = (f"{'operator':12s} {'records in':>10s} | {'versiq s':>8s} {'rec/s':>9s} {'emitted':>9s} | "
-            f"{'kafka s':>8s} {'rec/s':>9s} {'outputs':>9s} | {'kafka/versiq':>12s} {'counts':>6s}")
+            f"{'kafka s':>8s} {'rec/s':>9s} {'outputs':>9s} | {'KS/versiq rec/s':>15s} {'counts':>6s}")
     print(head)
     print("-" * len(head))
     for op, r in per.items():
@@ -163,7 +163,7 @@ def main() -> None:
         ratio = v["derive_s"] / k["seconds"] if k["seconds"] else 0
         print(f"{op:12s} {r['records_in']:>10,} | {v['derive_s']:8.2f} {v['records_per_s'] or 0:>9,} "
               f"{v['emitted']:>9,} | {k['seconds']:8.2f} {k['records_per_s']:>9,} {k['output_count']:>9,} | "
-              f"{ratio:11.1f}x {'same' if r['counts_match'] else 'DIFF':>6s}")
+              f"{ratio:14.2f}x {'same' if r['counts_match'] else 'DIFF':>6s}")
     print(result["machine"]["uptime_start"])
     print(result["machine"]["uptime_end"])
     write_result(args.results, "derived-vs-kafka-streams", result, started, str(args.records))
