@@ -67,9 +67,10 @@ def floored(outputs: Emitted) -> Emitted:
     return out
 
 
-@pytest.mark.parametrize("op", ["fk_join", "aggregate"])
+@pytest.mark.parametrize("op", ["fk_join", "aggregate", "stream_join"])
 def test_operator_bench_outputs_what_versiq_emits(op: str, tmp_path: Path) -> None:
-    """fk_join (subscription and response topics) and aggregate (repartition, count and sum)."""
+    """fk_join (subscription and response topics), aggregate (repartition, count and sum) and
+    stream_join (two inputs interleaved by the merge: the prices a click meets depend on its order)."""
     sizes = db.Sizes(400, 30)  # 400 orders over 80 keys, 20 customers, 30 regions
     counts = db.write_sources(str(tmp_path), sizes, db.build_counts(sizes), 0)
     files = {name: dv.source_files(str(tmp_path), name) for name in counts}
