@@ -351,6 +351,10 @@ CONFORMANCE_TIMEOUT: Setting[int | None] = Setting(
     "VERSIQ_CONFORMANCE_TIMEOUT", whole_number, None,
     "seconds the operators' conformance test may take, default 600 plus 0.2 per scenario, times the load "
     "per core", "tests")
+CONFORMANCE_CLASSES: Setting[str | None] = Setting(
+    "VERSIQ_CONFORMANCE_CLASSES", string, None,
+    "a folder of classes compiled from `conformance/kafka`'s sources (`javac -d`), put first on the Kafka "
+    "Streams harness's classpath; the harness's jar is then not rebuilt", "tests")
 BENCH_WORK: Setting[str] = Setting(
     "VERSIQ_BENCH_WORK", string, "/tmp/versiq-bench",
     "the benchmarks' working folder (`--work`), default `/tmp/versiq-bench` ([benchmarks.md](benchmarks.md))",

@@ -63,14 +63,36 @@ def run_partitions(scenarios: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return _run("Partitions", scenarios)
 
 
-def _run(main: str, scenarios: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    jar = build()
+def java_command(main: str) -> list[str]:
+    """``java -cp <the harness> dev.versiq.conformance.<main>``: the jar (built when stale) and its
+    ``lib/``. ``VERSIQ_CONFORMANCE_CLASSES`` (a folder of classes compiled from these sources,
+    e.g. ``javac -d DIR``) goes first on the classpath, and the jar is then not rebuilt."""
+    classes = os.environ.get("VERSIQ_CONFORMANCE_CLASSES")
+    jar = JAR if classes else build()
     java = shutil.which("java") or os.path.join(os.environ.get("JAVA_HOME", ""), "bin", "java")
+    path = [*([classes] if classes else []), str(jar), str(jar.parent / "lib" / "*")]
+    return [java, "-cp", os.pathsep.join(path), f"dev.versiq.conformance.{main}"]
+
+
+def run_operator_bench(spec: dict[str, Any], timeout: float = 3600) -> dict[str, Any]:
+    """OperatorBench.java on ``spec`` (an operator scenario whose inputs name their ``files``):
+    Kafka Streams' records in, seconds, records/s and output count; its summary goes to stderr."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
+        json.dump(spec, handle)
+    try:
+        out = subprocess.run([*java_command("OperatorBench"), handle.name], stdout=subprocess.PIPE, text=True,
+                             check=True, timeout=timeout)
+    finally:
+        os.unlink(handle.name)
+    result: dict[str, Any] = json.loads(out.stdout)
+    return result
+
+
+def _run(main: str, scenarios: list[dict[str, Any]]) -> list[dict[str, Any]]:
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
         json.dump({"scenarios": scenarios}, handle)
     try:
-        out = subprocess.run([java, "-cp", f"{jar}{os.pathsep}{jar.parent / 'lib' / '*'}",
-                              f"dev.versiq.conformance.{main}", handle.name],
+        out = subprocess.run([*java_command(main), handle.name],
                              capture_output=True, text=True, check=True, timeout=1200)
     finally:
         os.unlink(handle.name)

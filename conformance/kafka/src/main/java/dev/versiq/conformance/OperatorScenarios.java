@@ -18,6 +18,9 @@ import java.util.Properties;
 import java.util.Set;
 import java.util.function.BiFunction;
 import java.util.function.Function;
+import java.util.function.Predicate;
+import java.util.regex.Matcher;
+import java.util.regex.Pattern;
 import org.apache.kafka.common.serialization.Serdes;
 import org.apache.kafka.common.serialization.StringDeserializer;
 import org.apache.kafka.common.serialization.StringSerializer;
@@ -27,6 +30,7 @@ import org.apache.kafka.streams.StreamsBuilder;
 import org.apache.kafka.streams.StreamsConfig;
 import org.apache.kafka.streams.TestInputTopic;
 import org.apache.kafka.streams.TestOutputTopic;
+import org.apache.kafka.streams.Topology;
 import org.apache.kafka.streams.TopologyTestDriver;
 import org.apache.kafka.streams.kstream.Consumed;
 import org.apache.kafka.streams.kstream.Grouped;
@@ -136,13 +140,27 @@ public final class OperatorScenarios {
     return "{\"left\":" + (left == null ? "null" : left) + ",\"right\":" + (right == null ? "null" : right) + "}";
   }
 
-  /** The versiq expressions the differential test uses, written in Java (a failure is null). */
+  /** {@code value.<name>}: a member path of one name (the differential test's and the bench's). */
+  private static final Pattern MEMBER = Pattern.compile("value\\.([A-Za-z_][A-Za-z_0-9]*)");
+  /** {@code value.<name> > <number>}: the predicates the differential test and the bench use. */
+  private static final Pattern GREATER = Pattern.compile("value\\.([A-Za-z_][A-Za-z_0-9]*) > (-?[0-9]+(\\.[0-9]+)?)");
+
+  /** The member a {@code value.<name>} expression reads. */
+  static String memberOf(String expression) {
+    Matcher m = MEMBER.matcher(expression);
+    if (!m.matches()) {
+      throw new IllegalArgumentException("no Java version of the expression " + expression);
+    }
+    return m.group(1);
+  }
+
+  /** The versiq expressions the differential test and the bench use, written in Java (a failure is null). */
   static BiFunction<String, String, String> extractor(String expression) {
+    if (MEMBER.matcher(expression).matches()) { // value.f, value.g, value.customer_id, value.region
+      String name = memberOf(expression);
+      return (k, v) -> keyString(member(parse(v), name));
+    }
     switch (expression) {
-      case "value.f":
-        return (k, v) -> keyString(member(parse(v), "f"));
-      case "value.g":
-        return (k, v) -> keyString(member(parse(v), "g"));
       case "concat(substring(key, 1, length(key) - 2), int(value) % 3)":
         return (k, v) -> {
           // key minus its last two code points (the harness's keys are ASCII), then int(value) % 3
@@ -157,12 +175,18 @@ public final class OperatorScenarios {
     }
   }
 
-  static boolean passes(String expression, String value) {
-    if (!expression.equals("value.n > 3")) {
+  /** {@code value.<name> > <number>} (value.n > 3, value.amount > 500): false unless a number. */
+  static Predicate<String> predicate(String expression) {
+    Matcher m = GREATER.matcher(expression);
+    if (!m.matches()) {
       throw new IllegalArgumentException("no Java version of the predicate " + expression);
     }
-    BigDecimal n = number(member(parse(value), "n"));
-    return n != null && n.compareTo(BigDecimal.valueOf(3)) > 0;
+    String name = m.group(1);
+    BigDecimal bound = new BigDecimal(m.group(2));
+    return value -> {
+      BigDecimal n = number(member(parse(value), name));
+      return n != null && n.compareTo(bound) > 0;
+    };
   }
 
   // ------------------------------------------------------------------------------ topologies
@@ -184,7 +208,12 @@ public final class OperatorScenarios {
         .withValueSerde(Serdes.String());
   }
 
-  private static ObjectNode run(JsonNode scenario, File stateDir) {
+  /**
+   * The scenario's topology: its inputs {@code in0, in1, ...} (tables over the stores the scenario
+   * names, or a stream), the operator, and its results sent to the topic {@code out} (tables:
+   * materialized in the store {@code out}). {@link OperatorBench} builds the same.
+   */
+  static Topology topology(JsonNode scenario) {
     String op = scenario.get("op").asText();
     String type = scenario.path("type").asText("inner");
     long outRetention = scenario.get("outputRetentionMs").asLong();
@@ -209,8 +238,8 @@ public final class OperatorScenarios {
     KStream<String, String> emitted;
     switch (op) {
       case "filter": {
-        String predicate = scenario.get("filter").asText();
-        emitted = tables.get(0).filter((k, v) -> passes(predicate, v), out).toStream();
+        Predicate<String> predicate = predicate(scenario.get("filter").asText());
+        emitted = tables.get(0).filter((k, v) -> predicate.test(v), out).toStream();
         break;
       }
       case "join": {
@@ -235,7 +264,8 @@ public final class OperatorScenarios {
         BiFunction<String, String, String> group = extractor(scenario.get("groupBy").asText());
         KGroupedTable<String, String> grouped = tables.get(0).groupBy(
             (k, v) -> KeyValue.pair(group.apply(k, v), v), Grouped.with(Serdes.String(), Serdes.String()));
-        emitted = aggregate(grouped, scenario.get("aggregator").asText(), outKind, outRetention);
+        emitted = aggregate(grouped, scenario.get("aggregator").asText(), scenario.path("sumOf").asText("value.n"),
+            outKind, outRetention);
         break;
       }
       case "stream_join": {
@@ -248,14 +278,25 @@ public final class OperatorScenarios {
         throw new IllegalArgumentException("unknown op " + op);
     }
     emitted.to("out", Produced.with(Serdes.String(), Serdes.String()));
+    return builder.build();
+  }
 
+  /** The driver's settings: no record cache (every update is forwarded), state under {@code stateDir}. */
+  static Properties properties(File stateDir) {
     Properties props = new Properties();
     props.put(StreamsConfig.APPLICATION_ID_CONFIG, "versiq-operators");
     props.put(StreamsConfig.STATE_DIR_CONFIG, stateDir.getAbsolutePath());
     props.put(StreamsConfig.STATESTORE_CACHE_MAX_BYTES_CONFIG, 0); // every update is forwarded
+    return props;
+  }
+
+  private static ObjectNode run(JsonNode scenario, File stateDir) {
+    String op = scenario.get("op").asText();
+    String outKind = scenario.path("outputKind").asText("versioned");
+    JsonNode inputs = scenario.get("inputs");
     ObjectNode result = JSON.createObjectNode();
     result.put("id", scenario.get("id").asText());
-    try (TopologyTestDriver driver = new TopologyTestDriver(builder.build(), props)) {
+    try (TopologyTestDriver driver = new TopologyTestDriver(topology(scenario), properties(stateDir))) {
       List<TestInputTopic<String, String>> topics = new ArrayList<>();
       for (int i = 0; i < inputs.size(); i++) {
         topics.add(driver.createInputTopic("in" + i, new StringSerializer(), new StringSerializer()));
@@ -286,9 +327,13 @@ public final class OperatorScenarios {
     return result;
   }
 
-  /** Kafka's count/sum/concat/reduce, each written as versiq's pipeline declares it. */
+  /**
+   * Kafka's count/sum/concat/reduce, each written as versiq's pipeline declares it; count_sum is
+   * versiq's {@code aggregate: {count: true, sum: <sumOf>}} (the bench's), kept as "count,sum".
+   */
   private static KStream<String, String> aggregate(
-      KGroupedTable<String, String> grouped, String aggregator, String outKind, long outRetention) {
+      KGroupedTable<String, String> grouped, String aggregator, String sumOf, String outKind, long outRetention) {
+    String field = memberOf(sumOf);
     switch (aggregator) {
       case "count": // versiq: aggregate: {count: true} -> {"count":n}
         return grouped.count(OperatorScenarios.<Long>store(OUT_STORE, outKind, outRetention)
@@ -297,10 +342,23 @@ public final class OperatorScenarios {
       case "sum": // versiq: aggregate: {sum: "value.n"} -> {"sum":x}; non-numbers add nothing
         return grouped.aggregate(
                 () -> "0",
-                (k, v, agg) -> sumStep(agg, v, 1),
-                (k, v, agg) -> sumStep(agg, v, -1),
+                (k, v, agg) -> sumStep(agg, field, v, 1),
+                (k, v, agg) -> sumStep(agg, field, v, -1),
                 stringStore(OUT_STORE, outKind, outRetention))
             .toStream().mapValues(s -> s == null ? null : "{\"sum\":" + s + "}");
+      case "count_sum": // versiq: aggregate: {count: true, sum: "value.amount"} -> {"count":n,"sum":x}
+        return grouped.aggregate(
+                () -> "0,0",
+                (k, v, agg) -> countSumStep(agg, field, v, 1),
+                (k, v, agg) -> countSumStep(agg, field, v, -1),
+                stringStore(OUT_STORE, outKind, outRetention))
+            .toStream().mapValues(s -> {
+              if (s == null) {
+                return null;
+              }
+              int comma = s.indexOf(',');
+              return "{\"count\":" + s.substring(0, comma) + ",\"sum\":" + s.substring(comma + 1) + "}";
+            });
       case "concat": // versiq: aggregate: {init: '"0"', add: 'concat(agg, "+", value.n)', subtract: ...}
         return grouped.aggregate(
                 () -> "0",
@@ -319,13 +377,19 @@ public final class OperatorScenarios {
     }
   }
 
-  static String sumStep(String agg, String value, int sign) {
-    BigDecimal n = number(member(parse(value), "n"));
+  static String sumStep(String agg, String field, String value, int sign) {
+    BigDecimal n = number(member(parse(value), field));
     if (n == null) {
       return agg;
     }
     BigDecimal total = new BigDecimal(agg);
     return render(sign > 0 ? total.add(n) : total.subtract(n));
+  }
+
+  static String countSumStep(String agg, String field, String value, int sign) {
+    int comma = agg.indexOf(',');
+    long count = Long.parseLong(agg.substring(0, comma)) + sign;
+    return count + "," + sumStep(agg.substring(comma + 1), field, value, sign);
   }
 
   static String concatStep(String agg, String separator, String value) {
