@@ -49,16 +49,22 @@ set), never committing to a consumer group. The position is still committed with
 only: a broker that stops answering for ``POLL_TIMEOUT_MS``, or records deleted before they
 were read, fail the run before anything is written, and the rerun reads the range again.
 
-The broker's metadata (partitions, offsets) is asked with the Java Kafka client Spark's source
-uses (same jar, same settings), through the session's JVM.
+**The broker's metadata** (partitions, offsets, the topic's id) is asked with the same client as
+the records would be in the driver: the confluent-kafka client when ``driver_config`` gives the
+source's settings (``driver_topic_offsets``, no JVM), else the Java Kafka client Spark's source uses
+(same jar, same settings), through the session's JVM (``java_topic_offsets``). Both give the same
+offsets and the same id (Java's text of it), and fail the same way.
 """
 
 from __future__ import annotations
 
+import base64
+import concurrent.futures
 import contextlib
 import json
 import logging
 import re
+import struct
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -236,7 +242,8 @@ def check_position(what: str, exists: bool, position: KafkaPosition | None, sour
 
 def plan_run(spark: SparkSession, what: str, exists: bool, position: KafkaPosition | None,
              source: KafkaSource) -> KafkaRead:
-    """``check_position``, then what this run reads (``plan_read``) from the broker's offsets now."""
+    """``check_position``, then what this run reads (``plan_read``) from the broker's offsets now
+    (``topic_offsets``: a source read with Spark's Kafka source uses ``spark``)."""
     check_position(what, exists, position, source)
     return plan_read(source, position, topic_offsets(spark, source))
 
@@ -360,11 +367,22 @@ def _client_properties(jvm: Any, source: KafkaSource, extra: Mapping[str, str]) 
 
 
 def topic_offsets(spark: SparkSession, source: KafkaSource) -> TopicOffsets:
-    """Partition count, earliest and end offsets of the topic, asked with the Java Kafka
-    client (the one Spark's source uses, with the same settings), then the topic's id
-    (``topic_id``): asked after the offsets, so a topic recreated meanwhile has the new id and
-    fails the run. Raises ``KafkaSourceError`` when the broker does not answer or the topic
-    does not exist."""
+    """Partition count, earliest and end offsets of the topic, then its id: asked with the
+    confluent-kafka client (``driver_topic_offsets``) when the source's client settings all have
+    a same-meaning librdkafka setting (``driver_config``), else with the Java Kafka client
+    Spark's source uses, through the session's JVM (``java_topic_offsets``). Both give the same
+    ``TopicOffsets`` and fail with the same one-line ``KafkaSourceError``."""
+    config, _why = driver_config(source)
+    if config is None:
+        return java_topic_offsets(spark, source)
+    return driver_topic_offsets(source, config)
+
+
+def java_topic_offsets(spark: SparkSession, source: KafkaSource) -> TopicOffsets:
+    """``topic_offsets`` asked with the Java Kafka client (the one Spark's source uses, with the
+    same settings), then the topic's id (``java_topic_id``): asked after the offsets, so a topic
+    recreated meanwhile has the new id and fails the run. Raises ``KafkaSourceError`` when the
+    broker does not answer or the topic does not exist."""
     jvm = spark.sparkContext._jvm
     assert jvm is not None
     deserializer = "org.apache.kafka.common.serialization.ByteArrayDeserializer"
@@ -406,10 +424,10 @@ def topic_offsets(spark: SparkSession, source: KafkaSource) -> TopicOffsets:
     finally:
         consumer.close()
     return TopicOffsets(partitions=len(parts), earliest=found_earliest, end=found_end,
-                        topic_id=topic_id(jvm, source))
+                        topic_id=java_topic_id(jvm, source))
 
 
-def topic_id(jvm: Any, source: KafkaSource) -> str | None:
+def java_topic_id(jvm: Any, source: KafkaSource) -> str | None:
     """The topic's id (``TopicDescription.topicId()``, Kafka 2.8 and later; None from a broker
     that keeps no ids), asked with the Java admin client and the source's settings. Raises
     ``KafkaSourceError`` when the broker does not answer or the topic does not exist."""
@@ -589,6 +607,114 @@ def reads_here(source: KafkaSource, store: str) -> bool:
         _LOGGED_SPARK_READS.add((store, why))
         log.info("%s: %s: its runs read with Spark's Kafka source", store, why)
     return config is not None
+
+
+#: A new librdkafka client drops its connection to the bootstrap server once it knows the
+#: brokers' own addresses, and its first request then waits half of ``reconnect.backoff.ms``
+#: (at least 11 ms) before it may connect again: librdkafka's default (100 ms) would add 50 ms
+#: to every run's metadata.
+METADATA_RECONNECT_BACKOFF_MS = 10
+#: librdkafka settings of ``driver_config`` that only a consumer takes: an admin client warns
+#: about each on stderr, so they are left out of its settings.
+_CONSUMER_ONLY = frozenset({"isolation.level", "max.partition.fetch.bytes", "fetch.max.bytes"})
+
+
+class _ClientLog:
+    """Where librdkafka's own log lines of a metadata client go: the debug log (a broker that
+    cannot be reached is the run's one-line ``KafkaSourceError``, not a line per connection
+    attempt on stderr). They arrive when the client is polled (``_drain``)."""
+
+    def log(self, _level: int, message: str, *args: Any) -> None:
+        log.debug("librdkafka: " + message, *args)
+
+
+def _client_error(failure: Any) -> str:
+    """A confluent-kafka exception or ``KafkaError`` as one line: the error's name and text."""
+    error = failure.args[0] if isinstance(failure, BaseException) and failure.args else failure
+    name, text = getattr(error, "name", None), getattr(error, "str", None)
+    line = f"{name()}: {text()}" if callable(name) and callable(text) else str(failure) or type(failure).__name__
+    return " ".join(line.split())
+
+
+def java_uuid(most: int, least: int) -> str:
+    """A Kafka ``Uuid`` of these two 64-bit halves as Java's ``Uuid.toString()`` writes it (the
+    form a position keeps): URL-safe base64 of its 16 bytes, without padding. librdkafka's own
+    text of an id (``str(Uuid)``) is standard base64, which differs in ``+`` and ``/``."""
+    raw = struct.pack(">QQ", most & 0xFFFF_FFFF_FFFF_FFFF, least & 0xFFFF_FFFF_FFFF_FFFF)
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+def driver_topic_offsets(source: KafkaSource, config: Mapping[str, str] | None = None) -> TopicOffsets:
+    """``java_topic_offsets``' answer asked with a confluent-kafka admin client of the source's
+    librdkafka settings (``config``: ``driver_config``'s): the topic's partitions (a metadata
+    request that never creates the topic), their earliest and end offsets (the end is the last
+    stable offset with ``isolation.level`` ``read_committed``, as the Java consumer's), then, after
+    the offsets, the topic's id in Java's form (``java_uuid``). Every request waits up to
+    ``METADATA_TIMEOUT_S``. Raises ``KafkaSourceError`` (one line, no setting's value) when the
+    broker does not answer or the topic does not exist. No JVM: a run read in the driver plans
+    without the session."""
+    from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicCollection, TopicPartition
+    from confluent_kafka.admin import AdminClient, OffsetSpec
+
+    if config is None:
+        config, why = driver_config(source)
+        if config is None:
+            raise ValueError(f"{source.name}: {why}")
+    admin_config: dict[str, Any] = {name: value for name, value in config.items() if name not in _CONSUMER_ONLY}
+    admin_config.update({"client.id": "versiq-metadata", "allow.auto.create.topics": False, "logger": _ClientLog(),
+                         "reconnect.backoff.ms": METADATA_RECONNECT_BACKOFF_MS})
+    committed = config.get("isolation.level", "read_uncommitted").lower() == "read_committed"
+    topic, timeout = source.topic, METADATA_TIMEOUT_S
+    try:
+        admin = AdminClient(admin_config)
+    except (KafkaException, ValueError, TypeError) as exc:  # a bad setting: the client's own message
+        raise KafkaSourceError(redacted(f"cannot create a Kafka client for {source.bootstrap}: {_client_error(exc)}",
+                                        source)) from None
+    try:
+        try:
+            found = admin.list_topics(topic, timeout=timeout).topics.get(topic)
+        except KafkaException as exc:  # broker down, DNS, auth: one line
+            raise KafkaSourceError(redacted(
+                f"cannot reach Kafka at {source.bootstrap} (topic {topic}): {_client_error(exc)}", source)) from None
+        if found is None or (found.error is not None and found.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
+            raise KafkaSourceError(f"topic {topic} does not exist on {source.bootstrap}")
+        if found.error is not None:
+            raise KafkaSourceError(redacted(
+                f"cannot reach Kafka at {source.bootstrap} (topic {topic}): {_client_error(found.error)}",
+                source))
+        parts = sorted(int(p) for p in found.partitions)
+        if parts != list(range(len(parts))):
+            raise KafkaSourceError(f"topic {topic}: unexpected partition numbers {parts}")
+        level = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
+        try:
+            asked = [admin.list_offsets({TopicPartition(topic, p): spec for p in parts}, isolation_level=level,
+                                        request_timeout=timeout)
+                     for spec in (OffsetSpec.earliest(), OffsetSpec.latest())]
+            earliest, end = ({tp.partition: int(future.result(timeout + 5).offset) for tp, future in futures.items()}
+                             for futures in asked)
+        except (KafkaException, concurrent.futures.TimeoutError) as exc:
+            raise KafkaSourceError(redacted(
+                f"cannot read the offsets of topic {topic} at {source.bootstrap}: {_client_error(exc)}",
+                source)) from None
+        try:
+            described = admin.describe_topics(TopicCollection([topic]), request_timeout=timeout)[topic] \
+                .result(timeout + 5)
+        except (KafkaException, concurrent.futures.TimeoutError) as exc:  # broker down, topic deleted meanwhile
+            raise KafkaSourceError(redacted(
+                f"cannot describe topic {topic} at {source.bootstrap}: {_client_error(exc)}", source)) from None
+        uuid = described.topic_id
+        most, least = (0, 0) if uuid is None else (uuid.get_most_significant_bits(), uuid.get_least_significant_bits())
+        return TopicOffsets(partitions=len(parts), earliest=earliest, end=end,
+                            topic_id=None if most == least == 0 else java_uuid(most, least))
+    finally:
+        _drain(admin)
+
+
+def _drain(admin: Any) -> None:
+    """Hand the client's queued log lines to ``_ClientLog`` (an admin client's are served by
+    ``poll`` only)."""
+    with contextlib.suppress(Exception):
+        admin.poll(0)
 
 
 def read_here(source: KafkaSource, read: KafkaRead, max_timestamp: int | None) -> pa.Table:
