@@ -66,9 +66,9 @@ import logging
 import re
 import struct
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -86,6 +86,7 @@ from versiq.ingest.sources import SourceError
 from versiq.layout import KafkaPosition
 
 log = logging.getLogger("versiq.ingest")
+T = TypeVar("T")
 
 #: Environment variables ``VERSIQ_KAFKA_<NAME>`` are client option ``<name>`` (``_`` -> ``.``).
 ENV_PREFIX = settings.KAFKA.name
@@ -649,65 +650,96 @@ def driver_topic_offsets(source: KafkaSource, config: Mapping[str, str] | None =
     librdkafka settings (``config``: ``driver_config``'s): the topic's partitions (a metadata
     request that never creates the topic), their earliest and end offsets (the end is the last
     stable offset with ``isolation.level`` ``read_committed``, as the Java consumer's), then, after
-    the offsets, the topic's id in Java's form (``java_uuid``). Every request waits up to
-    ``METADATA_TIMEOUT_S``. Raises ``KafkaSourceError`` (one line, no setting's value) when the
-    broker does not answer or the topic does not exist. No JVM: a run read in the driver plans
-    without the session."""
+    the offsets, the topic's id in Java's form (``java_uuid``). Each of the three waits up to
+    ``METADATA_TIMEOUT_S``, asking again after the errors the Java clients retry (``_asked``: a
+    broker that restarted, a leader that moved). Raises ``KafkaSourceError`` (one line, no
+    setting's value) when the broker does not answer or the topic does not exist. No JVM: a run
+    read in the driver plans without the session."""
     from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicCollection, TopicPartition
-    from confluent_kafka.admin import AdminClient, OffsetSpec
+    from confluent_kafka.admin import OffsetSpec
 
     if config is None:
         config, why = driver_config(source)
         if config is None:
             raise ValueError(f"{source.name}: {why}")
-    admin_config: dict[str, Any] = {name: value for name, value in config.items() if name not in _CONSUMER_ONLY}
-    admin_config.update({"client.id": "versiq-metadata", "allow.auto.create.topics": False, "logger": _ClientLog(),
-                         "reconnect.backoff.ms": METADATA_RECONNECT_BACKOFF_MS})
     committed = config.get("isolation.level", "read_uncommitted").lower() == "read_committed"
-    topic, timeout = source.topic, METADATA_TIMEOUT_S
-    try:
-        admin = AdminClient(admin_config)
-    except (KafkaException, ValueError, TypeError) as exc:  # a bad setting: the client's own message
-        raise KafkaSourceError(redacted(f"cannot create a Kafka client for {source.bootstrap}: {_client_error(exc)}",
-                                        source)) from None
-    try:
-        try:
-            found = admin.list_topics(topic, timeout=timeout).topics.get(topic)
-        except KafkaException as exc:  # broker down, DNS, auth: one line
-            raise KafkaSourceError(redacted(
-                f"cannot reach Kafka at {source.bootstrap} (topic {topic}): {_client_error(exc)}", source)) from None
+    level = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
+    topic = source.topic
+    admin = _metadata_client(source, config)
+
+    def partitions(wait: float) -> list[int]:
+        found = admin.list_topics(topic, timeout=wait).topics.get(topic)
         if found is None or (found.error is not None and found.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
             raise KafkaSourceError(f"topic {topic} does not exist on {source.bootstrap}")
         if found.error is not None:
-            raise KafkaSourceError(redacted(
-                f"cannot reach Kafka at {source.bootstrap} (topic {topic}): {_client_error(found.error)}",
-                source))
-        parts = sorted(int(p) for p in found.partitions)
+            raise KafkaException(found.error)
+        return sorted(int(p) for p in found.partitions)
+
+    def offsets(wait: float) -> tuple[dict[int, int], ...]:
+        asked = [admin.list_offsets({TopicPartition(topic, p): spec for p in parts}, isolation_level=level,
+                                    request_timeout=wait) for spec in (OffsetSpec.earliest(), OffsetSpec.latest())]
+        return tuple({tp.partition: int(future.result(wait + 5).offset) for tp, future in futures.items()}
+                     for futures in asked)
+
+    def topic_id(wait: float) -> str | None:
+        uuid = admin.describe_topics(TopicCollection([topic]), request_timeout=wait)[topic].result(wait + 5).topic_id
+        most, least = (0, 0) if uuid is None else (uuid.get_most_significant_bits(), uuid.get_least_significant_bits())
+        return None if most == least == 0 else java_uuid(most, least)
+
+    try:
+        parts = _asked(partitions, f"cannot reach Kafka at {source.bootstrap} (topic {topic})", source)
         if parts != list(range(len(parts))):
             raise KafkaSourceError(f"topic {topic}: unexpected partition numbers {parts}")
-        level = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
-        try:
-            asked = [admin.list_offsets({TopicPartition(topic, p): spec for p in parts}, isolation_level=level,
-                                        request_timeout=timeout)
-                     for spec in (OffsetSpec.earliest(), OffsetSpec.latest())]
-            earliest, end = ({tp.partition: int(future.result(timeout + 5).offset) for tp, future in futures.items()}
-                             for futures in asked)
-        except (KafkaException, concurrent.futures.TimeoutError) as exc:
-            raise KafkaSourceError(redacted(
-                f"cannot read the offsets of topic {topic} at {source.bootstrap}: {_client_error(exc)}",
-                source)) from None
-        try:
-            described = admin.describe_topics(TopicCollection([topic]), request_timeout=timeout)[topic] \
-                .result(timeout + 5)
-        except (KafkaException, concurrent.futures.TimeoutError) as exc:  # broker down, topic deleted meanwhile
-            raise KafkaSourceError(redacted(
-                f"cannot describe topic {topic} at {source.bootstrap}: {_client_error(exc)}", source)) from None
-        uuid = described.topic_id
-        most, least = (0, 0) if uuid is None else (uuid.get_most_significant_bits(), uuid.get_least_significant_bits())
-        return TopicOffsets(partitions=len(parts), earliest=earliest, end=end,
-                            topic_id=None if most == least == 0 else java_uuid(most, least))
+        earliest, end = _asked(offsets, f"cannot read the offsets of topic {topic} at {source.bootstrap}", source)
+        found_id = _asked(topic_id, f"cannot describe topic {topic} at {source.bootstrap}", source)
     finally:
         _drain(admin)
+    return TopicOffsets(partitions=len(parts), earliest=earliest, end=end, topic_id=found_id)
+
+
+#: The errors of a metadata request the Java clients retry until their timeout
+#: (``RetriableException``): a broker that restarted or is not the leader yet, a timed-out request.
+_RETRIED_ERRORS = frozenset({"UNKNOWN_LEADER_EPOCH", "FENCED_LEADER_EPOCH", "NOT_LEADER_FOR_PARTITION",
+                             "LEADER_NOT_AVAILABLE", "REPLICA_NOT_AVAILABLE", "BROKER_NOT_AVAILABLE",
+                             "OFFSET_NOT_AVAILABLE", "REQUEST_TIMED_OUT", "NETWORK_EXCEPTION",
+                             "KAFKA_STORAGE_ERROR", "NOT_CONTROLLER", "_TRANSPORT", "_ALL_BROKERS_DOWN"})
+
+
+def _asked(request: Callable[[float], T], failed: str, source: KafkaSource) -> T:
+    """``request(seconds left)`` until it answers, asked again after a ``_RETRIED_ERRORS`` error
+    for up to ``METADATA_TIMEOUT_S`` in all; its failure (or the last one) is a one-line
+    ``KafkaSourceError``: ``failed`` and the client's error."""
+    from confluent_kafka import KafkaException
+
+    deadline = time.monotonic() + METADATA_TIMEOUT_S
+    pause = 0.05
+    while True:
+        try:
+            return request(max(0.1, deadline - time.monotonic()))
+        except (KafkaException, concurrent.futures.TimeoutError) as exc:
+            error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+            retried = error is not None and (error.retriable() or error.name() in _RETRIED_ERRORS)
+            if not retried or time.monotonic() + pause >= deadline:
+                raise KafkaSourceError(redacted(f"{failed}: {_client_error(exc)}", source)) from None
+            log.debug("%s", redacted(f"{failed}: {_client_error(exc)}; asking again", source))
+        time.sleep(pause)
+        pause = min(2 * pause, 1.0)
+
+
+def _metadata_client(source: KafkaSource, config: Mapping[str, str]) -> Any:
+    """A confluent-kafka admin client of ``config`` (``driver_config``'s settings of ``source``)
+    for ``driver_topic_offsets``. Raises ``KafkaSourceError`` for a setting it refuses."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    admin_config: dict[str, Any] = {name: value for name, value in config.items() if name not in _CONSUMER_ONLY}
+    admin_config.update({"client.id": "versiq-metadata", "allow.auto.create.topics": False, "logger": _ClientLog(),
+                         "reconnect.backoff.ms": METADATA_RECONNECT_BACKOFF_MS})
+    try:
+        return AdminClient(admin_config)
+    except (KafkaException, ValueError, TypeError) as exc:  # a bad setting: the client's own message
+        raise KafkaSourceError(redacted(f"cannot create a Kafka client for {source.bootstrap}: {_client_error(exc)}",
+                                        source)) from None
 
 
 def _drain(admin: Any) -> None:

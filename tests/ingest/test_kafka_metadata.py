@@ -157,3 +157,46 @@ def test_the_source_s_settings_pick_the_client_and_librdkafka_s_needs_no_session
     read = kafka.plan_run(on_demand, "store 's'", False, None, plain)  # type: ignore[arg-type]
     assert read.ranges == {0: (0, 0), 1: (0, 0)} and read.topic_id is not None
     assert on_demand.running() is None
+
+
+def test_both_clients_answer_right_after_the_broker_restarted(spark, kafka_broker):
+    """A broker that has just restarted answers some requests with errors the Java clients
+    retry (``UNKNOWN_LEADER_EPOCH``: its partitions' leaders are not loaded yet); confluent-kafka's
+    metadata asks again as they do, within ``METADATA_TIMEOUT_S``."""
+    topic = new_topic(kafka_broker, "restart", 3)
+    kafka_broker.produce(topic, _records(0, 3) + _records(2, 1))
+    source = KafkaSource(bootstrap=kafka_broker.bootstrap, topic=topic)
+    before = _both(spark, source)
+    kafka_broker.restart()
+    assert kafka.driver_topic_offsets(source) == before
+    assert kafka.java_topic_offsets(spark, source) == before
+
+
+def test_errors_the_java_clients_retry_are_asked_again_until_the_timeout(monkeypatch):
+    from confluent_kafka import KafkaError, KafkaException
+
+    monkeypatch.setattr(kafka, "METADATA_TIMEOUT_S", 0.6)
+    source = KafkaSource(bootstrap="b:1", topic="t")
+    waits: list[float] = []
+
+    def failing(*codes: int):  # type: ignore[no-untyped-def]
+        left = list(codes)
+
+        def request(wait: float) -> str:
+            waits.append(wait)
+            if left:
+                raise KafkaException(KafkaError(left.pop(0)))
+            return "answer"
+        return request
+
+    assert kafka._asked(failing(KafkaError.UNKNOWN_LEADER_EPOCH, KafkaError.NOT_LEADER_FOR_PARTITION), "x", source) \
+        == "answer"
+    assert len(waits) == 3 and all(0 < wait <= 0.6 for wait in waits)
+    waits.clear()
+    with pytest.raises(KafkaSourceError, match="^x: TOPIC_AUTHORIZATION_FAILED: "):  # not retried
+        kafka._asked(failing(KafkaError.TOPIC_AUTHORIZATION_FAILED), "x", source)
+    assert len(waits) == 1
+    started = time.monotonic()
+    with pytest.raises(KafkaSourceError, match="^x: UNKNOWN_LEADER_EPOCH: "):
+        kafka._asked(failing(*[KafkaError.UNKNOWN_LEADER_EPOCH] * 100), "x", source)
+    assert 0.3 < time.monotonic() - started < 0.6 + 0.5
