@@ -35,12 +35,13 @@ adopts the topic's id at its next committed run.
 
 **Client options.** ``options`` (the pipeline file) and ``VERSIQ_KAFKA_<NAME>`` environment
 variables (``VERSIQ_KAFKA_SASL_JAAS_CONFIG`` is ``sasl.jaas.config``; the environment wins) are
-Kafka (Java) client settings given to both Spark's source and the metadata consumer of this
-module, so one configuration (security protocol, SASL, SSL) serves both. Their values are
-never logged, reported or shown. Settings versiq manages itself (group, offsets, deserializers)
-are refused. A run read in the driver gives them to librdkafka (``driver_config``), only when
-every one has a setting of the same meaning there (``DRIVER_OPTIONS``); otherwise the store's
-runs read with Spark's source, and the log says why once.
+Kafka (Java) client settings given to Spark's source and to this module's metadata clients, so
+one configuration (security protocol, SASL, SSL) serves all. Their values are never logged,
+reported or shown. Settings versiq manages itself (group, offsets, deserializers) are refused.
+A run read in the driver and the metadata give them to librdkafka (``driver_config``), only
+when every one has a setting of the same meaning there (``DRIVER_OPTIONS``); otherwise the
+store's runs read with Spark's source and ask the metadata with the Java client, and the log
+says why once.
 
 **A run read in the driver** (``read_here``) assigns each partition at the run's start offset
 and reads until its end offset (or the partition's end, past records the log cleaner removed),
@@ -244,7 +245,7 @@ def check_position(what: str, exists: bool, position: KafkaPosition | None, sour
 def plan_run(spark: SparkSession, what: str, exists: bool, position: KafkaPosition | None,
              source: KafkaSource) -> KafkaRead:
     """``check_position``, then what this run reads (``plan_read``) from the broker's offsets now
-    (``topic_offsets``: a source read with Spark's Kafka source uses ``spark``)."""
+    (``topic_offsets``: only a source whose settings keep the Java client uses ``spark``)."""
     check_position(what, exists, position, source)
     return plan_read(source, position, topic_offsets(spark, source))
 
@@ -621,12 +622,17 @@ _CONSUMER_ONLY = frozenset({"isolation.level", "max.partition.fetch.bytes", "fet
 
 
 class _ClientLog:
-    """Where librdkafka's own log lines of a metadata client go: the debug log (a broker that
-    cannot be reached is the run's one-line ``KafkaSourceError``, not a line per connection
-    attempt on stderr). They arrive when the client is polled (``_drain``)."""
+    """Where librdkafka's own log lines of a metadata client go: the debug log, without the
+    source's setting values (a broker that cannot be reached is the run's one-line
+    ``KafkaSourceError``, not a line per connection attempt on stderr). They arrive when the
+    client is polled (``_drain``)."""
+
+    def __init__(self, source: KafkaSource) -> None:
+        self.source = source
 
     def log(self, _level: int, message: str, *args: Any) -> None:
-        log.debug("librdkafka: " + message, *args)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s", redacted(f"librdkafka: {message % args if args else message}", self.source))
 
 
 def _client_error(failure: Any) -> str:
@@ -733,8 +739,8 @@ def _metadata_client(source: KafkaSource, config: Mapping[str, str]) -> Any:
     from confluent_kafka.admin import AdminClient
 
     admin_config: dict[str, Any] = {name: value for name, value in config.items() if name not in _CONSUMER_ONLY}
-    admin_config.update({"client.id": "versiq-metadata", "allow.auto.create.topics": False, "logger": _ClientLog(),
-                         "reconnect.backoff.ms": METADATA_RECONNECT_BACKOFF_MS})
+    admin_config.update({"client.id": "versiq-metadata", "allow.auto.create.topics": False,
+                         "reconnect.backoff.ms": METADATA_RECONNECT_BACKOFF_MS, "logger": _ClientLog(source)})
     try:
         return AdminClient(admin_config)
     except (KafkaException, ValueError, TypeError) as exc:  # a bad setting: the client's own message

@@ -7,6 +7,7 @@ offsets; and both fail with the same one-line ``KafkaSourceError``."""
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 import uuid
@@ -97,7 +98,7 @@ def test_read_committed_ends_at_the_last_stable_offset_in_both(spark, kafka_brok
         producer.abort_transaction(30)
 
 
-def test_both_clients_fail_with_the_same_one_line_errors(spark, kafka_broker, monkeypatch, capfd):
+def test_both_clients_fail_with_the_same_one_line_errors(spark, kafka_broker, monkeypatch, capfd, caplog):
     monkeypatch.setattr(kafka, "METADATA_TIMEOUT_S", 3)
 
     def errors(source: KafkaSource) -> list[str]:
@@ -115,8 +116,14 @@ def test_both_clients_fail_with_the_same_one_line_errors(spark, kafka_broker, mo
     assert errors(KafkaSource(bootstrap=kafka_broker.bootstrap, topic=missing)) == [
         f"topic {missing} does not exist on {kafka_broker.bootstrap}"] * 2
     (port,) = free_ports(1)
-    for message in errors(KafkaSource(bootstrap=f"127.0.0.1:{port}", topic="t")):
-        assert message.startswith(f"cannot reach Kafka at 127.0.0.1:{port} (topic t): "), message
+    with caplog.at_level(logging.DEBUG, logger="versiq.ingest"):
+        for message in errors(KafkaSource(bootstrap=f"127.0.0.1:{port}", topic="t")):
+            assert message.startswith(f"cannot reach Kafka at 127.0.0.1:{port} (topic t): "), message
+        # librdkafka's lines are in the debug log, without any setting's value
+        assert "librdkafka: FAIL [versiq-metadata#producer-" in caplog.text and "Connection refused" in caplog.text
+        secret = KafkaSource(bootstrap="b:1", topic="t", options={"sasl.password": "s3cr3t-value"})
+        kafka._ClientLog(secret).log(3, "%s [%s] %s", "SASL", "rdkafka#producer-9", "s3cr3t-value refused")
+    assert "librdkafka: SASL [rdkafka#producer-9] *** refused" in caplog.text and "s3cr3t" not in caplog.text
     bad = KafkaSource(bootstrap=kafka_broker.bootstrap, topic=missing, options={"security.protocol": "s3cr3t-protocol"})
     for message in errors(bad):
         assert message.startswith(f"cannot create a Kafka client for {kafka_broker.bootstrap}: ") and "s3cr3t" not in \
