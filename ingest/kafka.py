@@ -35,12 +35,13 @@ adopts the topic's id at its next committed run.
 
 **Client options.** ``options`` (the pipeline file) and ``VERSIQ_KAFKA_<NAME>`` environment
 variables (``VERSIQ_KAFKA_SASL_JAAS_CONFIG`` is ``sasl.jaas.config``; the environment wins) are
-Kafka (Java) client settings given to both Spark's source and the metadata consumer of this
-module, so one configuration (security protocol, SASL, SSL) serves both. Their values are
-never logged, reported or shown. Settings versiq manages itself (group, offsets, deserializers)
-are refused. A run read in the driver gives them to librdkafka (``driver_config``), only when
-every one has a setting of the same meaning there (``DRIVER_OPTIONS``); otherwise the store's
-runs read with Spark's source, and the log says why once.
+Kafka (Java) client settings given to Spark's source and to this module's metadata clients, so
+one configuration (security protocol, SASL, SSL) serves all. Their values are never logged,
+reported or shown. Settings versiq manages itself (group, offsets, deserializers) are refused.
+A run read in the driver and the metadata give them to librdkafka (``driver_config``), only
+when every one has a setting of the same meaning there (``DRIVER_OPTIONS``); otherwise the
+store's runs read with Spark's source and ask the metadata with the Java client, and the log
+says why once.
 
 **A run read in the driver** (``read_here``) assigns each partition at the run's start offset
 and reads until its end offset (or the partition's end, past records the log cleaner removed),
@@ -49,20 +50,26 @@ set), never committing to a consumer group. The position is still committed with
 only: a broker that stops answering for ``POLL_TIMEOUT_MS``, or records deleted before they
 were read, fail the run before anything is written, and the rerun reads the range again.
 
-The broker's metadata (partitions, offsets) is asked with the Java Kafka client Spark's source
-uses (same jar, same settings), through the session's JVM.
+**The broker's metadata** (partitions, offsets, the topic's id) is asked with the same client as
+the records would be in the driver: the confluent-kafka client when ``driver_config`` gives the
+source's settings (``driver_topic_offsets``, no JVM), else the Java Kafka client Spark's source uses
+(same jar, same settings), through the session's JVM (``java_topic_offsets``). Both give the same
+offsets and the same id (Java's text of it), and fail the same way.
 """
 
 from __future__ import annotations
 
+import base64
+import concurrent.futures
 import contextlib
 import json
 import logging
 import re
+import struct
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -80,6 +87,7 @@ from versiq.ingest.sources import SourceError
 from versiq.layout import KafkaPosition
 
 log = logging.getLogger("versiq.ingest")
+T = TypeVar("T")
 
 #: Environment variables ``VERSIQ_KAFKA_<NAME>`` are client option ``<name>`` (``_`` -> ``.``).
 ENV_PREFIX = settings.KAFKA.name
@@ -236,7 +244,8 @@ def check_position(what: str, exists: bool, position: KafkaPosition | None, sour
 
 def plan_run(spark: SparkSession, what: str, exists: bool, position: KafkaPosition | None,
              source: KafkaSource) -> KafkaRead:
-    """``check_position``, then what this run reads (``plan_read``) from the broker's offsets now."""
+    """``check_position``, then what this run reads (``plan_read``) from the broker's offsets now
+    (``topic_offsets``: only a source whose settings keep the Java client uses ``spark``)."""
     check_position(what, exists, position, source)
     return plan_read(source, position, topic_offsets(spark, source))
 
@@ -360,11 +369,22 @@ def _client_properties(jvm: Any, source: KafkaSource, extra: Mapping[str, str]) 
 
 
 def topic_offsets(spark: SparkSession, source: KafkaSource) -> TopicOffsets:
-    """Partition count, earliest and end offsets of the topic, asked with the Java Kafka
-    client (the one Spark's source uses, with the same settings), then the topic's id
-    (``topic_id``): asked after the offsets, so a topic recreated meanwhile has the new id and
-    fails the run. Raises ``KafkaSourceError`` when the broker does not answer or the topic
-    does not exist."""
+    """Partition count, earliest and end offsets of the topic, then its id: asked with the
+    confluent-kafka client (``driver_topic_offsets``) when the source's client settings all have
+    a same-meaning librdkafka setting (``driver_config``), else with the Java Kafka client
+    Spark's source uses, through the session's JVM (``java_topic_offsets``). Both give the same
+    ``TopicOffsets`` and fail with the same one-line ``KafkaSourceError``."""
+    config, _why = driver_config(source)
+    if config is None:
+        return java_topic_offsets(spark, source)
+    return driver_topic_offsets(source, config)
+
+
+def java_topic_offsets(spark: SparkSession, source: KafkaSource) -> TopicOffsets:
+    """``topic_offsets`` asked with the Java Kafka client (the one Spark's source uses, with the
+    same settings), then the topic's id (``java_topic_id``): asked after the offsets, so a topic
+    recreated meanwhile has the new id and fails the run. Raises ``KafkaSourceError`` when the
+    broker does not answer or the topic does not exist."""
     jvm = spark.sparkContext._jvm
     assert jvm is not None
     deserializer = "org.apache.kafka.common.serialization.ByteArrayDeserializer"
@@ -406,10 +426,10 @@ def topic_offsets(spark: SparkSession, source: KafkaSource) -> TopicOffsets:
     finally:
         consumer.close()
     return TopicOffsets(partitions=len(parts), earliest=found_earliest, end=found_end,
-                        topic_id=topic_id(jvm, source))
+                        topic_id=java_topic_id(jvm, source))
 
 
-def topic_id(jvm: Any, source: KafkaSource) -> str | None:
+def java_topic_id(jvm: Any, source: KafkaSource) -> str | None:
     """The topic's id (``TopicDescription.topicId()``, Kafka 2.8 and later; None from a broker
     that keeps no ids), asked with the Java admin client and the source's settings. Raises
     ``KafkaSourceError`` when the broker does not answer or the topic does not exist."""
@@ -589,6 +609,150 @@ def reads_here(source: KafkaSource, store: str) -> bool:
         _LOGGED_SPARK_READS.add((store, why))
         log.info("%s: %s: its runs read with Spark's Kafka source", store, why)
     return config is not None
+
+
+#: A new librdkafka client drops its connection to the bootstrap server once it knows the
+#: brokers' own addresses, and its first request then waits half of ``reconnect.backoff.ms``
+#: (at least 11 ms) before it may connect again: librdkafka's default (100 ms) would add 50 ms
+#: to every run's metadata.
+METADATA_RECONNECT_BACKOFF_MS = 10
+#: librdkafka settings of ``driver_config`` that only a consumer takes: an admin client warns
+#: about each on stderr, so they are left out of its settings.
+_CONSUMER_ONLY = frozenset({"isolation.level", "max.partition.fetch.bytes", "fetch.max.bytes"})
+
+
+class _ClientLog:
+    """Where librdkafka's own log lines of a metadata client go: the debug log, without the
+    source's setting values (a broker that cannot be reached is the run's one-line
+    ``KafkaSourceError``, not a line per connection attempt on stderr). They arrive when the
+    client is polled (``_drain``)."""
+
+    def __init__(self, source: KafkaSource) -> None:
+        self.source = source
+
+    def log(self, _level: int, message: str, *args: Any) -> None:
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s", redacted(f"librdkafka: {message % args if args else message}", self.source))
+
+
+def _client_error(failure: Any) -> str:
+    """A confluent-kafka exception or ``KafkaError`` as one line: the error's name and text."""
+    error = failure.args[0] if isinstance(failure, BaseException) and failure.args else failure
+    name, text = getattr(error, "name", None), getattr(error, "str", None)
+    line = f"{name()}: {text()}" if callable(name) and callable(text) else str(failure) or type(failure).__name__
+    return " ".join(line.split())
+
+
+def java_uuid(most: int, least: int) -> str:
+    """A Kafka ``Uuid`` of these two 64-bit halves as Java's ``Uuid.toString()`` writes it (the
+    form a position keeps): URL-safe base64 of its 16 bytes, without padding. librdkafka's own
+    text of an id (``str(Uuid)``) is standard base64, which differs in ``+`` and ``/``."""
+    raw = struct.pack(">QQ", most & 0xFFFF_FFFF_FFFF_FFFF, least & 0xFFFF_FFFF_FFFF_FFFF)
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+def driver_topic_offsets(source: KafkaSource, config: Mapping[str, str] | None = None) -> TopicOffsets:
+    """``java_topic_offsets``' answer asked with a confluent-kafka admin client of the source's
+    librdkafka settings (``config``: ``driver_config``'s): the topic's partitions (a metadata
+    request that never creates the topic), their earliest and end offsets (the end is the last
+    stable offset with ``isolation.level`` ``read_committed``, as the Java consumer's), then, after
+    the offsets, the topic's id in Java's form (``java_uuid``). Each of the three waits up to
+    ``METADATA_TIMEOUT_S``, asking again after the errors the Java clients retry (``_asked``: a
+    broker that restarted, a leader that moved). Raises ``KafkaSourceError`` (one line, no
+    setting's value) when the broker does not answer or the topic does not exist. No JVM: a run
+    read in the driver plans without the session."""
+    from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicCollection, TopicPartition
+    from confluent_kafka.admin import OffsetSpec
+
+    if config is None:
+        config, why = driver_config(source)
+        if config is None:
+            raise ValueError(f"{source.name}: {why}")
+    committed = config.get("isolation.level", "read_uncommitted").lower() == "read_committed"
+    level = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
+    topic = source.topic
+    admin = _metadata_client(source, config)
+
+    def partitions(wait: float) -> list[int]:
+        found = admin.list_topics(topic, timeout=wait).topics.get(topic)
+        if found is None or (found.error is not None and found.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
+            raise KafkaSourceError(f"topic {topic} does not exist on {source.bootstrap}")
+        if found.error is not None:
+            raise KafkaException(found.error)
+        return sorted(int(p) for p in found.partitions)
+
+    def offsets(wait: float) -> tuple[dict[int, int], ...]:
+        asked = [admin.list_offsets({TopicPartition(topic, p): spec for p in parts}, isolation_level=level,
+                                    request_timeout=wait) for spec in (OffsetSpec.earliest(), OffsetSpec.latest())]
+        return tuple({tp.partition: int(future.result(wait + 5).offset) for tp, future in futures.items()}
+                     for futures in asked)
+
+    def topic_id(wait: float) -> str | None:
+        uuid = admin.describe_topics(TopicCollection([topic]), request_timeout=wait)[topic].result(wait + 5).topic_id
+        most, least = (0, 0) if uuid is None else (uuid.get_most_significant_bits(), uuid.get_least_significant_bits())
+        return None if most == least == 0 else java_uuid(most, least)
+
+    try:
+        parts = _asked(partitions, f"cannot reach Kafka at {source.bootstrap} (topic {topic})", source)
+        if parts != list(range(len(parts))):
+            raise KafkaSourceError(f"topic {topic}: unexpected partition numbers {parts}")
+        earliest, end = _asked(offsets, f"cannot read the offsets of topic {topic} at {source.bootstrap}", source)
+        found_id = _asked(topic_id, f"cannot describe topic {topic} at {source.bootstrap}", source)
+    finally:
+        _drain(admin)
+    return TopicOffsets(partitions=len(parts), earliest=earliest, end=end, topic_id=found_id)
+
+
+#: The errors of a metadata request the Java clients retry until their timeout
+#: (``RetriableException``): a broker that restarted or is not the leader yet, a timed-out request.
+_RETRIED_ERRORS = frozenset({"UNKNOWN_LEADER_EPOCH", "FENCED_LEADER_EPOCH", "NOT_LEADER_FOR_PARTITION",
+                             "LEADER_NOT_AVAILABLE", "REPLICA_NOT_AVAILABLE", "BROKER_NOT_AVAILABLE",
+                             "OFFSET_NOT_AVAILABLE", "REQUEST_TIMED_OUT", "NETWORK_EXCEPTION",
+                             "KAFKA_STORAGE_ERROR", "NOT_CONTROLLER", "_TRANSPORT", "_ALL_BROKERS_DOWN"})
+
+
+def _asked(request: Callable[[float], T], failed: str, source: KafkaSource) -> T:
+    """``request(seconds left)`` until it answers, asked again after a ``_RETRIED_ERRORS`` error
+    for up to ``METADATA_TIMEOUT_S`` in all; its failure (or the last one) is a one-line
+    ``KafkaSourceError``: ``failed`` and the client's error."""
+    from confluent_kafka import KafkaException
+
+    deadline = time.monotonic() + METADATA_TIMEOUT_S
+    pause = 0.05
+    while True:
+        try:
+            return request(max(0.1, deadline - time.monotonic()))
+        except (KafkaException, concurrent.futures.TimeoutError) as exc:
+            error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+            retried = error is not None and (error.retriable() or error.name() in _RETRIED_ERRORS)
+            if not retried or time.monotonic() + pause >= deadline:
+                raise KafkaSourceError(redacted(f"{failed}: {_client_error(exc)}", source)) from None
+            log.debug("%s", redacted(f"{failed}: {_client_error(exc)}; asking again", source))
+        time.sleep(pause)
+        pause = min(2 * pause, 1.0)
+
+
+def _metadata_client(source: KafkaSource, config: Mapping[str, str]) -> Any:
+    """A confluent-kafka admin client of ``config`` (``driver_config``'s settings of ``source``)
+    for ``driver_topic_offsets``. Raises ``KafkaSourceError`` for a setting it refuses."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    admin_config: dict[str, Any] = {name: value for name, value in config.items() if name not in _CONSUMER_ONLY}
+    admin_config.update({"client.id": "versiq-metadata", "allow.auto.create.topics": False,
+                         "reconnect.backoff.ms": METADATA_RECONNECT_BACKOFF_MS, "logger": _ClientLog(source)})
+    try:
+        return AdminClient(admin_config)
+    except (KafkaException, ValueError, TypeError) as exc:  # a bad setting: the client's own message
+        raise KafkaSourceError(redacted(f"cannot create a Kafka client for {source.bootstrap}: {_client_error(exc)}",
+                                        source)) from None
+
+
+def _drain(admin: Any) -> None:
+    """Hand the client's queued log lines to ``_ClientLog`` (an admin client's are served by
+    ``poll`` only)."""
+    with contextlib.suppress(Exception):
+        admin.poll(0)
 
 
 def read_here(source: KafkaSource, read: KafkaRead, max_timestamp: int | None) -> pa.Table:

@@ -45,7 +45,7 @@ from versiq.ingest.rejections import write_rejected, write_source_rejected
 from versiq.ingest.reports import RunReport, StoreReport
 from versiq.ingest.semantics import RunContext, classify, rows_to_write, stored_homes
 from versiq.ingest.sources import SourceError, check_readable, list_sources, log_ignored, source_error_in
-from versiq.ingest.spark import plans_for_input
+from versiq.ingest.spark import plans_for_input, start_soon
 from versiq.ingest.sqltext import file_of_sql
 from versiq.ingest.store import (
     StoreHandle,
@@ -256,6 +256,8 @@ def _ingest_topic(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, sou
     report.run = run
     plan = choose_plan(spark, None, None, read.input_bytes, kafka=source, store=f"store {spec.name}")
     log.info("store %s: run %d over %s: %s", spec.name, run, describe_read(source, read), plan.describe())
+    if plan.parse == "driver":  # the metadata needed no JVM: it starts while the run reads and decides
+        start_soon(spark)
 
     def rejections(parsed: DataFrame | pa.Table, classified: DataFrame | pa.Table, state: StoreState,
                    decided: int, total: int) -> None:

@@ -447,22 +447,37 @@ def _records(n: int, base: int, partitions: int = 1) -> list[dict[str, Any]]:
             for i in range(n)]
 
 
-def test_a_recreated_topic_fails_the_next_run_whatever_its_length(kafka_broker, tmp_path):
+#: The broker's metadata asked with the Java client through the JVM (``kafka.java_topic_offsets``):
+#: a client setting that has no same-meaning librdkafka setting (``kafka.driver_config``) keeps a
+#: source's runs on Java's client; without one they ask with confluent-kafka.
+JAVA_METADATA_ENV = {"VERSIQ_KAFKA_RECEIVE_BUFFER_BYTES": "65536"}
+METADATA_CLIENTS = {"librdkafka": {}, "java": JAVA_METADATA_ENV}
+
+
+@pytest.mark.parametrize("client", list(METADATA_CLIENTS))
+def test_a_recreated_topic_fails_the_next_run_whatever_its_length(kafka_broker, tmp_path, client):
     """5 records ingested, the topic deleted and created again, 8 records produced: the new
     topic is longer than the store's position, so offsets alone cannot tell; its id does. The
-    run fails with one line, exit 1, and commits nothing (its first 5 records are not skipped)."""
+    run fails with one line, exit 1, and commits nothing (its first 5 records are not skipped).
+    The runs after the first ask the broker with ``client``, the first with the other one: the
+    position's id is the same text whichever client asked it."""
     topic = new_topic(kafka_broker, "recreated", 1)
     kafka_broker.produce(topic, _records(5, 0))
     wh, report = str(tmp_path / "wh"), tmp_path / "report.json"
     args = [*VERSIQ, "ingest", "--warehouse", wh, "--store", "s", "--kafka-bootstrap", kafka_broker.bootstrap,
             "--topic", topic, "--max-future", "none", "--report", str(report)]
-    first = subprocess.run(args, env=_env(), capture_output=True, text=True, timeout=300)
+    other = next(env for name, env in METADATA_CLIENTS.items() if name != client)
+    first = subprocess.run(args, env={**_env(), **other}, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr
     path = os.path.join(wh, "s")
     before = DeltaTable(path).version()
+    same = subprocess.run([*args, "--log-level", "info"], env={**_env(), **METADATA_CLIENTS[client]},
+                          capture_output=True, text=True, timeout=300)
+    assert same.returncode == 0 and f"no new records in kafka:{topic}" in same.stderr, same.stderr
     kafka_broker.recreate_topic(topic, 1, {"retention.ms": "-1"})
     kafka_broker.produce(topic, _records(8, 100))
-    second = subprocess.run(args, env=_env(), capture_output=True, text=True, timeout=300)
+    second = subprocess.run(args, env={**_env(), **METADATA_CLIENTS[client]}, capture_output=True, text=True,
+                            timeout=300)
     assert second.returncode == 1, second.stderr
     failed = [line for line in second.stderr.splitlines() if line.startswith("store s: FAILED")]
     assert len(failed) == 1 and f"topic {topic} has id" in failed[0], second.stderr
@@ -471,11 +486,16 @@ def test_a_recreated_topic_fails_the_next_run_whatever_its_length(kafka_broker, 
     assert set(store_versions(path)) == {f"k{i}" for i in range(5)}
 
 
+@pytest.mark.parametrize("client", list(METADATA_CLIENTS))
 @pytest.mark.parametrize("partitions, produced", [(1, 5), (2, 2), (2, 0)],
                          ids=["fewer-partitions", "shorter", "empty"])
-def test_a_recreated_topic_of_any_shape_fails_every_run(spark, kafka_broker, tmp_path, partitions, produced):
+def test_a_recreated_topic_of_any_shape_fails_every_run(spark, kafka_broker, tmp_path, partitions, produced, client,
+                                                        monkeypatch):
     """A store of a 2-partition topic that read 3 records per partition; the topic is created
-    again with fewer partitions, or fewer records, or none: every run fails, none commits."""
+    again with fewer partitions, or fewer records, or none: every run fails, none commits (the
+    broker asked with either client)."""
+    for name, value in METADATA_CLIENTS[client].items():
+        monkeypatch.setenv(name, value)
     topic = new_topic(kafka_broker, "reshaped", 2)
     kafka_broker.produce(topic, _records(6, 0, partitions=2))
     wh = str(tmp_path / "wh")
@@ -492,13 +512,16 @@ def test_a_recreated_topic_of_any_shape_fails_every_run(spark, kafka_broker, tmp
         assert DeltaTable(path).version() == before
 
 
-def test_a_stream_of_a_recreated_topic_fails_too(spark, kafka_broker, tmp_path):
+@pytest.mark.parametrize("client", list(METADATA_CLIENTS))
+def test_a_stream_of_a_recreated_topic_fails_too(spark, kafka_broker, tmp_path, client, monkeypatch):
     """A stream keeps the topic's id in its position as a store does: 2 records appended, the
-    topic created again with 3, the run fails and appends nothing."""
+    topic created again with 3, the run fails and appends nothing (either client)."""
     from versiq.ingest.config import Pipeline
     from versiq.ingest.run import run_pipeline
     from versiq.ingest.streams import StreamSpec
 
+    for name, value in METADATA_CLIENTS[client].items():
+        monkeypatch.setenv(name, value)
     topic = new_topic(kafka_broker, "restream", 1)
     kafka_broker.produce(topic, _records(2, 0))
     source = KafkaSource(bootstrap=kafka_broker.bootstrap, topic=topic)
