@@ -104,10 +104,10 @@ class BucketIndex:
 
     @staticmethod
     def _of(files: list[DataFile], data: index_files.BucketFiles) -> BucketIndex:
-        runs = [f.max_run for f in files]
+        runs = [f.max_run for f in files if f.max_run is not None]
         return BucketIndex(files=frozenset(f.path for f in files), data=data,
                            physical_rows=sum(f.num_records for f in files),
-                           max_run=None if not runs or None in runs else max(r for r in runs if r is not None))
+                           max_run=max(runs) if runs and len(runs) == len(files) else None)
 
     @staticmethod
     def open_or_build(con: duckdb.DuckDBPyConnection, kind: str, files: list[DataFile], bucket: int,
@@ -117,13 +117,11 @@ class BucketIndex:
         otherwise from every file."""
         paths = [f.path for f in files]
         directory = index_files.bucket_directory(cache, bucket, index_files.bucket_digest(kind, paths))
-        base = prev.merge_from(files) if prev is not None else None
-
         def build() -> pa.Table | index_files.BucketTables:
-            if base is not None:
-                added = arrow(con, resolve_sql(kind, None), {"files": [f.path for f in base]})
-                if added.num_rows <= MERGE_AT_MOST * max(1, prev.data.row_count if prev else 0):
-                    assert prev is not None
+            new_files = prev.merge_from(files) if prev is not None else None
+            if prev is not None and new_files is not None:
+                added = arrow(con, resolve_sql(kind, None), {"files": [f.path for f in new_files]})
+                if added.num_rows <= MERGE_AT_MOST * max(1, prev.data.row_count):
                     return index_files.merged(prev.data, added, kind)
             return arrow(con, resolve_sql(kind, None), {"files": paths})
 
