@@ -24,6 +24,7 @@ snapshot read from files (``query.snapshots``).
 from __future__ import annotations
 
 import bisect
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -35,6 +36,8 @@ from deltalake import DeltaTable
 from versiq import layout, storage
 from versiq.query import index_files, reads
 from versiq.query.files import arrow
+
+log = logging.getLogger("versiq.query")
 
 
 def resolve_sql(kind: str, keys: str | None) -> str:
@@ -120,9 +123,13 @@ class BucketIndex:
         def build() -> pa.Table | index_files.BucketTables:
             new_files = prev.merge_from(files) if prev is not None else None
             if prev is not None and new_files is not None:
-                added = arrow(con, resolve_sql(kind, None), {"files": [f.path for f in new_files]})
-                if added.num_rows <= MERGE_AT_MOST * max(1, prev.data.row_count):
-                    return index_files.merged(prev.data, added, kind)
+                try:
+                    added = arrow(con, resolve_sql(kind, None), {"files": [f.path for f in new_files]})
+                    if added.num_rows <= MERGE_AT_MOST * max(1, prev.data.row_count):
+                        return index_files.merged(prev.data, added, kind)
+                except Exception as exc:  # noqa: BLE001 - the merge is an optimisation: build from the files
+                    log.warning("bucket %d: merging %d new file(s) failed (%s): building it from its files",
+                                bucket, len(new_files), exc)
             return arrow(con, resolve_sql(kind, None), {"files": paths})
 
         data, _built = index_files.open_or_build(directory, build)

@@ -6,6 +6,7 @@ a commit builds only the buckets it touched, and stale directories go away."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import string
@@ -250,7 +251,7 @@ def test_a_bucket_merged_with_added_files_equals_one_built_from_all_of_them(tmp_
     assert merges == 11
 
 
-def test_a_refresh_merges_a_commit_into_its_buckets_and_builds_them_after_a_compaction(tmp_path, monkeypatch):
+def test_a_refresh_merges_a_commit_into_its_buckets_and_builds_them_after_a_compaction(tmp_path, monkeypatch, caplog):
     """The engine merges the files a commit added into the buckets it touched, answering what an
     engine that builds from every file answers; files that went away (a compaction rewrote
     them) make it build the bucket from its files again."""
@@ -264,7 +265,8 @@ def test_a_refresh_merges_a_commit_into_its_buckets_and_builds_them_after_a_comp
     engine.refresh()
     calls = []
     merged = index_files.merged
-    monkeypatch.setattr(index_files, "merged", lambda *a: calls.append(1) or merged(*a))
+    counting = lambda *a: calls.append(1) or merged(*a)  # noqa: E731
+    monkeypatch.setattr(index_files, "merged", counting)
 
     def same_as_a_fresh_build(label: str) -> None:
         fresh = Engine(wh, refresh_interval_s=3600, cache_dir=str(tmp_path / f"fresh-{label}"))
@@ -280,6 +282,17 @@ def test_a_refresh_merges_a_commit_into_its_buckets_and_builds_them_after_a_comp
     assert calls, "the commit's buckets were built, not merged"
     keys.append("new")
     same_as_a_fresh_build("merged")
+    # a merge that fails is logged and the bucket built from its files: the refresh goes on
+    def broken(*args):
+        raise RuntimeError("merge broke")
+
+    monkeypatch.setattr(index_files, "merged", broken)
+    builder.apply([("k3", "300", 40)])
+    with caplog.at_level(logging.WARNING, logger="versiq.query"):
+        engine.refresh()
+    assert any("merging 1 new file(s) failed (merge broke)" in r.getMessage() for r in caplog.records)
+    same_as_a_fresh_build("fallback")
+    monkeypatch.setattr(index_files, "merged", counting)
     # a compaction: the same rows in one new file per bucket (the old files removed)
     calls.clear()
     table = DeltaTable(builder.path)
