@@ -32,7 +32,7 @@ from versiq import layout, storage
 from versiq.ingest.config import Pipeline
 from versiq.ingest.derived.job import InputRead, JobOutput, pass_records, run_here, run_job
 from versiq.ingest.derived.spec import TableSpec
-from versiq.ingest.derived.tasks import PassWork, TableRead
+from versiq.ingest.derived.tasks import PassWork, TableRead, repartitionable
 from versiq.ingest.errors import LeaseLost
 from versiq.ingest.plan import derives_here
 from versiq.ingest.reports import TableReport
@@ -275,18 +275,13 @@ def _components(tables: list[TableSpec]) -> list[list[TableSpec]]:
     return list(groups.values())
 
 
-def rekeys(spec: TableSpec) -> bool:
-    """Whether a table's results are keyed by something else than its (left) input's key: a
-    group-by aggregate or a foreign-key join (in Kafka Streams, through repartition topics)."""
-    return spec.op == "fk_join" or (spec.op == "aggregate" and spec.group_by is not None)
-
-
 def pass_partitions(tables: list[TableSpec], sources: list[SourceInfo]) -> tuple[int, str]:
-    """How many partitions a new topology gets, and the partitioner its stream records are
-    placed by (docs/semantics.md, rule 23): the partition count of its source stores when they
-    all have the same one and the same partitioner, and no table re-keys; else 1."""
+    """How many partitions a new topology gets, and the partitioner its stream records (and an
+    aggregate's groups) are placed by (docs/semantics.md, rule 23): the partition count of its
+    source stores when they all have the same one and the same partitioner, and its re-keying
+    tables can cross a repartition (``tasks.repartitionable``); else 1."""
     stores = [s.settings for s in sources if not s.is_stream]
-    if not stores or any(rekeys(t) for t in tables):
+    if not stores or not repartitionable(tables):
         return 1, layout.DEFAULT_PARTITIONER
     counts = {(s.partitions, s.partitioner) for s in stores}
     if len(counts) != 1:

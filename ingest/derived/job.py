@@ -19,6 +19,10 @@ The job (``run_job``):
    emission sequences one per run (task order, then local order) and commits each table
    once, side tables first (``versiq.ingest.delta``).
 
+A pass with repartitions (``tasks.stages``) runs step 2 once per stage: the first stage's tasks
+also output their group updates, which Spark repartitions by the partition of their group and
+sorts by (input partition, order) for the aggregate's stage; the stages' results are one frame.
+
 The driver never holds the records or the results, so its memory does not grow with the pass.
 """
 
@@ -39,7 +43,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from versiq import layout, storage
-from versiq.ingest.derived.tasks import PartitionResult, PassWork, Readers, run_partition
+from versiq.ingest.derived.tasks import PartitionResult, PassWork, Readers, run_partition, run_regrouped, stages
 from versiq.ingest.derived.topology import SourceRecord, TableCounts
 from versiq.ingest.frames import local_frame
 from versiq.ingest.rules import SPARK
@@ -65,11 +69,20 @@ RECORDS_SCHEMA = pa.schema([
     pa.field("o1", pa.int32()), pa.field("o2", pa.int64()), pa.field("o3", pa.int64()), pa.field("o4", pa.string()),
 ])
 
+#: A group update crossing a repartition (``operators.GroupUpdate`` as text), ``seq`` its order
+#: in the input partition that made it.
+UPDATE_SCHEMA = pa.schema([
+    pa.field("seq", pa.int64()), pa.field("group", pa.string()), pa.field("key", pa.string()),
+    pa.field("old", pa.string()), pa.field("new", pa.string()), pa.field("timestamp", pa.int64()),
+])
+
 #: Each output of the tasks and the columns it fills (prefixed, so that one row schema holds
-#: them all): a store's rows, a stream output's records, ``_emitted`` rows, late results.
+#: them all): a store's rows, a stream output's records, ``_emitted`` rows, late results, a
+#: foreign-key join's subscriptions, group updates for the next stage.
 OUTPUTS: dict[str, tuple[str, pa.Schema]] = {
     "store": ("s_", STORE_SCHEMA), "stream": ("t_", STREAM_SCHEMA),
     "emitted": ("e_", EMITTED_SCHEMA), "late": ("j_", REJECTED_SCHEMA), "subscriptions": ("u_", SUBSCRIPTIONS_SCHEMA),
+    "update": ("g_", UPDATE_SCHEMA),
 }
 OUTPUT_SCHEMA = pa.schema([
     pa.field("out", pa.string()), pa.field("table", pa.string()), pa.field("task", pa.int32()),
@@ -114,6 +127,8 @@ class JobOutput:
 
     frame: DataFrame
     totals: dict[str, TableTotals]
+    #: Frames cached on the way (a first stage's results), released with ``frame``.
+    held: list[DataFrame] = field(default_factory=list)
 
     def offsets(self, name: str) -> dict[int, int]:
         """Task -> how many emissions of the run come before the task's first."""
@@ -139,6 +154,8 @@ class JobOutput:
 
     def release(self) -> None:
         self.frame.unpersist()
+        for frame in self.held:
+            frame.unpersist()
 
 
 def records_frame(spark: SparkSession, work: PassWork, reads: list[InputRead], partitioner: str) -> DataFrame:
@@ -267,15 +284,38 @@ def _read_here(con: duckdb.DuckDBPyConnection, read: InputRead, i: int) -> list[
 def run_job(spark: SparkSession, work: PassWork, reads: list[InputRead], partitioner: str) -> JobOutput:
     """Process the pass in Spark tasks (module docstring, step 2); the results stay on the
     executors (``JobOutput.output`` reads them for the writes)."""
-    records = records_frame(spark, work, reads, partitioner)
+    first, *later = stages(work)
+    records = records_frame(spark, first, reads, partitioner)
     if work.partitions > 1:
         ordered = records.repartition(work.partitions, _slot(spark, work.partitions)).sortWithinPartitions(*ORDER)
     else:
         ordered = records.coalesce(1).sortWithinPartitions(*ORDER)
-    results = ordered.mapInArrow(partition_runner(work), from_arrow_schema(OUTPUT_SCHEMA))
+    results = ordered.mapInArrow(partition_runner(first), from_arrow_schema(OUTPUT_SCHEMA))
+    held = []
+    if later:
+        results = results.persist(StorageLevel.MEMORY_AND_DISK)
+        held.append(results)
+        parts = [results.where(F.col("out") != "update")]
+        for stage in later:
+            updates = results.where((F.col("out") == "update") & (F.col("table") == stage.regrouped)).select(
+                F.col("task").alias("upstream"), F.col("g_group").alias("key"), F.col("g_key").alias("input_key"),
+                F.col("g_seq").alias("seq"), F.col("g_old").alias("old"), F.col("g_new").alias("new"),
+                F.col("g_timestamp").alias("timestamp"))
+            updates = updates.withColumn("task", F.expr(SPARK.default_partition(work.partitions, partitioner)))
+            grouped = updates.repartition(work.partitions, _slot(spark, work.partitions)) \
+                .sortWithinPartitions(*UPDATE_ORDER)
+            parts.append(grouped.mapInArrow(regroup_runner(stage), from_arrow_schema(OUTPUT_SCHEMA)))
+        results = parts[0]
+        for part in parts[1:]:
+            results = results.unionByName(part)
     results = results.persist(StorageLevel.MEMORY_AND_DISK)
     stats = results.where(F.col("out") == "stats").select("table", "task", "info").collect()
-    return _output(results, work, [(r["table"], r["task"], r["info"]) for r in stats])
+    return _output(results, work, [(r["table"], r["task"], r["info"]) for r in stats], held)
+
+
+#: The order an aggregate's stage reads its group updates in: by task (the group's partition),
+#: then by input partition and each one's own order (merged by ``tasks.run_regrouped``).
+UPDATE_ORDER = ("task", "upstream", "seq")
 
 
 def _slot(spark: SparkSession, partitions: int) -> Column:
@@ -296,11 +336,26 @@ def _slot(spark: SparkSession, partitions: int) -> Column:
 
 def run_here(spark: SparkSession, work: PassWork, reads: list[InputRead], partitioner: str) -> JobOutput:
     """Process a small pass in this process, partition after partition, with the same code as
-    the tasks (``partition_runner``): its records and results are held here, as Arrow tables,
-    and written by Spark from a local relation."""
-    records = records_here(work, reads, partitioner)
-    batches = list(partition_runner(work)(iter(records.to_batches())))
-    table = pa.Table.from_batches(batches, schema=OUTPUT_SCHEMA)
+    the tasks (``partition_runner``, ``regroup_runner``): its records and results are held here,
+    as Arrow tables, and written by Spark from a local relation."""
+    first, *later = stages(work)
+    records = records_here(first, reads, partitioner)
+    table = pa.Table.from_batches(list(partition_runner(first)(iter(records.to_batches()))), schema=OUTPUT_SCHEMA)
+    if later:
+        updates = pa.compute.equal(table["out"], "update")
+        parts = [table.filter(pa.compute.invert(updates))]
+        for stage in later:
+            rows = table.filter(pa.compute.and_(updates, pa.compute.equal(table["table"], stage.regrouped)))
+            groups = rows["g_group"].to_pylist()
+            grouped = pa.table({
+                "task": pa.array([layout.default_partition_of(g, work.partitions, partitioner) for g in groups],
+                                 pa.int32()),
+                "upstream": rows["task"], "key": groups, "seq": rows["g_seq"], "old": rows["g_old"],
+                "new": rows["g_new"], "timestamp": rows["g_timestamp"], "input_key": rows["g_key"],
+            }).sort_by([(name, "ascending") for name in UPDATE_ORDER])
+            parts.append(pa.Table.from_batches(list(regroup_runner(stage)(iter(grouped.to_batches()))),
+                                               schema=OUTPUT_SCHEMA))
+        table = pa.concat_tables(parts)
     stats = table.filter(pa.compute.equal(table["out"], "stats")).select(["table", "task", "info"]).to_pylist()
     return _output(local_frame(spark, table), work, [(r["table"], r["task"], r["info"]) for r in stats])
 
@@ -309,7 +364,8 @@ def run_here(spark: SparkSession, work: PassWork, reads: list[InputRead], partit
 ORDER = ("task", "input", "o1", "o2", "o3", "o4")
 
 
-def _output(frame: DataFrame, work: PassWork, stats: list[tuple[str, int, str]]) -> JobOutput:
+def _output(frame: DataFrame, work: PassWork, stats: list[tuple[str, int, str]],
+            held: list[DataFrame] | None = None) -> JobOutput:
     totals = {name: TableTotals() for name in work.writers}
     for table, task, text in stats:
         info = json.loads(text)
@@ -322,7 +378,7 @@ def _output(frame: DataFrame, work: PassWork, stats: list[tuple[str, int, str]])
         total.rows += info["rows"]
         total.late += info["late"]
         total.subscriptions += info["subscriptions"]
-    return JobOutput(frame, totals)
+    return JobOutput(frame, totals, held or [])
 
 
 def partition_runner(work: PassWork) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
@@ -356,8 +412,50 @@ def partition_runner(work: PassWork) -> Callable[[Iterator[pa.RecordBatch]], Ite
     return run
 
 
+def regroup_runner(work: PassWork) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The ``mapInArrow`` function of an aggregate's stage: group updates sorted by
+    ``UPDATE_ORDER`` in (``key`` the group), results out."""
+    environment = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "VERSIQ_"))}
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for name, value in environment.items():
+            os.environ.setdefault(name, value)
+        readers = Readers(work)
+        try:
+            task: int | None = None
+            streams: dict[int, list[tuple[str, str, str | None, str | None, int]]] = {}
+
+            def flush() -> Iterator[pa.RecordBatch]:
+                assert task is not None
+                yield from result_batches(run_regrouped(work, task, [streams[u] for u in sorted(streams)], readers))
+
+            for batch in batches:
+                columns = [batch.column(n).to_pylist() for n in ("task", "upstream", "key", "input_key", "old",
+                                                                  "new", "timestamp")]
+                for t, upstream, group, key, old, new, timestamp in zip(*columns, strict=True):
+                    if t != task:
+                        if task is not None:
+                            yield from flush()
+                        task, streams = t, {}
+                    streams.setdefault(upstream, []).append((group, key, old, new, timestamp))
+            if task is not None:
+                yield from flush()
+        finally:
+            readers.close()
+
+    return run
+
+
 def result_batches(result: PartitionResult) -> Iterator[pa.RecordBatch]:
     """One partition's results as rows of ``OUTPUT_SCHEMA``."""
+    for name, updates in result.updates.items():
+        if updates:
+            table = pa.table({
+                "seq": pa.array(range(len(updates)), pa.int64()), "group": [u.group for u in updates],
+                "key": [u.key for u in updates], "old": [u.old for u in updates], "new": [u.new for u in updates],
+                "timestamp": pa.array([u.timestamp for u in updates], pa.int64()),
+            }, schema=UPDATE_SCHEMA)
+            yield _batch("update", name, result.partition, [None] * len(updates), table)
     for name, outcome in result.tables.items():
         subscriptions = outcome.subscriptions
         stats = {"counts": vars(outcome.counts), "stream_time": outcome.stream_time,

@@ -30,6 +30,21 @@ class Emit(NamedTuple):
     timestamp: int
 
 
+class GroupUpdate(NamedTuple):
+    """One update of an aggregate's group: the input ``key``'s ``old`` value leaves the group
+    (None: nothing leaves) and its ``new`` value joins it (None: nothing joins), at
+    ``timestamp``. ``removed`` and ``added`` are those values' parts the aggregate needs (their
+    amounts, or the parsed values of a custom aggregate), computed once by ``Aggregate.route``."""
+
+    group: str
+    key: str
+    old: str | None
+    new: str | None
+    timestamp: int
+    removed: Any
+    added: Any
+
+
 class Operator:
     """Base: the derived table ``own`` (None for a stream output) and its input tables by side."""
 
@@ -310,10 +325,19 @@ class Aggregate(Operator):
         self._members = {name: render_json(name) + ":" for name, _ in spec.aggregates}
 
     def on_change(self, side: int, change: Change) -> list[Emit]:
-        table, own = self.inputs[0], self.own
-        assert table is not None and own is not None and self.spec.group_by is not None
+        return [self.apply(update) for update in self.route(change)]
+
+    def route(self, change: Change) -> list[GroupUpdate]:
+        """The group updates an input change makes (Kafka's KTableRepartitionMap): nothing for an
+        out-of-order change of a versioned input; one update when the old and new values are in
+        the same group (KIP-904), else a subtraction from the old group, then an addition to the
+        new one. A null group drops that side. The updates are keyed by group: with several
+        partitions they go to the partition of their group (``derived.topology``)."""
+        table = self.inputs[0]
+        assert table is not None and self.spec.group_by is not None
         if table.versioned and not change.in_order:
             return []
+        key, stamp = change.key, change.timestamp
         if self.spec.aggregator is not None:
             group_by = self.spec.group_by
 
@@ -321,21 +345,38 @@ class Aggregate(Operator):
                 if value is None:
                     return None, None
                 parsed = parse_value(value)
-                return key_string(group_by.evaluate(change.key, parsed)), parsed
+                return key_string(group_by.evaluate(key, parsed)), parsed
 
             g_old, old = group(change.old)
             g_new, new = group(change.new)
-            return self._custom(change.timestamp, g_old, old, g_new, new, change.new)
-        g_old, old_amounts = self._contribution(change.key, change.old)
-        g_new, new_amounts = self._contribution(change.key, change.new)
+        else:
+            g_old, old = self._contribution(key, change.old)
+            g_new, new = self._contribution(key, change.new)
         if g_old is not None and g_old == g_new:
-            return [self._update(g_old, change.timestamp, old_amounts, new_amounts)]
+            return [GroupUpdate(g_old, key, change.old, change.new, stamp, old, new)]
         out = []
         if g_old is not None:
-            out.append(self._update(g_old, change.timestamp, old_amounts, None))
+            out.append(GroupUpdate(g_old, key, change.old, None, stamp, old, None))
         if g_new is not None:
-            out.append(self._update(g_new, change.timestamp, None, new_amounts))
+            out.append(GroupUpdate(g_new, key, None, change.new, stamp, None, new))
         return out
+
+    def regrouped(self, group: str, key: str, old: str | None, new: str | None, timestamp: int) -> GroupUpdate:
+        """A group update that crossed a repartition as text (``route``'s fields without the
+        parsed parts), with its parts computed again from the values."""
+        if self.spec.aggregator is not None:
+            return GroupUpdate(group, key, old, new, timestamp, None if old is None else parse_value(old),
+                               None if new is None else parse_value(new))
+        return GroupUpdate(group, key, old, new, timestamp, None if old is None else self._contribution(key, old)[1],
+                           None if new is None else self._contribution(key, new)[1])
+
+    def apply(self, update: GroupUpdate) -> Emit:
+        """One group's new aggregate after ``update``, stamped with the later of the update's
+        timestamp and the group's last result."""
+        if self.spec.aggregator is not None:
+            return self._custom(update.timestamp, update.group, update.removed, update.added, update.new)
+        return self._update(update.group, update.timestamp, None if update.old is None else update.removed,
+                            None if update.new is None else update.added)
 
     def _update(self, group_key: str, timestamp: int, removed: tuple[int | Decimal | None, ...] | None,
                 added: tuple[int | Decimal | None, ...] | None) -> Emit:
@@ -382,36 +423,28 @@ class Aggregate(Operator):
         self._contributions[key] = (value, group, amounts)
         return group, amounts
 
-    def _custom(self, timestamp: int, g_old: str | None, old: Any, g_new: str | None, new: Any,
-                new_text: str | None) -> list[Emit]:
-        """Kafka's KTableAggregate / KTableReduce: per group, subtract the old value when the
+    def _custom(self, timestamp: int, group_key: str, removed: Any, added: Any, new_text: str | None) -> Emit:
+        """Kafka's KTableAggregate / KTableReduce for one group: subtract the old value when the
         group has an aggregate, then add the new one (to ``init``, or as the first value of a
-        reduce, when the group has none); one update when the group is the same (KIP-904). A
-        null aggregate deletes the group. A reduce's first value is kept verbatim, as Kafka
-        passes it through; computed aggregates are rendered (numbers normalised)."""
+        reduce, when the group has none). A null aggregate deletes the group. A reduce's first
+        value is kept verbatim, as Kafka passes it through; computed aggregates are rendered
+        (numbers normalised)."""
         assert self.own is not None and self.spec.aggregator is not None
         aggregator = self.spec.aggregator
-        if g_old is not None and g_old == g_new:
-            updates: list[tuple[str, Any, Any]] = [(g_old, old, new)]
-        else:
-            updates = [(g, o, n) for g, o, n in ((g_old, old, None), (g_new, None, new)) if g is not None]
-        out = []
-        for group_key, removed, added in updates:
-            found = self.own.latest_value(group_key)
-            agg = None if found is None else parse_value(found[0])
-            if removed is not None and agg is not None:
-                agg = aggregator.subtract.evaluate(group_key, removed, agg)
-            verbatim = None
-            if added is not None:
-                if agg is not None:
-                    agg = aggregator.add.evaluate(group_key, added, agg)
-                elif aggregator.init is not None:
-                    agg = aggregator.add.evaluate(group_key, added, aggregator.init.evaluate(group_key, None))
-                else:
-                    agg, verbatim = added, new_text
-            value = verbatim if verbatim is not None else None if agg is None else render_json(agg)
-            out.append(Emit(group_key, value, self._stamp(group_key, timestamp)))
-        return out
+        found = self.own.latest_value(group_key)
+        agg = None if found is None else parse_value(found[0])
+        if removed is not None and agg is not None:
+            agg = aggregator.subtract.evaluate(group_key, removed, agg)
+        verbatim = None
+        if added is not None:
+            if agg is not None:
+                agg = aggregator.add.evaluate(group_key, added, agg)
+            elif aggregator.init is not None:
+                agg = aggregator.add.evaluate(group_key, added, aggregator.init.evaluate(group_key, None))
+            else:
+                agg, verbatim = added, new_text
+        value = verbatim if verbatim is not None else None if agg is None else render_json(agg)
+        return Emit(group_key, value, self._stamp(group_key, timestamp))
 
     def _current(self, group_key: str, text: str | None) -> dict[str, Any]:
         """The totals of the group's current aggregate ``text`` (None: none, or a tombstone)."""

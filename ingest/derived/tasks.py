@@ -12,19 +12,32 @@ changed (or the stream output's records), its ``_emitted`` rows and its late res
 *local* sequences (1, 2, ... within the partition); the job makes them one sequence per run
 (partition order, then local order) before writing. The table's stream time in the partition
 and its counts come back too, to be summed and committed by the driver.
+
+**Repartitions.** A pass with several partitions whose topology has group-by aggregates runs in
+*stages*, as Kafka Streams' sub-topologies around a repartition topic (``stages``): the first
+stage runs everything up to the aggregates, in the input partitions, and routes each
+aggregate's input changes to group updates (``PartitionResult.updates``); each aggregate then
+has a stage of its own, in the partitions of its groups (a group's partition is its key's
+default partition by the stores' partitioner, as Kafka's partitioner places a repartition
+topic's records), that applies the updates and runs the tables that read the aggregate
+(``run_regrouped``). A group's partition merges the updates of every input partition by head
+timestamp, ties to the lower input partition, each input partition's updates in their own order
+(docs/semantics.md, rule 23): one of the interleavings Kafka's repartition topic can deliver,
+made deterministic.
 """
 
 from __future__ import annotations
 
+import heapq
 import json
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
 
 from versiq.ingest.derived.expressions import key_string, parse_value
-from versiq.ingest.derived.operators import ForeignKeyJoin
+from versiq.ingest.derived.operators import Aggregate, ForeignKeyJoin, GroupUpdate
 from versiq.ingest.derived.spec import TableSpec
 from versiq.ingest.derived.state import SnapshotReader, TableState
 from versiq.ingest.derived.topology import DerivedNode, Emission, SourceRecord, TableCounts, Topology
@@ -65,6 +78,10 @@ class PassWork:
     runs: tuple[tuple[str, int], ...]
     #: How many partitions the pass has (1: every record in one partition).
     partitions: int = 1
+    #: Aggregates whose input changes leave this stage as group updates (a repartition).
+    repartitioned: tuple[str, ...] = ()
+    #: The aggregate whose group updates are this stage's input ("": the source records).
+    regrouped: str = ""
 
     def run_of(self, name: str) -> int:
         return dict(self.runs)[name]
@@ -91,6 +108,60 @@ class TableOutcome:
 class PartitionResult:
     partition: int
     tables: dict[str, TableOutcome] = field(default_factory=dict)
+    #: The group updates each repartitioned aggregate's input made here, in emission order.
+    updates: dict[str, list[GroupUpdate]] = field(default_factory=dict)
+
+
+def _downstream(tables: Iterable[TableSpec], name: str) -> list[TableSpec]:
+    """The tables that read ``name``, directly or not, in file order."""
+    found = {name}
+    out = []
+    for spec in tables:
+        if any(i in found for i in spec.inputs):
+            found.add(spec.name)
+            out.append(spec)
+    return out
+
+
+def repartitionable(tables: list[TableSpec]) -> bool:
+    """Whether a topology's re-keying tables can all cross a repartition (``stages``): they are
+    group-by aggregates (a foreign-key join's subscriptions and responses are not built as
+    repartitions), none reads another's results, and the tables that read an aggregate read
+    nothing else (the sub-topology after a repartition is fed by it alone)."""
+    for spec in tables:
+        if spec.op == "fk_join":
+            return False
+        if spec.op == "aggregate" and spec.group_by is not None:
+            after = _downstream(tables, spec.name)
+            inside = {spec.name} | {t.name for t in after}
+            if any(t.op == "fk_join" or (t.op == "aggregate" and t.group_by is not None)
+                   or any(i not in inside for i in t.inputs) for t in after):
+                return False
+    return True
+
+
+def stages(work: PassWork) -> list[PassWork]:
+    """The pass cut at its repartitions (module docstring): the first stage, then one per
+    group-by aggregate. A pass with one partition is one stage: its aggregates apply their
+    changes in place."""
+    aggregates = [t.name for t in work.tables if t.op == "aggregate" and t.group_by is not None]
+    if work.partitions == 1 or not aggregates:
+        return [work]
+    later = {a: {a} | {t.name for t in _downstream(work.tables, a)} for a in aggregates}
+    moved = set().union(*later.values())  # tables computed after a repartition
+
+    def stage(tables: set[str], computed: set[str], regrouped: str = "") -> PassWork:
+        """The tables ``tables`` of the pass, of which ``computed`` are read and written here."""
+        return replace(work, tables=tuple(t for t in work.tables if t.name in tables),
+                       writers=tuple(w for w in work.writers if w in computed),
+                       reads=tuple(r for r in work.reads if r.name in computed),
+                       runs=tuple(r for r in work.runs if r[0] in computed),
+                       inputs=() if regrouped else work.inputs,
+                       repartitioned=() if regrouped else tuple(aggregates), regrouped=regrouped)
+
+    every = {t.name for t in work.tables} | {r.name for r in work.reads}
+    first = stage(every - (moved - set(aggregates)), every - moved)
+    return [first] + [stage(group, group, a) for a, group in later.items()]
 
 
 class Readers:
@@ -116,14 +187,48 @@ def run_partition(work: PassWork, partition: int, records: dict[str, list[Source
                   readers: Readers) -> PartitionResult:
     """Process partition ``partition`` of the pass: ``records`` are its source records by input,
     each in the input's own order."""
-    states: dict[str, TableState] = {}
-    for read in work.reads:
-        states[read.name] = TableState(read.name, read.kind, read.history_retention_ms, read.partitions,
-                                       readers.get(read.name))
-    topology = Topology(list(work.tables), states, partition)
+    states = _states(work, readers)
+    topology = Topology(list(work.tables), states, partition, work.repartitioned)
     _prefetch(list(work.tables), states, records, topology)
     topology.run([(name, is_stream, records.get(name, [])) for name, is_stream in work.inputs])
-    result = PartitionResult(partition)
+    return _result(work, topology, partition)
+
+
+def run_regrouped(work: PassWork, partition: int, updates: list[list[tuple[str, str, str | None, str | None, int]]],
+                  readers: Readers) -> PartitionResult:
+    """Process partition ``partition`` of a stage after a repartition (``PassWork.regrouped``):
+    ``updates`` are its groups' updates (group, input key, old, new, timestamp) from each input
+    partition, in that partition's order; they are merged by head timestamp, ties to the lower
+    input partition."""
+    states = _states(work, readers)
+    topology = Topology(list(work.tables), states, partition)
+    aggregate = topology.nodes[work.regrouped].operator
+    assert isinstance(aggregate, Aggregate)
+    states[work.regrouped].prefetch({u[0] for stream in updates for u in stream})
+    _prefetch(list(work.tables[1:]), states, {}, topology,
+              {work.regrouped: {u[0] for stream in updates for u in stream}})
+    heads = [(stream[0][4], upstream, 0) for upstream, stream in enumerate(updates) if stream]
+    heapq.heapify(heads)
+
+    def merged() -> Iterable[GroupUpdate]:
+        while heads:
+            _, upstream, position = heapq.heappop(heads)
+            stream = updates[upstream]
+            yield aggregate.regrouped(*stream[position])
+            if position + 1 < len(stream):
+                heapq.heappush(heads, (stream[position + 1][4], upstream, position + 1))
+
+    topology.apply_updates(work.regrouped, merged())
+    return _result(work, topology, partition)
+
+
+def _states(work: PassWork, readers: Readers) -> dict[str, TableState]:
+    return {read.name: TableState(read.name, read.kind, read.history_retention_ms, read.partitions,
+                                  readers.get(read.name)) for read in work.reads}
+
+
+def _result(work: PassWork, topology: Topology, partition: int) -> PartitionResult:
+    result = PartitionResult(partition, updates=topology.updates)
     for name in work.writers:
         node = topology.nodes[name]
         run = work.run_of(name)
@@ -137,14 +242,18 @@ def run_partition(work: PassWork, partition: int, records: dict[str, list[Source
 
 
 def _prefetch(tables: list[TableSpec], states: dict[str, TableState],
-              records: dict[str, list[SourceRecord]], topology: Topology) -> None:
+              records: dict[str, list[SourceRecord]], topology: Topology,
+              changed: dict[str, set[str]] | None = None) -> None:
     """Bulk-load the keys the partition will touch where they are known up front (the rest load
-    one key at a time on demand)."""
+    one key at a time on demand). ``changed``: keys known to change in tables outside ``tables``."""
     candidates: dict[str, set[str]] = {name: {r.key for r in recs} for name, recs in records.items()}
+    candidates.update(changed or {})
     for name, state in states.items():
         if name in records:
             state.prefetch(candidates[name])
     for spec in tables:
+        if spec.name in topology.updates:  # routed only: its groups are loaded after the repartition
+            continue
         keys: set[str] = set()
         if spec.op in ("filter", "copy", "to_table", "join", "stream_join"):
             keys = set().union(*(candidates.get(i, set()) for i in spec.inputs))

@@ -6,15 +6,21 @@ sorted). Each source record is applied to its table and every resulting change o
 record goes depth-first through the derived tables that read it, in file order; every result a
 derived table emits is applied to its own store at once and its change propagates before the
 next result, exactly as Kafka Streams forwards within one task.
+
+With several partitions, a group-by aggregate's input changes cross a *repartition*, as Kafka's
+repartition topics carry them: the topology of an input partition routes them to group updates
+(``repartitioned``) instead of applying them, and the topology of the group's partition applies
+them (``apply_updates``) and propagates the aggregate's changes to the tables that read it.
 """
 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from versiq.ingest.derived.operators import OPERATORS, Emit, Operator, StreamRecord
+from versiq.ingest.derived.operators import OPERATORS, Aggregate, Emit, GroupUpdate, Operator, StreamRecord
 from versiq.ingest.derived.spec import TableSpec
 from versiq.ingest.derived.state import Change, TableState
 
@@ -57,16 +63,20 @@ class DerivedNode:
 class Topology:
     """The derived tables of one pass over the tables states they read and write."""
 
-    def __init__(self, tables: list[TableSpec], states: dict[str, TableState], partition: int = 0) -> None:
+    def __init__(self, tables: list[TableSpec], states: dict[str, TableState], partition: int = 0,
+                 repartitioned: Collection[str] = ()) -> None:
         """``partition``: the partition of the pass this topology processes; the derived tables'
-        results are put in it (their stream time is per partition, as a task's store's is)."""
+        results are put in it (their stream time is per partition, as a task's store's is).
+        ``repartitioned``: aggregates whose input changes are only routed here, to
+        ``self.updates`` in emission order (their own state is not needed)."""
         self.states = states
         self.partition = partition
         self.nodes: dict[str, DerivedNode] = {}
         self.dependents: dict[str, list[tuple[DerivedNode, int]]] = {}
+        self.updates: dict[str, list[GroupUpdate]] = {name: [] for name in repartitioned}
         for spec in tables:
             inputs = [states.get(name) for name in spec.inputs]
-            own = None if spec.is_stream else states[spec.name]
+            own = None if spec.is_stream or spec.name in self.updates else states[spec.name]
             node = DerivedNode(spec, OPERATORS[spec.op](spec, inputs, own), own)
             self.nodes[spec.name] = node
             for side, name in enumerate(spec.inputs):
@@ -107,9 +117,24 @@ class Topology:
             if change is not None:
                 changed(name, change)
 
+    def apply_updates(self, name: str, updates: Iterable[GroupUpdate]) -> None:
+        """Apply aggregate ``name``'s group updates (of this partition's groups, in the order of
+        the repartition) and propagate its changes."""
+        node = self.nodes[name]
+        operator = node.operator
+        assert isinstance(operator, Aggregate)
+        cause = node.spec.inputs[0]
+        for update in updates:
+            self._emit(node, operator.apply(update), cause)
+
     # -- propagation ------------------------------------------------------------------------
     def _changed(self, name: str, change: Change) -> None:
         for node, side in self.dependents.get(name, ()):
+            routed = self.updates.get(node.spec.name)
+            if routed is not None:
+                assert isinstance(node.operator, Aggregate)
+                routed.extend(node.operator.route(change))
+                continue
             for emit in node.operator.on_change(side, change):
                 self._emit(node, emit, name)
 

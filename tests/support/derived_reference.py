@@ -212,6 +212,8 @@ class Pipeline:
         self.derived: list[Derived] = [self._define(spec) for spec in tables]
         self.run = 0
         self.sequence: dict[str, int] = {}
+        #: aggregate -> its routed group updates (group, change, subtract, add) of the current run
+        self.routed: dict[str, list[tuple[str, Change, str | None, str | None]]] = {}
 
     # ------------------------------------------------------------------ definition
     def _define(self, spec: dict[str, Any]) -> Derived:
@@ -248,10 +250,18 @@ class Pipeline:
         return Derived(spec, name, op, inputs, table)
 
     # ------------------------------------------------------------------ processing
+    def apply_group_update(self, name: str, group: str, c: Change, subtract: str | None, add: str | None) -> None:
+        """Aggregate ``name`` applies one group update that crossed a repartition."""
+        t = next(d for d in self.derived if d.name == name)
+        key, value, ts = self._update_group(t, group, c, subtract, add)
+        self._emit(t, t.inputs[0], key, value, ts)
+
     def process_run(self, records: dict[str, list[Rec]]) -> None:
         """One run: merge the inputs record by record by head timestamp (ties: first declared)."""
         self.run += 1
         self.sequence = {}
+        for routed in self.routed.values():
+            routed.clear()
         unknown = set(records) - {d.name for d in self.inputs}
         assert not unknown, f"records for unknown inputs {unknown}"
         position = {d.name: 0 for d in self.inputs}
@@ -281,9 +291,15 @@ class Pipeline:
             self._propagate(d.name, change)
 
     def _propagate(self, source: str, item: Change | Event) -> None:
-        """Depth-first: every dependent table, in file order, sees ``item`` (and so on downstream)."""
+        """Depth-first: every dependent table, in file order, sees ``item`` (and so on downstream).
+        An aggregate in ``self.routed`` only routes its input's changes there (a repartition)."""
         for t in self.derived:
             if source in t.inputs:
+                if t.name in self.routed:
+                    assert isinstance(item, Change)
+                    self.routed[t.name] += [(group, item, subtract, add)
+                                            for group, subtract, add in self._route(t, source, item)]
+                    continue
                 for key, value, ts in self._operate(t, source, item):
                     self._emit(t, source, key, value, ts)
 
@@ -443,19 +459,22 @@ class Pipeline:
         return out
 
     def _aggregate(self, t: Derived, source: str, c: Change) -> list[tuple[str, str | None, int]]:
+        return [self._update_group(t, group, c, subtract, add) for group, subtract, add in self._route(t, source, c)]
+
+    def _route(self, t: Derived, source: str, c: Change) -> list[tuple[str, str | None, str | None]]:
+        """The group updates (group, value to subtract, value to add) an input change makes."""
         if self.kind[source] == "versioned" and not c.in_order:
             return []  # rule 17: out-of-order records of a versioned input are ignored entirely
         group_expr = t.spec["group_by"]
         g_old = None if c.old is None else _key_of(group_expr, c.key, c.old)
         g_new = None if c.new is None else _key_of(group_expr, c.key, c.new)
-        out: list[tuple[str, str | None, int]] = []
         if g_old is not None and g_old == g_new:  # KIP-904: subtract then add, one atomic update
-            out.append(self._update_group(t, g_old, c, subtract=c.old, add=c.new))
-            return out
+            return [(g_old, c.old, c.new)]
+        out: list[tuple[str, str | None, str | None]] = []
         if g_old is not None:
-            out.append(self._update_group(t, g_old, c, subtract=c.old, add=None))
+            out.append((g_old, c.old, None))
         if g_new is not None:
-            out.append(self._update_group(t, g_new, c, subtract=None, add=c.new))
+            out.append((g_new, None, c.new))
         return out
 
     def _update_group(
@@ -572,5 +591,66 @@ def run_partitioned(inputs: list[InputDef], tables: list[dict[str, Any]], runs: 
                 counts[field_name] += value
         records = [(e.key, e.value, e.timestamp) for e in emissions] if per[0][name].records or any(
             r[name].records for r in per) else []
+        out[name] = TableResult(emissions, versions, records, counts)
+    return out
+
+
+def run_repartitioned(inputs: list[InputDef], tables: list[dict[str, Any]], runs: list[dict[str, list[Rec]]],
+                      partitions: int, stream_partition: Callable[[str], int],
+                      group_partition: Callable[[str], int]) -> dict[str, TableResult]:
+    """docs/semantics.md rule 23 with ``partitions`` partitions and group-by aggregates, as Kafka
+    Streams runs them around a repartition topic: per run, each input partition's pipeline runs
+    over that partition's records (as ``run_partitioned``) with every aggregate only routing
+    its input's changes to group updates; then the pipeline of each group partition
+    (``group_partition(group)``) applies the updates of its groups, merged from the input
+    partitions by head timestamp, ties to the lower input partition, and propagates them to the
+    tables that read the aggregate. Results combine as ``run_partitioned``'s; a table comes from
+    the pipelines that compute it (the aggregates and the tables after them: the group
+    partitions')."""
+    aggregates = [spec["name"] for spec in tables if "group_by" in spec]
+    after: set[str] = set(aggregates)
+    for spec in tables:
+        ins = [spec.get("from")] + [spec[op][side] for op in ("join", "fk_join", "stream_join") if op in spec
+                                    for side in ("left", "right", "stream", "table") if side in spec[op]]
+        if any(i in after for i in ins):
+            after.add(spec["name"])
+    kinds = {d.name: d.kind for d in inputs}
+    single = [replace(d, partitions=1) for d in inputs]
+    first = [Pipeline(single, tables) for _ in range(partitions)]
+    for pipeline in first:
+        pipeline.routed = {name: [] for name in aggregates}
+    second = [Pipeline(single, tables) for _ in range(partitions)]
+    for run in runs:
+        for p, pipeline in enumerate(first):
+            pipeline.process_run({name: [replace(r, partition=0) for r in recs
+                                         if (stream_partition(r.key) if kinds[name] == "stream" else r.partition) == p]
+                                  for name, recs in run.items()})
+        for q, pipeline in enumerate(second):
+            pipeline.run += 1
+            pipeline.sequence = {}
+            for name in aggregates:
+                streams = [[u for u in upstream.routed[name] if group_partition(u[0]) == q] for upstream in first]
+                position = [0] * partitions
+                while True:
+                    heads = [(stream[position[p]][1].ts, p) for p, stream in enumerate(streams)
+                             if position[p] < len(stream)]
+                    if not heads:
+                        break
+                    _, p = min(heads)
+                    group, change, subtract, add = streams[p][position[p]]
+                    position[p] += 1
+                    pipeline.apply_group_update(name, group, change, subtract, add)
+    out: dict[str, TableResult] = {}
+    for spec in tables:
+        name = spec["name"]
+        per = [pipeline.results()[name] for pipeline in (second if name in after else first)]
+        emissions = [e for run in range(1, len(runs) + 1) for result in per for e in result.emissions if e.run == run]
+        versions: Versions = {}
+        counts = dict.fromkeys(per[0].counts, 0)
+        for result in per:
+            versions.update(result.versions)
+            for field_name, value in result.counts.items():
+                counts[field_name] += value
+        records = [(e.key, e.value, e.timestamp) for e in emissions] if any(r.records for r in per) else []
         out[name] = TableResult(emissions, versions, records, counts)
     return out

@@ -1,7 +1,8 @@
 """Derived tables over co-partitioned stores run one topology per partition (docs/semantics.md,
 rule 23), in this process for a small pass and as Spark tasks for a large one: both must equal
 the reference model run once per partition (``run_partitioned``), as Kafka Streams runs one task
-per partition. A topology that re-keys (group-by, foreign-key join) has one partition.
+per partition. Group-by aggregates cross a repartition to the partition of their group
+(``run_repartitioned``); a topology with a foreign-key join has one partition.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 from deltalake import DeltaTable
 
 from tests.support.derived import RealPipeline
-from tests.support.derived_reference import InputDef, Rec, run_partitioned
+from tests.support.derived_reference import InputDef, Rec, run_partitioned, run_repartitioned
 from tests.support.derived_reference import run_pipeline as model_pipeline
 from versiq.layout import MURMUR2, StoreSettings, default_partition_of, read_state
 
@@ -45,7 +46,17 @@ TABLES: list[dict[str, Any]] = [
     {"name": "sa", "stream_join": {"stream": "S", "table": "A", "type": "left"}},
     {"name": "sb", "stream_join": {"stream": "S", "table": "B", "type": "inner"}},
     {"name": "sa_table", "from": "sa", "history_retention_ms": 5},
+    # group-by aggregates: their groups' updates cross a repartition (run_repartitioned)
+    {"name": "g", "from": "a_big", "group_by": "concat('g', value.n % 4)",
+     "aggregate": {"count": True, "sum": "value.n"},
+     "history_retention_ms": 6},
+    {"name": "g_many", "from": "g", "filter": "value.count > 1", "history_retention_ms": 3},
+    {"name": "r", "from": "B", "group_by": "concat('r', value.n % 5)",
+     "reduce": {"add": "agg + value.n", "subtract": "agg - value.n"}, "history_retention_ms": 2},
 ]
+GROUPED = ("g", "g_many", "r")
+#: The pipelines with the aggregates too (one in this process, one in tasks: each costs commits).
+AGGREGATING = ("here0_", "tasks1_")
 
 
 def _example(seed: int) -> list[dict[str, list[Rec]]]:
@@ -69,9 +80,15 @@ def _example(seed: int) -> list[dict[str, list[Rec]]]:
     return runs
 
 
-def _check(real: RealPipeline, prefix: str, runs: list[dict[str, list[Rec]]]) -> None:
-    model = run_partitioned(INPUTS, TABLES, runs, PARTITIONS, home)
-    for table in TABLES:
+def _tables(prefix: str) -> list[dict[str, Any]]:
+    return TABLES if prefix in AGGREGATING else [t for t in TABLES if t["name"] not in GROUPED]
+
+
+def _check(real: RealPipeline, prefix: str, runs: list[dict[str, list[Rec]]]) -> int:
+    """Compare every table with the model; how many of the aggregates' results were late."""
+    tables = _tables(prefix)
+    model = run_repartitioned(INPUTS, tables, runs, PARTITIONS, home, home)
+    for table in tables:
         name = table["name"]
         got, want = real.observed(prefix, name), model[name]
         context = (prefix, name, runs)
@@ -79,6 +96,7 @@ def _check(real: RealPipeline, prefix: str, runs: list[dict[str, list[Rec]]]) ->
         assert got.versions == want.versions, context
         assert got.records == want.records, context
         assert got.counts == want.counts, context
+    return sum(model[name].counts["late"] for name in GROUPED if name in model)
 
 
 @pytest.mark.rule(23)
@@ -88,7 +106,11 @@ def test_each_partition_is_its_own_topology(spark: Any, tmp_path: Any, monkeypat
     this process, those of ``tasks*`` as Spark tasks (``VERSIQ_DERIVE_HERE_RECORDS`` set for each
     topology's pass). ``here<i>`` and ``tasks<i>`` read the same input stores and stream
     (``e<i>_*``, ingested once per run): tables that share only source inputs are topologies of
-    their own, each run where its prefix says."""
+    their own, each run where its prefix says. The group-by aggregates of two of them (a filter
+    before one, a filter after it, a reduce) cross a repartition to their group's
+    partition, which merges the updates of every input partition; the stores' partitions hold
+    times in bands of their own, so some results are late by their group partition's stream
+    time."""
     from versiq.ingest.derived import derive
 
     run_topology = derive._run_topology
@@ -105,7 +127,8 @@ def test_each_partition_is_its_own_topology(spark: Any, tmp_path: Any, monkeypat
         real.add(f"e{i}_", INPUTS, [], runs)
     prefixes = [f"{where}{i}_" for where in ("here", "tasks") for i in range(len(examples))]
     for prefix in prefixes:
-        real.add(prefix, [], TABLES, [], inputs_as={spec.name: f"e{prefix[-2]}_{spec.name}" for spec in INPUTS})
+        real.add(prefix, [], _tables(prefix), [],
+                 inputs_as={spec.name: f"e{prefix[-2]}_{spec.name}" for spec in INPUTS})
     with caplog.at_level(logging.INFO, logger="versiq.ingest"):
         real.run_all()
     passes = [r.getMessage() for r in caplog.records if r.getMessage().startswith("derived pass over ")]
@@ -113,14 +136,22 @@ def test_each_partition_is_its_own_topology(spark: Any, tmp_path: Any, monkeypat
         mine = [m for m in passes if m.startswith(f"derived pass over {prefix}")]
         assert mine and all(m.endswith("in Spark tasks" if prefix.startswith("tasks") else "in this process")
                             for m in mine), (prefix, mine)
-        _check(real, prefix, examples[int(prefix[-2])])
+        assert all(f"{PARTITIONS} partition(s)" in m for m in mine), mine
+        late = _check(real, prefix, examples[int(prefix[-2])])
+        if prefix in AGGREGATING:
+            assert late, "no aggregate's result was late: the example tests too little"
+            path = os.path.join(real.warehouse, prefix + "g")
+            assert StoreSettings.from_description(DeltaTable(path).metadata().description).partitions == PARTITIONS
 
 
 @pytest.mark.rule(23)
 def test_tables_keep_their_partitions_and_stream_times(spark: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
                                                        ) -> None:
     """A table over co-partitioned stores is built with their partitions, a stream time per
-    partition; one that re-keys (here a group-by) has one partition, its merge global."""
+    partition. An aggregate built with one partition (by an earlier versiq, whose topologies
+    with a group-by had one) keeps it, its merge global."""
+    from versiq.ingest.derived import derive
+
     monkeypatch.setenv("VERSIQ_DERIVE_HERE_RECORDS", "0")
     def value(n: int, g: str) -> str:
         return json.dumps({"n": n, "g": g}, separators=(",", ":"))
@@ -133,7 +164,14 @@ def test_tables_keep_their_partitions_and_stream_times(spark: Any, tmp_path: Any
     real = RealPipeline(spark, str(tmp_path))
     real.add("", inputs, tables[:1], runs)
     real.add("q_", inputs, tables[1:], runs)
-    real.run_all()
+    pass_partitions = derive.pass_partitions
+    built_as_before = lambda tables, sources: (1, "murmur2") if tables[0].name == "q_g" else (  # noqa: E731
+        pass_partitions(tables, sources))
+    monkeypatch.setattr(derive, "pass_partitions", built_as_before)
+    for step in range(real.steps()):
+        real.write_step(step)
+        assert not real.run_once().failed
+        monkeypatch.setattr(derive, "pass_partitions", pass_partitions)
     path = os.path.join(real.warehouse, "f")
     table = DeltaTable(path)
     assert StoreSettings.from_description(table.metadata().description).partitions == PARTITIONS
