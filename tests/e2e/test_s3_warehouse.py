@@ -4,14 +4,16 @@ LogStore, read by the real engine (delta-rs, DuckDB over pyarrow's S3 file syste
 uvicorn / ``versiq serve``.
 
 The yardstick is a local warehouse fed the same input: an ``s3://`` warehouse must give the same
-stores, the same answers and the same rejected records; and the reference model where a topic
-is the source (the Kafka property test, run against S3 here).
+stores, the same answers and the same rejected records, the same derived tables (rows, emissions,
+subscriptions; a pass in this process and one in Spark tasks); and the reference model where a
+topic is the source (the Kafka property test, run against S3 here).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import json
+import logging
 import os
 import random
 import signal
@@ -21,6 +23,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -36,13 +39,25 @@ from tests.support.processes import run_then_kill
 from tests.support.reference import ReferenceStore
 from tests.support.server_process import free_ports
 from versiq import layout, sql, storage
+from versiq.ingest.config import Pipeline
+from versiq.ingest.derived.spec import parse_tables
 from versiq.ingest.maintain import maintain_store
 from versiq.ingest.pipeline import StoreSpec, run_ingest
+from versiq.ingest.run import run_pipeline
 from versiq.ingest.spark import FETCH_HINT_S3, configure_s3, s3_jars_present
 
 BUCKET = "versiq-wh"
 H = 300  # history retention (ms) of the test stores
 KEYS = [f"k{i}" for i in range(10)] + ["é-key", "a/b"]
+#: Derived tables over the store ``s`` (docs/derived-tables.md): a filter, a group-by aggregate of
+#: it (keys "0", "1", "2") and a foreign-key join of the store with the aggregate; one topology.
+TABLES = [
+    {"name": "even", "from": "s", "filter": "value.n % 2 = 0"},
+    {"name": "by_len", "from": "even", "group_by": "length(value.s)", "aggregate": {"count": True, "sum": "value.n"}},
+    {"name": "with_len", "fk_join": {"left": "s", "right": "by_len", "foreign_key": "length(value.s)",
+                                     "type": "left"}},
+]
+DERIVED = [t["name"] for t in TABLES]
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -99,11 +114,40 @@ def _same_stores(s3_path: str, local_path: str) -> None:
     assert sorted(map(key, rejected_rows(s3_path))) == sorted(map(key, rejected_rows(local_path)))
 
 
+def _side_rows(table_path: str, side: str) -> list[dict[str, Any]]:
+    """Every row of a derived table's side table (``_emitted``, ``_subscriptions``), sorted."""
+    rows = storage.delta_table(storage.join(table_path, side)).to_pyarrow_table().to_pylist()
+    return sorted(rows, key=lambda r: json.dumps(r, sort_keys=True))
+
+
+def _same_derived(remote: str, local: str) -> None:
+    """Each derived table of the bucket equals the local one: its versions, stream times and
+    rejected results, every emission (run, sequence, cause) and the join's subscriptions."""
+    for name in DERIVED:
+        path = layout.table_path(remote, name)
+        _same_stores(path, os.path.join(local, name))
+        emitted = _side_rows(path, "_emitted")
+        assert emitted == _side_rows(os.path.join(local, name), "_emitted"), name
+        assert {r["run"] for r in emitted} == {1, 2}, name  # a pass in each of the two runs
+    path = layout.table_path(remote, "with_len")
+    subscriptions = _side_rows(path, "_subscriptions")
+    assert subscriptions and subscriptions == _side_rows(os.path.join(local, "with_len"), "_subscriptions")
+
+
 def _answers(url: str) -> dict[str, Any]:
     """Every answer the tests compare, from one server: latest and as-of reads, versions ranges
-    (paged to the end), the key listing."""
+    (paged to the end), the key listing; reads of the derived tables and their provenance."""
     out: dict[str, Any] = {}
     with httpx.Client(base_url=url, timeout=30) as client:
+        for name in DERIVED:
+            meta = client.get(f"/v1/stores/{name}").json()
+            out[f"{name} meta"] = {k: meta.get(k) for k in ("kind", "streamTime", "inputs", "sources")}
+        for name, key in (("by_len", "1"), ("with_len", "é-key"), ("even", "a/b")):
+            resp = client.get(key_path(name, key), params={"asOf": 2_500})
+            body = resp.json()
+            body.pop("snapshot", None)
+            body.pop("instance", None)
+            out[f"{name} {key}"] = (resp.status_code, body)
         meta = client.get("/v1/stores/s").json()
         out["meta"] = {k: meta[k] for k in ("kind", "partitions", "streamTime") if k in meta}
         for key in KEYS:
@@ -122,9 +166,10 @@ def _answers(url: str) -> dict[str, Any]:
 
 
 @pytest.mark.rule(19, 20, 21)
-def test_an_s3_warehouse_equals_a_local_one_across_runs_maintain_and_http(spark, s3, tmp_path):
+def test_an_s3_warehouse_equals_a_local_one_across_runs_maintain_and_http(spark, s3, tmp_path, caplog):
     rng = random.Random(15)
     local, remote = str(tmp_path / "wh"), _warehouse("equal")
+    tables = parse_tables(TABLES, {"s": "versioned"})
     for run, base in enumerate((1_000, 1_200, 2_000)):
         source = _write(str(tmp_path / f"run{run}"), f"r{run}.jsonl", _lines(rng, 120, base))
         # the bucket's store reads its files from the bucket too
@@ -133,22 +178,38 @@ def test_an_s3_warehouse_equals_a_local_one_across_runs_maintain_and_http(spark,
             out.write(handle.read())
         for wh, src in ((local, source), (remote, in_bucket)):
             spec = StoreSpec(name="s", source=src, history_retention_ms=H, max_future_ms=None)
-            report = run_ingest(spark, wh, [spec]).stores["s"]
-            assert report.error is None, report.error
+            # the derived tables from run 1 on: added over the store (their first pass starts from
+            # what its run 0 left); the bucket's second pass in Spark tasks (which read the tables'
+            # state from the bucket), every other pass in this process (both ways give the same
+            # tables, and a Spark job costs seconds)
+            pipeline = Pipeline(stores=[replace(spec, changelog=bool(run))], tables=tables if run else [])
+            with pytest.MonkeyPatch.context() as mp, caplog.at_level(logging.INFO, logger="versiq.ingest"):
+                mp.setenv("VERSIQ_DERIVE_HERE_RECORDS", "0" if (run, wh) == (2, remote) else "100000")
+                done = run_pipeline(spark, wh, pipeline)
+            assert not done.failed, done.to_json()
+            report = done.stores["s"]
             assert report.rejected["malformed"] == 1 and report.rejected["missing_field"] == 1
+            assert sorted(done.tables) == (sorted(DERIVED) if run else [])
+    passes = [r.getMessage().rsplit(", ", 1)[1] for r in caplog.records
+              if r.getMessage().startswith("derived pass over ")]
+    assert passes == ["in this process"] * 3 + ["in Spark tasks"], passes
     path = layout.table_path(remote, "s")
     assert path.startswith("s3://") and layout.has_delta_log(path)
     _same_stores(path, os.path.join(local, "s"))
-    # the bucket holds the store, its rejected records and its lock object, nothing local
+    _same_derived(remote, local)
+    # the bucket holds the store, its rejected records, its changelog and its lock object, nothing local
     names = storage.listdir(path)
-    assert {"_delta_log", "_rejected", "_versiq"} <= set(names), names
+    assert {"_delta_log", "_rejected", "_changelog", "_versiq"} <= set(names), names
     # a prefix without a Delta log beside the store is not a store
     s3.filesystem().create_dir(f"{BUCKET}/{remote.split('/', 3)[3]}/not-a-store/x")
     with serve_engine(local) as (local_url, _e1), serve_engine(remote) as (remote_url, remote_engine):
         assert remote_engine.catalog.readiness()["ready"]
-        assert set(remote_engine.catalog.stores) == {"s"}
+        assert set(remote_engine.catalog.stores) == {"s", *DERIVED}
         before = _answers(local_url)
         assert _answers(remote_url) == before
+        # the derived tables are served from the bucket: a value, and the inputs they were computed from
+        assert before["with_len é-key"][0] == 200 and before["by_len 1"][0] == 200, before
+        assert set(before["with_len meta"]["inputs"]) == {"s", "by_len"}, before["with_len meta"]
         # the serving index of the bucket's store is in this host's cache folder, never in the bucket
         cached = [name for _dir, _subdirs, files in os.walk(remote_engine.catalog.cache_dir) for name in files]
         assert "rows.arrow" in cached and not remote_engine.catalog.cache_dir.startswith("s3://")
