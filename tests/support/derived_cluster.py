@@ -13,7 +13,8 @@ import sys
 from typing import Any
 
 from tests.support.derived import RealPipeline
-from tests.support.derived_reference import InputDef, Rec, run_partitioned, run_pipeline
+from tests.support.derived_reference import InputDef, Rec, run_partitioned, run_pipeline, run_repartitioned
+from versiq.layout import MURMUR2, default_partition_of
 
 INPUTS = [InputDef("orders", "versioned", history_retention_ms=50, partitions=2),
           InputDef("shipments", "versioned", partitions=2),
@@ -23,6 +24,8 @@ TABLES: list[dict[str, Any]] = [
     {"name": "shipped", "join": {"left": "orders", "right": "shipments", "type": "left"}},
     {"name": "with_customer", "fk_join": {"left": "orders", "right": "customers", "foreign_key": "value.c",
                                           "type": "inner"}},
+    {"name": "by_customer", "from": "orders", "group_by": "value.c", "aggregate": {"count": True, "sum": "value.n"}},
+    {"name": "busy", "from": "by_customer", "filter": "value.count > 9"},
 ]
 
 
@@ -44,7 +47,8 @@ def check_on_cluster(spark: Any, root: Any, master: str, env: dict[str, str],
                      stores: list[dict[str, Any]] | None = None) -> None:
     """Run the pipeline through the CLI on ``master`` (every pass in Spark tasks); the derived
     tables and their emissions must be the reference model's: once per partition for the
-    tables that do not re-key, over everything for the foreign-key join. ``stores``: entries
+    filter and join, through a repartition for the group-by (its groups' updates shuffled between
+    the tasks), over everything for the foreign-key join. ``stores``: entries
     of more stores the same runs ingest (one driver and executor start for everything the
     caller checks on the cluster)."""
     runs = _runs()
@@ -65,10 +69,12 @@ def check_on_cluster(spark: Any, root: Any, master: str, env: dict[str, str],
         assert result.returncode == 0, result.stderr[-3000:]
         assert "in Spark tasks" in result.stderr, result.stderr[-3000:]
     per_partition = run_partitioned(INPUTS, TABLES[:2], runs, 2, lambda key: 0)
-    whole = run_pipeline(INPUTS, TABLES[2:], runs)
+    whole = run_pipeline(INPUTS, TABLES[2:3], runs)
+    regrouped = run_repartitioned(INPUTS, TABLES[3:], runs, 2, lambda key: 0,
+                                  lambda group: default_partition_of(group, 2, MURMUR2))
     for table in TABLES:
         name = table["name"]
-        want = per_partition[name] if name in per_partition else whole[name]
+        want = {**per_partition, **whole, **regrouped}[name]
         got = cluster.observed("", name)
         assert got.emissions == [(e.key, e.value, e.timestamp, e.cause) for e in want.emissions], name
         assert got.versions == want.versions, name
