@@ -286,13 +286,15 @@ def run_job(spark: SparkSession, work: PassWork, reads: list[InputRead], partiti
     executors (``JobOutput.output`` reads them for the writes)."""
     first, *later = stages(work)
     records = records_frame(spark, first, reads, partitioner)
-    if work.partitions > 1:
-        ordered = records.repartition(work.partitions, _slot(spark, work.partitions)).sortWithinPartitions(*ORDER)
+    slot = _slot(spark, work.partitions) if work.partitions > 1 else None
+    if slot is not None:
+        ordered = records.repartition(work.partitions, slot).sortWithinPartitions(*ORDER)
     else:
         ordered = records.coalesce(1).sortWithinPartitions(*ORDER)
     results = ordered.mapInArrow(partition_runner(first), from_arrow_schema(OUTPUT_SCHEMA))
     held = []
-    if later:
+    if later:  # a pass with repartitions has several partitions (tasks.stages)
+        assert slot is not None
         results = results.persist(StorageLevel.MEMORY_AND_DISK)
         held.append(results)
         parts = [results.where(F.col("out") != "update")]
@@ -302,8 +304,7 @@ def run_job(spark: SparkSession, work: PassWork, reads: list[InputRead], partiti
                 F.col("g_seq").alias("seq"), F.col("g_old").alias("old"), F.col("g_new").alias("new"),
                 F.col("g_timestamp").alias("timestamp"))
             updates = updates.withColumn("task", F.expr(SPARK.default_partition(work.partitions, partitioner)))
-            grouped = updates.repartition(work.partitions, _slot(spark, work.partitions)) \
-                .sortWithinPartitions(*UPDATE_ORDER)
+            grouped = updates.repartition(work.partitions, slot).sortWithinPartitions(*UPDATE_ORDER)
             parts.append(grouped.mapInArrow(regroup_runner(stage), from_arrow_schema(OUTPUT_SCHEMA)))
         results = parts[0]
         for part in parts[1:]:
