@@ -32,7 +32,7 @@ from versiq import layout, storage
 from versiq.ingest.config import Pipeline
 from versiq.ingest.derived.job import InputRead, JobOutput, pass_records, run_here, run_job
 from versiq.ingest.derived.spec import TableSpec
-from versiq.ingest.derived.tasks import PassWork, TableRead, repartitionable
+from versiq.ingest.derived.tasks import PassWork, TableRead, repartitionable, stages
 from versiq.ingest.errors import LeaseLost
 from versiq.ingest.plan import derives_here
 from versiq.ingest.reports import TableReport
@@ -346,8 +346,10 @@ def _run_topology(spark: SparkSession, pipeline: Pipeline, tables: list[TableSpe
         runs=tuple((name, handles[name].state.run + 1) for name in writers), partitions=partitions)
     at_most = pass_records(inputs_read)
     here = derives_here(at_most)
-    log.info("derived pass over %s: at most %d source record(s), %d partition(s), %s", ", ".join(writers),
-             at_most, partitions, "in this process" if here else "in Spark tasks")
+    regrouped = [stage.regrouped for stage in stages(work)[1:]]
+    log.info("derived pass over %s: at most %d source record(s), %d partition(s)%s, %s", ", ".join(writers),
+             at_most, partitions, f", {', '.join(regrouped)} through a repartition" if regrouped else "",
+             "in this process" if here else "in Spark tasks")
     output = (run_here if here else run_job)(spark, work, inputs_read, partitioner)
     try:
         infos = {s.name: s for s in sources}
