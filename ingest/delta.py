@@ -12,7 +12,10 @@ Two kinds of write, each one Delta commit:
   written *before* the run's table commit as "replace every row of run >= R" (Delta's
   ``replaceWhere``). A crash between the two leaves side rows of a run the table never
   committed; readers ignore rows of runs after the table's committed run (``layout``), and the
-  rerun, which is run R again, replaces them. No file is ever committed by hand.
+  rerun, which is run R again, replaces them. No file is ever committed by hand. A run's
+  several side tables are committed at once (``replace_runs``: a thread each), the table's
+  commit after all of them; a side table with nothing of the run and nothing of an unfinished
+  attempt gets no commit.
 - ``erase_matching``: ``versiq erase`` removing keys' rows from a table (Delta's MERGE with an
   unconditional delete, under the transaction ``versiq.erase``); ``append_rows``: its audit row.
 
@@ -27,15 +30,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import pyarrow as pa
 from pyspark import InheritableThread
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, DataFrameWriter, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_type
 
 from versiq import storage
+from versiq.ingest.spark import active_on_this_thread
 from versiq.ingest.sqltext import sql_string
 from versiq.layout import (
     APP_ID,
@@ -224,23 +229,77 @@ def replace_run(frame: DataFrame, path: str, schema: pa.Schema, *, run: int, sta
     (one commit; none when there is nothing to add or remove). ``frame`` is one partition in
     the order its file keeps (the caller's processing order). ``empty``: whether ``frame`` has
     no rows, when the caller knows (else Spark is asked)."""
-    rows = _conform(frame, schema)
-    if empty is None:
-        empty = rows.isEmpty()
-    # a log without a commit (a first commit killed midway) is no table yet: the commit below creates it
-    exists = storage.is_delta_table(path)
-    earlier_attempt = exists and _has_run(path, run)
-    if empty and not earlier_attempt:
+    replace_runs([SideRun(frame, path, schema, empty)], run=run, state=state)
+
+
+@dataclass(frozen=True)
+class SideRun:
+    """A run's rows of one side table (``replace_runs``): ``frame`` as ``replace_run`` takes it."""
+
+    frame: DataFrame
+    path: str
+    schema: pa.Schema
+    empty: bool | None = None
+
+
+def replace_runs(sides: Sequence[SideRun], *, run: int, state: StoreState) -> None:
+    """``replace_run`` for several side tables of one run, at once: their commits (one each,
+    none for a table with nothing to add or remove) are made by one thread per table, inside
+    one ``commit_metadata`` block (a session's settings are shared: one block per thread would
+    undo another's while it commits). Side tables are independent of one another: each commit
+    replaces the table's rows of runs >= ``run``, so a crash that leaves any subset of them
+    committed is completed by the rerun like one that left a single one. Returns once every
+    commit has ended, raising the first failure: the caller's table commit, the run's last,
+    comes after all of them or not at all."""
+    writes = [(side.path, writer) for side in sides if (writer := _side_writer(side, run)) is not None]
+    if not writes:
         return
-    with commit_metadata(frame.sparkSession, state):
-        if earlier_attempt:
-            writer = rows.write.format("delta").mode("overwrite").option("replaceWhere", f"run >= {run}")
-        else:  # the usual case: nothing to replace, a plain append (no scan of the table)
-            writer = rows.write.format("delta").mode("append")
-        if not exists:
-            for name, value in _properties(schema).items():
-                writer = writer.option(name, value)
-        writer.save(path)
+    spark = sides[0].frame.sparkSession
+    with commit_metadata(spark, state):
+        if len(writes) == 1:
+            path, writer = writes[0]
+            writer.save(path)
+            return
+        failures: list[BaseException] = []
+
+        def save(path: str, writer: DataFrameWriter) -> None:
+            try:
+                with active_on_this_thread(spark):  # the block's settings are read from the thread's session
+                    writer.save(path)
+            except BaseException as exc:  # noqa: BLE001 - raised by the calling thread
+                failures.append(exc)
+
+        started: list[InheritableThread] = []
+        try:
+            for write in writes:
+                thread = InheritableThread(target=save, args=write, name="versiq-side-commit", daemon=True)
+                thread.start()
+                started.append(thread)
+        finally:  # even when interrupted: the block's settings (the state) hold until every commit ends
+            for thread in started:
+                thread.join()
+        if failures:
+            raise failures[0]
+
+
+def _side_writer(side: SideRun, run: int) -> DataFrameWriter | None:
+    """The writer of one side table's commit of run ``run`` (``replace_run``); None when there is
+    nothing to add or remove."""
+    rows = _conform(side.frame, side.schema)  # lazy: a plan, no job
+    empty = rows.isEmpty() if side.empty is None else side.empty
+    # a log without a commit (a first commit killed midway) is no table yet: the commit creates it
+    exists = storage.is_delta_table(side.path)
+    earlier_attempt = exists and _has_run(side.path, run)
+    if empty and not earlier_attempt:
+        return None
+    if earlier_attempt:
+        writer = rows.write.format("delta").mode("overwrite").option("replaceWhere", f"run >= {run}")
+    else:  # the usual case: nothing to replace, a plain append (no scan of the table)
+        writer = rows.write.format("delta").mode("append")
+    if not exists:
+        for name, value in _properties(side.schema).items():
+            writer = writer.option(name, value)
+    return writer
 
 
 #: Session settings that give the Delta commits of DML commands (MERGE, DELETE) a transaction id.

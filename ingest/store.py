@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -25,7 +25,7 @@ from pyspark.sql import DataFrame, SparkSession
 from versiq import layout, storage
 from versiq import settings as registry
 from versiq.durations import format_duration
-from versiq.ingest.delta import commit_table, replace_run, set_description
+from versiq.ingest.delta import SideRun, commit_table, replace_runs, set_description
 from versiq.ingest.errors import LeaseLost, LockTimeout, UsageError, one_line
 from versiq.ingest.holder import Holder, end_orphan_jvm
 from versiq.ingest.sources import SourceError
@@ -407,5 +407,12 @@ def commit_side(store_path: str, side: str, state: StoreState, rows: DataFrame, 
     """Write a run's rows of a side table (``_rejected``, ``_changelog``, ``_emitted``) before the
     run's table commit, replacing any rows an unfinished attempt of the run left there.
     ``rows``: one partition, in the order the run processed them."""
+    commit_sides(store_path, state, {side: (rows, empty)})
+
+
+def commit_sides(store_path: str, state: StoreState, sides: Mapping[str, tuple[DataFrame, bool | None]]) -> None:
+    """``commit_side`` for several side tables of the run (directory -> (rows, empty)), their
+    commits made at once (``delta.replace_runs``); returns once all are committed."""
     check_still_writer(store_path)
-    replace_run(rows, storage.join(store_path, side), SIDE_TABLES[side], run=state.run, state=state, empty=empty)
+    replace_runs([SideRun(rows, storage.join(store_path, side), SIDE_TABLES[side], empty)
+                  for side, (rows, empty) in sides.items()], run=state.run, state=state)

@@ -12,9 +12,10 @@ Derived batches ("passes") are what make derived tables incremental and crash-sa
   Upstream derived tables a writer reads but that are not writers of the pass (already up to
   date, e.g. committed just before a crash) are recomputed in memory from their snapshot at the
   pass's starting point and not written again.
-- Each writer then appends its changed rows, its ``_emitted`` results and its late results
-  (``_rejected``) in atomic commits, the table's last, at most once per run
-  (``versiq.ingest.delta.run_txn_needed``).
+- Each writer then appends its changed rows, its ``_emitted`` results, its late results
+  (``_rejected``) and, for a foreign-key join, its ``_subscriptions`` in atomic commits: the
+  side tables' at once (``versiq.ingest.delta.replace_runs``; none for a side table the run
+  has nothing for), the table's last, at most once per run (``versiq.ingest.delta.run_txn_needed``).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from versiq.ingest.reports import TableReport
 from versiq.ingest.store import (
     LockTimeout,
     StoreHandle,
-    commit_side,
+    commit_sides,
     commit_store,
     open_store,
     writer_lock,
@@ -383,16 +384,15 @@ def _commit(spec: TableSpec, handles: dict[str, StoreHandle], infos: dict[str, S
     )
     if handle.table is None and not spec.is_stream:  # a new table is built with the pass's partitions
         handle.settings = replace(handle.settings, partitions=partitions)
-    # side tables first, the table's commit (data + state) last: docs in versiq.ingest.delta
-    commit_side(handle.path, EMITTED_DIR, state, _small(output.output("emitted", spec.name), totals.counts.emitted),
-                empty=totals.counts.emitted == 0)
-    commit_side(handle.path, REJECTED_DIR, state, _small(output.output("late", spec.name), totals.late),
-                empty=totals.late == 0)
+    # side tables first (at once), the table's commit (data + state) last: docs in versiq.ingest.delta
+    emitted = totals.counts.emitted
+    sides = {EMITTED_DIR: (_small(output.output("emitted", spec.name), emitted), emitted == 0),
+             REJECTED_DIR: (_small(output.output("late", spec.name), totals.late), totals.late == 0)}
     if spec.op == "fk_join":  # created on the first run even when empty: its absence means "build it"
         subscriptions = storage.join(handle.path, SUBSCRIPTIONS_DIR)
-        commit_side(handle.path, SUBSCRIPTIONS_DIR, state,
-                    _small(output.output("subscriptions", spec.name), totals.subscriptions),
-                    empty=totals.subscriptions == 0 and has_table(subscriptions))
+        sides[SUBSCRIPTIONS_DIR] = (_small(output.output("subscriptions", spec.name), totals.subscriptions),
+                                    totals.subscriptions == 0 and has_table(subscriptions))
+    commit_sides(handle.path, state, sides)
     rows = output.output("stream" if spec.is_stream else "store", spec.name)
     version = commit_store(handle, rows.coalesce(1) if totals.rows <= SMALL_ROWS else rows.repartition("bucket"), state)
     c = totals.counts

@@ -9,13 +9,18 @@ import os
 import shutil
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
 from tests.support.derived import RealPipeline
 from tests.support.derived_reference import InputDef, Rec
 from tests.support.derived_reference import run_pipeline as model_pipeline
+from versiq.ingest import delta
 from versiq.ingest.derived.state import SnapshotReader
+from versiq.ingest.frames import local_frame
+from versiq.ingest.store import commit_side
+from versiq.layout import EMITTED_DIR, EMITTED_SCHEMA, SUBSCRIPTIONS_DIR, SUBSCRIPTIONS_SCHEMA, StoreState, read_state
 
 INPUTS = [InputDef("L", "versioned", history_retention_ms=1000), InputDef("R", "versioned", history_retention_ms=1000)]
 TABLES: list[dict[str, Any]] = [
@@ -98,3 +103,74 @@ def test_a_join_built_before_the_side_table_builds_it_once(
     _run(real, range(3, len(RUNS)))
     assert loads.tables == ["L"]
     _check(real)
+
+
+def _side_rows(real: RealPipeline, side: str, run: int) -> list[dict[str, Any]]:
+    rows = DeltaTable(os.path.join(real.warehouse, "j", side)).to_pyarrow_table().to_pylist()
+    return sorted((r for r in rows if r["run"] == run), key=lambda r: json.dumps(r, sort_keys=True))
+
+
+def test_a_failed_side_commit_fails_the_run_and_the_rerun_replaces_what_the_others_committed(
+        spark: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run's side tables are committed at once (``delta.replace_runs``): when ``_emitted``'s
+    commit fails, ``_subscriptions``' still commits, the table's does not (the run fails), and
+    the rerun replaces the side rows of that run instead of adding to them."""
+    real = RealPipeline(spark, str(tmp_path))
+    real.add("", INPUTS, TABLES, RUNS)
+    _run(real, range(1))
+    real.write_step(1)
+    real_writer = delta._side_writer
+
+    class FailingWriter:
+        def save(self, path: str) -> None:
+            raise OSError("disk full (simulated) while committing _emitted")
+
+    def side_writer(side: delta.SideRun, run: int) -> Any:
+        writer = real_writer(side, run)
+        return FailingWriter() if side.path.endswith("_emitted") and writer is not None else writer
+
+    monkeypatch.setattr(delta, "_side_writer", side_writer)
+    report = real.run_once()
+    error = report.tables["j"].error
+    assert error is not None and "disk full" in error
+    attempt = _side_rows(real, "_subscriptions", 2)
+    assert attempt, "the other side table committed the attempt's rows"
+    assert _side_rows(real, "_emitted", 2) == []
+    monkeypatch.setattr(delta, "_side_writer", real_writer)
+    report = real.run_once()  # no new files: run 2 again
+    assert not report.failed, report.to_json()
+    assert report.tables["j"].run == 2
+    assert _side_rows(real, "_subscriptions", 2) == attempt
+    _run(real, range(2, len(RUNS)))
+    real.reports = [r for r in real.reports if not r.failed]
+    _check(real)
+
+
+def test_side_rows_of_an_unfinished_attempt_go_when_the_rerun_has_none(spark: Any, tmp_path: Any) -> None:
+    """Side rows an unfinished attempt of a run left (committed before a crash of the table's
+    commit) are removed by the run that commits, even when it has no rows for that side table:
+    a side commit is skipped only when the run has nothing for it and the table holds nothing of
+    the run (``delta._has_run``)."""
+    runs = [*RUNS, {"R": [Rec("r9", _v(name="no left row has it"), 90)]}]  # no emission, no subscription
+    real = RealPipeline(spark, str(tmp_path))
+    real.add("", INPUTS, TABLES, runs)
+    _run(real, range(len(RUNS)))
+    path = os.path.join(real.warehouse, "j")
+    run = read_state(path, DeltaTable(path).version()).run + 1
+    attempt = StoreState(run=run)
+    commit_side(path, EMITTED_DIR, attempt, local_frame(spark, pa.Table.from_pylist(
+        [{"run": run, "sequence": 1, "key": "l1", "value": None, "timestamp": 99, "cause": "L"}], EMITTED_SCHEMA)))
+    commit_side(path, SUBSCRIPTIONS_DIR, attempt, local_frame(spark, pa.Table.from_pylist(
+        [{"foreign_key": "r9", "key": "l1", "run": run}], SUBSCRIPTIONS_SCHEMA)))
+    versions = {side: DeltaTable(os.path.join(path, side)).version() for side in (EMITTED_DIR, SUBSCRIPTIONS_DIR)}
+    _run(real, range(len(RUNS), len(runs)))
+    assert real.reports[-1].tables["j"].run == run and real.reports[-1].tables["j"].emitted == 0
+    for side in (EMITTED_DIR, SUBSCRIPTIONS_DIR):
+        assert _side_rows(real, side, run) == [], side
+        assert DeltaTable(os.path.join(path, side)).version() == versions[side] + 1, side  # one commit: the removal
+    want = model_pipeline(INPUTS, TABLES, runs)["j"]
+    got = real.observed("", "j")
+    assert got.emissions == [(e.key, e.value, e.timestamp, e.cause) for e in want.emissions]
+    assert got.versions == want.versions
+    assert ("r9", "l1") not in {(r["foreign_key"], r["key"]) for r in DeltaTable(
+        os.path.join(path, SUBSCRIPTIONS_DIR)).to_pyarrow_table().to_pylist()}
