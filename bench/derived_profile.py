@@ -14,7 +14,10 @@ batches in, the result rows out), not Spark's reading, sorting and writing.
 ``_emitted`` rows, late results, counts, stream time), ``late`` rows without their
 ``ingested_at``: two checkouts that print the same digests computed the same answers.
 ``--profile`` runs each operator's task once more under ``cProfile`` (CPU time) and prints the
-top functions.
+top functions. ``--partitions N`` also runs the whole pass (``job.process_here``: every stage,
+a group-by's repartition included) with the records in 1 and in N partitions (a key's
+partition by Kafka's partitioner) and prints both CPU times: what a repartition adds in
+Python (Spark's shuffle not included), and what N cores could share.
 
 Run it from the checkout to measure (its directory goes first on ``sys.path``):
 
@@ -33,6 +36,7 @@ import os
 import pstats
 import sys
 import time
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -44,10 +48,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import derived_bench as bench  # noqa: E402
 from machine import loadavg  # noqa: E402
 
-from versiq.ingest.derived.job import RECORDS_SCHEMA, partition_runner  # noqa: E402
+from versiq.ingest.derived.job import ORDER, RECORDS_SCHEMA, partition_runner, process_here  # noqa: E402
 from versiq.ingest.derived.spec import TableSpec, parse_tables  # noqa: E402
 from versiq.ingest.derived.tasks import PartitionResult, PassWork, Readers, TableRead, run_partition  # noqa: E402
 from versiq.ingest.derived.topology import SourceRecord  # noqa: E402
+from versiq.layout import MURMUR2, default_partition_of  # noqa: E402
 
 
 def sources(records: int) -> dict[str, list[SourceRecord]]:
@@ -108,6 +113,22 @@ def run_task(work: PassWork, batches: list[pa.RecordBatch]) -> float:
     return time.process_time() - t
 
 
+def run_pass(work: PassWork, records: dict[str, list[SourceRecord]], partitions: int) -> float:
+    """CPU seconds of the whole pass in ``partitions`` partitions (``job.process_here``)."""
+    rows: dict[str, list[Any]] = {n: [] for n in RECORDS_SCHEMA.names}
+    for i, (name, _) in enumerate(work.inputs):
+        for position, r in enumerate(records[name]):
+            part = default_partition_of(r.key, partitions, MURMUR2) if partitions > 1 else 0
+            for column, item in (("task", part), ("input", i), ("key", r.key), ("value", r.value),
+                                 ("timestamp", r.timestamp), ("partition", part), ("o1", 1), ("o2", 1),
+                                 ("o3", position), ("o4", "")):
+                rows[column].append(item)
+    table = pa.table(rows, schema=RECORDS_SCHEMA).sort_by([(n, "ascending") for n in ORDER])
+    t = time.process_time()
+    process_here(replace(work, partitions=partitions), table, MURMUR2)
+    return time.process_time() - t
+
+
 def digest(result: PartitionResult) -> str:
     h = hashlib.sha256()
     for name, outcome in sorted(result.tables.items()):
@@ -128,6 +149,7 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--json", default="", help="write the figures to this file")
+    ap.add_argument("--partitions", type=int, default=1, help="also time the whole pass in 1 and N partitions")
     args = ap.parse_args()
     data = sources(args.records)
     out: dict[str, Any] = {"records": args.records, "load_start": loadavg(), "operators": {}}
@@ -155,6 +177,12 @@ def main() -> None:
             entry["digest"] = digest(result)
             line += f"  digest {entry['digest']}"
         print(line, flush=True)
+        if args.partitions > 1:
+            one = min(run_pass(work, inputs, 1) for _ in range(args.repeat))
+            many = min(run_pass(work, inputs, args.partitions) for _ in range(args.repeat))
+            entry["pass_cpu_s"] = {"1": round(one, 3), str(args.partitions): round(many, 3)}
+            print(f"{'':12s} whole pass: 1 partition {one:7.3f} cpu s, {args.partitions} partitions {many:7.3f} cpu s "
+                  f"({many / one:.2f}x the CPU, shared by up to {args.partitions} cores)", flush=True)
         if args.profile:
             prof = cProfile.Profile(time.process_time)
             prof.enable()

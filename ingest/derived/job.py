@@ -69,8 +69,8 @@ RECORDS_SCHEMA = pa.schema([
     pa.field("o1", pa.int32()), pa.field("o2", pa.int64()), pa.field("o3", pa.int64()), pa.field("o4", pa.string()),
 ])
 
-#: A group update crossing a repartition (``operators.GroupUpdate`` as text), ``seq`` its order
-#: in the input partition that made it.
+#: A group update crossing a repartition (``Aggregate.shipped``: its old and new values, or their
+#: amounts, as text), ``seq`` its order in the input partition that made it.
 UPDATE_SCHEMA = pa.schema([
     pa.field("seq", pa.int64()), pa.field("group", pa.string()), pa.field("key", pa.string()),
     pa.field("old", pa.string()), pa.field("new", pa.string()), pa.field("timestamp", pa.int64()),
@@ -337,28 +337,33 @@ def _slot(spark: SparkSession, partitions: int) -> Column:
 
 def run_here(spark: SparkSession, work: PassWork, reads: list[InputRead], partitioner: str) -> JobOutput:
     """Process a small pass in this process, partition after partition, with the same code as
-    the tasks (``partition_runner``, ``regroup_runner``): its records and results are held here,
-    as Arrow tables, and written by Spark from a local relation."""
-    first, *later = stages(work)
-    records = records_here(first, reads, partitioner)
-    table = pa.Table.from_batches(list(partition_runner(first)(iter(records.to_batches()))), schema=OUTPUT_SCHEMA)
-    if later:
-        updates = pa.compute.equal(table["out"], "update")
-        parts = [table.filter(pa.compute.invert(updates))]
-        for stage in later:
-            rows = table.filter(pa.compute.and_(updates, pa.compute.equal(table["table"], stage.regrouped)))
-            groups = rows["g_group"].to_pylist()
-            grouped = pa.table({
-                "task": pa.array([layout.default_partition_of(g, work.partitions, partitioner) for g in groups],
-                                 pa.int32()),
-                "upstream": rows["task"], "key": groups, "seq": rows["g_seq"], "old": rows["g_old"],
-                "new": rows["g_new"], "timestamp": rows["g_timestamp"], "input_key": rows["g_key"],
-            }).sort_by([(name, "ascending") for name in UPDATE_ORDER])
-            parts.append(pa.Table.from_batches(list(regroup_runner(stage)(iter(grouped.to_batches()))),
-                                               schema=OUTPUT_SCHEMA))
-        table = pa.concat_tables(parts)
+    the tasks (``process_here``): its records and results are held here, as Arrow tables, and
+    written by Spark from a local relation."""
+    table = process_here(work, records_here(work, reads, partitioner), partitioner)
     stats = table.filter(pa.compute.equal(table["out"], "stats")).select(["table", "task", "info"]).to_pylist()
     return _output(local_frame(spark, table), work, [(r["table"], r["task"], r["info"]) for r in stats])
+
+
+def process_here(work: PassWork, records: pa.Table, partitioner: str) -> pa.Table:
+    """The pass's results (``OUTPUT_SCHEMA``) from its records (``records_here``'s), every stage
+    in this process with the tasks' code (``partition_runner``, ``regroup_runner``): the group
+    updates of a stage with repartitions are sorted as Spark sorts them for the next stage."""
+    first, *later = stages(work)
+    table = pa.Table.from_batches(list(partition_runner(first)(iter(records.to_batches()))), schema=OUTPUT_SCHEMA)
+    if not later:
+        return table
+    updates = pa.compute.equal(table["out"], "update")
+    parts = [table.filter(pa.compute.invert(updates))]
+    for stage in later:
+        rows = table.filter(pa.compute.and_(updates, pa.compute.equal(table["table"], stage.regrouped)))
+        grouped = pa.table({
+            "task": pa.array(layout.default_partitions(rows["g_group"], work.partitions, partitioner), pa.int32()),
+            "upstream": rows["task"], "key": rows["g_group"], "seq": rows["g_seq"], "old": rows["g_old"],
+            "new": rows["g_new"], "timestamp": rows["g_timestamp"], "input_key": rows["g_key"],
+        }).sort_by([(name, "ascending") for name in UPDATE_ORDER])
+        parts.append(pa.Table.from_batches(list(regroup_runner(stage)(iter(grouped.to_batches()))),
+                                           schema=OUTPUT_SCHEMA))
+    return pa.concat_tables(parts)
 
 
 #: The order the tasks read the records in: by task, then each input's own order.
@@ -451,10 +456,10 @@ def result_batches(result: PartitionResult) -> Iterator[pa.RecordBatch]:
     """One partition's results as rows of ``OUTPUT_SCHEMA``."""
     for name, updates in result.updates.items():
         if updates:
+            group, key, old, new, timestamp = zip(*updates, strict=True)
             table = pa.table({
-                "seq": pa.array(range(len(updates)), pa.int64()), "group": [u.group for u in updates],
-                "key": [u.key for u in updates], "old": [u.old for u in updates], "new": [u.new for u in updates],
-                "timestamp": pa.array([u.timestamp for u in updates], pa.int64()),
+                "seq": pa.array(range(len(updates)), pa.int64()), "group": group, "key": key, "old": old, "new": new,
+                "timestamp": pa.array(timestamp, pa.int64()),
             }, schema=UPDATE_SCHEMA)
             yield _batch("update", name, result.partition, [None] * len(updates), table)
     for name, outcome in result.tables.items():

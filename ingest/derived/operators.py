@@ -301,6 +301,16 @@ def _number(value: Any) -> int | Decimal | None:
     return value
 
 
+def _amounts_text(amounts: tuple[int | Decimal | None, ...]) -> str:
+    """A value's amounts as text that ``_amounts_of`` reads back exactly (ints stay ints)."""
+    return ",".join("n" if a is None else ("i" if a.__class__ is int else "d") + str(a) for a in amounts)
+
+
+def _amounts_of(text: str) -> tuple[int | Decimal | None, ...]:
+    return tuple(None if part == "n" else int(part[1:]) if part[0] == "i" else Decimal(part[1:])
+                 for part in text.split(",")) if text else ()
+
+
 #: Totals below this magnitude render as digits that parse back to the same int (``_current``).
 _ROUND_TRIP = 10 ** 1000
 
@@ -361,14 +371,23 @@ class Aggregate(Operator):
             out.append(GroupUpdate(g_new, key, None, change.new, stamp, None, new))
         return out
 
+    def shipped(self, update: GroupUpdate) -> tuple[str | None, str | None]:
+        """What of an update's old and new values crosses a repartition (``regrouped`` reads it
+        back): a custom aggregate's values as they are; a count's or sum's amounts only, as text
+        (``_AMOUNT``), so the group's partition does not parse the values again."""
+        if self.spec.aggregator is not None:
+            return update.old, update.new
+        return (None if update.old is None else _amounts_text(update.removed),
+                None if update.new is None else _amounts_text(update.added))
+
     def regrouped(self, group: str, key: str, old: str | None, new: str | None, timestamp: int) -> GroupUpdate:
-        """A group update that crossed a repartition as text (``route``'s fields without the
-        parsed parts), with its parts computed again from the values."""
+        """A group update that crossed a repartition (``route``'s fields, ``old`` and ``new`` as
+        ``shipped`` sent them), with its parts read back."""
         if self.spec.aggregator is not None:
             return GroupUpdate(group, key, old, new, timestamp, None if old is None else parse_value(old),
                                None if new is None else parse_value(new))
-        return GroupUpdate(group, key, old, new, timestamp, None if old is None else self._contribution(key, old)[1],
-                           None if new is None else self._contribution(key, new)[1])
+        return GroupUpdate(group, key, old, new, timestamp, None if old is None else _amounts_of(old),
+                           None if new is None else _amounts_of(new))
 
     def apply(self, update: GroupUpdate) -> Emit:
         """One group's new aggregate after ``update``, stamped with the later of the update's

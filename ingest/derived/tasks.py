@@ -108,8 +108,9 @@ class TableOutcome:
 class PartitionResult:
     partition: int
     tables: dict[str, TableOutcome] = field(default_factory=dict)
-    #: The group updates each repartitioned aggregate's input made here, in emission order.
-    updates: dict[str, list[GroupUpdate]] = field(default_factory=dict)
+    #: The group updates each repartitioned aggregate's input made here, in emission order, as
+    #: they cross the repartition: (group, input key, old, new, timestamp) (``Aggregate.shipped``).
+    updates: dict[str, list[tuple[str, str, str | None, str | None, int]]] = field(default_factory=dict)
 
 
 def _downstream(tables: Iterable[TableSpec], name: str) -> list[TableSpec]:
@@ -228,7 +229,11 @@ def _states(work: PassWork, readers: Readers) -> dict[str, TableState]:
 
 
 def _result(work: PassWork, topology: Topology, partition: int) -> PartitionResult:
-    result = PartitionResult(partition, updates=topology.updates)
+    result = PartitionResult(partition)
+    for name, updates in topology.updates.items():
+        operator = topology.nodes[name].operator
+        assert isinstance(operator, Aggregate)
+        result.updates[name] = [(u.group, u.key, *operator.shipped(u), u.timestamp) for u in updates]
     for name in work.writers:
         node = topology.nodes[name]
         run = work.run_of(name)
