@@ -1,13 +1,18 @@
 """Protobuf writer schemas from a schema registry, and their messages as JSON (``value_format`` and
 ``key_format`` ``protobuf``; ``records.registry`` fetches the schemas and reads the wire format).
 
-**Building the message classes.** The registry stores a Protobuf schema as ``.proto`` text, with
-a reference (name, subject, version) for each import other than Google's well-known types. The
-text and the texts of its references are written to a temporary folder and compiled by
-``protoc`` itself, the copy that ``grpcio-tools`` ships (``python -m grpc_tools.protoc
---descriptor_set_out --include_imports``, in a subprocess, with the well-known types' ``.proto``
-files that ``grpcio-tools`` bundles on the include path). The ``FileDescriptorSet`` it writes is
-loaded into a ``DescriptorPool`` of the schema's own, and ``message_factory`` makes the classes.
+**Building the message classes.** The registry stores a Protobuf schema as ``.proto`` text, or
+as the standard base64 of a serialized ``FileDescriptorProto`` (the form some producers register;
+``serialized_file`` tells them apart), with a reference (name, subject, version) for each import
+other than Google's well-known types. The texts of the schema and its references are written to a
+temporary folder (the descriptors to a ``FileDescriptorSet``, each named by its import path) and
+compiled by ``protoc`` itself, the copy that ``grpcio-tools`` ships (``python -m
+grpc_tools.protoc --descriptor_set_out --include_imports``, with ``--descriptor_set_in`` for the
+descriptors, in a subprocess, with the well-known types' ``.proto`` files that ``grpcio-tools``
+bundles on the include path): a descriptor is checked and linked to its dependencies as a
+compiled text is, and either form may import the other. The ``FileDescriptorSet`` protoc writes
+is loaded into a ``DescriptorPool`` of the schema's own, and ``message_factory`` makes the
+classes.
 Why protoc and not a Python ``.proto`` parser (proto-schema-parser gives an abstract syntax tree,
 not descriptors): name resolution, imports, options, proto2/proto3/editions, maps, groups and
 every check of the language are the reference compiler's, the same that generated the producer's
@@ -38,8 +43,9 @@ these choices, made to match the Avro mapping (docs/contract.md, Kafka sources):
 - a map an object with its entries sorted by key (numerically for integer keys): a Protobuf map
   has no order, and the order of its entries on the wire must not change the stored value;
 - the rest is ProtoJSON: enums their value's name (a number the enum does not name, as a
-  number), ``bytes`` standard base64, ``float``/``double`` numbers (a ``float`` as the shortest
-  text that reads back as the same float: ``0.1f`` is ``0.1``), NaN and the infinities the
+  number), ``bytes`` standard base64, ``float``/``double`` numbers (a ``float``, and a
+  ``FloatValue``, as the shortest text that reads back as the same float: ``0.1f`` is ``0.1``,
+  ``records.floats``' rule, which the Avro mapping shares), NaN and the infinities the
   strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"``; ``Timestamp`` an RFC 3339 UTC instant
   (``"2024-01-31T12:00:00.005Z"``: 0, 3, 6 or 9 fraction digits), ``Duration`` ``"1.5s"``,
   ``FieldMask`` its paths joined by commas, ``Struct``/``Value``/``ListValue`` the JSON they
@@ -49,6 +55,8 @@ these choices, made to match the Avro mapping (docs/contract.md, Kafka sources):
 
 from __future__ import annotations
 
+import base64
+import binascii
 import os
 import re
 import subprocess
@@ -58,15 +66,19 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from versiq.ingest.records.floats import shortest_float32
+
 #: How long protoc may take to compile one schema before the run fails (a machine problem).
 PROTOC_TIMEOUT_S = 60.0
 #: The name the schema's own text gets among its references (any name no import uses).
 MAIN_FILE = "versiq-registry/schema.proto"
 #: At most this many message indexes (nesting levels) in one value.
 MAX_INDEXES = 64
+_BASE64 = re.compile(r"[A-Za-z0-9+/]+={0,2}")
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*")
 _WRAPPERS_FILE = "google/protobuf/wrappers.proto"
 _INT64_WRAPPERS = frozenset({"google.protobuf.Int64Value", "google.protobuf.UInt64Value"})
+_FLOAT_WRAPPER = "google.protobuf.FloatValue"
 #: The well-known types MessageToDict prints in a form of their own (not a JSON object of fields).
 _SPECIAL = frozenset({"google.protobuf.Any", "google.protobuf.Duration", "google.protobuf.FieldMask",
                       "google.protobuf.ListValue", "google.protobuf.Struct", "google.protobuf.Timestamp",
@@ -123,18 +135,48 @@ def _protoc_include() -> str:
     return os.path.join(os.path.dirname(grpc_tools.__file__), "_proto")
 
 
+def serialized_file(text: str) -> Any | None:
+    """The ``FileDescriptorProto`` of which ``text`` is the standard base64 (whitespace aside),
+    when it is one that declares something (a name, a package, messages, enums or services), else
+    None: ``.proto`` text is never valid base64 (its statements end in ``;`` or ``}``), and bytes
+    that happen to parse as an empty descriptor are not taken for a schema."""
+    from google.protobuf import descriptor_pb2
+    from google.protobuf.message import DecodeError
+
+    compact = "".join(text.split())
+    if not compact or len(compact) % 4 or not _BASE64.fullmatch(compact):
+        return None
+    try:
+        found = descriptor_pb2.FileDescriptorProto.FromString(base64.b64decode(compact, validate=True))
+    except (binascii.Error, DecodeError, ValueError):
+        return None
+    if not (found.name or found.package or found.message_type or found.enum_type or found.service):
+        return None
+    return found
+
+
 def build(text: str, imports: dict[str, str]) -> ProtoSchema:
-    """The schema of ``.proto`` ``text`` whose imports (other than the well-known types) are the
-    texts in ``imports`` by import path. ``ProtoUnusable`` when it does not compile;
-    ``ProtocFailed`` when protoc cannot be run."""
+    """The schema of ``text`` whose imports (other than the well-known types) are the texts in
+    ``imports`` by import path. Each text is ``.proto`` source or a serialized
+    ``FileDescriptorProto`` in base64 (``serialized_file``); protoc reads the descriptors
+    (``--descriptor_set_in``, named by their import path, the schema's own by ``MAIN_FILE``) as it
+    reads the sources, and checks them as it checks what it compiles. ``ProtoUnusable`` when it
+    does not compile; ``ProtocFailed`` when protoc cannot be run."""
     from google.protobuf import descriptor_pb2, descriptor_pool
 
     for name in imports:
         if not _SAFE_NAME.fullmatch(name) or ".." in name.split("/"):
             raise ProtoUnusable(f"the reference name {name!r} is not a relative .proto path")
+    given = descriptor_pb2.FileDescriptorSet()  # the texts that are serialized descriptors
     with tempfile.TemporaryDirectory(prefix="versiq-proto-") as work:
         source = os.path.join(work, "src")
+        os.makedirs(source)
         for name, content in [*imports.items(), (MAIN_FILE, text)]:
+            serialized = serialized_file(content)
+            if serialized is not None:
+                serialized.name = name  # the path its dependents import it by (the schema's own: MAIN_FILE)
+                given.file.append(serialized)
+                continue
             path = os.path.join(source, *name.split("/"))
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "w", encoding="utf-8") as out:
@@ -143,6 +185,10 @@ def build(text: str, imports: dict[str, str]) -> ProtoSchema:
         command = [sys.executable, "-m", "grpc_tools.protoc", f"--proto_path={source}",
                    f"--proto_path={_protoc_include()}", f"--descriptor_set_out={descriptor_set}",
                    "--include_imports", MAIN_FILE]
+        if given.file:
+            with open(os.path.join(work, "given.pb"), "wb") as out:
+                out.write(given.SerializeToString())
+            command.insert(3, f"--descriptor_set_in={os.path.join(work, 'given.pb')}")
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=PROTOC_TIMEOUT_S,
                                   stdin=subprocess.DEVNULL, cwd=work)
@@ -211,6 +257,8 @@ class ProtoSchema:
         name = desc.full_name
         if name in _INT64_WRAPPERS and desc.file.name == _WRAPPERS_FILE:
             return int(js)
+        if name == _FLOAT_WRAPPER and desc.file.name == _WRAPPERS_FILE and isinstance(js, float):
+            return shortest_float32(js)
         if desc.file.name.startswith("google/protobuf/") and (name in _SPECIAL or desc.file.name == _WRAPPERS_FILE):
             return self._any(js) if name == "google.protobuf.Any" else js
         out: dict[str, Any] = {}
@@ -247,14 +295,16 @@ class ProtoSchema:
             return self._message(fd.message_type, value)
         if fd.cpp_type in _INT64_TYPES and isinstance(value, str):
             return int(value)
+        if fd.cpp_type == _FLOAT_TYPE and isinstance(value, float):  # not "NaN" and the infinities
+            return shortest_float32(value)
         return value
 
 
-def _cpp_types() -> tuple[frozenset[int], frozenset[int]]:
+def _cpp_types() -> tuple[frozenset[int], frozenset[int], int]:
     from google.protobuf.descriptor import FieldDescriptor as F
 
     int64 = frozenset({F.CPPTYPE_INT64, F.CPPTYPE_UINT64})
-    return int64, int64 | {F.CPPTYPE_INT32, F.CPPTYPE_UINT32}
+    return int64, int64 | {F.CPPTYPE_INT32, F.CPPTYPE_UINT32}, F.CPPTYPE_FLOAT
 
 
-_INT64_TYPES, _INTEGER_TYPES = _cpp_types()
+_INT64_TYPES, _INTEGER_TYPES, _FLOAT_TYPE = _cpp_types()

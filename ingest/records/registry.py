@@ -3,8 +3,9 @@
 schema's id as a 4-byte big-endian integer, then the payload, the Avro binary encoding of one
 datum of that schema (``avro``), JSON text (``json_sr``, the Confluent JSON Schema serializer's
 format), or the message indexes and the bytes of one message (``protobuf``: ``records.protobuf``
-builds the classes from the ``.proto`` text, picks the message and renders its JSON). Each
-function takes ``what``, ``value`` or ``key``: a key that cannot be decoded is ``bad_key``.
+builds the classes from the schema, ``.proto`` text or a base64 ``FileDescriptorProto``, picks
+the message and renders its JSON). Each function takes ``what``, ``value`` or ``key``: a key
+that cannot be decoded is ``bad_key``.
 
 **The registry.** Each writer schema is fetched by its id from ``GET {url}/schemas/ids/{id}``
 under the registry's Confluent-compatible base URL (Confluent Schema Registry's root; Apicurio
@@ -31,15 +32,24 @@ is a protoc that cannot be run at all (``protobuf.ProtocFailed``).
 object of its fields in the schema's order; a map an object; an array an array; an enum its
 symbol; a union the value of its branch, unwrapped (``["null", "string"]`` gives null or the
 string); ``string`` a string; ``bytes`` and ``fixed`` standard base64 text; ``int``/``long``
-numbers; ``float``/``double`` numbers (a 32-bit float is the double of the same value: ``0.1f``
-reads ``0.10000000149011612``), NaN and the infinities the strings ``"NaN"``, ``"Infinity"``,
-``"-Infinity"`` (JSON has no such numbers). Logical types: ``decimal`` a string of its exact
-digits with the schema's scale (``"12.30"``), ``uuid`` its text, ``date`` ``"2024-01-31"``,
-``time-millis``/``time-micros`` ``"12:00:00.123"``, ``timestamp-millis``/``timestamp-micros``
-an RFC 3339 UTC instant (``"2024-01-31T12:00:00.123Z"``, microseconds only when there are any),
-``local-timestamp-*`` the same without ``Z``; other logical types (``timestamp-nanos``,
-``duration``) are their underlying type. A datum that is null (the ``null`` branch of a union
-at the top) is a tombstone, like a JSON null value.
+numbers; ``float``/``double`` numbers (``records.floats``: a 32-bit ``float`` is the shortest
+decimal that reads back as the same float, ``0.1f`` is ``0.1`` as Java's ``Float.toString``
+writes it; a ``double`` is its own shortest text), NaN and the infinities the strings ``"NaN"``,
+``"Infinity"``, ``"-Infinity"`` (JSON has no such numbers). Logical types: ``decimal`` a string
+of its exact digits with the schema's scale (``"12.30"``), ``uuid`` its text, ``date``
+``"2024-01-31"``, ``time-millis``/``time-micros`` ``"12:00:00.123"``,
+``timestamp-millis``/``-micros``/``-nanos`` an RFC 3339 UTC instant
+(``"2024-01-31T12:00:00.123Z"``: 3 fraction digits, 6 when there are microseconds, 9 when there
+are nanoseconds), ``local-timestamp-millis``/``-micros``/``-nanos`` the same without ``Z``; other
+logical types (``duration``, ``big-decimal``, ``uuid`` on a ``fixed``, unknown ones) are their
+underlying type. A datum that is null (the ``null`` branch of a union at the top) is a tombstone,
+like a JSON null value.
+
+fastavro reads a ``float`` as the double of its value and knows no nanosecond timestamps (a
+Python ``datetime`` holds microseconds), so the writer schema (and each schema it references) is
+parsed with those types marked by logical types of versiq's own (``_readable``), whose readers
+(registered in fastavro's ``LOGICAL_READERS`` under those names only) return the shortest float
+and the instant's text.
 """
 
 from __future__ import annotations
@@ -49,7 +59,6 @@ import datetime
 import decimal
 import io
 import json
-import math
 import os
 import re
 import threading
@@ -62,6 +71,7 @@ from urllib.parse import quote
 import orjson
 
 from versiq.ingest.records.fields import Reject
+from versiq.ingest.records.floats import json_float, shortest_float32
 
 MAGIC = 0
 HEADER_BYTES = 5
@@ -201,11 +211,12 @@ class _Client:
     def _avro(self, answer: dict[str, Any], text: str, what: str, depth: int) -> Schema:
         from fastavro import parse_schema
 
+        _install_readers()
         named: dict[str, Any] = {}
         try:
             for reference in answer.get("references") or []:
                 self._avro_reference(reference, what, depth + 1, named)
-            definition = json.loads(text)
+            definition = _readable(json.loads(text))
             return Schema("AVRO", parse_schema(definition, named_schemas=named))
         except SchemaRegistryError:
             raise
@@ -221,10 +232,11 @@ class _Client:
         answer = self._referenced(reference, what, depth)
         for nested in answer.get("references") or []:
             self._avro_reference(nested, what, depth + 1, named)
-        parse_schema(json.loads(answer["schema"]), named_schemas=named)
+        parse_schema(_readable(json.loads(answer["schema"])), named_schemas=named)
 
     def _protobuf(self, answer: dict[str, Any], text: str, what: str, depth: int) -> Schema:
-        """Compile the .proto text with the texts of its references (``records.protobuf``)."""
+        """Compile the schema with the schemas of its references (``records.protobuf.build``:
+        each ``.proto`` text or a base64 ``FileDescriptorProto``)."""
         from versiq.ingest.records import protobuf
 
         imports: dict[str, str] = {}
@@ -409,6 +421,73 @@ def _dumps(value: Any) -> bytes:
         return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 
+# ---------------------------------------------------------------- Avro to JSON
+#: versiq's own logical types (``_readable``): a 32-bit ``float``; the nanosecond timestamps.
+_FLOAT32 = "versiq-float32"
+_NANOS = {"timestamp-nanos": "versiq-timestamp-nanos", "local-timestamp-nanos": "versiq-local-timestamp-nanos"}
+_EPOCH = datetime.datetime(1970, 1, 1)
+
+
+def _readable(schema: Any) -> Any:
+    """The Avro schema (its JSON) with every ``float`` and every ``long`` of logical type
+    ``timestamp-nanos`` or ``local-timestamp-nanos`` given versiq's logical type for it (a
+    ``float``'s own logical type, which Avro's specification ignores, is replaced). The binary
+    encoding is the underlying type's: the schema still reads the same bytes."""
+    if isinstance(schema, str):
+        return {"type": "float", "logicalType": _FLOAT32} if schema == "float" else schema
+    if isinstance(schema, list):
+        return [_readable(branch) for branch in schema]
+    if not isinstance(schema, dict):
+        return schema
+    kind, out = schema.get("type"), dict(schema)
+    if kind == "float":
+        out["logicalType"] = _FLOAT32
+    elif kind == "long" and schema.get("logicalType") in _NANOS:
+        out["logicalType"] = _NANOS[schema["logicalType"]]
+    elif kind in ("record", "error") and isinstance(schema.get("fields"), list):
+        out["fields"] = [dict(f, type=_readable(f["type"])) if isinstance(f, dict) and "type" in f else f
+                         for f in schema["fields"]]
+    elif kind == "array" and "items" in schema:
+        out["items"] = _readable(schema["items"])
+    elif kind == "map" and "values" in schema:
+        out["values"] = _readable(schema["values"])
+    elif isinstance(kind, (dict, list)):
+        out["type"] = _readable(kind)
+    return out
+
+
+def _read_float32(data: float, writer_schema: Any = None, reader_schema: Any = None) -> float:
+    return shortest_float32(data)
+
+
+def _read_timestamp_nanos(data: int, writer_schema: Any = None, reader_schema: Any = None) -> str:
+    return _nanos_instant(data) + "Z"
+
+
+def _read_local_timestamp_nanos(data: int, writer_schema: Any = None, reader_schema: Any = None) -> str:
+    return _nanos_instant(data)
+
+
+def _install_readers() -> None:
+    """Register the readers of versiq's logical types with fastavro (idempotent; only these
+    names, so fastavro reads every other schema as before)."""
+    from fastavro.read import LOGICAL_READERS
+
+    LOGICAL_READERS["float-" + _FLOAT32] = _read_float32
+    LOGICAL_READERS["long-" + _NANOS["timestamp-nanos"]] = _read_timestamp_nanos
+    LOGICAL_READERS["long-" + _NANOS["local-timestamp-nanos"]] = _read_local_timestamp_nanos
+
+
+def _nanos_instant(nanos: int) -> str:
+    """The instant ``nanos`` after the epoch as RFC 3339 text without an offset, with 3 fraction
+    digits, 6 when there are microseconds, 9 when there are nanoseconds (a ``long`` of
+    nanoseconds spans the years 1677 to 2262, all of which ``datetime`` holds)."""
+    seconds, fraction = divmod(nanos, 1_000_000_000)
+    text = (_EPOCH + datetime.timedelta(seconds=seconds)).isoformat(timespec="seconds")
+    digits = 3 if fraction % 1_000_000 == 0 else 6 if fraction % 1000 == 0 else 9
+    return f"{text}.{fraction:09d}"[:len(text) + 1 + digits]
+
+
 def _instant(value: datetime.datetime) -> str:
     spec = "milliseconds" if value.microsecond % 1000 == 0 else "microseconds"
     if value.tzinfo is None:
@@ -420,10 +499,8 @@ def avro_json(value: Any) -> Any:
     """A datum fastavro decoded, as the JSON value versiq stores (module docstring)."""
     if value is None or isinstance(value, (bool, int, str)):
         return value
-    if isinstance(value, float):
-        if math.isfinite(value):
-            return value
-        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, float):  # a 32-bit float's reader made it its shortest double
+        return json_float(value)
     if isinstance(value, dict):
         return {str(k): avro_json(v) for k, v in value.items()}
     if isinstance(value, list):

@@ -21,7 +21,7 @@ import fastavro
 import pytest
 
 from tests.support.kafka_rows import parse
-from tests.support.protobuf_wire import generate, message_indexes, wire
+from tests.support.protobuf_wire import file_descriptors, generate, message_indexes, wire
 from versiq.ingest.records import protobuf
 from versiq.ingest.records.jsonvalue import strict_loads
 from versiq.ingest.records.kafka_rows import KafkaFormat, canonical_key
@@ -180,6 +180,74 @@ def test_a_referenced_schema_alone_and_the_cache(schema_registry, shop):
     assert wire_module.client(schema_registry.url).schema(shop_id) is built  # built once per schema id per process
     assert isinstance(built.parsed, protobuf.ProtoSchema)
     assert pb is not None
+
+
+def test_schemas_registered_as_base64_file_descriptors(schema_registry, shop, tmp_path):
+    """A schema registered as the base64 of a serialized FileDescriptorProto (protoc's, here), as
+    some producers register it, and references in either form: the same classes, the same JSON."""
+    pb, _money_id, _shop_id = shop
+    descriptors = file_descriptors({MONEY_FILE: MONEY, SHOP_FILE: SHOP}, tmp_path / "descriptors")
+    encoded = {name: base64.b64encode(data).decode() for name, data in descriptors.items()}
+    money_b64_id = schema_registry.register("versiq-pbrows-money-b64", encoded[MONEY_FILE], "PROTOBUF")
+    assert schema_registry.schema(money_b64_id)["schema"] == encoded[MONEY_FILE]  # kept as registered
+
+    def money_reference(subject: str) -> list[dict[str, Any]]:
+        return [{"name": MONEY_FILE, "subject": subject, "version": 1}]
+
+    ids = [  # the schema as a descriptor, its import as text; both descriptors; the schema as text, its import not
+        schema_registry.register("versiq-pbrows-shop-b64-value", encoded[SHOP_FILE], "PROTOBUF",
+                                 references=money_reference("versiq-pbrows-money")),
+        schema_registry.register("versiq-pbrows-shop-b64-b64-value", encoded[SHOP_FILE], "PROTOBUF",
+                                 references=money_reference("versiq-pbrows-money-b64")),
+        schema_registry.register("versiq-pbrows-shop-text-b64-value", SHOP, "PROTOBUF",
+                                 references=money_reference("versiq-pbrows-money-b64")),
+    ]
+    refund = pb.Refund(order_id="o1")
+    refund.reason.code = "late"
+    fmt = KafkaFormat(value_format="protobuf", schema_registry=schema_registry.url)
+    values = [value for schema_id in ids for value in (wire(schema_id, full_order(pb)), wire(schema_id, refund, [1]))]
+    rows = parse([*values, wire(money_b64_id, sys.modules["versiq_pbrows_money_pb2"].Money(cents=1))], fmt)
+    assert [r["reason"] for r in rows] == [None] * len(rows), [r["detail"] for r in rows]
+    for order, refunded in zip(rows[0:6:2], rows[1:6:2], strict=True):
+        assert order["value"] == json.dumps(FULL_JSON, separators=(",", ":"), ensure_ascii=False)
+        assert json.loads(refunded["value"]) == {"order_id": "o1", "reason": {"code": "late", "level": 0}}
+    assert json.loads(rows[6]["value"]) == {"cents": 1, "currency": ""}
+    # a descriptor whose import is not among its references does not link: its records are bad_value
+    unlinked_id = schema_registry.register("versiq-pbrows-shop-unlinked-value", encoded[SHOP_FILE], "PROTOBUF")
+    [row] = parse([wire(unlinked_id, full_order(pb))], fmt)
+    assert row["reason"] == "bad_value" and f"schema id {unlinked_id}: the Protobuf schema does not compile" in \
+        row["detail"] and MONEY_FILE in row["detail"], row
+
+
+def test_which_texts_are_serialized_descriptors(tmp_path):
+    serialized = file_descriptors({"versiq_pbrows_detect.proto": 'syntax = "proto3";\nmessage D { int32 x = 1; }\n'},
+                                  tmp_path)["versiq_pbrows_detect.proto"]
+    found = protobuf.serialized_file(base64.b64encode(serialized).decode())
+    assert found is not None and [m.name for m in found.message_type] == ["D"]
+    wrapped = base64.encodebytes(serialized).decode()  # MIME's line breaks: whitespace is ignored
+    assert "\n" in wrapped and protobuf.serialized_file(wrapped) == found
+    not_descriptors = [SHOP, MONEY, "", "  ", "message A {}", base64.urlsafe_b64encode(b"\xfb\xff").decode(),
+                       base64.b64encode(b"\xf8\x07\x01").decode()]  # the last: a descriptor declaring nothing
+    for text in not_descriptors:
+        assert protobuf.serialized_file(text) is None, text
+    # the schema built from the descriptor is the one built from the text
+    from_text = protobuf.build('syntax = "proto3";\nmessage D { int32 x = 1; }\n', {})
+    from_descriptor = protobuf.build(base64.b64encode(serialized).decode(), {})
+    assert from_descriptor.file == from_text.file
+    _name, cls = from_descriptor.message_class([0])
+    assert from_descriptor.to_json(cls(x=5)) == {"x": 5}
+
+
+def test_floats_are_the_shortest_text_as_in_avro(schema_registry, shop):
+    pb, _money_id, shop_id = shop
+    fmt = KafkaFormat(value_format="protobuf", schema_registry=schema_registry.url)
+    ratios = [1e-45, 1 / 3, 3.4028234663852886e38, 16777217.0, float("-inf")]
+    rows = parse([wire(shop_id, pb.Order(ratio=ratio, score=ratio)) for ratio in ratios], fmt)
+    # a float: the shortest text that reads back as it (ProtoJSON's own would write 1.4013e-45); a double: itself
+    assert [json.loads(r["value"])["ratio"] for r in rows] == [1e-45, 0.33333334, 3.4028235e38, 16777216.0,
+                                                                "-Infinity"]
+    assert [json.loads(r["value"])["score"] for r in rows] == [1e-45, 1 / 3, 3.4028234663852886e38, 16777217.0,
+                                                                "-Infinity"]
 
 
 def test_values_that_cannot_be_decoded_are_bad_value_naming_the_schema_id(schema_registry, shop):

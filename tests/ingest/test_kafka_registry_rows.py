@@ -58,25 +58,40 @@ EVERYTHING = {
         {"name": "tsu", "type": {"type": "long", "logicalType": "timestamp-micros"}},
         {"name": "lts", "type": {"type": "long", "logicalType": "local-timestamp-millis"}},
         {"name": "tn", "type": {"type": "long", "logicalType": "timestamp-nanos"}},
+        {"name": "ltn", "type": {"type": "long", "logicalType": "local-timestamp-nanos"}},
+        {"name": "dur", "type": {"type": "fixed", "name": "Twelve", "size": 12, "logicalType": "duration"}},
+        {"name": "f_third", "type": "float"},
+        {"name": "f_nan", "type": "float"},
+        {"name": "f_inf", "type": {"type": "float"}},
+        {"name": "fs", "type": {"type": "array", "items": "float"}},
+        {"name": "u_float", "type": ["null", "float", "double"]},
+        {"name": "fm", "type": {"type": "map", "values": ["null", "float"]}},
     ],
 }
+DURATION = struct.pack("<3I", 1, 2, 3)  # months, days, milliseconds
 UID = uuid.UUID("6f1c2d3e-4a5b-4c6d-8e7f-0123456789ab")
 DATUM = {
-    "b": True, "i": -7, "l": 2**62, "f": 0.5, "d": 0.1, "nan": float("nan"), "inf": float("-inf"), "s": "é\"\n",
+    "b": True, "i": -7, "l": 2**62, "f": 0.1, "d": 0.1, "nan": float("nan"), "inf": float("-inf"), "s": "é\"\n",
     "by": b"\x00\xff", "fx": b"abcd", "e": "GREEN", "a": [1, 2], "m": {"k": "v"}, "u_null": None, "u_str": "x",
     "u_rec": {"x": 3}, "dec": decimal.Decimal("12.30"), "dec_small": decimal.Decimal("0.000000123"), "uid": UID,
     "day": datetime.date(2024, 1, 31), "tm": datetime.time(12, 0, 0, 123000), "tu": datetime.time(0, 0, 0, 5),
     "ts": datetime.datetime(2024, 1, 31, 12, 0, 0, 123000, tzinfo=datetime.UTC),
     "tsu": datetime.datetime(2024, 1, 31, 12, 0, 0, 123456, tzinfo=datetime.UTC),
     "lts": datetime.datetime(2024, 1, 31, 12, 0, 0), "tn": 1_706_702_400_123_456_789,
+    "ltn": 1_706_702_400_000_000_000, "dur": DURATION, "f_third": 1 / 3, "f_nan": float("nan"), "f_inf": float("inf"),
+    "fs": [0.1, 1e-45, 3.4028234663852886e38, -0.0, 16777217.0], "u_float": 0.2, "fm": {"a": 0.7, "n": None},
 }
 EXPECTED = {
-    "b": True, "i": -7, "l": 2**62, "f": 0.5, "d": 0.1, "nan": "NaN", "inf": "-Infinity", "s": "é\"\n",
+    "b": True, "i": -7, "l": 2**62, "f": 0.1, "d": 0.1, "nan": "NaN", "inf": "-Infinity", "s": "é\"\n",
     "by": base64.b64encode(b"\x00\xff").decode(), "fx": base64.b64encode(b"abcd").decode(), "e": "GREEN",
     "a": [1, 2], "m": {"k": "v"}, "u_null": None, "u_str": "x", "u_rec": {"x": 3}, "dec": "12.30",
     "dec_small": "0.000000123", "uid": str(UID), "day": "2024-01-31", "tm": "12:00:00.123", "tu": "00:00:00.000005",
     "ts": "2024-01-31T12:00:00.123Z", "tsu": "2024-01-31T12:00:00.123456Z", "lts": "2024-01-31T12:00:00.000",
-    "tn": 1_706_702_400_123_456_789,
+    "tn": "2024-01-31T12:00:00.123456789Z", "ltn": "2024-01-31T12:00:00.000",
+    "dur": base64.b64encode(DURATION).decode(),  # an unsupported logical type: its underlying type
+    # 32-bit floats: the shortest text that reads back as each (1/3 is 0.3333333432674408 as a double)
+    "f_third": 0.33333334, "f_nan": "NaN", "f_inf": "Infinity", "fs": [0.1, 1e-45, 3.4028235e38, -0.0, 16777216.0],
+    "u_float": 0.2, "fm": {"a": 0.7, "n": None},
 }
 PRICE = {"type": "record", "name": "Price", "fields": [
     {"name": "sku", "type": "string"}, {"name": "cents", "type": "long"},
@@ -124,6 +139,61 @@ def test_tombstones_timestamp_field_and_top_level_types(schema_registry):
     assert row["reason"] == "missing_field" and f"schema id {nullable_id}" in row["detail"], row
 
 
+def test_nanosecond_timestamps_and_timestamp_field(schema_registry):
+    tick = {"type": "record", "name": "Tick", "fields": [
+        {"name": "at", "type": {"type": "long", "logicalType": "timestamp-nanos"}},
+        {"name": "local", "type": {"type": "long", "logicalType": "local-timestamp-nanos"}}]}
+    tick_id = schema_registry.register("tick-value", tick)
+    fmt = KafkaFormat(value_format="avro", schema_registry=schema_registry.url, timestamp_field="at")
+    cases = [  # nanoseconds since the epoch, the text, the record's timestamp (sub-millisecond digits truncated)
+        (1_706_702_400_005_999_999, "2024-01-31T12:00:00.005999999", 1_706_702_400_005),
+        (1_706_702_400_005_001_000, "2024-01-31T12:00:00.005001", 1_706_702_400_005),
+        (1_706_702_400_000_000_000, "2024-01-31T12:00:00.000", 1_706_702_400_000),
+        (0, "1970-01-01T00:00:00.000", 0),
+        (2**63 - 1, "2262-04-11T23:47:16.854775807", 9_223_372_036_854),
+    ]
+    rows = parse([wire_value(tick_id, avro_bytes(tick, {"at": nanos, "local": nanos})) for nanos, _, _ in cases], fmt)
+    for row, (_, text, ts) in zip(rows, cases, strict=True):
+        assert row["reason"] is None and row["ts"] == ts, row
+        assert json.loads(row["value"]) == {"at": text + "Z", "local": text}
+    # before the epoch: the instant is stored as text, and as a record timestamp it is out of range
+    [row] = parse([wire_value(tick_id, avro_bytes(tick, {"at": -1, "local": -(2**63)}))],
+                  KafkaFormat(value_format="avro", schema_registry=schema_registry.url))
+    assert json.loads(row["value"]) == {"at": "1969-12-31T23:59:59.999999999Z",
+                                        "local": "1677-09-21T00:12:43.145224192"}
+    [row] = parse([wire_value(tick_id, avro_bytes(tick, {"at": -1, "local": 0}))], fmt)
+    assert row["reason"] == "bad_timestamp", row
+    # a local timestamp has no offset: it is no instant, and timestamp_field does not read it
+    [row] = parse([wire_value(tick_id, avro_bytes(tick, {"at": 0, "local": 0}))],
+                  KafkaFormat(value_format="avro", schema_registry=schema_registry.url, timestamp_field="local"))
+    assert row["reason"] == "bad_timestamp", row
+
+
+def test_shortest_float32_is_the_shortest_text_that_reads_back():
+    import random
+
+    from versiq.ingest.records.floats import json_float, shortest_float32
+
+    def single(x: float) -> float:
+        return float(struct.unpack("<f", struct.pack("<f", x))[0])
+
+    generator = random.Random(7)
+    for _ in range(20_000):
+        value = struct.unpack("<f", struct.pack("<I", generator.getrandbits(32)))[0]
+        if value != value or value in (float("inf"), float("-inf")):
+            continue
+        found = shortest_float32(value)
+        assert single(found) == value, value
+        digits = len(f"{found:.9e}".split("e")[0].replace("-", "").replace(".", "").rstrip("0"))
+        assert digits == 1 or single(float(f"{value:.{digits - 1}g}")) != value, (value, found)
+    assert [shortest_float32(single(x)) for x in (0.1, 0.9, 1 / 3, 123456.789, 1e-45)] == [
+        0.1, 0.9, 0.33333334, 123456.79, 1e-45]
+    assert shortest_float32(0.1) == 0.1 and shortest_float32(1e300) == 1e300  # a double: rounded to 32 bits first
+    assert [json_float(x, float32=True) for x in (float("nan"), float("inf"), float("-inf"))] == [
+        "NaN", "Infinity", "-Infinity"]
+    assert json_float(0.1 + 0.2) == 0.30000000000000004  # a double is itself
+
+
 def test_values_that_cannot_be_decoded_are_bad_value_naming_the_schema_id(schema_registry):
     price_id = schema_registry.register("price-value", PRICE)
     json_id = schema_registry.register("price-json-value", {"$schema": "http://json-schema.org/draft-07/schema#",
@@ -165,7 +235,8 @@ def test_json_schema_values(schema_registry):
 
 def test_schema_references_are_resolved(schema_registry):
     inner = {"type": "record", "name": "Money", "namespace": "versiq.ref",
-             "fields": [{"name": "cents", "type": "long"}, {"name": "currency", "type": "string"}]}
+             "fields": [{"name": "cents", "type": "long"}, {"name": "currency", "type": "string"},
+                        {"name": "rate", "type": "float"}]}
     schema_registry.register("money-value", inner)
     outer = {"type": "record", "name": "Order", "namespace": "versiq.ref",
              "fields": [{"name": "id", "type": "string"}, {"name": "total", "type": "versiq.ref.Money"}]}
@@ -181,11 +252,12 @@ def test_schema_references_are_resolved(schema_registry):
     fastavro.parse_schema(inner, named_schemas=named)
     payload = io.BytesIO()
     fastavro.schemaless_writer(payload, fastavro.parse_schema(outer, named_schemas=named),
-                               {"id": "o1", "total": {"cents": 250, "currency": "EUR"}})
+                               {"id": "o1", "total": {"cents": 250, "currency": "EUR", "rate": 1.1}})
     [row] = parse([wire_value(order_id, payload.getvalue())],
                   KafkaFormat(value_format="avro", schema_registry=schema_registry.url))
     assert row["reason"] is None, row["detail"]
-    assert json.loads(row["value"]) == {"id": "o1", "total": {"cents": 250, "currency": "EUR"}}
+    # a float of the referenced schema is read as one too
+    assert json.loads(row["value"]) == {"id": "o1", "total": {"cents": 250, "currency": "EUR", "rate": 1.1}}
 
 
 def recorded_pauses(monkeypatch: pytest.MonkeyPatch) -> list[float]:

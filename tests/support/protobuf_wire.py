@@ -7,6 +7,7 @@ Protobuf wire format (magic byte 0, the schema id, the message indexes, the mess
     order = modules["shop"].Order(id="o1")
     value = wire(schema_id, order)              # indexes [0]: the single byte 0
     value = wire(schema_id, refund, [1])        # the file's second top-level message
+    serialized = file_descriptors({"shop.proto": TEXT, "money.proto": MONEY}, tmp_dir)  # by import path
 """
 
 from __future__ import annotations
@@ -40,6 +41,25 @@ def generate(files: dict[str, str], out_dir: Path) -> dict[str, Any]:
                 for name in files}
     finally:
         sys.path.remove(str(out_dir))
+
+
+def file_descriptors(files: dict[str, str], out_dir: Path) -> dict[str, bytes]:
+    """The serialized ``FileDescriptorProto`` of each ``.proto`` of ``files`` (import path ->
+    text), as protoc makes it (``--descriptor_set_out``): the form a producer registers when it
+    registers a schema as a base64 descriptor rather than as text."""
+    import grpc_tools
+    from google.protobuf import descriptor_pb2
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (out_dir / name).write_text(text)
+    include = os.path.join(os.path.dirname(grpc_tools.__file__), "_proto")
+    done = subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{out_dir}", f"-I{include}",
+                           f"--descriptor_set_out={out_dir / 'set.pb'}", *files], capture_output=True, text=True,
+                          timeout=120, cwd=out_dir)
+    assert done.returncode == 0, done.stderr
+    found = descriptor_pb2.FileDescriptorSet.FromString((out_dir / "set.pb").read_bytes())
+    return {file.name: file.SerializeToString() for file in found.file}
 
 
 def zigzag_varint(n: int) -> bytes:
