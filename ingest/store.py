@@ -271,13 +271,21 @@ class StoreHandle:
     def version(self) -> int | None:
         return None if self.table is None else self.table.version()
 
-    def data_files(self, buckets: set[int] | None = None) -> list[str]:
-        """The snapshot's data files; only those of ``buckets`` when given (and not every one)."""
-        if self.table is None:
-            return []
-        if buckets is None or len(buckets) >= self.settings.buckets:
-            return list(self.table.file_uris())
-        return list(self.table.file_uris(file_pruning_predicate=[("bucket", "in", sorted(buckets))]))
+    def data_files(self) -> list[str]:
+        """The snapshot's data files."""
+        return [] if self.table is None else list(self.table.file_uris())
+
+    def bucket_files(self, buckets: set[int]) -> dict[int, list[str]]:
+        """The snapshot's data files of ``buckets`` (the locations DuckDB reads), per bucket."""
+        if self.table is None or not buckets:
+            return {}
+        adds = pa.table(self.table.get_add_actions(flatten=True))
+        files: dict[int, list[str]] = {}
+        for rel, bucket in zip(adds.column("path").to_pylist(), adds.column("partition.bucket").to_pylist(),
+                               strict=True):
+            if bucket in buckets:
+                files.setdefault(bucket, []).append(storage.data_file(self.path, rel))
+        return files
 
 
 def open_store(path: str, requested: StoreSettings, explicit: set[str]) -> StoreHandle:
@@ -319,31 +327,60 @@ def existing_versions(handle: StoreHandle, keys: pa.Table) -> pa.Table:
     run's plans, then 10,524; docs/benchmarks.md).
 
     Only the files of the keys' buckets are read (``layout.bucket_of``: a key's rows are all in
-    its bucket), and of those only the key column in full; other columns are read for matching
-    rows only, so the cost follows the batch far more than the table. (A run of a few keys into
-    a 10M-version store of 16 buckets: 40-60 ms instead of 85-180 ms when every file was read.)
+    its bucket), each bucket's files for that bucket's keys only (``_stored_rows``), so that
+    DuckDB skips the row groups whose key statistics hold none of them; of the rest only the key
+    column is read in full, other columns for matching rows only. The cost follows the run's
+    keys (a row group or two per key and file at most), not the size of the store.
     """
     schema = pa.schema([f for f in STORE_SCHEMA if f.name != "bucket"])
     if keys.num_rows == 0:
         return schema.empty_table()
-    files = handle.data_files({bucket_of(key, handle.settings.buckets) for key in keys.column("key").to_pylist()})
+    buckets = [bucket_of(key, handle.settings.buckets) for key in keys.column("key").to_pylist()]
+    files = handle.bucket_files(set(buckets))
     if not files:
         return schema.empty_table()
     con = storage.duckdb_connect(handle.path)
     try:
-        con.register("batch_keys", keys)
-        sql = (
-            "SELECT key, valid_from, valid_to, value, tombstone, \"partition\", run "
-            "FROM read_parquet($files) WHERE key IN (SELECT key FROM batch_keys) "
-            + read_rule_sql(handle.settings.kind)
-        )
+        con.register("batch_keys", keys.append_column("key_bucket", pa.array(buckets, pa.int32())))
+        source, params = _stored_rows(files)
+        sql = f"SELECT * FROM {source} " + read_rule_sql(handle.settings.kind)
         if "from_ts" in keys.column_names:
             sql = (f"SELECT v.* FROM ({sql}) v JOIN batch_keys b ON v.key = b.key "
                    "WHERE b.from_ts IS NULL OR v.valid_to IS NULL OR v.valid_to > b.from_ts")
-        result = con.sql(sql, params={"files": files}).to_arrow_table()
+        result = con.sql(sql, params=params).to_arrow_table()
     finally:
         con.close()
     return result.cast(schema)
+
+
+#: Up to this many buckets, ``existing_versions`` reads each bucket's files for that bucket's
+#: keys (``_stored_rows``); a run touching more (a store of many buckets) reads them together.
+BUCKET_SCANS_LIMIT = 64
+
+#: The columns ``existing_versions`` reads from a store's files.
+_STORED_COLUMNS = 'key, valid_from, valid_to, value, tombstone, "partition", run'
+
+
+def _stored_rows(files: dict[int, list[str]]) -> tuple[str, dict[str, Any]]:
+    """The DuckDB relation (``FROM`` text and its parameters) of the rows of the run's keys
+    (``batch_keys``, with each key's bucket ``key_bucket``) in ``files`` (the data files of
+    their buckets, per bucket).
+
+    A file is sorted by key and cut into row groups whose statistics hold their smallest and
+    largest key. DuckDB skips row groups by the keys a semi join looks for: by each key when
+    they are few (its ``dynamic_or_filter_threshold``, 50), else by their range, smallest to
+    largest. Looked for together, the keys of a run of a few records spread over the whole key
+    range of every bucket, and DuckDB would read the key column of every touched bucket in full,
+    a cost that grows with the store. Asked per bucket, with only that bucket's keys, each file
+    is read only where one of them can be."""
+    if len(files) > BUCKET_SCANS_LIMIT:
+        every = [name for names in files.values() for name in names]
+        return (f"(SELECT {_STORED_COLUMNS} FROM read_parquet($files) "
+                "WHERE key IN (SELECT key FROM batch_keys))"), {"files": every}
+    parts = [f"SELECT {_STORED_COLUMNS} FROM read_parquet($bucket{bucket}) "
+             f"WHERE key IN (SELECT k.key FROM batch_keys k WHERE k.key_bucket = {int(bucket)})"
+             for bucket in sorted(files)]
+    return "(" + " UNION ALL ".join(parts) + ")", {f"bucket{bucket}": names for bucket, names in files.items()}
 
 
 def table_schema(kind: str) -> pa.Schema:

@@ -8,12 +8,15 @@ records before, inside, at and after the stored versions and checks the store's 
 from __future__ import annotations
 
 import json
+import random
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from tests.support.ingest import store_versions, write_jsonl
 from versiq import layout
+from versiq.ingest import store
 from versiq.ingest.pipeline import RUN_KEYS, StoreSpec, open_for, run_ingest
 from versiq.ingest.store import existing_versions
 
@@ -62,3 +65,39 @@ def test_a_run_reads_the_versions_valid_at_or_after_its_first_record_of_each_key
     handle = open_for(warehouse, spec)
     assert _stored_from(handle, {"a": 27}) == {"a": [25, 30, 40, 50]}
     assert _stored_from(handle, {"a": 22}) == {"a": [20, 25, 30, 40, 50]}
+
+
+def test_each_bucket_is_read_for_its_own_keys_and_finds_every_version(spark: Any, tmp_path: Any,
+                                                                      monkeypatch: Any) -> None:
+    """Files of many small row groups (a key's versions straddle their bounds), several files per
+    bucket: the per-bucket reads, which let DuckDB skip row groups by each key, find exactly the
+    versions one scan of every file finds, for any set of keys."""
+    source, warehouse = str(tmp_path / "src"), str(tmp_path / "wh")
+    spec = StoreSpec(name="s", source=source, buckets=4, history_retention_ms=10**9)
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+    block = hadoop.get("parquet.block.size")
+    hadoop.set("parquet.block.size", "2048")  # row groups of about 100 rows (parquet-mr's least check)
+    try:
+        write_jsonl(source, "a.jsonl", [_record(f"k{k:04d}", ts, ts) for k in range(2000) for ts in (10, 20, 30)])
+        run_ingest(spark, warehouse, [spec])
+        write_jsonl(source, "b.jsonl", [_record(f"k{k:04d}", 25, "x") for k in range(0, 2000, 7)])
+        run_ingest(spark, warehouse, [spec])
+    finally:
+        hadoop.set("parquet.block.size", block)
+    handle = open_for(warehouse, spec)
+    files = handle.data_files()
+    assert len(files) == 8  # two per bucket
+    assert max(pq.read_metadata(f).num_row_groups for f in files) > 10
+
+    rng = random.Random(5)
+    for size in (1, 2, 5, 40, 2000):
+        chosen = rng.sample(range(2000), size)
+        keys = pa.table({"key": [f"k{k:04d}" for k in chosen] + ["absent"],
+                         "from_ts": [rng.choice([None, 1, 22, 25, 31]) for _ in chosen] + [None]}, schema=RUN_KEYS)
+        per_bucket = existing_versions(handle, keys)
+        monkeypatch.setattr(store, "BUCKET_SCANS_LIMIT", 0)  # one scan of every file of the keys' buckets
+        one_scan = existing_versions(handle, keys)
+        monkeypatch.undo()
+        order = [("key", "ascending"), ("valid_from", "ascending")]
+        assert per_bucket.sort_by(order).equals(one_scan.sort_by(order))
+        assert set(per_bucket.column("key").to_pylist()) == {f"k{k:04d}" for k in chosen}
