@@ -32,6 +32,7 @@ import json
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import duckdb
 import pyarrow as pa
@@ -387,9 +388,12 @@ def _output(frame: DataFrame, work: PassWork, stats: list[tuple[str, int, str]],
     return JobOutput(frame, totals, held or [])
 
 
-def partition_runner(work: PassWork) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The ``mapInArrow`` function: records sorted by (task, input, order) in, results out."""
-    names = [name for name, _ in work.inputs]
+def _by_task(work: PassWork, columns: tuple[str, ...],
+             process: Callable[[int, list[tuple[Any, ...]], Readers], PartitionResult],
+             ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """A ``mapInArrow`` function: rows sorted by task in (their ``columns``, the task first),
+    each task's rows processed together (``process``), its results out as ``OUTPUT_SCHEMA``
+    rows. One set of snapshot readers serves the tasks of a Spark partition."""
     # the tasks read the tables as this process does: S3 endpoint, region and credentials come
     # from these variables, which a cluster's executors do not inherit
     environment = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "VERSIQ_"))}
@@ -400,56 +404,46 @@ def partition_runner(work: PassWork) -> Callable[[Iterator[pa.RecordBatch]], Ite
         readers = Readers(work)
         try:
             task: int | None = None
-            records: dict[str, list[SourceRecord]] = {}
+            rows: list[tuple[Any, ...]] = []
             for batch in batches:
-                columns = [batch.column(n).to_pylist() for n in ("task", "input", "key", "value", "timestamp",
-                                                                  "partition")]
-                for t, i, key, value, timestamp, partition in zip(*columns, strict=True):
-                    if t != task:
+                for row in zip(*(batch.column(n).to_pylist() for n in columns), strict=True):
+                    if row[0] != task:
                         if task is not None:
-                            yield from result_batches(run_partition(work, task, records, readers))
-                        task, records = t, {}
-                    records.setdefault(names[i], []).append(SourceRecord(key, value, timestamp, partition))
+                            yield from result_batches(process(task, rows, readers))
+                        task, rows = row[0], []
+                    rows.append(row)
             if task is not None:
-                yield from result_batches(run_partition(work, task, records, readers))
+                yield from result_batches(process(task, rows, readers))
         finally:
             readers.close()
 
     return run
+
+
+def partition_runner(work: PassWork) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The ``mapInArrow`` function of a pass's (first) stage: records sorted by (task, input,
+    order) in, results out."""
+    names = [name for name, _ in work.inputs]
+
+    def process(task: int, rows: list[tuple[Any, ...]], readers: Readers) -> PartitionResult:
+        records: dict[str, list[SourceRecord]] = {}
+        for _, i, key, value, timestamp, partition in rows:
+            records.setdefault(names[i], []).append(SourceRecord(key, value, timestamp, partition))
+        return run_partition(work, task, records, readers)
+
+    return _by_task(work, ("task", "input", "key", "value", "timestamp", "partition"), process)
 
 
 def regroup_runner(work: PassWork) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The ``mapInArrow`` function of an aggregate's stage: group updates sorted by
     ``UPDATE_ORDER`` in (``key`` the group), results out."""
-    environment = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "VERSIQ_"))}
+    def process(task: int, rows: list[tuple[Any, ...]], readers: Readers) -> PartitionResult:
+        streams: dict[int, list[tuple[str, str, str | None, str | None, int]]] = {}
+        for _, upstream, group, key, old, new, timestamp in rows:
+            streams.setdefault(upstream, []).append((group, key, old, new, timestamp))
+        return run_regrouped(work, task, [streams[u] for u in sorted(streams)], readers)
 
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for name, value in environment.items():
-            os.environ.setdefault(name, value)
-        readers = Readers(work)
-        try:
-            task: int | None = None
-            streams: dict[int, list[tuple[str, str, str | None, str | None, int]]] = {}
-
-            def flush() -> Iterator[pa.RecordBatch]:
-                assert task is not None
-                yield from result_batches(run_regrouped(work, task, [streams[u] for u in sorted(streams)], readers))
-
-            for batch in batches:
-                columns = [batch.column(n).to_pylist() for n in ("task", "upstream", "key", "input_key", "old",
-                                                                  "new", "timestamp")]
-                for t, upstream, group, key, old, new, timestamp in zip(*columns, strict=True):
-                    if t != task:
-                        if task is not None:
-                            yield from flush()
-                        task, streams = t, {}
-                    streams.setdefault(upstream, []).append((group, key, old, new, timestamp))
-            if task is not None:
-                yield from flush()
-        finally:
-            readers.close()
-
-    return run
+    return _by_task(work, ("task", "upstream", "key", "input_key", "old", "new", "timestamp"), process)
 
 
 def result_batches(result: PartitionResult) -> Iterator[pa.RecordBatch]:

@@ -1,15 +1,22 @@
 """How a derived pass is cut at its repartitions (``tasks.repartitionable``, ``tasks.stages``;
 docs/semantics.md, rule 23, "Partitions"): which topologies run in their stores' partitions,
-and what each stage computes, reads and writes. No Spark: the plans only."""
+and what each stage computes, reads and writes; and a whole pass through its stages in this
+process against the reference model. No Spark, no Delta."""
 
 from __future__ import annotations
 
+import json
+import random
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
+from tests.support.derived_reference import InputDef, Rec, run_repartitioned
+from versiq.ingest.derived.job import ORDER, RECORDS_SCHEMA, process_here
 from versiq.ingest.derived.spec import parse_tables
 from versiq.ingest.derived.tasks import PassWork, TableRead, repartitionable, stages
+from versiq.layout import MURMUR2, default_partition_of
 
 KINDS = {"orders": "versioned", "customers": "versioned", "clicks": "stream"}
 COUNT = {"aggregate": {"count": True}}
@@ -84,3 +91,70 @@ def test_an_up_to_date_aggregate_is_recomputed_for_its_readers_but_not_written()
 def test_one_partition_is_one_stage() -> None:
     work = _work([{"name": "g", "from": "orders", "group_by": "value.c", **COUNT}], ["g"], partitions=1)
     assert stages(work) == [work]
+
+
+# -- a whole pass through its stages in this process (no Spark, no snapshot) against the model --
+
+PARTITIONS = 3
+MODEL_INPUTS = [InputDef("orders", "versioned", history_retention_ms=8, partitions=PARTITIONS),
+                InputDef("customers", "timestamped", partitions=PARTITIONS)]
+STAGED = [
+    {"name": "f", "from": "orders", "filter": "value.n > 0", "history_retention_ms": 4},
+    {"name": "g", "from": "f", "group_by": "concat('g', value.n % 4)", "aggregate": {"count": True, "sum": "value.n"},
+     "history_retention_ms": 5},
+    {"name": "busy", "from": "g", "filter": "value.count > 1", "history_retention_ms": 3},
+    {"name": "trail", "from": "orders", "group_by": "concat('t', value.n % 3)",
+     "aggregate": {"init": "''", "add": "concat(agg, key, '+', value.n, ';')", "subtract": "concat(agg, key, '-')"}},
+    {"name": "r", "from": "customers", "group_by": "concat('r', value.n % 5)",
+     "reduce": {"add": "agg + value.n", "subtract": "agg - value.n"}, "history_retention_ms": 2},
+]
+
+
+def _home(key: str) -> int:
+    return default_partition_of(key, PARTITIONS, MURMUR2)
+
+
+def _staged_work() -> PassWork:
+    entries = [{**{k: v for k, v in t.items() if k != "history_retention_ms"},
+                **({"history_retention": f"{t['history_retention_ms']}ms"} if "history_retention_ms" in t else {})}
+               for t in STAGED]
+    tables = parse_tables(entries, KINDS)
+    reads = [TableRead("orders", "/nonexistent/orders", None, "versioned", 8, 4, PARTITIONS),
+             TableRead("customers", "/nonexistent/customers", None, "timestamped", 0, 4, PARTITIONS)]
+    reads += [TableRead(t.name, f"/nonexistent/{t.name}", None, t.kind, t.history_retention_ms, t.buckets)
+              for t in tables]
+    names = tuple(t.name for t in tables)
+    return PassWork(tables=tuple(tables), writers=names, reads=tuple(reads),
+                    inputs=(("orders", False), ("customers", False)), runs=tuple((n, 1) for n in names),
+                    partitions=PARTITIONS)
+
+
+@pytest.mark.rule(23)
+@pytest.mark.parametrize("seed", range(25))
+def test_a_pass_through_its_stages_is_the_models(seed: int) -> None:
+    """Random records of one run through every stage in this process (``job.process_here``,
+    the tasks' code) give the emissions (in partition order), late results and counts of the
+    reference model with a repartition (``run_repartitioned``)."""
+    rng = random.Random(seed)
+    run: dict[str, list[Rec]] = {}
+    for name in ("orders", "customers"):
+        recs = []
+        for _ in range(rng.randint(0, 30)):
+            key = f"k{rng.randint(1, 9)}"
+            value = None if rng.random() < 0.15 else json.dumps({"n": rng.randint(-2, 9)})
+            recs.append(Rec(key, value, rng.randint(0, 25) + 20 * _home(key), _home(key)))
+        run[name] = recs
+    rows = [{"task": r.partition, "input": i, "key": r.key, "value": r.value, "timestamp": r.timestamp,
+             "partition": r.partition, "o1": 1, "o2": 1, "o3": position, "o4": ""}
+            for i, name in enumerate(("orders", "customers")) for position, r in enumerate(run[name])]
+    records = pa.Table.from_pylist(rows, schema=RECORDS_SCHEMA).sort_by([(n, "ascending") for n in ORDER])
+    out = process_here(_staged_work(), records, MURMUR2)
+    model = run_repartitioned(MODEL_INPUTS, STAGED, [run], PARTITIONS, _home, _home)
+    stats = {(r["table"], r["task"]): json.loads(r["info"]) for r in out.to_pylist() if r["out"] == "stats"}
+    for table in STAGED:
+        name = table["name"]
+        emitted = sorted((r["task"], r["e_sequence"], r["e_key"], r["e_value"], r["e_timestamp"], r["e_cause"])
+                         for r in out.to_pylist() if r["out"] == "emitted" and r["table"] == name)
+        want = model[name]
+        assert [e[2:] for e in emitted] == [(e.key, e.value, e.timestamp, e.cause) for e in want.emissions], name
+        assert sum(s["counts"]["late"] for (t, _), s in stats.items() if t == name) == want.counts["late"], name
