@@ -57,7 +57,7 @@ TABLES: list[dict[str, Any]] = [
 GROUPED = ("g", "g_many", "r")
 #: The pipeline with the aggregates too, in Spark tasks (each table costs commits; the stages in
 #: this process are the property test's and the Kafka Streams differential test's).
-AGGREGATING = ("tasks1_",)
+AGGREGATING = ("tasks0_",)
 
 
 def _example(seed: int) -> list[dict[str, list[Rec]]]:
@@ -103,7 +103,7 @@ def _check(real: RealPipeline, prefix: str, runs: list[dict[str, list[Rec]]]) ->
 @pytest.mark.rule(23)
 def test_each_partition_is_its_own_topology(spark: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
                                             caplog: pytest.LogCaptureFixture) -> None:
-    """The same examples twice in one set of runs: the topologies of pipelines ``here*`` run in
+    """The same example twice in one set of runs: the topologies of pipelines ``here*`` run in
     this process, those of ``tasks*`` as Spark tasks (``VERSIQ_DERIVE_HERE_RECORDS`` set for each
     topology's pass). ``here<i>`` and ``tasks<i>`` read the same input stores and stream
     (``e<i>_*``, ingested once per run): tables that share only source inputs are topologies of
@@ -123,7 +123,7 @@ def test_each_partition_is_its_own_topology(spark: Any, tmp_path: Any, monkeypat
 
     monkeypatch.setattr(derive, "_run_topology", where_its_prefix_says)
     real = RealPipeline(spark, str(tmp_path))
-    examples = [_example(seed) for seed in range(2)]
+    examples = [_example(1)]  # many more random examples: test_derived_stages.py, without Spark
     for i, runs in enumerate(examples):
         real.add(f"e{i}_", INPUTS, [], runs)
     prefixes = [f"{where}{i}_" for where in ("here", "tasks") for i in range(len(examples))]
