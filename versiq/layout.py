@@ -389,13 +389,6 @@ def default_partition_of(key: str, partitions: int, partitioner: str) -> int:
     raise ValueError(f"unknown partitioner {partitioner!r}")
 
 
-def default_partitions(keys: pa.Array | pa.ChunkedArray, partitions: int, partitioner: str) -> np.ndarray:
-    """``default_partition_of`` of every key of a string array, as int32 (murmur2 vectorised)."""
-    if partitioner == MURMUR2:
-        return (murmur2_positive(keys) % np.uint32(partitions)).astype(np.int32)
-    return np.array([default_partition_of(k, partitions, partitioner) for k in keys.to_pylist()], dtype=np.int32)
-
-
 @dataclass(frozen=True)
 class Partitioning:
     """How a store places a key whose records name no partition: ``count`` partitions and the

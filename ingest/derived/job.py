@@ -357,8 +357,9 @@ def process_here(work: PassWork, records: pa.Table, partitioner: str) -> pa.Tabl
     parts = [table.filter(pa.compute.invert(updates))]
     for stage in later:
         rows = table.filter(pa.compute.and_(updates, pa.compute.equal(table["table"], stage.regrouped)))
+        groups = layout.Partitioning(work.partitions, partitioner).of_keys(rows["g_group"].combine_chunks())
         grouped = pa.table({
-            "task": pa.array(layout.default_partitions(rows["g_group"], work.partitions, partitioner), pa.int32()),
+            "task": pa.array(groups, pa.int32()),
             "upstream": rows["task"], "key": rows["g_group"], "seq": rows["g_seq"], "old": rows["g_old"],
             "new": rows["g_new"], "timestamp": rows["g_timestamp"], "input_key": rows["g_key"],
         }).sort_by([(name, "ascending") for name in UPDATE_ORDER])

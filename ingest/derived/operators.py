@@ -307,6 +307,7 @@ def _amounts_text(amounts: tuple[int | Decimal | None, ...]) -> str:
 
 
 def _amounts_of(text: str) -> tuple[int | Decimal | None, ...]:
+    """The amounts ``_amounts_text`` wrote."""
     return tuple(None if part == "n" else int(part[1:]) if part[0] == "i" else Decimal(part[1:])
                  for part in text.split(",")) if text else ()
 
@@ -374,7 +375,7 @@ class Aggregate(Operator):
     def shipped(self, update: GroupUpdate) -> tuple[str | None, str | None]:
         """What of an update's old and new values crosses a repartition (``regrouped`` reads it
         back): a custom aggregate's values as they are; a count's or sum's amounts only, as text
-        (``_AMOUNT``), so the group's partition does not parse the values again."""
+        (``_amounts_text``), so the group's partition does not parse the values again."""
         if self.spec.aggregator is not None:
             return update.old, update.new
         return (None if update.old is None else _amounts_text(update.removed),
@@ -394,8 +395,7 @@ class Aggregate(Operator):
         timestamp and the group's last result."""
         if self.spec.aggregator is not None:
             return self._custom(update.timestamp, update.group, update.removed, update.added, update.new)
-        return self._update(update.group, update.timestamp, None if update.old is None else update.removed,
-                            None if update.new is None else update.added)
+        return self._update(update.group, update.timestamp, update.removed, update.added)
 
     def _update(self, group_key: str, timestamp: int, removed: tuple[int | Decimal | None, ...] | None,
                 added: tuple[int | Decimal | None, ...] | None) -> Emit:

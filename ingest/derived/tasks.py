@@ -113,6 +113,12 @@ class PartitionResult:
     updates: dict[str, list[tuple[str, str, str | None, str | None, int]]] = field(default_factory=dict)
 
 
+def _regroups(spec: TableSpec) -> bool:
+    """Whether a table is a group-by aggregate: its results are keyed by group, not by its
+    input's key (in Kafka Streams, through a repartition topic)."""
+    return spec.op == "aggregate" and spec.group_by is not None
+
+
 def _downstream(tables: Iterable[TableSpec], name: str) -> list[TableSpec]:
     """The tables that read ``name``, directly or not, in file order."""
     found = {name}
@@ -132,11 +138,10 @@ def repartitionable(tables: list[TableSpec]) -> bool:
     for spec in tables:
         if spec.op == "fk_join":
             return False
-        if spec.op == "aggregate" and spec.group_by is not None:
+        if _regroups(spec):
             after = _downstream(tables, spec.name)
             inside = {spec.name} | {t.name for t in after}
-            if any(t.op == "fk_join" or (t.op == "aggregate" and t.group_by is not None)
-                   or any(i not in inside for i in t.inputs) for t in after):
+            if any(t.op == "fk_join" or _regroups(t) or any(i not in inside for i in t.inputs) for t in after):
                 return False
     return True
 
@@ -145,7 +150,7 @@ def stages(work: PassWork) -> list[PassWork]:
     """The pass cut at its repartitions (module docstring): the first stage, then one per
     group-by aggregate. A pass with one partition is one stage: its aggregates apply their
     changes in place."""
-    aggregates = [t.name for t in work.tables if t.op == "aggregate" and t.group_by is not None]
+    aggregates = [t.name for t in work.tables if _regroups(t)]
     if work.partitions == 1 or not aggregates:
         return [work]
     later = {a: {a} | {t.name for t in _downstream(work.tables, a)} for a in aggregates}
@@ -205,9 +210,8 @@ def run_regrouped(work: PassWork, partition: int, updates: list[list[tuple[str, 
     topology = Topology(list(work.tables), states, partition)
     aggregate = topology.nodes[work.regrouped].operator
     assert isinstance(aggregate, Aggregate)
-    states[work.regrouped].prefetch({u[0] for stream in updates for u in stream})
-    _prefetch(list(work.tables[1:]), states, {}, topology,
-              {work.regrouped: {u[0] for stream in updates for u in stream}})
+    groups = {u[0] for stream in updates for u in stream}
+    _prefetch(list(work.tables[1:]), states, {}, topology, {work.regrouped: groups})
     heads = [(stream[0][4], upstream, 0) for upstream, stream in enumerate(updates) if stream]
     heapq.heapify(heads)
 
@@ -254,11 +258,9 @@ def _prefetch(tables: list[TableSpec], states: dict[str, TableState],
     candidates: dict[str, set[str]] = {name: {r.key for r in recs} for name, recs in records.items()}
     candidates.update(changed or {})
     for name, state in states.items():
-        if name in records:
+        if name in candidates:
             state.prefetch(candidates[name])
     for spec in tables:
-        if spec.name in topology.updates:  # routed only: its groups are loaded after the repartition
-            continue
         keys: set[str] = set()
         if spec.op in ("filter", "copy", "to_table", "join", "stream_join"):
             keys = set().union(*(candidates.get(i, set()) for i in spec.inputs))
