@@ -108,7 +108,7 @@ def task_input(work: PassWork, records: dict[str, list[SourceRecord]]) -> list[p
 def run_task(work: PassWork, batches: list[pa.RecordBatch]) -> float:
     """CPU seconds of ``job.partition_runner`` over the batches: Arrow records in, result rows out."""
     t = time.process_time()
-    for _ in partition_runner(work)(iter(batches)):
+    for _ in partition_runner(work, [name for name, _ in work.inputs])(iter(batches)):
         pass
     return time.process_time() - t
 
@@ -186,7 +186,7 @@ def main() -> None:
         if args.profile:
             prof = cProfile.Profile(time.process_time)
             prof.enable()
-            for _ in partition_runner(work)(iter(batches)):
+            for _ in partition_runner(work, [name for name, _ in work.inputs])(iter(batches)):
                 pass
             prof.disable()
             s = io.StringIO()

@@ -20,8 +20,9 @@ The job (``run_job``):
    once, side tables first (``versiq.ingest.delta``).
 
 A pass with repartitions (``tasks.stages``) runs step 2 once per stage: the first stage's tasks
-also output their group updates, which Spark repartitions by the partition of their group and
-sorts by (input partition, order) for the aggregate's stage; the stages' results are one frame.
+also output their group updates, which Spark repartitions by the partition of their group,
+together with the records of the aggregate's own inputs, and sorts by (input partition, order)
+for the aggregate's stage (``STAGE_SCHEMA``); the stages' results are one frame.
 
 The driver never holds the records or the results, so its memory does not grow with the pass.
 """
@@ -76,6 +77,12 @@ UPDATE_SCHEMA = pa.schema([
     pa.field("seq", pa.int64()), pa.field("group", pa.string()), pa.field("key", pa.string()),
     pa.field("old", pa.string()), pa.field("new", pa.string()), pa.field("timestamp", pa.int64()),
 ])
+
+#: What a stage after a repartition reads: the records of its own inputs (``RECORDS_SCHEMA``) and
+#: its aggregate's group updates as one more input after the pass's inputs (``input`` their
+#: count), ``key`` the group, ``value`` the new value, ``partition`` and ``o1`` the input
+#: partition that made them, ``o2`` their order there; ``old`` and ``input_key`` theirs alone.
+STAGE_SCHEMA = RECORDS_SCHEMA.append(pa.field("old", pa.string())).append(pa.field("input_key", pa.string()))
 
 #: Each output of the tasks and the columns it fills (prefixed, so that one row schema holds
 #: them all): a store's rows, a stream output's records, ``_emitted`` rows, late results, a
@@ -160,7 +167,8 @@ class JobOutput:
 
 
 def records_frame(spark: SparkSession, work: PassWork, reads: list[InputRead], partitioner: str) -> DataFrame:
-    """Every record of the pass, with its task (module docstring, step 1)."""
+    """The records of ``reads`` (inputs of the pass), with their task (module docstring, step 1);
+    ``input`` is the index in ``work.inputs``."""
     empty = spark.createDataFrame(pa.Table.from_pylist([], schema=RECORDS_SCHEMA)).drop("task")
     index = {name: i for i, (name, _) in enumerate(work.inputs)}
     frames = []
@@ -286,13 +294,18 @@ def run_job(spark: SparkSession, work: PassWork, reads: list[InputRead], partiti
     """Process the pass in Spark tasks (module docstring, step 2); the results stay on the
     executors (``JobOutput.output`` reads them for the writes)."""
     first, *later = stages(work)
-    records = records_frame(spark, first, reads, partitioner)
+
+    def records(stage: PassWork) -> DataFrame:
+        names = {name for name, _ in stage.inputs}
+        return records_frame(spark, work, [r for r in reads if r.name in names], partitioner)
+
+    names = [name for name, _ in work.inputs]
     slot = _slot(spark, work.partitions) if work.partitions > 1 else None
     if slot is not None:
-        ordered = records.repartition(work.partitions, slot).sortWithinPartitions(*ORDER)
+        ordered = records(first).repartition(work.partitions, slot).sortWithinPartitions(*ORDER)
     else:
-        ordered = records.coalesce(1).sortWithinPartitions(*ORDER)
-    results = ordered.mapInArrow(partition_runner(first), from_arrow_schema(OUTPUT_SCHEMA))
+        ordered = records(first).coalesce(1).sortWithinPartitions(*ORDER)
+    results = ordered.mapInArrow(partition_runner(first, names), from_arrow_schema(OUTPUT_SCHEMA))
     held = []
     if later:  # a pass with repartitions has several partitions (tasks.stages)
         assert slot is not None
@@ -301,23 +314,22 @@ def run_job(spark: SparkSession, work: PassWork, reads: list[InputRead], partiti
         parts = [results.where(F.col("out") != "update")]
         for stage in later:
             updates = results.where((F.col("out") == "update") & (F.col("table") == stage.regrouped)).select(
-                F.col("task").alias("upstream"), F.col("g_group").alias("key"), F.col("g_key").alias("input_key"),
-                F.col("g_seq").alias("seq"), F.col("g_old").alias("old"), F.col("g_new").alias("new"),
-                F.col("g_timestamp").alias("timestamp"))
+                F.lit(len(names)).cast("int").alias("input"), F.col("g_group").alias("key"),
+                F.col("g_new").alias("value"), F.col("g_timestamp").alias("timestamp"),
+                F.col("task").alias("partition"), F.col("task").alias("o1"), F.col("g_seq").alias("o2"),
+                F.lit(0).cast("long").alias("o3"), F.lit("").alias("o4"), F.col("g_old").alias("old"),
+                F.col("g_key").alias("input_key"))
             updates = updates.withColumn("task", F.expr(SPARK.default_partition(work.partitions, partitioner)))
-            grouped = updates.repartition(work.partitions, slot).sortWithinPartitions(*UPDATE_ORDER)
-            parts.append(grouped.mapInArrow(regroup_runner(stage), from_arrow_schema(OUTPUT_SCHEMA)))
+            own = records(stage).withColumn("old", F.lit(None).cast("string")) \
+                .withColumn("input_key", F.lit(None).cast("string"))
+            grouped = updates.unionByName(own).repartition(work.partitions, slot).sortWithinPartitions(*ORDER)
+            parts.append(grouped.mapInArrow(regroup_runner(stage, names), from_arrow_schema(OUTPUT_SCHEMA)))
         results = parts[0]
         for part in parts[1:]:
             results = results.unionByName(part)
     results = results.persist(StorageLevel.MEMORY_AND_DISK)
     stats = results.where(F.col("out") == "stats").select("table", "task", "info").collect()
     return _output(results, work, [(r["table"], r["task"], r["info"]) for r in stats], held)
-
-
-#: The order an aggregate's stage reads its group updates in: by task (the group's partition),
-#: then by input partition and each one's own order (merged by ``tasks.run_regrouped``).
-UPDATE_ORDER = ("task", "upstream", "seq")
 
 
 def _slot(spark: SparkSession, partitions: int) -> Column:
@@ -347,10 +359,17 @@ def run_here(spark: SparkSession, work: PassWork, reads: list[InputRead], partit
 
 def process_here(work: PassWork, records: pa.Table, partitioner: str) -> pa.Table:
     """The pass's results (``OUTPUT_SCHEMA``) from its records (``records_here``'s), every stage
-    in this process with the tasks' code (``partition_runner``, ``regroup_runner``): the group
-    updates of a stage with repartitions are sorted as Spark sorts them for the next stage."""
+    in this process with the tasks' code (``partition_runner``, ``regroup_runner``): a stage
+    after a repartition reads its group updates and own records as Spark sorts them for it."""
     first, *later = stages(work)
-    table = pa.Table.from_batches(list(partition_runner(first)(iter(records.to_batches()))), schema=OUTPUT_SCHEMA)
+    names = [name for name, _ in work.inputs]
+
+    def own(stage: PassWork) -> pa.Table:
+        indices = pa.array([names.index(name) for name, _ in stage.inputs], pa.int32())
+        return records.filter(pa.compute.is_in(records["input"], value_set=indices))
+
+    runner = partition_runner(first, names)
+    table = pa.Table.from_batches(list(runner(iter(own(first).to_batches()))), schema=OUTPUT_SCHEMA)
     if not later:
         return table
     updates = pa.compute.equal(table["out"], "update")
@@ -358,12 +377,19 @@ def process_here(work: PassWork, records: pa.Table, partitioner: str) -> pa.Tabl
     for stage in later:
         rows = table.filter(pa.compute.and_(updates, pa.compute.equal(table["table"], stage.regrouped)))
         groups = layout.Partitioning(work.partitions, partitioner).of_keys(rows["g_group"].combine_chunks())
-        grouped = pa.table({
-            "task": pa.array(groups, pa.int32()),
-            "upstream": rows["task"], "key": rows["g_group"], "seq": rows["g_seq"], "old": rows["g_old"],
-            "new": rows["g_new"], "timestamp": rows["g_timestamp"], "input_key": rows["g_key"],
-        }).sort_by([(name, "ascending") for name in UPDATE_ORDER])
-        parts.append(pa.Table.from_batches(list(regroup_runner(stage)(iter(grouped.to_batches()))),
+        n = rows.num_rows
+        shipped = pa.table({
+            "task": pa.array(groups, pa.int32()), "input": pa.array([len(names)] * n, pa.int32()),
+            "key": rows["g_group"], "value": rows["g_new"], "timestamp": rows["g_timestamp"],
+            "partition": rows["task"], "o1": rows["task"], "o2": rows["g_seq"], "o3": pa.array([0] * n, pa.int64()),
+            "o4": pa.array([""] * n, pa.string()), "old": rows["g_old"], "input_key": rows["g_key"],
+        }, schema=STAGE_SCHEMA)
+        mine = own(stage)
+        mine = mine.append_column("old", pa.nulls(mine.num_rows, pa.string())) \
+            .append_column("input_key", pa.nulls(mine.num_rows, pa.string()))
+        grouped = pa.concat_tables([shipped, mine.select(STAGE_SCHEMA.names).cast(STAGE_SCHEMA)]) \
+            .sort_by([(name, "ascending") for name in ORDER])
+        parts.append(pa.Table.from_batches(list(regroup_runner(stage, names)(iter(grouped.to_batches()))),
                                            schema=OUTPUT_SCHEMA))
     return pa.concat_tables(parts)
 
@@ -421,11 +447,10 @@ def _by_task(work: PassWork, columns: tuple[str, ...],
     return run
 
 
-def partition_runner(work: PassWork) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+def partition_runner(work: PassWork,
+                     names: list[str]) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The ``mapInArrow`` function of a pass's (first) stage: records sorted by (task, input,
-    order) in, results out."""
-    names = [name for name, _ in work.inputs]
-
+    order) in (``input`` an index in ``names``, the pass's inputs), results out."""
     def process(task: int, rows: list[tuple[Any, ...]], readers: Readers) -> PartitionResult:
         records: dict[str, list[SourceRecord]] = {}
         for _, i, key, value, timestamp, partition in rows:
@@ -435,16 +460,21 @@ def partition_runner(work: PassWork) -> Callable[[Iterator[pa.RecordBatch]], Ite
     return _by_task(work, ("task", "input", "key", "value", "timestamp", "partition"), process)
 
 
-def regroup_runner(work: PassWork) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The ``mapInArrow`` function of an aggregate's stage: group updates sorted by
-    ``UPDATE_ORDER`` in (``key`` the group), results out."""
+def regroup_runner(work: PassWork,
+                   names: list[str]) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The ``mapInArrow`` function of an aggregate's stage: its own records and group updates
+    (``STAGE_SCHEMA``) sorted by ``ORDER`` in, results out."""
     def process(task: int, rows: list[tuple[Any, ...]], readers: Readers) -> PartitionResult:
+        records: dict[str, list[SourceRecord]] = {}
         streams: dict[int, list[tuple[str, str, str | None, str | None, int]]] = {}
-        for _, upstream, group, key, old, new, timestamp in rows:
-            streams.setdefault(upstream, []).append((group, key, old, new, timestamp))
-        return run_regrouped(work, task, [streams[u] for u in sorted(streams)], readers)
+        for _, i, key, value, timestamp, partition, old, input_key in rows:
+            if i < len(names):
+                records.setdefault(names[i], []).append(SourceRecord(key, value, timestamp, partition))
+            else:
+                streams.setdefault(partition, []).append((key, input_key, old, value, timestamp))
+        return run_regrouped(work, task, [streams[u] for u in sorted(streams)], readers, records)
 
-    return _by_task(work, ("task", "upstream", "key", "input_key", "old", "new", "timestamp"), process)
+    return _by_task(work, ("task", "input", "key", "value", "timestamp", "partition", "old", "input_key"), process)
 
 
 def result_batches(result: PartitionResult) -> Iterator[pa.RecordBatch]:

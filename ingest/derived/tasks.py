@@ -23,12 +23,14 @@ topic's records), that applies the updates and runs the tables that read the agg
 (``run_regrouped``). A group's partition merges the updates of every input partition by head
 timestamp, ties to the lower input partition, each input partition's updates in their own order
 (docs/semantics.md, rule 23): one of the interleavings Kafka's repartition topic can deliver,
-made deterministic.
+made deterministic. The tables after an aggregate may also read source inputs of their own
+(``own_inputs``: e.g. per-customer totals joined with the customers store, co-partitioned with
+the groups), whose records the aggregate's stage reads instead of the first: their partition's
+records and its updates are merged by head timestamp, ties to the records.
 """
 
 from __future__ import annotations
 
-import heapq
 import json
 import time
 from collections.abc import Iterable
@@ -37,7 +39,7 @@ from dataclasses import dataclass, field, replace
 import pyarrow as pa
 
 from versiq.ingest.derived.expressions import key_string, parse_value
-from versiq.ingest.derived.operators import Aggregate, ForeignKeyJoin, GroupUpdate
+from versiq.ingest.derived.operators import Aggregate, ForeignKeyJoin
 from versiq.ingest.derived.spec import TableSpec
 from versiq.ingest.derived.state import SnapshotReader, TableState
 from versiq.ingest.derived.topology import DerivedNode, Emission, SourceRecord, TableCounts, Topology
@@ -130,44 +132,61 @@ def _downstream(tables: Iterable[TableSpec], name: str) -> list[TableSpec]:
     return out
 
 
+def own_inputs(tables: list[TableSpec], aggregate: str) -> tuple[str, ...]:
+    """The source inputs an aggregate's stage reads itself: those read by the tables after the
+    aggregate (a sub-topology with a second source, as Kafka's after a repartition topic, whose
+    partitions are co-partitioned with it)."""
+    derived = {t.name for t in tables}
+    return tuple(dict.fromkeys(i for t in _downstream(tables, aggregate) for i in t.inputs if i not in derived))
+
+
 def repartitionable(tables: list[TableSpec]) -> bool:
     """Whether a topology's re-keying tables can all cross a repartition (``stages``): they are
     group-by aggregates (a foreign-key join's subscriptions and responses are not built as
-    repartitions), none reads another's results, and the tables that read an aggregate read
-    nothing else (the sub-topology after a repartition is fed by it alone)."""
+    repartitions), none reads another's results, and the tables after an aggregate read, besides
+    it and each other, only source inputs that nothing before the repartition reads."""
     for spec in tables:
         if spec.op == "fk_join":
             return False
         if _regroups(spec):
             after = _downstream(tables, spec.name)
             inside = {spec.name} | {t.name for t in after}
-            if any(t.op == "fk_join" or _regroups(t) or any(i not in inside for i in t.inputs) for t in after):
+            derived = {t.name for t in tables}
+            if any(t.op == "fk_join" or _regroups(t) or any(i in derived and i not in inside for i in t.inputs)
+                   for t in after):
+                return False
+            own = set(own_inputs(tables, spec.name))
+            if any(i in own for t in tables if t.name not in inside - {spec.name} for i in t.inputs):
                 return False
     return True
 
 
 def stages(work: PassWork) -> list[PassWork]:
     """The pass cut at its repartitions (module docstring): the first stage, then one per
-    group-by aggregate. A pass with one partition is one stage: its aggregates apply their
-    changes in place."""
+    group-by aggregate, which also reads the records of its own inputs (``own_inputs``). A pass
+    with one partition is one stage: its aggregates apply their changes in place."""
     aggregates = [t.name for t in work.tables if _regroups(t)]
     if work.partitions == 1 or not aggregates:
         return [work]
     later = {a: {a} | {t.name for t in _downstream(work.tables, a)} for a in aggregates}
+    own = {a: set(own_inputs(list(work.tables), a)) for a in aggregates}
     moved = set().union(*later.values())  # tables computed after a repartition
+    owned = set().union(*own.values())  # inputs read after a repartition
 
-    def stage(tables: set[str], computed: set[str], regrouped: str = "") -> PassWork:
-        """The tables ``tables`` of the pass, of which ``computed`` are read and written here."""
+    def stage(tables: set[str], computed: set[str], inputs: set[str], regrouped: str = "") -> PassWork:
+        """The tables ``tables`` of the pass, of which ``computed`` are read and written here,
+        over the records of ``inputs``."""
         return replace(work, tables=tuple(t for t in work.tables if t.name in tables),
                        writers=tuple(w for w in work.writers if w in computed),
                        reads=tuple(r for r in work.reads if r.name in computed),
                        runs=tuple(r for r in work.runs if r[0] in computed),
-                       inputs=() if regrouped else work.inputs,
+                       inputs=tuple(i for i in work.inputs if i[0] in inputs),
                        repartitioned=() if regrouped else tuple(aggregates), regrouped=regrouped)
 
     every = {t.name for t in work.tables} | {r.name for r in work.reads}
-    first = stage(every - (moved - set(aggregates)), every - moved)
-    return [first] + [stage(group, group, a) for a, group in later.items()]
+    first = stage(every - (moved - set(aggregates)), every - moved - owned,
+                  {name for name, _ in work.inputs} - owned)
+    return [first] + [stage(group, group | own[a], own[a], a) for a, group in later.items()]
 
 
 class Readers:
@@ -201,29 +220,21 @@ def run_partition(work: PassWork, partition: int, records: dict[str, list[Source
 
 
 def run_regrouped(work: PassWork, partition: int, updates: list[list[tuple[str, str, str | None, str | None, int]]],
-                  readers: Readers) -> PartitionResult:
+                  readers: Readers, records: dict[str, list[SourceRecord]] | None = None) -> PartitionResult:
     """Process partition ``partition`` of a stage after a repartition (``PassWork.regrouped``):
     ``updates`` are its groups' updates (group, input key, old, new, timestamp) from each input
-    partition, in that partition's order; they are merged by head timestamp, ties to the lower
-    input partition."""
+    partition, in that partition's order; ``records`` the partition's records of the stage's
+    own inputs. They are merged by head timestamp (``Topology.run``)."""
+    records = records or {}
     states = _states(work, readers)
     topology = Topology(list(work.tables), states, partition)
     aggregate = topology.nodes[work.regrouped].operator
     assert isinstance(aggregate, Aggregate)
-    groups = {u[0] for stream in updates for u in stream}
-    _prefetch(list(work.tables[1:]), states, {}, topology, {work.regrouped: groups})
-    heads = [(stream[0][4], upstream, 0) for upstream, stream in enumerate(updates) if stream]
-    heapq.heapify(heads)
-
-    def merged() -> Iterable[GroupUpdate]:
-        while heads:
-            _, upstream, position = heapq.heappop(heads)
-            stream = updates[upstream]
-            yield aggregate.regrouped(*stream[position])
-            if position + 1 < len(stream):
-                heapq.heappush(heads, (stream[position + 1][4], upstream, position + 1))
-
-    topology.apply_updates(work.regrouped, merged())
+    streams = [[aggregate.regrouped(*u) for u in stream] for stream in updates]
+    groups = {u.group for stream in streams for u in stream}
+    _prefetch(list(work.tables[1:]), states, records, topology, {work.regrouped: groups})
+    topology.run([(name, is_stream, records.get(name, [])) for name, is_stream in work.inputs],
+                 work.regrouped, streams)
     return _result(work, topology, partition)
 
 

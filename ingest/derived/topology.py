@@ -10,13 +10,14 @@ next result, exactly as Kafka Streams forwards within one task.
 With several partitions, a group-by aggregate's input changes cross a *repartition*, as Kafka's
 repartition topics carry them: the topology of an input partition routes them to group updates
 (``repartitioned``) instead of applying them, and the topology of the group's partition applies
-them (``apply_updates``) and propagates the aggregate's changes to the tables that read it.
+them (``run``'s ``updates``, merged with that partition's records of the stage's own inputs) and
+propagates the aggregate's changes to the tables that read it.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Collection, Iterable
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -83,28 +84,42 @@ class Topology:
                 self.dependents.setdefault(name, []).append((node, side))
 
     # -- feeding ----------------------------------------------------------------------------
-    def run(self, inputs: list[tuple[str, bool, list[SourceRecord]]]) -> None:
-        """Merge the inputs (name, is_stream, records in the input's own order) and process."""
-        heads: list[tuple[int, int, int]] = []  # (head timestamp, declaration index, position)
-        for index, (_, _, records) in enumerate(inputs):
-            if records:
-                heads.append((records[0].timestamp, index, 0))
-        if len(heads) == 1:  # one input with records: the merge is its own order
+    def run(self, inputs: list[tuple[str, bool, list[SourceRecord]]], regrouped: str = "",
+            updates: list[list[GroupUpdate]] | None = None) -> None:
+        """Merge the inputs (name, is_stream, records in the input's own order) and process.
+
+        In a stage after a repartition, aggregate ``regrouped``'s group updates from each input
+        partition (``updates``, each in its partition's order) are one more input, declared
+        after the others: an update is applied when its head timestamp is the smallest, ties to
+        the source inputs, then to the lower input partition (docs/semantics.md, rule 23)."""
+        streams: list[list[SourceRecord] | list[GroupUpdate]] = [records for _, _, records in inputs]
+        streams += updates or []
+        heads = [(stream[0].timestamp, index, 0) for index, stream in enumerate(streams) if stream]
+        if len(heads) == 1 and heads[0][1] < len(inputs):  # one input with records: its own order
             self._run_one(*inputs[heads[0][1]])
             return
         heapq.heapify(heads)
+        node = self.nodes[regrouped] if regrouped else None
         while heads:
             _, index, position = heapq.heappop(heads)
-            name, is_stream, records = inputs[index]
-            record = records[position]
-            if is_stream:
-                self._stream_record(name, StreamRecord(record.key, record.value, record.timestamp))
+            stream = streams[index]
+            if index >= len(inputs):
+                assert node is not None and isinstance(node.operator, Aggregate)
+                update = stream[position]
+                assert isinstance(update, GroupUpdate)
+                self._emit(node, node.operator.apply(update), node.spec.inputs[0])
             else:
-                result = self.states[name].put(record.key, record.value, record.timestamp, record.partition)
-                if result.change is not None:
-                    self._changed(name, result.change)
-            if position + 1 < len(records):
-                heapq.heappush(heads, (records[position + 1].timestamp, index, position + 1))
+                name, is_stream, _ = inputs[index]
+                record = stream[position]
+                assert isinstance(record, SourceRecord)
+                if is_stream:
+                    self._stream_record(name, StreamRecord(record.key, record.value, record.timestamp))
+                else:
+                    result = self.states[name].put(record.key, record.value, record.timestamp, record.partition)
+                    if result.change is not None:
+                        self._changed(name, result.change)
+            if position + 1 < len(stream):
+                heapq.heappush(heads, (stream[position + 1].timestamp, index, position + 1))
 
     def _run_one(self, name: str, is_stream: bool, records: list[SourceRecord]) -> None:
         if is_stream:
@@ -116,16 +131,6 @@ class Topology:
             change = put(record.key, record.value, record.timestamp, record.partition).change
             if change is not None:
                 changed(name, change)
-
-    def apply_updates(self, name: str, updates: Iterable[GroupUpdate]) -> None:
-        """Apply aggregate ``name``'s group updates (of this partition's groups, in the order of
-        the repartition) and propagate its changes."""
-        node = self.nodes[name]
-        operator = node.operator
-        assert isinstance(operator, Aggregate)
-        cause = node.spec.inputs[0]
-        for update in updates:
-            self._emit(node, operator.apply(update), cause)
 
     # -- propagation ------------------------------------------------------------------------
     def _changed(self, name: str, change: Change) -> None:

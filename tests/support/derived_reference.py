@@ -604,17 +604,34 @@ def run_repartitioned(inputs: list[InputDef], tables: list[dict[str, Any]], runs
     its input's changes to group updates; then the pipeline of each group partition
     (``group_partition(group)``) applies the updates of its groups, merged from the input
     partitions by head timestamp, ties to the lower input partition, and propagates them to the
-    tables that read the aggregate. Results combine as ``run_partitioned``'s; a table comes from
+    tables that read the aggregate. The source inputs those tables read (an aggregate's *own*
+    inputs) are processed there, not in the first pipelines: the group partition's records of
+    them are merged with the updates by head timestamp, ties to the records (in declaration
+    order), then to the updates. Results combine as ``run_partitioned``'s; a table comes from
     the pipelines that compute it (the aggregates and the tables after them: the group
     partitions')."""
+    def ins(spec: dict[str, Any]) -> list[str]:
+        return [spec.get("from")] + [spec[op][side] for op in ("join", "fk_join", "stream_join") if op in spec
+                                     for side in ("left", "right", "stream", "table") if side in spec[op]]
+
     aggregates = [spec["name"] for spec in tables if "group_by" in spec]
-    after: set[str] = set(aggregates)
-    for spec in tables:
-        ins = [spec.get("from")] + [spec[op][side] for op in ("join", "fk_join", "stream_join") if op in spec
-                                    for side in ("left", "right", "stream", "table") if side in spec[op]]
-        if any(i in after for i in ins):
-            after.add(spec["name"])
+    groups: dict[str, set[str]] = {}
+    for name in aggregates:
+        groups[name] = {name}
+        for spec in tables:
+            if any(i in groups[name] for i in ins(spec)):
+                groups[name].add(spec["name"])
+    after: set[str] = set().union(*groups.values()) if groups else set()
+    sources = [d.name for d in inputs]
+    own = {name: [s for s in sources if any(s in ins(spec) for spec in tables if spec["name"] in groups[name] - {name})]
+           for name in aggregates}
+    owned = {s for names in own.values() for s in names}
     kinds = {d.name: d.kind for d in inputs}
+
+    def part(name: str, recs: list[Rec], p: int) -> list[Rec]:
+        return [replace(r, partition=0) for r in recs
+                if (stream_partition(r.key) if kinds[name] == "stream" else r.partition) == p]
+
     single = [replace(d, partitions=1) for d in inputs]
     first = [Pipeline(single, tables) for _ in range(partitions)]
     for pipeline in first:
@@ -622,24 +639,30 @@ def run_repartitioned(inputs: list[InputDef], tables: list[dict[str, Any]], runs
     second = [Pipeline(single, tables) for _ in range(partitions)]
     for run in runs:
         for p, pipeline in enumerate(first):
-            pipeline.process_run({name: [replace(r, partition=0) for r in recs
-                                         if (stream_partition(r.key) if kinds[name] == "stream" else r.partition) == p]
-                                  for name, recs in run.items()})
+            pipeline.process_run({name: part(name, recs, p) for name, recs in run.items() if name not in owned})
         for q, pipeline in enumerate(second):
             pipeline.run += 1
             pipeline.sequence = {}
             for name in aggregates:
-                streams = [[u for u in upstream.routed[name] if group_partition(u[0]) == q] for upstream in first]
-                position = [0] * partitions
+                # the streams merged: own inputs (declaration order), then updates by input partition
+                records: list[list[Any]] = [part(s, run.get(s, []), q) for s in own[name]]
+                updates: list[list[Any]] = [[u for u in upstream.routed[name] if group_partition(u[0]) == q]
+                                            for upstream in first]
+                streams = records + updates
+                position = [0] * len(streams)
                 while True:
-                    heads = [(stream[position[p]][1].ts, p) for p, stream in enumerate(streams)
-                             if position[p] < len(stream)]
+                    heads = [(streams[i][position[i]].timestamp if i < len(records) else streams[i][position[i]][1].ts,
+                              i) for i in range(len(streams)) if position[i] < len(streams[i])]
                     if not heads:
                         break
-                    _, p = min(heads)
-                    group, change, subtract, add = streams[p][position[p]]
-                    position[p] += 1
-                    pipeline.apply_group_update(name, group, change, subtract, add)
+                    _, i = min(heads)
+                    item = streams[i][position[i]]
+                    position[i] += 1
+                    if i < len(records):
+                        pipeline._source_record(next(d for d in single if d.name == own[name][i]), item)
+                    else:
+                        group, change, subtract, add = item
+                        pipeline.apply_group_update(name, group, change, subtract, add)
     out: dict[str, TableResult] = {}
     for spec in tables:
         name = spec["name"]

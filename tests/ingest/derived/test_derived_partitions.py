@@ -36,7 +36,10 @@ INPUTS = [
     InputDef("A", "versioned", history_retention_ms=6, partitions=PARTITIONS),
     InputDef("B", "timestamped", partitions=PARTITIONS),
     InputDef("S", "stream"),
+    # keyed like the groups of ``g``: read only after its repartition, in the groups' partitions
+    InputDef("C", "versioned", history_retention_ms=5, partitions=PARTITIONS),
 ]
+GROUP_KEYS = ["g0", "g1", "g2", "g3"]
 TABLES: list[dict[str, Any]] = [
     {"name": "a_big", "from": "A", "filter": "value.n > 3", "history_retention_ms": 3},
     {"name": "ab_outer", "join": {"left": "A", "right": "B", "type": "outer"}, "history_retention_ms": 4},
@@ -51,10 +54,11 @@ TABLES: list[dict[str, Any]] = [
      "aggregate": {"count": True, "sum": "value.n"},
      "history_retention_ms": 6},
     {"name": "g_many", "from": "g", "filter": "value.count > 1", "history_retention_ms": 3},
+    {"name": "g_c", "join": {"left": "g_many", "right": "C", "type": "outer"}, "history_retention_ms": 4},
     {"name": "r", "from": "B", "group_by": "concat('r', value.n % 5)",
      "reduce": {"add": "agg + value.n", "subtract": "agg - value.n"}, "history_retention_ms": 2},
 ]
-GROUPED = ("g", "g_many", "r")
+GROUPED = ("g", "g_many", "g_c", "r")
 #: The pipeline with the aggregates too, in Spark tasks (each table costs commits; the stages in
 #: this process are the property test's and the Kafka Streams differential test's).
 AGGREGATING = ("tasks0_",)
@@ -72,7 +76,7 @@ def _example(seed: int) -> list[dict[str, list[Rec]]]:
         for spec in INPUTS:
             recs = []
             for _ in range(rng.randint(0, 12)):
-                key = rng.choice(KEYS)
+                key = rng.choice(GROUP_KEYS if spec.name == "C" else KEYS)
                 value = None if rng.random() < 0.2 else json.dumps({"n": rng.randint(-3, 12)}, separators=(",", ":"))
                 timestamp = rng.randint(0, 25) + 100 * home(key)
                 recs.append(Rec(key, value, timestamp, home(key) if spec.kind != "stream" else 0))
@@ -108,8 +112,9 @@ def test_each_partition_is_its_own_topology(spark: Any, tmp_path: Any, monkeypat
     topology's pass). ``here<i>`` and ``tasks<i>`` read the same input stores and stream
     (``e<i>_*``, ingested once per run): tables that share only source inputs are topologies of
     their own, each run where its prefix says. The group-by aggregates of one of them (a filter
-    before one, a filter after it, a reduce) cross a repartition to their group's
-    partition, which merges the updates of every input partition; the stores' partitions hold
+    before one, a filter and a join with a store of its own after it, a reduce) cross a
+    repartition to their group's partition, which merges the updates of every input partition
+    (and that partition's records of the joined store); the stores' partitions hold
     times in bands of their own, so some results are late by their group partition's stream
     time."""
     from versiq.ingest.derived import derive

@@ -18,7 +18,7 @@ from versiq.ingest.derived.spec import parse_tables
 from versiq.ingest.derived.tasks import PassWork, TableRead, repartitionable, stages
 from versiq.layout import MURMUR2, default_partition_of
 
-KINDS = {"orders": "versioned", "customers": "versioned", "clicks": "stream"}
+KINDS = {"orders": "versioned", "customers": "versioned", "regions": "versioned", "clicks": "stream"}
 COUNT = {"aggregate": {"count": True}}
 
 
@@ -46,9 +46,19 @@ def _work(entries: list[dict[str, Any]], writers: list[str], partitions: int = 3
                                                                           "subtract": "agg - value.n"}}], True),
     # a foreign-key join: its subscriptions and responses are not built as repartitions
     ([{"name": "j", "fk_join": {"left": "orders", "right": "customers", "foreign_key": "value.c"}}], False),
-    # a table that reads an aggregate and another input
+    # a table that reads an aggregate and a source input of its own
     ([{"name": "g", "from": "orders", "group_by": "value.c", **COUNT},
+      {"name": "j", "join": {"left": "g", "right": "customers"}}], True),
+    # ... that is also read before the repartition
+    ([{"name": "g", "from": "orders", "group_by": "value.c", **COUNT},
+      {"name": "f", "from": "customers", "filter": "value.n > 1"},
       {"name": "j", "join": {"left": "g", "right": "customers"}}], False),
+    ([{"name": "g", "from": "orders", "group_by": "value.c", **COUNT},
+      {"name": "j", "join": {"left": "g", "right": "orders"}}], False),
+    # a table that reads an aggregate and a derived table computed before the repartition
+    ([{"name": "g", "from": "orders", "group_by": "value.c", **COUNT},
+      {"name": "f", "from": "customers", "filter": "value.n > 1"},
+      {"name": "j", "join": {"left": "g", "right": "f"}}], False),
     # a group-by after a group-by
     ([{"name": "g", "from": "orders", "group_by": "value.c", **COUNT},
       {"name": "gg", "from": "g", "group_by": "value.count", **COUNT}], False),
@@ -80,6 +90,28 @@ def test_a_pass_is_cut_into_a_first_stage_and_one_stage_per_aggregate() -> None:
 
 
 @pytest.mark.rule(23)
+def test_an_aggregates_stage_reads_the_records_of_its_own_inputs() -> None:
+    entries = [
+        {"name": "g", "from": "orders", "group_by": "value.c", **COUNT},
+        {"name": "j", "join": {"left": "g", "right": "customers", "type": "left"}},
+        {"name": "s", "stream_join": {"stream": "clicks", "table": "j"}},
+        {"name": "f", "from": "regions", "filter": "value.n > 1"},
+    ]
+    tables = _tables(entries)
+    reads = tuple(TableRead(name, f"/w/{name}", None, "versioned", 0, 4)
+                  for name in ["orders", "customers", "regions", "g", "j", "f"])
+    inputs = (("orders", False), ("customers", False), ("regions", False), ("clicks", True))
+    work = PassWork(tables=tuple(tables), writers=("g", "j", "s", "f"), reads=reads, inputs=inputs,
+                    runs=tuple((w, 1) for w in ("g", "j", "s", "f")), partitions=2)
+    first, later = stages(work)
+    assert first.inputs == (("orders", False), ("regions", False))
+    assert [r.name for r in first.reads] == ["orders", "regions", "f"] and first.writers == ("f",)
+    assert later.inputs == (("customers", False), ("clicks", True))
+    assert [t.name for t in later.tables] == ["g", "j", "s"] and later.writers == ("g", "j", "s")
+    assert [r.name for r in later.reads] == ["customers", "g", "j"]
+
+
+@pytest.mark.rule(23)
 def test_an_up_to_date_aggregate_is_recomputed_for_its_readers_but_not_written() -> None:
     entries = [{"name": "g", "from": "orders", "group_by": "value.c", **COUNT},
                {"name": "busy", "from": "g", "filter": "value.count > 2"}]
@@ -97,7 +129,10 @@ def test_one_partition_is_one_stage() -> None:
 
 PARTITIONS = 3
 MODEL_INPUTS = [InputDef("orders", "versioned", history_retention_ms=8, partitions=PARTITIONS),
-                InputDef("customers", "timestamped", partitions=PARTITIONS)]
+                InputDef("customers", "timestamped", partitions=PARTITIONS),
+                InputDef("regions", "versioned", history_retention_ms=6, partitions=PARTITIONS),
+                InputDef("clicks", "stream")]
+SOURCES = tuple((d.name, d.kind == "stream") for d in MODEL_INPUTS)
 STAGED = [
     {"name": "f", "from": "orders", "filter": "value.n > 0", "history_retention_ms": 4},
     {"name": "g", "from": "f", "group_by": "concat('g', value.n % 4)", "aggregate": {"count": True, "sum": "value.n"},
@@ -107,6 +142,9 @@ STAGED = [
      "aggregate": {"init": "''", "add": "concat(agg, key, '+', value.n, ';')", "subtract": "concat(agg, key, '-')"}},
     {"name": "r", "from": "customers", "group_by": "concat('r', value.n % 5)",
      "reduce": {"add": "agg + value.n", "subtract": "agg - value.n"}, "history_retention_ms": 2},
+    # tables after a repartition that read source inputs of their own (keys in the groups' space)
+    {"name": "gr", "join": {"left": "g", "right": "regions", "type": "outer"}, "history_retention_ms": 6},
+    {"name": "seen", "stream_join": {"stream": "clicks", "table": "trail", "type": "left"}},
 ]
 
 
@@ -120,13 +158,13 @@ def _staged_work() -> PassWork:
                for t in STAGED]
     tables = parse_tables(entries, KINDS)
     reads = [TableRead("orders", "/nonexistent/orders", None, "versioned", 8, 4, PARTITIONS),
-             TableRead("customers", "/nonexistent/customers", None, "timestamped", 0, 4, PARTITIONS)]
+             TableRead("customers", "/nonexistent/customers", None, "timestamped", 0, 4, PARTITIONS),
+             TableRead("regions", "/nonexistent/regions", None, "versioned", 6, 4, PARTITIONS)]
     reads += [TableRead(t.name, f"/nonexistent/{t.name}", None, t.kind, t.history_retention_ms, t.buckets)
               for t in tables]
     names = tuple(t.name for t in tables)
     return PassWork(tables=tuple(tables), writers=names, reads=tuple(reads),
-                    inputs=(("orders", False), ("customers", False)), runs=tuple((n, 1) for n in names),
-                    partitions=PARTITIONS)
+                    inputs=SOURCES, runs=tuple((n, 1) for n in names), partitions=PARTITIONS)
 
 
 @pytest.mark.rule(23)
@@ -137,16 +175,17 @@ def test_a_pass_through_its_stages_is_the_models(seed: int) -> None:
     reference model with a repartition (``run_repartitioned``)."""
     rng = random.Random(seed)
     run: dict[str, list[Rec]] = {}
-    for name in ("orders", "customers"):
+    for name, is_stream in SOURCES:
         recs = []
         for _ in range(rng.randint(0, 30)):
-            key = f"k{rng.randint(1, 9)}"
+            key = rng.choice(["g0", "g1", "g2", "g3", "t0", "t1", "t2"]) if name in ("regions", "clicks") \
+                else f"k{rng.randint(1, 9)}"
             value = None if rng.random() < 0.15 else json.dumps({"n": rng.randint(-2, 9)})
-            recs.append(Rec(key, value, rng.randint(0, 25) + 20 * _home(key), _home(key)))
+            recs.append(Rec(key, value, rng.randint(0, 25) + 20 * _home(key), 0 if is_stream else _home(key)))
         run[name] = recs
-    rows = [{"task": r.partition, "input": i, "key": r.key, "value": r.value, "timestamp": r.timestamp,
+    rows = [{"task": _home(r.key), "input": i, "key": r.key, "value": r.value, "timestamp": r.timestamp,
              "partition": r.partition, "o1": 1, "o2": 1, "o3": position, "o4": ""}
-            for i, name in enumerate(("orders", "customers")) for position, r in enumerate(run[name])]
+            for i, (name, _) in enumerate(SOURCES) for position, r in enumerate(run[name])]
     records = pa.Table.from_pylist(rows, schema=RECORDS_SCHEMA).sort_by([(n, "ascending") for n in ORDER])
     out = process_here(_staged_work(), records, MURMUR2)
     model = run_repartitioned(MODEL_INPUTS, STAGED, [run], PARTITIONS, _home, _home)
