@@ -36,20 +36,32 @@ numbers; ``float``/``double`` numbers (``records.floats``: a 32-bit ``float`` is
 decimal that reads back as the same float, ``0.1f`` is ``0.1`` as Java's ``Float.toString``
 writes it; a ``double`` is its own shortest text), NaN and the infinities the strings ``"NaN"``,
 ``"Infinity"``, ``"-Infinity"`` (JSON has no such numbers). Logical types: ``decimal`` a string
-of its exact digits with the schema's scale (``"12.30"``), ``uuid`` its text, ``date``
-``"2024-01-31"``, ``time-millis``/``time-micros`` ``"12:00:00.123"``,
+of its exact digits with the schema's scale (``"12.30"``), ``big-decimal`` (on ``bytes``: the
+Avro ``bytes`` of the unscaled two's-complement big-endian integer, then the scale as an Avro
+``int``, both in the value) a string of its exact digits with the value's own scale (``"12.30"``,
+``"12000"`` for a negative scale; never an exponent), ``uuid`` (on ``string``, or on a
+``fixed`` of 16 bytes, big-endian as RFC 4122 lays them out) its canonical lowercase text,
+``duration`` (a ``fixed`` of 12 bytes: three little-endian unsigned 32-bit integers) the object
+``{"months": 1, "days": 2, "milliseconds": 3}`` (the three are independent, as a month is no
+fixed number of days: an ISO-8601 text would merge them into one string to parse again),
+``date`` ``"2024-01-31"``, ``time-millis``/``time-micros`` ``"12:00:00.123"``,
 ``timestamp-millis``/``-micros``/``-nanos`` an RFC 3339 UTC instant
 (``"2024-01-31T12:00:00.123Z"``: 3 fraction digits, 6 when there are microseconds, 9 when there
-are nanoseconds), ``local-timestamp-millis``/``-micros``/``-nanos`` the same without ``Z``; other
-logical types (``duration``, ``big-decimal``, ``uuid`` on a ``fixed``, unknown ones) are their
-underlying type. A datum that is null (the ``null`` branch of a union at the top) is a tombstone,
+are nanoseconds), ``local-timestamp-millis``/``-micros``/``-nanos`` the same without ``Z``; a
+logical type on a type it does not annotate (``uuid`` on a ``fixed`` of another size,
+``duration`` on one not of 12 bytes, ``big-decimal`` on anything but ``bytes``) and unknown ones
+are their underlying type, as the specification says readers treat them. A ``big-decimal`` whose
+bytes are not those two values (truncated, an empty integer, bytes after the scale, a scale
+beyond an ``int``) or whose text would exceed ``MAX_BIG_DECIMAL_DIGITS`` digits is ``bad_value``.
+A datum that is null (the ``null`` branch of a union at the top) is a tombstone,
 like a JSON null value.
 
 fastavro reads a ``float`` as the double of its value and knows no nanosecond timestamps (a
-Python ``datetime`` holds microseconds), so the writer schema (and each schema it references) is
-parsed with those types marked by logical types of versiq's own (``_readable``), whose readers
-(registered in fastavro's ``LOGICAL_READERS`` under those names only) return the shortest float
-and the instant's text.
+Python ``datetime`` holds microseconds), no ``big-decimal``, and neither ``duration`` nor ``uuid``
+on a ``fixed``, so the writer schema (and each schema it references) is parsed with those types
+marked by logical types of versiq's own (``_readable``), whose readers (registered in fastavro's
+``LOGICAL_READERS`` under those names only) return the shortest float, the instant's text, the
+``Decimal``, the UUID's text and the duration's object.
 """
 
 from __future__ import annotations
@@ -85,6 +97,9 @@ REQUEST_TIMEOUT_S = 10.0
 RETRY_PAUSES_S = (0.5, 1.5)
 #: How deep schema references may nest (a cycle of references stops here).
 MAX_REFERENCE_DEPTH = 16
+#: The most digits a ``big-decimal``'s text may have (its scale is in the value, so a few bytes
+#: could otherwise ask for a text of billions of zeros): as many as Python writes an int with.
+MAX_BIG_DECIMAL_DIGITS = 4300
 _CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
 _USERINFO = re.compile(r"//[^/@]*@")
 
@@ -422,17 +437,22 @@ def _dumps(value: Any) -> bytes:
 
 
 # ---------------------------------------------------------------- Avro to JSON
-#: versiq's own logical types (``_readable``): a 32-bit ``float``; the nanosecond timestamps.
+#: versiq's own logical types (``_readable``): a 32-bit ``float``; the nanosecond timestamps; the
+#: logical types on a ``fixed`` of the size each needs; ``big-decimal`` on ``bytes``.
 _FLOAT32 = "versiq-float32"
 _NANOS = {"timestamp-nanos": "versiq-timestamp-nanos", "local-timestamp-nanos": "versiq-local-timestamp-nanos"}
+_FIXED = {("uuid", 16): "versiq-uuid", ("duration", 12): "versiq-duration"}
+_BIG_DECIMAL = "versiq-big-decimal"
 _EPOCH = datetime.datetime(1970, 1, 1)
 
 
 def _readable(schema: Any) -> Any:
-    """The Avro schema (its JSON) with every ``float`` and every ``long`` of logical type
-    ``timestamp-nanos`` or ``local-timestamp-nanos`` given versiq's logical type for it (a
-    ``float``'s own logical type, which Avro's specification ignores, is replaced). The binary
-    encoding is the underlying type's: the schema still reads the same bytes."""
+    """The Avro schema (its JSON) with every ``float``, every ``long`` of logical type
+    ``timestamp-nanos`` or ``local-timestamp-nanos``, every ``fixed`` of logical type ``uuid`` of 16
+    bytes or ``duration`` of 12, and every ``bytes`` of logical type ``big-decimal`` given versiq's
+    logical type for it (a ``float``'s own logical type, which Avro's specification ignores, is
+    replaced). The binary encoding is the underlying type's: the schema still reads the same
+    bytes."""
     if isinstance(schema, str):
         return {"type": "float", "logicalType": _FLOAT32} if schema == "float" else schema
     if isinstance(schema, list):
@@ -444,6 +464,10 @@ def _readable(schema: Any) -> Any:
         out["logicalType"] = _FLOAT32
     elif kind == "long" and schema.get("logicalType") in _NANOS:
         out["logicalType"] = _NANOS[schema["logicalType"]]
+    elif kind == "fixed" and (schema.get("logicalType"), schema.get("size")) in _FIXED:
+        out["logicalType"] = _FIXED[schema["logicalType"], schema["size"]]
+    elif kind == "bytes" and schema.get("logicalType") == "big-decimal":
+        out["logicalType"] = _BIG_DECIMAL
     elif kind in ("record", "error") and isinstance(schema.get("fields"), list):
         out["fields"] = [dict(f, type=_readable(f["type"])) if isinstance(f, dict) and "type" in f else f
                          for f in schema["fields"]]
@@ -468,6 +492,60 @@ def _read_local_timestamp_nanos(data: int, writer_schema: Any = None, reader_sch
     return _nanos_instant(data)
 
 
+def _read_fixed_uuid(data: bytes, writer_schema: Any = None, reader_schema: Any = None) -> str:
+    return str(uuid.UUID(bytes=bytes(data)))
+
+
+def _read_duration(data: bytes, writer_schema: Any = None, reader_schema: Any = None) -> dict[str, int]:
+    months, days, milliseconds = (int.from_bytes(data[i:i + 4], "little") for i in (0, 4, 8))
+    return {"months": months, "days": days, "milliseconds": milliseconds}
+
+
+def _read_big_decimal(data: bytes, writer_schema: Any = None, reader_schema: Any = None) -> decimal.Decimal:
+    """The exact ``Decimal`` of a ``big-decimal``'s bytes: the unscaled integer as Avro ``bytes``
+    (a zigzag varint length, then that many bytes of a two's-complement big-endian integer), then
+    the scale as an Avro ``int``, and nothing after it (the value is ``unscaled * 10**-scale``).
+    ``ValueError`` when the bytes are not that, or its text would exceed
+    ``MAX_BIG_DECIMAL_DIGITS`` digits."""
+    data = bytes(data)
+    length, start = _zigzag(data, 0, 64)
+    if length <= 0 or start + length > len(data):
+        raise ValueError(f"a big-decimal's unscaled integer of {length} byte(s) in {len(data)} byte(s)")
+    if length > MAX_BIG_DECIMAL_DIGITS:
+        raise ValueError(f"a big-decimal of more than {MAX_BIG_DECIMAL_DIGITS} digits")
+    unscaled = int.from_bytes(data[start:start + length], "big", signed=True)
+    scale, end = _zigzag(data, start + length, 32)
+    if end != len(data):
+        raise ValueError(f"{len(data) - end} byte(s) after a big-decimal's scale")
+    sign, digits, _ = decimal.Decimal(unscaled).as_tuple()
+    shown = len(digits) - scale if scale < 0 else max(len(digits), scale + 1)
+    if shown > MAX_BIG_DECIMAL_DIGITS:
+        raise ValueError(f"a big-decimal of {len(digits)} digit(s) with scale {scale} would be {shown} digits, "
+                         f"more than {MAX_BIG_DECIMAL_DIGITS}")
+    return decimal.Decimal((sign, digits, -scale))
+
+
+def _zigzag(data: bytes, pos: int, bits: int) -> tuple[int, int]:
+    """The Avro ``int`` (``bits`` 32) or ``long`` (64) at ``pos`` of ``data``, a zigzag varint,
+    and the position after it; ``ValueError`` when it is cut off or longer than such a number."""
+    result = shift = 0
+    while True:
+        if pos >= len(data):
+            raise ValueError("a big-decimal's bytes end inside a varint")
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            break
+        if shift >= -(-bits // 7) * 7:
+            raise ValueError(f"a varint longer than a {bits}-bit integer in a big-decimal")
+    value = (result >> 1) ^ -(result & 1)
+    if not -(1 << (bits - 1)) <= value < 1 << (bits - 1):
+        raise ValueError(f"a big-decimal's varint {value} does not fit a {bits}-bit integer")
+    return value, pos
+
+
 def _install_readers() -> None:
     """Register the readers of versiq's logical types with fastavro (idempotent; only these
     names, so fastavro reads every other schema as before)."""
@@ -476,6 +554,9 @@ def _install_readers() -> None:
     LOGICAL_READERS["float-" + _FLOAT32] = _read_float32
     LOGICAL_READERS["long-" + _NANOS["timestamp-nanos"]] = _read_timestamp_nanos
     LOGICAL_READERS["long-" + _NANOS["local-timestamp-nanos"]] = _read_local_timestamp_nanos
+    LOGICAL_READERS["fixed-" + _FIXED["uuid", 16]] = _read_fixed_uuid
+    LOGICAL_READERS["fixed-" + _FIXED["duration", 12]] = _read_duration
+    LOGICAL_READERS["bytes-" + _BIG_DECIMAL] = _read_big_decimal
 
 
 def _nanos_instant(nanos: int) -> str:

@@ -60,6 +60,14 @@ EVERYTHING = {
         {"name": "tn", "type": {"type": "long", "logicalType": "timestamp-nanos"}},
         {"name": "ltn", "type": {"type": "long", "logicalType": "local-timestamp-nanos"}},
         {"name": "dur", "type": {"type": "fixed", "name": "Twelve", "size": 12, "logicalType": "duration"}},
+        {"name": "uid_fixed", "type": {"type": "fixed", "name": "Uuid16", "size": 16, "logicalType": "uuid"}},
+        {"name": "uid_named", "type": ["null", "Uuid16"]},  # the named fixed again, in a union
+        {"name": "big", "type": {"type": "bytes", "logicalType": "big-decimal"}},
+        {"name": "bigs", "type": {"type": "array", "items": ["null", {"type": "bytes", "logicalType": "big-decimal"}]}},
+        # logical types on a type they do not annotate: their underlying type
+        {"name": "uid_short", "type": {"type": "fixed", "name": "Eight", "size": 8, "logicalType": "uuid"}},
+        {"name": "dur_long", "type": {"type": "fixed", "name": "Sixteen", "size": 16, "logicalType": "duration"}},
+        {"name": "big_fixed", "type": {"type": "fixed", "name": "Three", "size": 3, "logicalType": "big-decimal"}},
         {"name": "f_third", "type": "float"},
         {"name": "f_nan", "type": "float"},
         {"name": "f_inf", "type": {"type": "float"}},
@@ -68,8 +76,30 @@ EVERYTHING = {
         {"name": "fm", "type": {"type": "map", "values": ["null", "float"]}},
     ],
 }
-DURATION = struct.pack("<3I", 1, 2, 3)  # months, days, milliseconds
+# months, days, milliseconds: each unsigned (4e9 is beyond a signed 32-bit int), little-endian
+DURATION = struct.pack("<3I", 14, 40, 4_000_000_001)
 UID = uuid.UUID("6f1c2d3e-4a5b-4c6d-8e7f-0123456789ab")
+
+
+def zigzag(n: int) -> bytes:
+    """An Avro ``int``/``long``: a zigzag varint."""
+    z, out = (n << 1) ^ (n >> 63), bytearray()
+    while z > 0x7F:
+        out.append(z & 0x7F | 0x80)
+        z >>= 7
+    return bytes([*out, z])
+
+
+def big_decimal(text: str) -> bytes:
+    """A ``big-decimal``'s bytes as Avro's Java ``BigDecimalConversion`` writes them: the unscaled
+    two's-complement integer as Avro ``bytes``, then the scale as an Avro ``int``."""
+    sign, digits, exponent = decimal.Decimal(text).as_tuple()
+    assert isinstance(exponent, int)
+    unscaled = int("".join(map(str, digits))) * (-1 if sign else 1)
+    raw = unscaled.to_bytes(unscaled.bit_length() // 8 + 1, "big", signed=True)
+    return zigzag(len(raw)) + raw + zigzag(-exponent)
+
+
 DATUM = {
     "b": True, "i": -7, "l": 2**62, "f": 0.1, "d": 0.1, "nan": float("nan"), "inf": float("-inf"), "s": "é\"\n",
     "by": b"\x00\xff", "fx": b"abcd", "e": "GREEN", "a": [1, 2], "m": {"k": "v"}, "u_null": None, "u_str": "x",
@@ -78,7 +108,11 @@ DATUM = {
     "ts": datetime.datetime(2024, 1, 31, 12, 0, 0, 123000, tzinfo=datetime.UTC),
     "tsu": datetime.datetime(2024, 1, 31, 12, 0, 0, 123456, tzinfo=datetime.UTC),
     "lts": datetime.datetime(2024, 1, 31, 12, 0, 0), "tn": 1_706_702_400_123_456_789,
-    "ltn": 1_706_702_400_000_000_000, "dur": DURATION, "f_third": 1 / 3, "f_nan": float("nan"), "f_inf": float("inf"),
+    "ltn": 1_706_702_400_000_000_000, "dur": DURATION, "uid_fixed": UID.bytes, "uid_named": UID.bytes,
+    "big": big_decimal("-12345678901234567890.1234567890123456789000"),
+    "bigs": [big_decimal("12.30"), None, big_decimal("1.2E+4"), big_decimal("0.00"), big_decimal("-0.005")],
+    "uid_short": b"12345678", "dur_long": DURATION + b"\0" * 4, "big_fixed": b"\x02\x01\x04",
+    "f_third": 1 / 3, "f_nan": float("nan"), "f_inf": float("inf"),
     "fs": [0.1, 1e-45, 3.4028234663852886e38, -0.0, 16777217.0], "u_float": 0.2, "fm": {"a": 0.7, "n": None},
 }
 EXPECTED = {
@@ -88,7 +122,12 @@ EXPECTED = {
     "dec_small": "0.000000123", "uid": str(UID), "day": "2024-01-31", "tm": "12:00:00.123", "tu": "00:00:00.000005",
     "ts": "2024-01-31T12:00:00.123Z", "tsu": "2024-01-31T12:00:00.123456Z", "lts": "2024-01-31T12:00:00.000",
     "tn": "2024-01-31T12:00:00.123456789Z", "ltn": "2024-01-31T12:00:00.000",
-    "dur": base64.b64encode(DURATION).decode(),  # an unsupported logical type: its underlying type
+    "dur": {"months": 14, "days": 40, "milliseconds": 4_000_000_001},
+    "uid_fixed": str(UID), "uid_named": str(UID),  # RFC 4122's big-endian bytes, not base64 or bytes_le
+    # exact digits and the value's own scale, never an exponent (1.2E+4: unscaled 12, scale -3)
+    "big": "-12345678901234567890.1234567890123456789000", "bigs": ["12.30", None, "12000", "0.00", "-0.005"],
+    "uid_short": base64.b64encode(b"12345678").decode(), "dur_long": base64.b64encode(DURATION + b"\0" * 4).decode(),
+    "big_fixed": base64.b64encode(b"\x02\x01\x04").decode(),
     # 32-bit floats: the shortest text that reads back as each (1/3 is 0.3333333432674408 as a double)
     "f_third": 0.33333334, "f_nan": "NaN", "f_inf": "Infinity", "fs": [0.1, 1e-45, 3.4028235e38, -0.0, 16777216.0],
     "u_float": 0.2, "fm": {"a": 0.7, "n": None},
@@ -209,12 +248,38 @@ def test_values_that_cannot_be_decoded_are_bad_value_naming_the_schema_id(schema
         wire_value(price_id, b"\x06\xff\xfe\xfd\x0a\x02"): f"schema id {price_id}: the payload is not Avro data",
         wire_value(json_id, b"{}"): f"schema id {json_id} is a JSON schema, not AVRO",
     }
+    # a big-decimal's bytes are checked as the datum's are: its scale is in the value
+    amount = {"type": "record", "name": "Amount", "fields": [{"name": "v", "type": {"type": "bytes",
+                                                                                  "logicalType": "big-decimal"}}]}
+    amount_id = schema_registry.register("amount-value", amount)
+
+    def amount_value(inner: bytes) -> bytes:
+        return wire_value(amount_id, zigzag(len(inner)) + inner)
+
+    not_avro = f"schema id {amount_id}: the payload is not Avro data of its schema (ValueError: a big-decimal"
+    most = wire.MAX_BIG_DECIMAL_DIGITS
+    cases.update({
+        amount_value(big_decimal("1.5")[:-1]): not_avro + "'s bytes end inside a varint",
+        amount_value(b"\x00" + zigzag(2)): not_avro + "'s unscaled integer of 0 byte(s)",
+        amount_value(big_decimal("1.5") + b"\x00"): f"schema id {amount_id}: the payload is not Avro data of its "
+                                                    "schema (ValueError: 1 byte(s) after a big-decimal's scale",
+        amount_value(b"\x02\x01" + zigzag(2**31)): not_avro + "'s varint 2147483648 does not fit a 32-bit integer",
+        # scales that ask for billions of digits
+        amount_value(b"\x02\x01" + zigzag(2**31 - 1)):
+            not_avro + f" of 1 digit(s) with scale 2147483647 would be 2147483648 digits, more than {most}",
+        amount_value(b"\x02\x01" + zigzag(-2**31)):
+            not_avro + f" of 1 digit(s) with scale -2147483648 would be 2147483649 digits, more than {most}",
+        amount_value(b"\x02\x01" + zigzag(most)): not_avro + f" of 1 digit(s) with scale {most} would be",
+    })
     rows = parse(list(cases), fmt)
     for row, (value, expected) in zip(rows, cases.items(), strict=True):
         assert row["reason"] == "bad_value" and expected in row["detail"], (value, row["detail"])
         assert row["value"] is None
         raw = json.loads(row["raw"])  # the exact bytes, as text or base64
         assert raw.get("valueBase64") == base64.b64encode(value).decode() or raw.get("value") == value.decode()
+    # the longest text a big-decimal may have: 0.000...1 of exactly that many digits
+    [row] = parse([amount_value(b"\x02\x01" + zigzag(most - 1))], fmt)
+    assert row["reason"] is None and json.loads(row["value"]) == {"v": "0." + "0" * (most - 2) + "1"}, row["detail"]
 
 
 def test_json_schema_values(schema_registry):
