@@ -230,10 +230,7 @@ def plan_compaction(handle: StoreHandle, recent_only: bool = False,
         return CompactionPlan(stream=True)
     assert handle.table is not None  # an existing store (existing_store_path)
     plan = CompactionPlan()
-    actions = pa.table(handle.table.get_add_actions(flatten=True)).to_pylist()
-    by_bucket: dict[int, list[dict[str, Any]]] = {}
-    for action in actions:
-        by_bucket.setdefault(int(action["partition.bucket"]), []).append(action)
+    by_bucket = layout.bucket_files(handle.table, path, ("num_records", "size_bytes", "min.run", "max.run"))
     if recent_only:
         by_bucket = {b: files for b, files in by_bucket.items() if len(files) > 1}
     answerable = answerable_sql(state.stream_time, settings.history_retention_ms)
@@ -246,7 +243,7 @@ def plan_compaction(handle: StoreHandle, recent_only: bool = False,
                 files = merge[1]
                 if len(files) < 2:
                     continue  # one recent file: nothing to merge
-            full = [storage.data_file(path, f["path"]) for f in files]
+            full = [f["file"] for f in files]
             count = sum(int(f["num_records"]) for f in files)
             sql = (f"SELECT {columns} FROM read_parquet($files, hive_partitioning = false) "
                    + read_rule_sql(settings.kind))

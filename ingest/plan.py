@@ -113,3 +113,17 @@ def derives_here(records: int) -> bool:
     limit = settings.DERIVE_HERE_RECORDS.value()
     limit = DERIVE_HERE_RECORDS if limit is None else limit
     return limit > 0 and records <= limit
+
+
+#: Up to this many buckets, a run reads the stored versions of its keys
+#: (``store.existing_versions``) bucket by bucket, each bucket's files for that bucket's keys only
+#: (``store._stored_rows``); a run touching more (a store of many buckets) reads them in one scan.
+BUCKET_SCANS_LIMIT = 64
+
+
+def scans_per_bucket(buckets: int) -> bool:
+    """Whether a run whose keys fall in ``buckets`` buckets reads their stored versions bucket by
+    bucket (``VERSIQ_BUCKET_SCANS_LIMIT`` overrides ``BUCKET_SCANS_LIMIT``; 0: never)."""
+    limit = settings.BUCKET_SCANS_LIMIT.value()
+    limit = BUCKET_SCANS_LIMIT if limit is None else limit
+    return buckets <= limit

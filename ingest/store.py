@@ -28,6 +28,7 @@ from versiq.durations import format_duration
 from versiq.ingest.delta import SideRun, commit_table, replace_runs, set_description
 from versiq.ingest.errors import LeaseLost, LockTimeout, UsageError, one_line
 from versiq.ingest.holder import Holder, end_orphan_jvm
+from versiq.ingest.plan import scans_per_bucket
 from versiq.ingest.sources import SourceError
 from versiq.ingest.spark import driver_jvm_pid
 from versiq.layout import (
@@ -279,13 +280,8 @@ class StoreHandle:
         """The snapshot's data files of ``buckets`` (the locations DuckDB reads), per bucket."""
         if self.table is None or not buckets:
             return {}
-        adds = pa.table(self.table.get_add_actions(flatten=True))
-        files: dict[int, list[str]] = {}
-        for rel, bucket in zip(adds.column("path").to_pylist(), adds.column("partition.bucket").to_pylist(),
-                               strict=True):
-            if bucket in buckets:
-                files.setdefault(bucket, []).append(storage.data_file(self.path, rel))
-        return files
+        return {bucket: [f["file"] for f in files]
+                for bucket, files in layout.bucket_files(self.table, self.path).items() if bucket in buckets}
 
 
 def open_store(path: str, requested: StoreSettings, explicit: set[str]) -> StoreHandle:
@@ -353,10 +349,6 @@ def existing_versions(handle: StoreHandle, keys: pa.Table) -> pa.Table:
     return result.cast(schema)
 
 
-#: Up to this many buckets, ``existing_versions`` reads each bucket's files for that bucket's
-#: keys (``_stored_rows``); a run touching more (a store of many buckets) reads them together.
-BUCKET_SCANS_LIMIT = 64
-
 #: The columns ``existing_versions`` reads from a store's files.
 _STORED_COLUMNS = 'key, valid_from, valid_to, value, tombstone, "partition", run'
 
@@ -372,8 +364,9 @@ def _stored_rows(files: dict[int, list[str]]) -> tuple[str, dict[str, Any]]:
     largest. Looked for together, the keys of a run of a few records spread over the whole key
     range of every bucket, and DuckDB would read the key column of every touched bucket in full,
     a cost that grows with the store. Asked per bucket, with only that bucket's keys, each file
-    is read only where one of them can be."""
-    if len(files) > BUCKET_SCANS_LIMIT:
+    is read only where one of them can be; a run touching more buckets than the run plan allows
+    (``plan.scans_per_bucket``) asks for its keys in one scan."""
+    if not scans_per_bucket(len(files)):
         every = [name for names in files.values() for name in names]
         return (f"(SELECT {_STORED_COLUMNS} FROM read_parquet($files) "
                 "WHERE key IN (SELECT key FROM batch_keys))"), {"files": every}

@@ -33,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from versiq import layout, storage
+from versiq import layout
 from versiq.query import index_files, reads
 from versiq.query.files import arrow
 
@@ -67,22 +67,12 @@ class DataFile:
 
 
 def files_by_bucket(dt: DeltaTable, table_path: str) -> dict[int, list[DataFile]]:
-    adds = pa.table(dt.get_add_actions(flatten=True))
-    cols = adds.column_names
-    paths = adds.column("path").to_pylist()
-    buckets = adds.column("partition.bucket").to_pylist() if "partition.bucket" in cols else None
-    mins = adds.column("min.key").to_pylist() if "min.key" in cols else [None] * len(paths)
-    maxs = adds.column("max.key").to_pylist() if "max.key" in cols else [None] * len(paths)
-    nrec = adds.column("num_records").to_pylist() if "num_records" in cols else [0] * len(paths)
-    min_runs = adds.column("min.run").to_pylist() if "min.run" in cols else [None] * len(paths)
-    max_runs = adds.column("max.run").to_pylist() if "max.run" in cols else [None] * len(paths)
-    out: dict[int, list[DataFile]] = {}
-    for i, p in enumerate(paths):
-        if buckets is None or buckets[i] is None:
-            raise ValueError("store table is not partitioned by 'bucket' (versiq layout)")
-        out.setdefault(int(buckets[i]), []).append(
-            DataFile(storage.data_file(table_path, p), mins[i], maxs[i], int(nrec[i] or 0), min_runs[i], max_runs[i])
-        )
+    """The data files of ``dt``'s snapshot per bucket (``layout.bucket_files``), each bucket's
+    sorted by path, with the key and run statistics the index prunes and merges by."""
+    stats = ("min.key", "max.key", "num_records", "min.run", "max.run")
+    out = {bucket: [DataFile(f["file"], f["min.key"], f["max.key"], int(f["num_records"] or 0), f["min.run"],
+                             f["max.run"]) for f in files]
+           for bucket, files in layout.bucket_files(dt, table_path, stats).items()}
     for files in out.values():
         files.sort(key=lambda f: f.path)
     return out

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import duckdb
-import pyarrow as pa
 from deltalake import DeltaTable
 
 from versiq import layout, storage
@@ -118,31 +117,15 @@ class StreamFile:
         return True
 
 
-def _ints(adds: pa.Table, name: str, n: int) -> list[Any]:
-    return adds.column(name).to_pylist() if name in adds.column_names else [None] * n
-
-
 def stream_files(dt: DeltaTable, table_path: str) -> tuple[StreamFile, ...]:
-    """The data files of ``dt``'s snapshot, sorted by path."""
-    adds = pa.table(dt.get_add_actions(flatten=True))
-    paths = adds.column("path").to_pylist()
-    n = len(paths)
-    if n and "partition.bucket" not in adds.column_names:
-        raise ValueError("stream table is not partitioned by 'bucket' (versiq layout)")
-    buckets = _ints(adds, "partition.bucket", n)
-    nrec = _ints(adds, "num_records", n)
-    cols = {name: _ints(adds, name, n) for name in (
-        "min.key", "max.key", "min.timestamp", "max.timestamp", "min.run", "max.run")}
-    out = []
-    for i, p in enumerate(paths):
-        if buckets[i] is None:
-            raise ValueError("stream table is not partitioned by 'bucket' (versiq layout)")
-        out.append(StreamFile(
-            path=storage.data_file(table_path, p), bucket=int(buckets[i]), num_records=int(nrec[i] or 0),
-            min_key=cols["min.key"][i], max_key=cols["max.key"][i],
-            min_timestamp=cols["min.timestamp"][i], max_timestamp=cols["max.timestamp"][i],
-            min_run=cols["min.run"][i], max_run=cols["max.run"][i],
-        ))
+    """The data files of ``dt``'s snapshot (``layout.bucket_files``), sorted by path, with the
+    key, timestamp and run statistics reads prune by."""
+    stats = ("num_records", "min.key", "max.key", "min.timestamp", "max.timestamp", "min.run", "max.run")
+    out = [StreamFile(path=f["file"], bucket=bucket, num_records=int(f["num_records"] or 0),
+                      min_key=f["min.key"], max_key=f["max.key"],
+                      min_timestamp=f["min.timestamp"], max_timestamp=f["max.timestamp"],
+                      min_run=f["min.run"], max_run=f["max.run"])
+           for bucket, files in layout.bucket_files(dt, table_path, stats).items() for f in files]
     out.sort(key=lambda f: f.path)
     return tuple(out)
 

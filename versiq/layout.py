@@ -109,11 +109,15 @@ from __future__ import annotations
 import json
 import zlib
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
 from versiq import storage
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
 
 FORMAT_VERSION = 1
 FORMAT_KEY = "versiq.format"
@@ -577,6 +581,30 @@ def read_state(table_path: str, version: int) -> StoreState:
             if text is not None:
                 return StoreState.from_json(text)
     return StoreState()
+
+
+def bucket_files(table: DeltaTable, table_path: str, stats: tuple[str, ...] = ()) -> dict[int, list[dict[str, Any]]]:
+    """The data files of ``table``'s snapshot (a store or stream table at ``table_path``) per
+    bucket, the ``bucket`` partition value of each add action, in the order of the snapshot's
+    add actions. Each file is a dict of ``"file"``, the location DuckDB reads
+    (``storage.data_file``), and the add action's columns named in ``stats`` as delta-rs's
+    flattened ``get_add_actions`` names them (``num_records``, ``size_bytes``, ``min.<column>``
+    and ``max.<column>`` for the columns of ``DELTA_STATS_COLUMNS``): None where the snapshot
+    records no such value. ValueError for a file without a bucket (a table not partitioned by
+    ``bucket``)."""
+    adds = pa.table(table.get_add_actions(flatten=True))
+
+    def column(name: str) -> list[Any]:
+        return adds.column(name).to_pylist() if name in adds.column_names else [None] * adds.num_rows
+
+    values = {name: column(name) for name in stats}
+    files: dict[int, list[dict[str, Any]]] = {}
+    for i, (path, bucket) in enumerate(zip(column("path"), column("partition.bucket"), strict=True)):
+        if bucket is None:
+            raise ValueError(f"the table {table_path} is not partitioned by 'bucket' (versiq layout)")
+        files.setdefault(int(bucket), []).append(
+            {"file": storage.data_file(table_path, path), **{name: values[name][i] for name in stats}})
+    return files
 
 
 def may_hold_key(key: str, min_key: str | None, max_key: str | None) -> bool:

@@ -296,6 +296,11 @@ DERIVE_HERE_RECORDS: Setting[int | None] = Setting(
     "a derived pass over at most this many new source records runs in the process that runs the pipeline, "
     "partition after partition; a larger one runs as Spark tasks, one per partition "
     "([derived-tables.md](derived-tables.md)); default `100000`, `0` always in Spark tasks", "ingest")
+BUCKET_SCANS_LIMIT: Setting[int | None] = Setting(
+    "VERSIQ_BUCKET_SCANS_LIMIT", whole_number, None,
+    "a run whose keys fall in at most this many buckets reads their stored versions bucket by bucket, each "
+    "bucket's files for that bucket's keys only (DuckDB then skips the row groups that hold none of them); a run "
+    "touching more reads them in one scan; default `64`, `0` always one scan", "ingest")
 SHUFFLE_PARTITIONS: Setting[str] = Setting(
     "VERSIQ_SHUFFLE_PARTITIONS", string, "8", "`spark.sql.shuffle.partitions`, default `8`", "ingest")
 SPARK_JARS: Setting[str | None] = Setting(

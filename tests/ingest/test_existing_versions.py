@@ -15,8 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tests.support.ingest import store_versions, write_jsonl
-from versiq import layout
-from versiq.ingest import store
+from versiq import layout, settings
 from versiq.ingest.pipeline import RUN_KEYS, StoreSpec, open_for, run_ingest
 from versiq.ingest.store import existing_versions
 
@@ -95,7 +94,7 @@ def test_each_bucket_is_read_for_its_own_keys_and_finds_every_version(spark: Any
         keys = pa.table({"key": [f"k{k:04d}" for k in chosen] + ["absent"],
                          "from_ts": [rng.choice([None, 1, 22, 25, 31]) for _ in chosen] + [None]}, schema=RUN_KEYS)
         per_bucket = existing_versions(handle, keys)
-        monkeypatch.setattr(store, "BUCKET_SCANS_LIMIT", 0)  # one scan of every file of the keys' buckets
+        monkeypatch.setenv(settings.BUCKET_SCANS_LIMIT.name, "0")  # one scan of every file of the keys' buckets
         one_scan = existing_versions(handle, keys)
         monkeypatch.undo()
         order = [("key", "ascending"), ("valid_from", "ascending")]
