@@ -33,7 +33,7 @@ from versiq import layout, storage
 from versiq.ingest.config import Pipeline
 from versiq.ingest.derived.job import InputRead, JobOutput, pass_records, run_here, run_job
 from versiq.ingest.derived.spec import TableSpec
-from versiq.ingest.derived.tasks import PassWork, TableRead, repartitionable, stages
+from versiq.ingest.derived.tasks import PassWork, TableRead, repartitionable, stages, whole_inputs
 from versiq.ingest.errors import LeaseLost
 from versiq.ingest.plan import derives_here
 from versiq.ingest.reports import TableReport
@@ -280,8 +280,12 @@ def pass_partitions(tables: list[TableSpec], sources: list[SourceInfo]) -> tuple
     """How many partitions a new topology gets, and the partitioner its stream records (and an
     aggregate's groups) are placed by (docs/semantics.md, rule 23): the partition count of its
     source stores when they all have the same one and the same partitioner, and its re-keying
-    tables can cross a repartition (``tasks.repartitionable``); else 1."""
-    stores = [s.settings for s in sources if not s.is_stream]
+    tables can cross a repartition (``tasks.repartitionable``); else 1. A store read only as a
+    foreign-key join's right input is read whole by every partition: its own count does not
+    matter."""
+    read_whole = {t.inputs[1] for t in tables if t.op == "fk_join"} - {
+        name for t in tables for side, name in enumerate(t.inputs) if t.op != "fk_join" or side == 0}
+    stores = [s.settings for s in sources if not s.is_stream and s.name not in read_whole]
     if not stores or not repartitionable(tables):
         return 1, layout.DEFAULT_PARTITIONER
     counts = {(s.partitions, s.partitioner) for s in stores}
@@ -348,8 +352,10 @@ def _run_topology(spark: SparkSession, pipeline: Pipeline, tables: list[TableSpe
     at_most = pass_records(inputs_read)
     here = derives_here(at_most)
     regrouped = [stage.regrouped for stage in stages(work)[1:]]
-    log.info("derived pass over %s: at most %d source record(s), %d partition(s)%s, %s", ", ".join(writers),
+    whole = whole_inputs(work)
+    log.info("derived pass over %s: at most %d source record(s), %d partition(s)%s%s, %s", ", ".join(writers),
              at_most, partitions, f", {', '.join(regrouped)} through a repartition" if regrouped else "",
+             f", {', '.join(whole)} read whole by each" if whole else "",
              "in this process" if here else "in Spark tasks")
     output = (run_here if here else run_job)(spark, work, inputs_read, partitioner)
     try:

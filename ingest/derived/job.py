@@ -45,8 +45,16 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from versiq import layout, storage
-from versiq.ingest.derived.tasks import PartitionResult, PassWork, Readers, run_partition, run_regrouped, stages
-from versiq.ingest.derived.topology import SourceRecord, TableCounts
+from versiq.ingest.derived.tasks import (
+    PartitionResult,
+    PassWork,
+    Readers,
+    run_partition,
+    run_regrouped,
+    stages,
+    whole_inputs,
+)
+from versiq.ingest.derived.topology import SourceRecord, TableCounts, whole_name
 from versiq.ingest.frames import local_frame
 from versiq.ingest.rules import SPARK
 from versiq.layout import (
@@ -299,10 +307,16 @@ def run_job(spark: SparkSession, work: PassWork, reads: list[InputRead], partiti
         names = {name for name, _ in stage.inputs}
         return records_frame(spark, work, [r for r in reads if r.name in names], partitioner)
 
-    names = [name for name, _ in work.inputs]
+    names = input_names(work)
     slot = _slot(spark, work.partitions) if work.partitions > 1 else None
     if slot is not None:
-        ordered = records(first).repartition(work.partitions, slot).sortWithinPartitions(*ORDER)
+        first_records = records(first)
+        tasks = spark.range(work.partitions).select(F.col("id").cast("int").alias("task"))
+        for j, name in enumerate(whole_inputs(work)):  # every task reads these stores whole
+            read = next(r for r in reads if r.name == name)
+            for part in _input_frames(spark, read, len(work.inputs) + j):
+                first_records = first_records.unionByName(part.crossJoin(tasks))
+        ordered = first_records.repartition(work.partitions, slot).sortWithinPartitions(*ORDER)
     else:
         ordered = records(first).coalesce(1).sortWithinPartitions(*ORDER)
     results = ordered.mapInArrow(partition_runner(first, names), from_arrow_schema(OUTPUT_SCHEMA))
@@ -359,14 +373,27 @@ def run_here(spark: SparkSession, work: PassWork, reads: list[InputRead], partit
 
 def process_here(work: PassWork, records: pa.Table, partitioner: str) -> pa.Table:
     """The pass's results (``OUTPUT_SCHEMA``) from its records (``records_here``'s), every stage
-    in this process with the tasks' code (``partition_runner``, ``regroup_runner``): a stage
-    after a repartition reads its group updates and own records as Spark sorts them for it."""
+    in this process with the tasks' code (``partition_runner``, ``regroup_runner``): each task
+    gets a copy of the records of the stores it reads whole, and a stage after a repartition
+    reads its group updates and own records, as Spark arranges them for it."""
     first, *later = stages(work)
-    names = [name for name, _ in work.inputs]
+    names = input_names(work)
+    whole = whole_inputs(work)
+    if whole:  # every task reads these stores whole: one copy of their records per task
+        copies = [records]
+        for j, name in enumerate(whole):
+            rows = records.filter(pa.compute.equal(records["input"], names.index(name)))
+            rows = rows.set_column(1, "input", pa.array([len(work.inputs) + j] * rows.num_rows, pa.int32()))
+            copies += [rows.set_column(0, "task", pa.array([p] * rows.num_rows, pa.int32()))
+                       for p in range(work.partitions)]
+        records = pa.concat_tables(copies).sort_by([(name, "ascending") for name in ORDER])
 
     def own(stage: PassWork) -> pa.Table:
-        indices = pa.array([names.index(name) for name, _ in stage.inputs], pa.int32())
-        return records.filter(pa.compute.is_in(records["input"], value_set=indices))
+        """The stage's records: its inputs' (and, for the first, the whole stores' copies)."""
+        indices = [names.index(name) for name, _ in stage.inputs]
+        if stage is first:
+            indices += range(len(work.inputs), len(names))
+        return records.filter(pa.compute.is_in(records["input"], value_set=pa.array(indices, pa.int32())))
 
     runner = partition_runner(first, names)
     table = pa.Table.from_batches(list(runner(iter(own(first).to_batches()))), schema=OUTPUT_SCHEMA)
@@ -392,6 +419,12 @@ def process_here(work: PassWork, records: pa.Table, partitioner: str) -> pa.Tabl
         parts.append(pa.Table.from_batches(list(regroup_runner(stage, names)(iter(grouped.to_batches()))),
                                            schema=OUTPUT_SCHEMA))
     return pa.concat_tables(parts)
+
+
+def input_names(work: PassWork) -> list[str]:
+    """What the ``input`` column of the records means: the pass's inputs, then the copies of the
+    stores every task reads whole (``tasks.whole_inputs``), by their ``whole_name``."""
+    return [name for name, _ in work.inputs] + [whole_name(name) for name in whole_inputs(work)]
 
 
 #: The order the tasks read the records in: by task, then each input's own order.

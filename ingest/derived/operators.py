@@ -170,11 +170,17 @@ class ForeignKeyJoin(Operator):
     """Rule 16 (KIP-213): left updates join the right value of their foreign key; right updates
     re-join every left key currently pointing at them. Computed synchronously from current
     values, so a result for a superseded left value is never emitted; what is emitted, and when
-    a tombstone is, follows Kafka's subscription instructions exactly (``_left_change``)."""
+    a tombstone is, follows Kafka's subscription instructions exactly (``_left_change``).
+
+    In one partition ``partition`` of several (docs/semantics.md, rule 23), the right input is
+    the whole right table, read by every partition, and a right update re-joins only the left
+    keys of this partition (each left key is in one partition, which answers it)."""
 
     def __init__(self, spec: TableSpec, inputs: list[TableState | None], own: TableState | None) -> None:
         super().__init__(spec, inputs, own)
         self._fks: dict[str, tuple[str, str | None]] = {}
+        #: The partition whose left keys this join answers (None: every left key, one partition).
+        self.partition: int | None = None
         reader = None if own is None else own.reader
         snapshot = reader is not None and reader.version is not None
         self.subscriptions = Subscriptions(None if reader is None else reader.path,
@@ -231,6 +237,8 @@ class ForeignKeyJoin(Operator):
         for foreign_key in right_keys:
             touched.update(self._subscribers(foreign_key))
         left.prefetch(touched)  # the current values of the left rows a right change re-joins
+        if self.partition is not None:  # another partition's left keys are answered there
+            touched = {k for k in touched if left.partition.get(k, self.partition) == self.partition}
         return touched
 
     def on_change(self, side: int, change: Change) -> list[Emit]:
@@ -246,6 +254,9 @@ class ForeignKeyJoin(Operator):
         if right.versioned and not change.in_order:
             return []
         keys = self._subscribers(change.key)
+        if self.partition is not None:
+            left.prefetch(keys)
+            keys = [k for k in keys if left.partition.get(k) == self.partition]
         if self.own is not None:
             self.own.prefetch(keys)
         out = []

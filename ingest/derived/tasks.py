@@ -27,6 +27,12 @@ made deterministic. The tables after an aggregate may also read source inputs of
 (``own_inputs``: e.g. per-customer totals joined with the customers store, co-partitioned with
 the groups), whose records the aggregate's stage reads instead of the first: their partition's
 records and its updates are merged by head timestamp, ties to the records.
+
+**Stores read whole.** A foreign-key join needs, for any left key, the right value of any
+foreign key, which another partition may hold. Every partition of a pass with several reads the
+join's right store whole (``whole_inputs``: all its records of the pass, as an input of its own,
+``whole_name``), as Kafka Streams reads a global table, and the join answers only the left keys
+of its partition.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ from versiq.ingest.derived.expressions import key_string, parse_value
 from versiq.ingest.derived.operators import Aggregate, ForeignKeyJoin
 from versiq.ingest.derived.spec import TableSpec
 from versiq.ingest.derived.state import SnapshotReader, TableState
-from versiq.ingest.derived.topology import DerivedNode, Emission, SourceRecord, TableCounts, Topology
+from versiq.ingest.derived.topology import DerivedNode, Emission, SourceRecord, TableCounts, Topology, whole_name
 from versiq.layout import EMITTED_SCHEMA, REJECTED_SCHEMA, STREAM_SCHEMA, bucket_of
 
 
@@ -140,18 +146,28 @@ def own_inputs(tables: list[TableSpec], aggregate: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(i for t in _downstream(tables, aggregate) for i in t.inputs if i not in derived))
 
 
+def whole_inputs(work: PassWork) -> tuple[str, ...]:
+    """The source stores every partition of a pass with several reads whole: the right inputs of
+    its foreign-key joins (docs/semantics.md, rule 23), as Kafka Streams reads a global table."""
+    if work.partitions == 1:
+        return ()
+    sources = {name for name, is_stream in work.inputs if not is_stream}
+    return tuple(dict.fromkeys(t.inputs[1] for t in work.tables if t.op == "fk_join" and t.inputs[1] in sources))
+
+
 def repartitionable(tables: list[TableSpec]) -> bool:
-    """Whether a topology's re-keying tables can all cross a repartition (``stages``): they are
-    group-by aggregates (a foreign-key join's subscriptions and responses are not built as
-    repartitions), none reads another's results, and the tables after an aggregate read, besides
-    it and each other, only source inputs that nothing before the repartition reads."""
+    """Whether a topology can run in its stores' partitions: its foreign-key joins' right
+    inputs are source stores (each partition reads them whole: ``whole_inputs``); its group-by
+    aggregates cross a repartition (``stages``), none reads another's results, and the tables
+    after an aggregate read, besides it and each other, only source inputs that nothing before
+    the repartition reads, and include no foreign-key join."""
+    derived = {t.name for t in tables}
     for spec in tables:
-        if spec.op == "fk_join":
+        if spec.op == "fk_join" and spec.inputs[1] in derived:
             return False
         if _regroups(spec):
             after = _downstream(tables, spec.name)
             inside = {spec.name} | {t.name for t in after}
-            derived = {t.name for t in tables}
             if any(t.op == "fk_join" or _regroups(t) or any(i in derived and i not in inside for i in t.inputs)
                    for t in after):
                 return False
@@ -213,9 +229,19 @@ def run_partition(work: PassWork, partition: int, records: dict[str, list[Source
     """Process partition ``partition`` of the pass: ``records`` are its source records by input,
     each in the input's own order."""
     states = _states(work, readers)
-    topology = Topology(list(work.tables), states, partition, work.repartitioned)
-    _prefetch(list(work.tables), states, records, topology)
-    topology.run([(name, is_stream, records.get(name, [])) for name, is_stream in work.inputs])
+    whole = whole_inputs(work)
+    for name in whole:
+        read = next(r for r in work.reads if r.name == name)
+        states[whole_name(name)] = TableState(whole_name(name), read.kind, read.history_retention_ms,
+                                              read.partitions, readers.get(name))
+    topology = Topology(list(work.tables), states, partition, work.repartitioned, whole)
+    _prefetch(list(work.tables), states, records, topology, whole=whole)
+    inputs = []
+    for name, is_stream in work.inputs:  # a store read whole right after its partition's records
+        inputs.append((name, is_stream, records.get(name, [])))
+        if name in whole:
+            inputs.append((whole_name(name), False, records.get(whole_name(name), [])))
+    topology.run(inputs)
     return _result(work, topology, partition)
 
 
@@ -263,9 +289,10 @@ def _result(work: PassWork, topology: Topology, partition: int) -> PartitionResu
 
 def _prefetch(tables: list[TableSpec], states: dict[str, TableState],
               records: dict[str, list[SourceRecord]], topology: Topology,
-              changed: dict[str, set[str]] | None = None) -> None:
+              changed: dict[str, set[str]] | None = None, whole: tuple[str, ...] = ()) -> None:
     """Bulk-load the keys the partition will touch where they are known up front (the rest load
-    one key at a time on demand). ``changed``: keys known to change in tables outside ``tables``."""
+    one key at a time on demand). ``changed``: keys known to change in tables outside ``tables``;
+    ``whole``: the stores read whole (``whole_inputs``)."""
     candidates: dict[str, set[str]] = {name: {r.key for r in recs} for name, recs in records.items()}
     candidates.update(changed or {})
     for name, state in states.items():
@@ -282,6 +309,7 @@ def _prefetch(tables: list[TableSpec], states: dict[str, TableState],
             operator = topology.nodes[spec.name].operator
             assert isinstance(operator, ForeignKeyJoin)
             left, right = spec.inputs
+            right = whole_name(right) if right in whole else right
             left_records = [(r.key, r.value) for r in records.get(left, [])]
             keys = operator.prefetch(candidates.get(left, set()), candidates.get(right, set()), left_records)
         elif spec.op == "aggregate" and spec.group_by is not None and _groups_wanted(spec, tables, states):

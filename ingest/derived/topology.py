@@ -21,9 +21,23 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from versiq.ingest.derived.operators import OPERATORS, Aggregate, Emit, GroupUpdate, Operator, StreamRecord
+from versiq.ingest.derived.operators import (
+    OPERATORS,
+    Aggregate,
+    Emit,
+    ForeignKeyJoin,
+    GroupUpdate,
+    Operator,
+    StreamRecord,
+)
 from versiq.ingest.derived.spec import TableSpec
 from versiq.ingest.derived.state import Change, TableState
+
+
+def whole_name(name: str) -> str:
+    """The name under which a partition reads source store ``name`` whole (every partition's
+    records and keys), for its foreign-key joins (``Topology``'s ``whole``)."""
+    return name + "*"
 
 
 class SourceRecord(NamedTuple):
@@ -65,22 +79,33 @@ class Topology:
     """The derived tables of one pass over the tables states they read and write."""
 
     def __init__(self, tables: list[TableSpec], states: dict[str, TableState], partition: int = 0,
-                 repartitioned: Collection[str] = ()) -> None:
+                 repartitioned: Collection[str] = (), whole: Collection[str] = ()) -> None:
         """``partition``: the partition of the pass this topology processes; the derived tables'
         results are put in it (their stream time is per partition, as a task's store's is).
         ``repartitioned``: aggregates whose input changes are only routed here, to
-        ``self.updates`` in emission order (their own state is not needed)."""
+        ``self.updates`` in emission order (their own state is not needed). ``whole``: source
+        stores read whole by this partition's foreign-key joins (one of several partitions): a
+        foreign-key join whose right input is one reads it as ``whole_name(input)``, an input of
+        its own with every partition's records (``states`` holds its state), and answers only
+        this partition's left keys."""
         self.states = states
         self.partition = partition
         self.nodes: dict[str, DerivedNode] = {}
         self.dependents: dict[str, list[tuple[DerivedNode, int]]] = {}
         self.updates: dict[str, list[GroupUpdate]] = {name: [] for name in repartitioned}
+        #: A store read whole is, as the cause of an emission, the store.
+        self._causes = {whole_name(name): name for name in whole}
         for spec in tables:
-            inputs = [states.get(name) for name in spec.inputs]
+            names = [whole_name(name) if spec.op == "fk_join" and side == 1 and name in whole else name
+                     for side, name in enumerate(spec.inputs)]
+            inputs = [states.get(name) for name in names]
             own = None if spec.is_stream or spec.name in self.updates else states[spec.name]
-            node = DerivedNode(spec, OPERATORS[spec.op](spec, inputs, own), own)
+            operator = OPERATORS[spec.op](spec, inputs, own)
+            if isinstance(operator, ForeignKeyJoin) and names[1] != spec.inputs[1]:
+                operator.partition = partition
+            node = DerivedNode(spec, operator, own)
             self.nodes[spec.name] = node
-            for side, name in enumerate(spec.inputs):
+            for side, name in enumerate(names):
                 self.dependents.setdefault(name, []).append((node, side))
 
     # -- feeding ----------------------------------------------------------------------------
@@ -141,7 +166,7 @@ class Topology:
                 routed.extend(node.operator.route(change))
                 continue
             for emit in node.operator.on_change(side, change):
-                self._emit(node, emit, name)
+                self._emit(node, emit, self._causes.get(name, name))
 
     def _stream_record(self, name: str, record: StreamRecord) -> None:
         for node, side in self.dependents.get(name, ()):

@@ -305,7 +305,8 @@ class Pipeline:
 
     def _emit(self, t: Derived, cause: str, key: str, value: str | None, ts: int) -> None:
         self.sequence[t.name] = self.sequence.get(t.name, 0) + 1
-        t.emissions.append(Emission(self.run, self.sequence[t.name], key, value, ts, cause))
+        # a store read whole (``<name>*``) is the store as a cause
+        t.emissions.append(Emission(self.run, self.sequence[t.name], key, value, ts, cause.removesuffix("*")))
         t.emitted += 1
         if t.table is None:  # a stream output
             t.records.append((key, value, ts))
@@ -564,21 +565,54 @@ def run_pipeline(
     return pipeline.results()
 
 
+def _whole_stores(inputs: list[InputDef], tables: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
+    """With several partitions, the source stores each partition reads whole (docs/semantics.md,
+    rule 23): the right inputs of foreign-key joins, which read them as ``<name>*`` (an input of
+    their own right after ``<name>``, every partition's records in the store's own order)."""
+    sources = {d.name for d in inputs if d.kind != "stream"}
+    whole = list(dict.fromkeys(spec["fk_join"]["right"] for spec in tables
+                               if "fk_join" in spec and spec["fk_join"]["right"] in sources))
+    renamed = [{**spec, "fk_join": {**spec["fk_join"], "right": spec["fk_join"]["right"] + "*"}}
+               if "fk_join" in spec and spec["fk_join"]["right"] in whole else spec for spec in tables]
+    return whole, renamed
+
+
+def _partition_inputs(inputs: list[InputDef], whole: list[str]) -> list[InputDef]:
+    """One partition's inputs: each with one partition, then a store read whole with its own."""
+    out = []
+    for d in inputs:
+        out.append(replace(d, partitions=1))
+        if d.name in whole:
+            out.append(replace(d, name=d.name + "*"))
+    return out
+
+
+def _partition_run(run: dict[str, list[Rec]], p: int, kinds: dict[str, str], whole: list[str],
+                   stream_partition: Callable[[str], int]) -> dict[str, list[Rec]]:
+    """One partition's records of a run: its own of every input, every record of a store read whole."""
+    out = {name: [replace(r, partition=0) for r in recs
+                  if (stream_partition(r.key) if kinds[name] == "stream" else r.partition) == p]
+           for name, recs in run.items()}
+    for name in whole:
+        out[name + "*"] = list(run.get(name, []))
+    return out
+
+
 def run_partitioned(inputs: list[InputDef], tables: list[dict[str, Any]], runs: list[dict[str, list[Rec]]],
                     partitions: int, stream_partition: Callable[[str], int]) -> dict[str, TableResult]:
     """docs/semantics.md rule 23 with ``partitions`` partitions (a pipeline without re-keying
     tables over co-partitioned stores): the pipeline runs once per partition, over that
     partition's records alone (a store record's ``partition``, a stream record's
-    ``stream_partition(key)``), as Kafka Streams runs one task per partition; the results are
-    combined: versions by key (a key lives in one partition), emissions run by run in partition
-    order, counts summed. A stream output's records are its emissions."""
+    ``stream_partition(key)``), as Kafka Streams runs one task per partition, a foreign-key
+    join's right store read whole by each (``_whole_stores``); the results are combined:
+    versions by key (a key lives in one partition), emissions run by run in partition order,
+    counts summed. A stream output's records are its emissions."""
     per: list[dict[str, TableResult]] = []
     kinds = {d.name: d.kind for d in inputs}
+    whole, renamed = _whole_stores(inputs, tables)
     for p in range(partitions):
-        part_runs = [{name: [replace(r, partition=0) for r in recs
-                             if (stream_partition(r.key) if kinds[name] == "stream" else r.partition) == p]
-                      for name, recs in run.items()} for run in runs]
-        per.append(run_pipeline([replace(d, partitions=1) for d in inputs], tables, part_runs))
+        part_runs = [_partition_run(run, p, kinds, whole, stream_partition) for run in runs]
+        per.append(run_pipeline(_partition_inputs(inputs, whole), renamed, part_runs))
     out: dict[str, TableResult] = {}
     for name in per[0]:
         emissions = [e for run in range(1, len(runs) + 1) for result in per for e in result[name].emissions
@@ -632,14 +666,16 @@ def run_repartitioned(inputs: list[InputDef], tables: list[dict[str, Any]], runs
         return [replace(r, partition=0) for r in recs
                 if (stream_partition(r.key) if kinds[name] == "stream" else r.partition) == p]
 
-    single = [replace(d, partitions=1) for d in inputs]
-    first = [Pipeline(single, tables) for _ in range(partitions)]
+    whole, renamed = _whole_stores(inputs, tables)
+    single = _partition_inputs(inputs, whole)
+    first = [Pipeline(single, renamed) for _ in range(partitions)]
     for pipeline in first:
         pipeline.routed = {name: [] for name in aggregates}
-    second = [Pipeline(single, tables) for _ in range(partitions)]
+    second = [Pipeline(single, renamed) for _ in range(partitions)]
     for run in runs:
         for p, pipeline in enumerate(first):
-            pipeline.process_run({name: part(name, recs, p) for name, recs in run.items() if name not in owned})
+            pipeline.process_run(_partition_run({name: recs for name, recs in run.items() if name not in owned},
+                                                p, kinds, whole, stream_partition))
         for q, pipeline in enumerate(second):
             pipeline.run += 1
             pipeline.sequence = {}

@@ -2,7 +2,7 @@
 rule 23), in this process for a small pass and as Spark tasks for a large one: both must equal
 the reference model run once per partition (``run_partitioned``), as Kafka Streams runs one task
 per partition. Group-by aggregates cross a repartition to the partition of their group
-(``run_repartitioned``); a topology with a foreign-key join has one partition.
+(``run_repartitioned``); a foreign-key join's right store is read whole by every partition.
 """
 
 from __future__ import annotations
@@ -49,6 +49,9 @@ TABLES: list[dict[str, Any]] = [
     {"name": "sa", "stream_join": {"stream": "S", "table": "A", "type": "left"}},
     {"name": "sb", "stream_join": {"stream": "S", "table": "B", "type": "inner"}},
     {"name": "sa_table", "from": "sa", "history_retention_ms": 5},
+    # every partition reads B whole and answers its own left keys (pointers persisted across runs)
+    {"name": "a_fk_b", "fk_join": {"left": "A", "right": "B", "foreign_key": "concat('k', value.n % 7)",
+                                   "type": "left"}, "history_retention_ms": 4},
     # group-by aggregates: their groups' updates cross a repartition (run_repartitioned)
     {"name": "g", "from": "a_big", "group_by": "concat('g', value.n % 4)",
      "aggregate": {"count": True, "sum": "value.n"},
@@ -128,7 +131,7 @@ def test_each_partition_is_its_own_topology(spark: Any, tmp_path: Any, monkeypat
 
     monkeypatch.setattr(derive, "_run_topology", where_its_prefix_says)
     real = RealPipeline(spark, str(tmp_path))
-    examples = [_example(1)]  # many more random examples: test_derived_stages.py, without Spark
+    examples = [_example(23)]  # many more random examples: test_derived_stages.py, without Spark
     for i, runs in enumerate(examples):
         real.add(f"e{i}_", INPUTS, [], runs)
     prefixes = [f"{where}{i}_" for where in ("here", "tasks") for i in range(len(examples))]

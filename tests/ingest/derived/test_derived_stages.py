@@ -44,8 +44,14 @@ def _work(entries: list[dict[str, Any]], writers: list[str], partitions: int = 3
       {"name": "g", "from": "f", "group_by": "value.c", **COUNT},
       {"name": "h", "from": "orders", "group_by": "value.d", "reduce": {"add": "agg + value.n",
                                                                           "subtract": "agg - value.n"}}], True),
-    # a foreign-key join: its subscriptions and responses are not built as repartitions
-    ([{"name": "j", "fk_join": {"left": "orders", "right": "customers", "foreign_key": "value.c"}}], False),
+    # a foreign-key join: each partition reads its right store whole
+    ([{"name": "j", "fk_join": {"left": "orders", "right": "customers", "foreign_key": "value.c"}}], True),
+    # ... not a derived table (a partition holds its own part of it only)
+    ([{"name": "f", "from": "customers", "filter": "value.n > 1"},
+      {"name": "j", "fk_join": {"left": "orders", "right": "f", "foreign_key": "value.c"}}], False),
+    # ... nor after a repartition
+    ([{"name": "g", "from": "orders", "group_by": "value.c", **COUNT},
+      {"name": "j", "fk_join": {"left": "g", "right": "customers", "foreign_key": "value.c"}}], False),
     # a table that reads an aggregate and a source input of its own
     ([{"name": "g", "from": "orders", "group_by": "value.c", **COUNT},
       {"name": "j", "join": {"left": "g", "right": "customers"}}], True),
@@ -142,6 +148,12 @@ STAGED = [
      "aggregate": {"init": "''", "add": "concat(agg, key, '+', value.n, ';')", "subtract": "concat(agg, key, '-')"}},
     {"name": "r", "from": "customers", "group_by": "concat('r', value.n % 5)",
      "reduce": {"add": "agg + value.n", "subtract": "agg - value.n"}, "history_retention_ms": 2},
+    # a foreign-key join: every partition reads customers whole, answers its own left keys
+    {"name": "fk", "fk_join": {"left": "f", "right": "customers", "foreign_key": "concat('k', value.n)",
+                               "type": "left"}, "history_retention_ms": 7},
+    {"name": "fk_inner", "fk_join": {"left": "orders", "right": "customers", "foreign_key": "concat('k', value.n % 5)",
+                                     "type": "inner"}},
+    {"name": "fk_big", "from": "fk", "filter": "value.right.n > 3"},
     # tables after a repartition that read source inputs of their own (keys in the groups' space)
     {"name": "gr", "join": {"left": "g", "right": "regions", "type": "outer"}, "history_retention_ms": 6},
     {"name": "seen", "stream_join": {"stream": "clicks", "table": "trail", "type": "left"}},
