@@ -53,12 +53,15 @@ import org.apache.kafka.streams.test.TestRecord;
  * and prints what Kafka emits.
  *
  * <p>Input (a file named by the first argument): {@code {"scenarios": [{"id", "op" (filter, join,
- * fk_join, aggregate, stream_join), "type" (inner/left/outer), "inputs": [{"kind" (versioned,
+ * fk_join, aggregate, aggregate_join, stream_join), "type" (inner/left/outer), "inputs": [{"kind" (versioned,
  * timestamped, stream), "historyRetentionMs"}, ...], "filter", "foreignKey", "groupBy",
  * "aggregator" (count, sum, concat, reduce), "outputRetentionMs", "records": [{"input", "key",
  * "value" (JSON text or null), "ts"}, ...]}]}}. Records are piped in the order given, each one
  * processed completely (repartition and subscription topics included) before the next: that is
- * the order versiq's merge rule gives the same records.
+ * the order versiq's merge rule gives the same records. "aggregate_join" is the group-by aggregate
+ * of input 0 (as "aggregate" builds it, in a timestamped store of its own) joined by primary key
+ * with input 1, a table keyed by group ("type" the join's); its output is the join's results
+ * (versiq: an aggregate whose group partition also reads the store it is joined with).
  *
  * <p>Expressions are versiq's expression texts; each one the differential test uses is written
  * here in Java with versiq's meaning (a failure is null) in {@link #extractor}.
@@ -71,6 +74,8 @@ public final class OperatorScenarios {
   private static final ObjectMapper JSON =
       new ObjectMapper().enable(DeserializationFeature.USE_BIG_DECIMAL_FOR_FLOATS);
   private static final String OUT_STORE = "out";
+  /** The aggregate's store in "aggregate_join" (the join's results are in {@link #OUT_STORE}). */
+  private static final String AGG_STORE = "agg";
 
   public static void main(String[] args) throws Exception {
     Harness.runAll(args, JSON, "versiq-operators-", OperatorScenarios::run);
@@ -261,11 +266,17 @@ public final class OperatorScenarios {
         break;
       }
       case "aggregate": {
-        BiFunction<String, String, String> group = extractor(scenario.get("groupBy").asText());
-        KGroupedTable<String, String> grouped = tables.get(0).groupBy(
-            (k, v) -> KeyValue.pair(group.apply(k, v), v), Grouped.with(Serdes.String(), Serdes.String()));
-        emitted = aggregate(grouped, scenario.get("aggregator").asText(), scenario.path("sumOf").asText("value.n"),
-            outKind, outRetention);
+        emitted = aggregate(scenario, tables.get(0), OUT_STORE, outKind, outRetention).toStream();
+        break;
+      }
+      case "aggregate_join": {
+        // the aggregate exactly as "aggregate" builds it (its own timestamped store), then a
+        // primary-key join of its results with input 1 (keyed by group) as "join" builds it
+        KTable<String, String> left = aggregate(scenario, tables.get(0), AGG_STORE, "timestamped", outRetention);
+        KTable<String, String> right = tables.get(1);
+        KTable<String, String> result = type.equals("inner") ? left.join(right, joiner, out)
+            : type.equals("left") ? left.leftJoin(right, joiner, out) : left.outerJoin(right, joiner, out);
+        emitted = result.toStream();
         break;
       }
       case "stream_join": {
@@ -328,31 +339,44 @@ public final class OperatorScenarios {
   }
 
   /**
+   * The group-by aggregate of {@code table} ({@code groupBy}, {@code aggregator}, {@code sumOf}
+   * of the scenario), materialized in the store {@code name}, its values rendered as versiq's.
+   */
+  private static KTable<String, String> aggregate(
+      JsonNode scenario, KTable<String, String> table, String name, String kind, long retention) {
+    BiFunction<String, String, String> group = extractor(scenario.get("groupBy").asText());
+    KGroupedTable<String, String> grouped = table.groupBy(
+        (k, v) -> KeyValue.pair(group.apply(k, v), v), Grouped.with(Serdes.String(), Serdes.String()));
+    return aggregate(grouped, scenario.get("aggregator").asText(), scenario.path("sumOf").asText("value.n"),
+        name, kind, retention);
+  }
+
+  /**
    * Kafka's count/sum/concat/reduce, each written as versiq's pipeline declares it; count_sum is
    * versiq's {@code aggregate: {count: true, sum: <sumOf>}} (the bench's), kept as "count,sum".
    */
-  private static KStream<String, String> aggregate(
-      KGroupedTable<String, String> grouped, String aggregator, String sumOf, String outKind, long outRetention) {
+  private static KTable<String, String> aggregate(KGroupedTable<String, String> grouped, String aggregator,
+      String sumOf, String name, String kind, long retention) {
     String field = memberOf(sumOf);
     switch (aggregator) {
       case "count": // versiq: aggregate: {count: true} -> {"count":n}
-        return grouped.count(OperatorScenarios.<Long>store(OUT_STORE, outKind, outRetention)
+        return grouped.count(OperatorScenarios.<Long>store(name, kind, retention)
                 .withKeySerde(Serdes.String()).withValueSerde(Serdes.Long()))
-            .toStream().mapValues(n -> n == null ? null : "{\"count\":" + n + "}");
+            .mapValues(n -> n == null ? null : "{\"count\":" + n + "}");
       case "sum": // versiq: aggregate: {sum: "value.n"} -> {"sum":x}; non-numbers add nothing
         return grouped.aggregate(
                 () -> "0",
                 (k, v, agg) -> sumStep(agg, field, v, 1),
                 (k, v, agg) -> sumStep(agg, field, v, -1),
-                stringStore(OUT_STORE, outKind, outRetention))
-            .toStream().mapValues(s -> s == null ? null : "{\"sum\":" + s + "}");
+                stringStore(name, kind, retention))
+            .mapValues(s -> s == null ? null : "{\"sum\":" + s + "}");
       case "count_sum": // versiq: aggregate: {count: true, sum: "value.amount"} -> {"count":n,"sum":x}
         return grouped.aggregate(
                 () -> "0,0",
                 (k, v, agg) -> countSumStep(agg, field, v, 1),
                 (k, v, agg) -> countSumStep(agg, field, v, -1),
-                stringStore(OUT_STORE, outKind, outRetention))
-            .toStream().mapValues(s -> {
+                stringStore(name, kind, retention))
+            .mapValues(s -> {
               if (s == null) {
                 return null;
               }
@@ -364,14 +388,13 @@ public final class OperatorScenarios {
                 () -> "0",
                 (k, v, agg) -> concatStep(agg, "+", v),
                 (k, v, agg) -> concatStep(agg, "-", v),
-                stringStore(OUT_STORE, outKind, outRetention))
-            .toStream().mapValues(s -> s == null ? null : JSON.getNodeFactory().textNode(s).toString());
+                stringStore(name, kind, retention))
+            .mapValues(s -> s == null ? null : JSON.getNodeFactory().textNode(s).toString());
       case "reduce": // versiq: reduce: {add: "agg + value", subtract: "agg - value"} (number values)
         return grouped.reduce(
                 (agg, v) -> arithmetic(agg, v, 1),
                 (agg, v) -> arithmetic(agg, v, -1),
-                stringStore(OUT_STORE, outKind, outRetention))
-            .toStream();
+                stringStore(name, kind, retention));
       default:
         throw new IllegalArgumentException("unknown aggregator " + aggregator);
     }
