@@ -1,8 +1,8 @@
 """Derived tables on a Spark standalone cluster (``check_on_cluster``, called by the cluster test
 of tests/ingest/test_ingest_cli.py, which starts the master and the worker): a pass runs as
-Spark tasks on the worker's executor, one per partition of a topology over 2-partition stores,
-one task for a foreign-key join, and the tables equal those of the same pipeline run in this
-process. No tests here."""
+Spark tasks on the worker's executor, one per partition of a topology over 2-partition stores
+(the foreign-key join's tasks each reading the customers whole), and the tables equal those of
+the same pipeline run in this process. No tests here."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from tests.support.derived import RealPipeline
-from tests.support.derived_reference import InputDef, Rec, run_partitioned, run_pipeline, run_repartitioned
+from tests.support.derived_reference import InputDef, Rec, run_partitioned, run_repartitioned
 from versiq.layout import MURMUR2, default_partition_of
 
 INPUTS = [InputDef("orders", "versioned", history_retention_ms=50, partitions=2),
@@ -47,8 +47,9 @@ def check_on_cluster(spark: Any, root: Any, master: str, env: dict[str, str],
                      stores: list[dict[str, Any]] | None = None) -> None:
     """Run the pipeline through the CLI on ``master`` (every pass in Spark tasks); the derived
     tables and their emissions must be the reference model's: once per partition for the
-    filter and join, through a repartition for the group-by (its groups' updates shuffled between
-    the tasks), over everything for the foreign-key join. ``stores``: entries
+    filter, the join and the foreign-key join (each partition reading the right store whole),
+    through a repartition for the group-by (its groups' updates shuffled between the tasks).
+    ``stores``: entries
     of more stores the same runs ingest (one driver and executor start for everything the
     caller checks on the cluster)."""
     runs = _runs()
@@ -68,13 +69,12 @@ def check_on_cluster(spark: Any, root: Any, master: str, env: dict[str, str],
             stdin=subprocess.DEVNULL)
         assert result.returncode == 0, result.stderr[-3000:]
         assert "in Spark tasks" in result.stderr, result.stderr[-3000:]
-    per_partition = run_partitioned(INPUTS, TABLES[:2], runs, 2, lambda key: 0)
-    whole = run_pipeline(INPUTS, TABLES[2:3], runs)
+    per_partition = run_partitioned(INPUTS, TABLES[:3], runs, 2, lambda key: 0)
     regrouped = run_repartitioned(INPUTS, TABLES[3:], runs, 2, lambda key: 0,
                                   lambda group: default_partition_of(group, 2, MURMUR2))
     for table in TABLES:
         name = table["name"]
-        want = {**per_partition, **whole, **regrouped}[name]
+        want = {**per_partition, **regrouped}[name]
         got = cluster.observed("", name)
         assert got.emissions == [(e.key, e.value, e.timestamp, e.cause) for e in want.emissions], name
         assert got.versions == want.versions, name
