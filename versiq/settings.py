@@ -341,7 +341,7 @@ CONFORMANCE_GROUP: Setting[int | None] = Setting(
     "tests")
 CONFORMANCE_GROUPS: Setting[int | None] = Setting(
     "VERSIQ_CONFORMANCE_GROUPS", whole_number, None,
-    "pipelines per Spark run (one batch) of the operators' conformance test, default 10", "tests")
+    "pipelines per Spark run (one batch) of the operators' conformance test, default 12", "tests")
 CONFORMANCE_SEED: Setting[int | None] = Setting(
     "VERSIQ_CONFORMANCE_SEED", whole_number, None,
     "the seed of both conformance tests: `make test` runs seed 0, `make conformance` a fresh one it prints "

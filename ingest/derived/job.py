@@ -325,9 +325,11 @@ def run_job(spark: SparkSession, work: PassWork, reads: list[InputRead], partiti
         assert slot is not None
         results = results.persist(StorageLevel.MEMORY_AND_DISK)
         held.append(results)
+        routed = dict.fromkeys(first.repartitioned, results)  # aggregate -> the output its updates are in
         parts = [results.where(F.col("out") != "update")]
         for stage in later:
-            updates = results.where((F.col("out") == "update") & (F.col("table") == stage.regrouped)).select(
+            source = routed[stage.regrouped]
+            updates = source.where((F.col("out") == "update") & (F.col("table") == stage.regrouped)).select(
                 F.lit(len(names)).cast("int").alias("input"), F.col("g_group").alias("key"),
                 F.col("g_new").alias("value"), F.col("g_timestamp").alias("timestamp"),
                 F.col("task").alias("partition"), F.col("task").alias("o1"), F.col("g_seq").alias("o2"),
@@ -337,7 +339,13 @@ def run_job(spark: SparkSession, work: PassWork, reads: list[InputRead], partiti
             own = records(stage).withColumn("old", F.lit(None).cast("string")) \
                 .withColumn("input_key", F.lit(None).cast("string"))
             grouped = updates.unionByName(own).repartition(work.partitions, slot).sortWithinPartitions(*ORDER)
-            parts.append(grouped.mapInArrow(regroup_runner(stage, names), from_arrow_schema(OUTPUT_SCHEMA)))
+            part = grouped.mapInArrow(regroup_runner(stage, names), from_arrow_schema(OUTPUT_SCHEMA))
+            if stage.repartitioned:  # a group-by after this one: its updates come from here
+                part = part.persist(StorageLevel.MEMORY_AND_DISK)
+                held.append(part)
+                routed.update(dict.fromkeys(stage.repartitioned, part))
+                part = part.where(F.col("out") != "update")
+            parts.append(part)
         results = parts[0]
         for part in parts[1:]:
             results = results.unionByName(part)
@@ -399,10 +407,12 @@ def process_here(work: PassWork, records: pa.Table, partitioner: str) -> pa.Tabl
     table = pa.Table.from_batches(list(runner(iter(own(first).to_batches()))), schema=OUTPUT_SCHEMA)
     if not later:
         return table
-    updates = pa.compute.equal(table["out"], "update")
-    parts = [table.filter(pa.compute.invert(updates))]
+    routed = dict.fromkeys(first.repartitioned, table)  # aggregate -> the output its updates are in
+    parts = [table.filter(pa.compute.not_equal(table["out"], "update"))]
     for stage in later:
-        rows = table.filter(pa.compute.and_(updates, pa.compute.equal(table["table"], stage.regrouped)))
+        source = routed[stage.regrouped]
+        rows = source.filter(pa.compute.and_(pa.compute.equal(source["out"], "update"),
+                                             pa.compute.equal(source["table"], stage.regrouped)))
         groups = layout.Partitioning(work.partitions, partitioner).of_keys(rows["g_group"].combine_chunks())
         n = rows.num_rows
         shipped = pa.table({
@@ -416,8 +426,10 @@ def process_here(work: PassWork, records: pa.Table, partitioner: str) -> pa.Tabl
             .append_column("input_key", pa.nulls(mine.num_rows, pa.string()))
         grouped = pa.concat_tables([shipped, mine.select(STAGE_SCHEMA.names).cast(STAGE_SCHEMA)]) \
             .sort_by([(name, "ascending") for name in ORDER])
-        parts.append(pa.Table.from_batches(list(regroup_runner(stage, names)(iter(grouped.to_batches()))),
-                                           schema=OUTPUT_SCHEMA))
+        part = pa.Table.from_batches(list(regroup_runner(stage, names)(iter(grouped.to_batches()))),
+                                     schema=OUTPUT_SCHEMA)
+        routed.update(dict.fromkeys(stage.repartitioned, part))
+        parts.append(part.filter(pa.compute.not_equal(part["out"], "update")))
     return pa.concat_tables(parts)
 
 

@@ -127,14 +127,17 @@ def _regroups(spec: TableSpec) -> bool:
     return spec.op == "aggregate" and spec.group_by is not None
 
 
-def _downstream(tables: Iterable[TableSpec], name: str) -> list[TableSpec]:
-    """The tables that read ``name``, directly or not, in file order."""
-    found = {name}
+def _after(tables: Iterable[TableSpec], aggregate: str) -> list[TableSpec]:
+    """The sub-topology after an aggregate's repartition: the tables that read it, directly or
+    not, in file order, up to the next group-by aggregates (included: they route their input's
+    changes to a repartition of their own, the tables after them are theirs)."""
+    found = {aggregate}
     out = []
     for spec in tables:
         if any(i in found for i in spec.inputs):
-            found.add(spec.name)
             out.append(spec)
+            if not _regroups(spec):
+                found.add(spec.name)
     return out
 
 
@@ -143,7 +146,8 @@ def own_inputs(tables: list[TableSpec], aggregate: str) -> tuple[str, ...]:
     aggregate (a sub-topology with a second source, as Kafka's after a repartition topic, whose
     partitions are co-partitioned with it)."""
     derived = {t.name for t in tables}
-    return tuple(dict.fromkeys(i for t in _downstream(tables, aggregate) for i in t.inputs if i not in derived))
+    return tuple(dict.fromkeys(i for t in _after(tables, aggregate) if not _regroups(t)
+                               for i in t.inputs if i not in derived))
 
 
 def whole_inputs(work: PassWork) -> tuple[str, ...]:
@@ -158,18 +162,17 @@ def whole_inputs(work: PassWork) -> tuple[str, ...]:
 def repartitionable(tables: list[TableSpec]) -> bool:
     """Whether a topology can run in its stores' partitions: its foreign-key joins' right
     inputs are source stores (each partition reads them whole: ``whole_inputs``); its group-by
-    aggregates cross a repartition (``stages``), none reads another's results, and the tables
-    after an aggregate read, besides it and each other, only source inputs that nothing before
-    the repartition reads, and include no foreign-key join."""
+    aggregates cross a repartition (``stages``): the tables after an aggregate (up to the next
+    group-by, which crosses a repartition of its own) read, besides it and each other, only
+    source inputs that nothing else reads, and include no foreign-key join."""
     derived = {t.name for t in tables}
     for spec in tables:
         if spec.op == "fk_join" and spec.inputs[1] in derived:
             return False
         if _regroups(spec):
-            after = _downstream(tables, spec.name)
+            after = [t for t in _after(tables, spec.name) if not _regroups(t)]
             inside = {spec.name} | {t.name for t in after}
-            if any(t.op == "fk_join" or _regroups(t) or any(i in derived and i not in inside for i in t.inputs)
-                   for t in after):
+            if any(t.op == "fk_join" or any(i in derived and i not in inside for i in t.inputs) for t in after):
                 return False
             own = set(own_inputs(tables, spec.name))
             if any(i in own for t in tables if t.name not in inside - {spec.name} for i in t.inputs):
@@ -179,30 +182,36 @@ def repartitionable(tables: list[TableSpec]) -> bool:
 
 def stages(work: PassWork) -> list[PassWork]:
     """The pass cut at its repartitions (module docstring): the first stage, then one per
-    group-by aggregate, which also reads the records of its own inputs (``own_inputs``). A pass
+    group-by aggregate, in file order, which also reads the records of its own inputs
+    (``own_inputs``) and routes the changes of a group-by after it to that one's stage. A pass
     with one partition is one stage: its aggregates apply their changes in place."""
-    aggregates = [t.name for t in work.tables if _regroups(t)]
+    tables = list(work.tables)
+    aggregates = [t.name for t in tables if _regroups(t)]
     if work.partitions == 1 or not aggregates:
         return [work]
-    later = {a: {a} | {t.name for t in _downstream(work.tables, a)} for a in aggregates}
-    own = {a: set(own_inputs(list(work.tables), a)) for a in aggregates}
+    after = {a: _after(tables, a) for a in aggregates}
+    later = {a: {a} | {t.name for t in after[a] if not _regroups(t)} for a in aggregates}
+    nested = {a: tuple(t.name for t in after[a] if _regroups(t)) for a in aggregates}
+    own = {a: set(own_inputs(tables, a)) for a in aggregates}
     moved = set().union(*later.values())  # tables computed after a repartition
     owned = set().union(*own.values())  # inputs read after a repartition
+    top = tuple(a for a in aggregates if not any(a in n for n in nested.values()))
 
-    def stage(tables: set[str], computed: set[str], inputs: set[str], regrouped: str = "") -> PassWork:
-        """The tables ``tables`` of the pass, of which ``computed`` are read and written here,
-        over the records of ``inputs``."""
-        return replace(work, tables=tuple(t for t in work.tables if t.name in tables),
+    def stage(names: set[str], computed: set[str], inputs: set[str], regrouped: str,
+              repartitioned: tuple[str, ...]) -> PassWork:
+        """The tables ``names`` of the pass, of which ``computed`` are read and written here,
+        over the records of ``inputs``; ``repartitioned``: the aggregates it routes changes to."""
+        return replace(work, tables=tuple(t for t in work.tables if t.name in names),
                        writers=tuple(w for w in work.writers if w in computed),
                        reads=tuple(r for r in work.reads if r.name in computed),
                        runs=tuple(r for r in work.runs if r[0] in computed),
                        inputs=tuple(i for i in work.inputs if i[0] in inputs),
-                       repartitioned=() if regrouped else tuple(aggregates), regrouped=regrouped)
+                       repartitioned=repartitioned, regrouped=regrouped)
 
     every = {t.name for t in work.tables} | {r.name for r in work.reads}
-    first = stage(every - (moved - set(aggregates)), every - moved - owned,
-                  {name for name, _ in work.inputs} - owned)
-    return [first] + [stage(group, group | own[a], own[a], a) for a, group in later.items()]
+    first = stage(every - (moved - set(top)), every - moved - owned, {name for name, _ in work.inputs} - owned,
+                  "", top)
+    return [first] + [stage(later[a] | set(nested[a]), later[a] | own[a], own[a], a, nested[a]) for a in aggregates]
 
 
 class Readers:
@@ -253,7 +262,7 @@ def run_regrouped(work: PassWork, partition: int, updates: list[list[tuple[str, 
     own inputs. They are merged by head timestamp (``Topology.run``)."""
     records = records or {}
     states = _states(work, readers)
-    topology = Topology(list(work.tables), states, partition)
+    topology = Topology(list(work.tables), states, partition, work.repartitioned)
     aggregate = topology.nodes[work.regrouped].operator
     assert isinstance(aggregate, Aggregate)
     streams = [[aggregate.regrouped(*u) for u in stream] for stream in updates]

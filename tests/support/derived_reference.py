@@ -641,20 +641,25 @@ def run_repartitioned(inputs: list[InputDef], tables: list[dict[str, Any]], runs
     tables that read the aggregate. The source inputs those tables read (an aggregate's *own*
     inputs) are processed there, not in the first pipelines: the group partition's records of
     them are merged with the updates by head timestamp, ties to the records (in declaration
-    order), then to the updates. Results combine as ``run_partitioned``'s; a table comes from
-    the pipelines that compute it (the aggregates and the tables after them: the group
-    partitions')."""
+    order), then to the updates. A group-by after a group-by routes its input's changes in the
+    first one's group partitions, and applies them, merged the same way, once those are done.
+    Results combine as ``run_partitioned``'s; a table comes from the pipelines that compute it
+    (the aggregates and the tables after them: the group partitions')."""
     def ins(spec: dict[str, Any]) -> list[str]:
         return [spec.get("from")] + [spec[op][side] for op in ("join", "fk_join", "stream_join") if op in spec
                                      for side in ("left", "right", "stream", "table") if side in spec[op]]
 
     aggregates = [spec["name"] for spec in tables if "group_by" in spec]
-    groups: dict[str, set[str]] = {}
+    groups: dict[str, set[str]] = {}  # an aggregate and the tables after it, up to the next group-by
+    nested: set[str] = set()  # group-bys after a group-by: their updates come from its pipelines
     for name in aggregates:
         groups[name] = {name}
         for spec in tables:
-            if any(i in groups[name] for i in ins(spec)):
-                groups[name].add(spec["name"])
+            if spec["name"] != name and any(i in groups[name] for i in ins(spec)):
+                if "group_by" in spec:
+                    nested.add(spec["name"])
+                else:
+                    groups[name].add(spec["name"])
     after: set[str] = set().union(*groups.values()) if groups else set()
     sources = [d.name for d in inputs]
     own = {name: [s for s in sources if any(s in ins(spec) for spec in tables if spec["name"] in groups[name] - {name})]
@@ -669,21 +674,27 @@ def run_repartitioned(inputs: list[InputDef], tables: list[dict[str, Any]], runs
     whole, renamed = _whole_stores(inputs, tables)
     single = _partition_inputs(inputs, whole)
     first = [Pipeline(single, renamed) for _ in range(partitions)]
-    for pipeline in first:
-        pipeline.routed = {name: [] for name in aggregates}
     second = [Pipeline(single, renamed) for _ in range(partitions)]
+    for pipeline in first:
+        pipeline.routed = {name: [] for name in aggregates if name not in nested}
+    for pipeline in second:
+        pipeline.routed = {name: [] for name in nested}
     for run in runs:
         for p, pipeline in enumerate(first):
             pipeline.process_run(_partition_run({name: recs for name, recs in run.items() if name not in owned},
                                                 p, kinds, whole, stream_partition))
-        for q, pipeline in enumerate(second):
+        for pipeline in second:
             pipeline.run += 1
             pipeline.sequence = {}
-            for name in aggregates:
+            for routed in pipeline.routed.values():
+                routed.clear()
+        for name in aggregates:  # in file order: a group-by's updates are all made before its own pass
+            upstreams = second if name in nested else first
+            for q, pipeline in enumerate(second):
                 # the streams merged: own inputs (declaration order), then updates by input partition
                 records: list[list[Any]] = [part(s, run.get(s, []), q) for s in own[name]]
                 updates: list[list[Any]] = [[u for u in upstream.routed[name] if group_partition(u[0]) == q]
-                                            for upstream in first]
+                                            for upstream in upstreams]
                 streams = records + updates
                 position = [0] * len(streams)
                 while True:

@@ -58,10 +58,12 @@ TABLES: list[dict[str, Any]] = [
      "history_retention_ms": 6},
     {"name": "g_many", "from": "g", "filter": "value.count > 1", "history_retention_ms": 3},
     {"name": "g_c", "join": {"left": "g_many", "right": "C", "type": "outer"}, "history_retention_ms": 4},
+    # a group-by after a group-by: g's stage routes its changes to a repartition of their own
+    {"name": "g_counts", "from": "g", "group_by": "concat('c', value.count)", "aggregate": {"count": True}},
     {"name": "r", "from": "B", "group_by": "concat('r', value.n % 5)",
      "reduce": {"add": "agg + value.n", "subtract": "agg - value.n"}, "history_retention_ms": 2},
 ]
-GROUPED = ("g", "g_many", "g_c", "r")
+GROUPED = ("g", "g_many", "g_c", "g_counts", "r")
 #: The pipeline with the aggregates too, in Spark tasks (each table costs commits; the stages in
 #: this process are the property test's and the Kafka Streams differential test's).
 AGGREGATING = ("tasks0_",)
@@ -115,7 +117,8 @@ def test_each_partition_is_its_own_topology(spark: Any, tmp_path: Any, monkeypat
     topology's pass). ``here<i>`` and ``tasks<i>`` read the same input stores and stream
     (``e<i>_*``, ingested once per run): tables that share only source inputs are topologies of
     their own, each run where its prefix says. The group-by aggregates of one of them (a filter
-    before one, a filter and a join with a store of its own after it, a reduce) cross a
+    before one, a filter and a join with a store of its own after it, a group-by after it, a
+    reduce) cross a
     repartition to their group's partition, which merges the updates of every input partition
     (and that partition's records of the joined store); the stores' partitions hold
     times in bands of their own, so some results are late by their group partition's stream

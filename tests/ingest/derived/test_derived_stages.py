@@ -65,9 +65,13 @@ def _work(entries: list[dict[str, Any]], writers: list[str], partitions: int = 3
     ([{"name": "g", "from": "orders", "group_by": "value.c", **COUNT},
       {"name": "f", "from": "customers", "filter": "value.n > 1"},
       {"name": "j", "join": {"left": "g", "right": "f"}}], False),
-    # a group-by after a group-by
+    # a group-by after a group-by: a repartition of its own
     ([{"name": "g", "from": "orders", "group_by": "value.c", **COUNT},
-      {"name": "gg", "from": "g", "group_by": "value.count", **COUNT}], False),
+      {"name": "gg", "from": "g", "group_by": "value.count", **COUNT}], True),
+    # ... not with a table that reads both sides of its repartition
+    ([{"name": "g", "from": "orders", "group_by": "value.c", **COUNT},
+      {"name": "gg", "from": "g", "group_by": "value.count", **COUNT},
+      {"name": "j", "join": {"left": "gg", "right": "g"}}], False),
 ])
 def test_which_topologies_cross_a_repartition(entries: list[dict[str, Any]], expected: bool) -> None:
     assert repartitionable(_tables(entries)) is expected
@@ -118,6 +122,23 @@ def test_an_aggregates_stage_reads_the_records_of_its_own_inputs() -> None:
 
 
 @pytest.mark.rule(23)
+def test_a_group_by_after_a_group_by_has_a_stage_after_its_own() -> None:
+    entries = [
+        {"name": "g", "from": "orders", "group_by": "value.c", **COUNT},
+        {"name": "f", "from": "g", "filter": "value.count > 1"},
+        {"name": "gg", "from": "f", "group_by": "value.count", **COUNT},
+        {"name": "top", "from": "gg", "filter": "value.count > 2"},
+    ]
+    first, g, gg = stages(_work(entries, ["g", "f", "gg", "top"]))
+    assert [t.name for t in first.tables] == ["g"] and first.repartitioned == ("g",)
+    # g's stage routes f's changes to gg's groups
+    assert (g.regrouped, [t.name for t in g.tables], g.writers, g.repartitioned) == ("g", ["g", "f", "gg"],
+                                                                                      ("g", "f"), ("gg",))
+    assert (gg.regrouped, [t.name for t in gg.tables], gg.writers, gg.repartitioned) == ("gg", ["gg", "top"],
+                                                                                          ("gg", "top"), ())
+
+
+@pytest.mark.rule(23)
 def test_an_up_to_date_aggregate_is_recomputed_for_its_readers_but_not_written() -> None:
     entries = [{"name": "g", "from": "orders", "group_by": "value.c", **COUNT},
                {"name": "busy", "from": "g", "filter": "value.count > 2"}]
@@ -144,6 +165,10 @@ STAGED = [
     {"name": "g", "from": "f", "group_by": "concat('g', value.n % 4)", "aggregate": {"count": True, "sum": "value.n"},
      "history_retention_ms": 5},
     {"name": "busy", "from": "g", "filter": "value.count > 1", "history_retention_ms": 3},
+    # a group-by after a group-by: how many groups have each count, and a filter after it
+    {"name": "counts", "from": "g", "group_by": "concat('c', value.count)",
+     "aggregate": {"count": True, "sum": "value.sum"}, "history_retention_ms": 4},
+    {"name": "common", "from": "counts", "filter": "value.count > 1"},
     {"name": "trail", "from": "orders", "group_by": "concat('t', value.n % 3)",
      "aggregate": {"init": "''", "add": "concat(agg, key, '+', value.n, ';')", "subtract": "concat(agg, key, '-')"}},
     {"name": "r", "from": "customers", "group_by": "concat('r', value.n % 5)",
