@@ -23,7 +23,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
@@ -378,21 +378,37 @@ def _big_source(tmp_path: Any) -> str:
     return folder
 
 
+@dataclass
+class BigRun:
+    """``_big_source`` (``source``), its store ``spec`` and an uninterrupted local run of it, the
+    reference of the crash tests: made once for the module, in a thread of this process while
+    the first test's CLI runs start (``reference()`` waits for it)."""
+
+    source: str
+    spec: StoreSpec
+    made: concurrent.futures.Future[Any]
+    path: str
+
+    def reference(self) -> str:
+        """The reference store, once made. Called before a test's own run in this process: the
+        two never share the session at once."""
+        assert self.made.result(timeout=600).stores["c"].error is None
+        return self.path
+
+
 @pytest.fixture(scope="module")
-def big_run(spark: Any, tmp_path_factory: Any) -> tuple[str, StoreSpec, str]:
-    """``_big_source``, its store spec and the store of an uninterrupted local run of it: the
-    reference of the crash tests, made once for the module."""
+def big_run(spark: Any, tmp_path_factory: Any) -> Iterator[BigRun]:
     folder = tmp_path_factory.mktemp("s3-big-run")
     source = _big_source(folder)
     spec = StoreSpec(name="c", source=source, history_retention_ms=H, max_future_ms=None)
     reference = str(folder / "ref")
-    assert run_ingest(spark, reference, [spec]).stores["c"].error is None
-    return source, spec, os.path.join(reference, "c")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        yield BigRun(source, spec, pool.submit(run_ingest, spark, reference, [spec]), os.path.join(reference, "c"))
 
 
 @pytest.mark.slow
 def test_sigkill_of_an_ingest_writing_to_s3_then_rerun_equals_an_uninterrupted_run(spark, s3, big_run):
-    source, spec, reference = big_run
+    source, spec = big_run.source, big_run.spec
     moments = [(None, 6.0), ("committing run 1", 0.0)]
     remotes = [_warehouse(f"kill{i}") for i in range(len(moments))]
     # both runs killed at once (each watched by a thread of its own: much of their time is their
@@ -402,6 +418,7 @@ def test_sigkill_of_an_ingest_writing_to_s3_then_rerun_equals_an_uninterrupted_r
                   for remote, (marker, delay) in zip(remotes, moments, strict=True)]
         for future in killed:
             future.result(timeout=600)
+    reference = big_run.reference()
     for i, remote in enumerate(remotes):
         # the killed run's lease is still in the bucket: the rerun takes it over (same host, the
         # holder's process is gone) and completes the store; after the kill at the commit, the
@@ -418,7 +435,7 @@ def test_sigkill_of_an_ingest_writing_to_s3_then_rerun_equals_an_uninterrupted_r
 
 @pytest.mark.slow
 def test_the_s3_server_restarting_during_an_ingest_then_rerun_equals_an_uninterrupted_run(spark, s3, big_run):
-    source, spec, reference = big_run
+    source, spec = big_run.source, big_run.spec
     remote = _warehouse("restart")
     proc = subprocess.Popen(_ingest_args(remote, source), env=_env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
@@ -436,6 +453,7 @@ def test_the_s3_server_restarting_during_an_ingest_then_rerun_equals_an_uninterr
     path = layout.table_path(remote, "c")
     if code != 0:  # failed cleanly, with a message
         assert "FAILED" in rest or "error" in rest.lower(), rest
+    reference = big_run.reference()
     # the rerun in the session's Spark (the spec the CLI's arguments make; no JVM start)
     report = run_ingest(spark, remote, [spec]).stores["c"]
     assert report.error is None, report.error

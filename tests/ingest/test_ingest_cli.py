@@ -300,12 +300,15 @@ def test_ingest_on_a_spark_standalone_cluster(spark, tmp_path):
     try:
         src = tmp_path / "src"
         make_changelog(src, files=2, keys=50, per_key=4)
-        # derived tables: a pass in Spark tasks on the worker, per partition (docs/semantics.md,
-        # rule 23); the same CLI runs (one driver and executor start) ingest the store "dist"
-        check_on_cluster(spark, tmp_path / "derived", f"spark://127.0.0.1:{port}", e,
-                         stores=[{"name": "dist", "source": str(src), "history_retention": "3000ms"}])
         ref_wh = str(tmp_path / "ref")
-        run_ingest(spark, ref_wh, [StoreSpec("dist", str(src), history_retention_ms=3000)])
+        # the reference run of "dist" in this process's session, made while the cluster runs
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            reference = pool.submit(run_ingest, spark, ref_wh, [StoreSpec("dist", str(src), history_retention_ms=3000)])
+            # derived tables: a pass in Spark tasks on the worker, per partition (docs/semantics.md,
+            # rule 23); the same CLI runs (one driver and executor start) ingest the store "dist"
+            check_on_cluster(spark, tmp_path / "derived", f"spark://127.0.0.1:{port}", e,
+                             stores=[{"name": "dist", "source": str(src), "history_retention": "3000ms"}])
+            assert reference.result(timeout=300).stores["dist"].error is None
         wh = os.path.join(tmp_path, "derived", "cluster", "warehouse")
         assert store_versions(os.path.join(wh, "dist")) == store_versions(os.path.join(ref_wh, "dist"))
         # the executor really ran on the worker: it has an application work directory

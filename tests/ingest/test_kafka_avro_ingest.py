@@ -5,7 +5,7 @@ its schema, ``versiq ingest`` builds the store, and the stored values are the JS
 written; records that cannot be decoded are rejected ``bad_value`` naming the schema id; a
 registry that cannot be reached fails the run with nothing committed, and the rerun completes it.
 
-The stores are built by one ``versiq ingest --config`` process with those of
+The stores are built by one ``versiq ingest --config`` run (in the session's Spark) with those of
 test_kafka_protobuf_ingest.py (the ``registry_stores`` fixture, tests/support/registry_stores.py);
 each test checks its own.
 """

@@ -7,7 +7,7 @@ message indexes and the message of a class protoc generated; ``versiq ingest`` w
 store's key is the record's compact JSON with sorted members, a string key schema's value the plain
 string, an undecodable key ``bad_key``).
 
-The stores are built by one ``versiq ingest --config`` process with those of
+The stores are built by one ``versiq ingest --config`` run (in the session's Spark) with those of
 test_kafka_avro_ingest.py (the ``registry_stores`` fixture, tests/support/registry_stores.py);
 each test checks its own."""
 

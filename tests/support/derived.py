@@ -11,8 +11,10 @@ No tests here.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
+import shutil
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,6 +118,16 @@ class RealPipeline:
         tables = parse_tables([rename_table(t, prefix, self.inputs_as.get(prefix)) for prefix, t in self.tables],
                               kinds)
         return Pipeline(stores=stores, streams=streams, tables=tables)
+
+    def copy_to(self, root: str) -> RealPipeline:
+        """A copy of this pipeline and of everything its runs left (sources, warehouse, reports)
+        under ``root``, to go on from: a store remembers the files it read by their names in the
+        source folder, so the copy's next run reads only the files written after the copy."""
+        shutil.copytree(self.root, root, dirs_exist_ok=True)
+        other = RealPipeline(self.spark, root)
+        other.inputs, other.tables, other.runs = list(self.inputs), list(self.tables), list(self.runs)
+        other.reports, other.inputs_as = list(self.reports), copy.deepcopy(self.inputs_as)
+        return other
 
     def steps(self) -> int:
         return max(len(runs) for _, runs in self.runs)

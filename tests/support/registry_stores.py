@@ -1,7 +1,9 @@
 """The stores of the end-to-end schema-registry tests (tests/ingest/test_kafka_avro_ingest.py and
 test_kafka_protobuf_ingest.py), built by ONE ``versiq ingest --config pipeline.yaml --report``
-process (its own JVM, as a user runs it) from topics on the session's Kafka broker whose values
-and keys are in the Confluent wire format under schemas of the session's schema registry:
+(the CLI's parser and command in the session's Spark, ``ingest_in_process``: the pipeline, report
+and exit status of the process, without a JVM start) from topics on the session's Kafka broker
+whose values and keys are in the Confluent wire format under schemas of the session's schema
+registry:
 
     prices       Avro values (two versions of the subject's schema, a tombstone), two partitions,
                  and values that cannot be decoded (not the wire format, an unknown schema id, a
@@ -15,9 +17,10 @@ and keys are in the Confluent wire format under schemas of the session's schema 
                  own runs of this store
 
 Each test asserts on its own store(s); ``RegistryStores`` carries the run's report, its
-stderr and the schema ids the values were written with. Building every store in one process
-costs one JVM start instead of one per store (session fixture ``registry_stores``,
-tests/ingest/conftest.py: once per xdist worker that runs one of these tests)."""
+stderr and the schema ids the values were written with. Every store is built by one run (session
+fixture ``registry_stores``, tests/ingest/conftest.py: once per xdist worker that runs one of
+these tests); the CLI as a process of its own is test_kafka_avro_ingest.py's usage errors and
+tests/ingest/test_ingest_cli.py's."""
 
 from __future__ import annotations
 
@@ -26,7 +29,6 @@ import io
 import json
 import os
 import struct
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -245,9 +247,11 @@ class RegistryStores:
         return report
 
 
-def build_registry_stores(broker: Any, registry: Any, folder: Path, versiq: list[str],
-                          env: dict[str, str]) -> RegistryStores:
-    """Produce every topic, then run ``versiq ingest --config`` once over all of them."""
+def build_registry_stores(broker: Any, registry: Any, folder: Path, spark: Any) -> RegistryStores:
+    """Produce every topic, then run ``versiq ingest --config`` once over all of them in
+    ``spark`` (``ingest_in_process``)."""
+    from tests.support.ingest import ingest_in_process
+
     topics = {name: broker.new_topic(prefix, partitions=partitions) for name, prefix, partitions in [
         ("prices", "avro-prices", 2), ("events", "json-sr", 1),
         ("items", "pb-items", 2), ("customers", "avro-keys", 1), ("plain", "avro-string-keys", 1),
@@ -276,8 +280,7 @@ def build_registry_stores(broker: Any, registry: Any, folder: Path, versiq: list
         schema_registry: {{url: "{registry.url}"}}
 """ for name, topic in topics.items()))
     warehouse, report_file = str(folder / "wh"), folder / "report.json"
-    done = subprocess.run([*versiq, "ingest", "--warehouse", warehouse, "--config", str(pipeline),
-                           "--report", str(report_file)], env=env, capture_output=True, text=True, timeout=600,
-                          stdin=subprocess.DEVNULL)
+    status, printed = ingest_in_process(spark, "--warehouse", warehouse, "--config", str(pipeline),
+                                        "--report", str(report_file))
     report = json.loads(report_file.read_text()) if report_file.exists() else {}
-    return RegistryStores(warehouse, pipeline, broker.bootstrap, topics, ids, done.returncode, done.stderr, report)
+    return RegistryStores(warehouse, pipeline, broker.bootstrap, topics, ids, status, printed, report)

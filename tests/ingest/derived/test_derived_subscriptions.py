@@ -71,14 +71,30 @@ def _check(real: RealPipeline) -> None:
     assert got.versions == want.versions
 
 
+@pytest.fixture(scope="module")
+def ran(spark: Any, tmp_path_factory: Any) -> tuple[dict[int, RealPipeline], list[str]]:
+    """The runs of ``RUNS`` made once for the tests of this module: the pipeline after its first,
+    its second and its last run (each test goes on from a copy of one: ``RealPipeline.copy_to``),
+    and the tables loaded whole during them."""
+    root = tmp_path_factory.mktemp("subscriptions")
+    real = RealPipeline(spark, str(root / "runs"))
+    real.add("", INPUTS, TABLES, RUNS)
+    after = {}
+    with pytest.MonkeyPatch.context() as patch:
+        loads = WholeTableLoads(patch)
+        for step in range(len(RUNS)):
+            _run(real, range(step, step + 1))
+            if step + 1 in (1, 2, len(RUNS)):
+                after[step + 1] = real.copy_to(str(root / f"after-{step + 1}"))
+    return after, loads.tables
+
+
 @pytest.mark.rule(16)
 def test_a_right_side_change_reads_the_subscriptions_not_the_left_table(
-        spark: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    loads = WholeTableLoads(monkeypatch)
-    real = RealPipeline(spark, str(tmp_path))
-    real.add("", INPUTS, TABLES, RUNS)
-    _run(real, range(len(RUNS)))
-    assert loads.tables == []
+        ran: tuple[dict[int, RealPipeline], list[str]], tmp_path: Any) -> None:
+    after, loads = ran
+    real = after[len(RUNS)].copy_to(str(tmp_path))
+    assert loads == []
     _check(real)
     rows = DeltaTable(os.path.join(real.warehouse, "j", "_subscriptions")).to_pyarrow_table().to_pylist()
     latest: dict[str, tuple[int, str | None]] = {}
@@ -91,10 +107,8 @@ def test_a_right_side_change_reads_the_subscriptions_not_the_left_table(
 
 @pytest.mark.rule(16)
 def test_a_join_built_before_the_side_table_builds_it_once(
-        spark: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = RealPipeline(spark, str(tmp_path))
-    real.add("", INPUTS, TABLES, RUNS)
-    _run(real, range(2))
+        ran: tuple[dict[int, RealPipeline], list[str]], tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = ran[0][2].copy_to(str(tmp_path))  # runs 0 and 1 made
     shutil.rmtree(os.path.join(real.warehouse, "j", "_subscriptions"))  # as a table built before it existed
     loads = WholeTableLoads(monkeypatch)
     _run(real, range(2, 3))
@@ -111,13 +125,11 @@ def _side_rows(real: RealPipeline, side: str, run: int) -> list[dict[str, Any]]:
 
 
 def test_a_failed_side_commit_fails_the_run_and_the_rerun_replaces_what_the_others_committed(
-        spark: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        ran: tuple[dict[int, RealPipeline], list[str]], tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """A run's side tables are committed at once (``delta.replace_runs``): when ``_emitted``'s
     commit fails, ``_subscriptions``' still commits, the table's does not (the run fails), and
     the rerun replaces the side rows of that run instead of adding to them."""
-    real = RealPipeline(spark, str(tmp_path))
-    real.add("", INPUTS, TABLES, RUNS)
-    _run(real, range(1))
+    real = ran[0][1].copy_to(str(tmp_path))  # run 0 made
     real.write_step(1)
     real_writer = delta._side_writer
 
@@ -146,15 +158,15 @@ def test_a_failed_side_commit_fails_the_run_and_the_rerun_replaces_what_the_othe
     _check(real)
 
 
-def test_side_rows_of_an_unfinished_attempt_go_when_the_rerun_has_none(spark: Any, tmp_path: Any) -> None:
+def test_side_rows_of_an_unfinished_attempt_go_when_the_rerun_has_none(
+        spark: Any, ran: tuple[dict[int, RealPipeline], list[str]], tmp_path: Any) -> None:
     """Side rows an unfinished attempt of a run left (committed before a crash of the table's
     commit) are removed by the run that commits, even when it has no rows for that side table:
     a side commit is skipped only when the run has nothing for it and the table holds nothing of
     the run (``delta._has_run``)."""
     runs = [*RUNS, {"R": [Rec("r9", _v(name="no left row has it"), 90)]}]  # no emission, no subscription
-    real = RealPipeline(spark, str(tmp_path))
-    real.add("", INPUTS, TABLES, runs)
-    _run(real, range(len(RUNS)))
+    real = ran[0][len(RUNS)].copy_to(str(tmp_path))  # every run of RUNS made
+    real.runs = [("", runs)]
     path = os.path.join(real.warehouse, "j")
     run = read_state(path, DeltaTable(path).version()).run + 1
     attempt = StoreState(run=run)
