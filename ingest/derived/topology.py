@@ -117,34 +117,34 @@ class Topology:
         partition (``updates``, each in its partition's order) are one more input, declared
         after the others: an update is applied when its head timestamp is the smallest, ties to
         the source inputs, then to the lower input partition (docs/semantics.md, rule 23)."""
-        streams: list[list[SourceRecord] | list[GroupUpdate]] = [records for _, _, records in inputs]
-        streams += updates or []
-        heads = [(stream[0].timestamp, index, 0) for index, stream in enumerate(streams) if stream]
-        if len(heads) == 1 and heads[0][1] < len(inputs):  # one input with records: its own order
+        ups = updates or []
+        n = len(inputs)
+        heads = [(records[0].timestamp, index, 0) for index, (_, _, records) in enumerate(inputs) if records]
+        heads += [(stream[0].timestamp, n + index, 0) for index, stream in enumerate(ups) if stream]
+        if len(heads) == 1 and heads[0][1] < n:  # one input with records: its own order
             self._run_one(*inputs[heads[0][1]])
             return
         heapq.heapify(heads)
         node = self.nodes[regrouped] if regrouped else None
         while heads:
             _, index, position = heapq.heappop(heads)
-            stream = streams[index]
-            if index >= len(inputs):
+            if index >= n:
+                stream = ups[index - n]
                 assert node is not None and isinstance(node.operator, Aggregate)
-                update = stream[position]
-                assert isinstance(update, GroupUpdate)
-                self._emit(node, node.operator.apply(update), node.spec.inputs[0])
+                self._emit(node, node.operator.apply(stream[position]), node.spec.inputs[0])
+                if position + 1 < len(stream):
+                    heapq.heappush(heads, (stream[position + 1].timestamp, index, position + 1))
+                continue
+            name, is_stream, records = inputs[index]
+            record = records[position]
+            if is_stream:
+                self._stream_record(name, StreamRecord(record.key, record.value, record.timestamp))
             else:
-                name, is_stream, _ = inputs[index]
-                record = stream[position]
-                assert isinstance(record, SourceRecord)
-                if is_stream:
-                    self._stream_record(name, StreamRecord(record.key, record.value, record.timestamp))
-                else:
-                    result = self.states[name].put(record.key, record.value, record.timestamp, record.partition)
-                    if result.change is not None:
-                        self._changed(name, result.change)
-            if position + 1 < len(stream):
-                heapq.heappush(heads, (stream[position + 1].timestamp, index, position + 1))
+                result = self.states[name].put(record.key, record.value, record.timestamp, record.partition)
+                if result.change is not None:
+                    self._changed(name, result.change)
+            if position + 1 < len(records):
+                heapq.heappush(heads, (records[position + 1].timestamp, index, position + 1))
 
     def _run_one(self, name: str, is_stream: bool, records: list[SourceRecord]) -> None:
         if is_stream:
