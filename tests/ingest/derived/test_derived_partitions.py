@@ -90,6 +90,14 @@ def _example(seed: int) -> list[dict[str, list[Rec]]]:
     return runs
 
 
+def _right_changes() -> dict[str, list[Rec]]:
+    """A run of B alone, a value for every key, late in each partition's band: the foreign-key
+    join re-joins the left keys that pointed at them in earlier runs (pointers persisted in
+    ``_subscriptions``), each in its own partition only."""
+    return {"B": [Rec(key, json.dumps({"n": i}, separators=(",", ":")), 30 + i + 100 * home(key), home(key))
+                  for i, key in enumerate(KEYS)]}
+
+
 def _tables(prefix: str) -> list[dict[str, Any]]:
     return TABLES if prefix in AGGREGATING else [t for t in TABLES if t["name"] not in GROUPED]
 
@@ -134,7 +142,8 @@ def test_each_partition_is_its_own_topology(spark: Any, tmp_path: Any, monkeypat
 
     monkeypatch.setattr(derive, "_run_topology", where_its_prefix_says)
     real = RealPipeline(spark, str(tmp_path))
-    examples = [_example(23)]  # many more random examples: test_derived_stages.py, without Spark
+    # many more random examples: test_derived_stages.py, without Spark
+    examples = [_example(1) + [_right_changes()]]
     for i, runs in enumerate(examples):
         real.add(f"e{i}_", INPUTS, [], runs)
     prefixes = [f"{where}{i}_" for where in ("here", "tasks") for i in range(len(examples))]
