@@ -92,6 +92,13 @@ UPDATE_SCHEMA = pa.schema([
 #: partition that made them, ``o2`` their order there; ``old`` and ``input_key`` theirs alone.
 STAGE_SCHEMA = RECORDS_SCHEMA.append(pa.field("old", pa.string())).append(pa.field("input_key", pa.string()))
 
+#: How a group update of the tasks' output (``out`` "update") becomes a ``STAGE_SCHEMA`` row:
+#: each stage column from an output column (``task`` is the input partition that made it); the
+#: others are ``input`` (the count of the pass's input names), ``o3`` 0, ``o4`` "" and ``task``,
+#: the group's partition.
+SHIPPED = {"key": "g_group", "value": "g_new", "timestamp": "g_timestamp", "partition": "task", "o1": "task",
+           "o2": "g_seq", "old": "g_old", "input_key": "g_key"}
+
 #: Each output of the tasks and the columns it fills (prefixed, so that one row schema holds
 #: them all): a store's rows, a stream output's records, ``_emitted`` rows, late results, a
 #: foreign-key join's subscriptions, group updates for the next stage.
@@ -330,11 +337,8 @@ def run_job(spark: SparkSession, work: PassWork, reads: list[InputRead], partiti
         for stage in later:
             source = routed[stage.regrouped]
             updates = source.where((F.col("out") == "update") & (F.col("table") == stage.regrouped)).select(
-                F.lit(len(names)).cast("int").alias("input"), F.col("g_group").alias("key"),
-                F.col("g_new").alias("value"), F.col("g_timestamp").alias("timestamp"),
-                F.col("task").alias("partition"), F.col("task").alias("o1"), F.col("g_seq").alias("o2"),
-                F.lit(0).cast("long").alias("o3"), F.lit("").alias("o4"), F.col("g_old").alias("old"),
-                F.col("g_key").alias("input_key"))
+                F.lit(len(names)).cast("int").alias("input"), *(F.col(c).alias(n) for n, c in SHIPPED.items()),
+                F.lit(0).cast("long").alias("o3"), F.lit("").alias("o4"))
             updates = updates.withColumn("task", F.expr(SPARK.default_partition(work.partitions, partitioner)))
             own = records(stage).withColumn("old", F.lit(None).cast("string")) \
                 .withColumn("input_key", F.lit(None).cast("string"))
@@ -415,12 +419,10 @@ def process_here(work: PassWork, records: pa.Table, partitioner: str) -> pa.Tabl
                                              pa.compute.equal(source["table"], stage.regrouped)))
         groups = layout.Partitioning(work.partitions, partitioner).of_keys(rows["g_group"].combine_chunks())
         n = rows.num_rows
-        shipped = pa.table({
-            "task": pa.array(groups, pa.int32()), "input": pa.array([len(names)] * n, pa.int32()),
-            "key": rows["g_group"], "value": rows["g_new"], "timestamp": rows["g_timestamp"],
-            "partition": rows["task"], "o1": rows["task"], "o2": rows["g_seq"], "o3": pa.array([0] * n, pa.int64()),
-            "o4": pa.array([""] * n, pa.string()), "old": rows["g_old"], "input_key": rows["g_key"],
-        }, schema=STAGE_SCHEMA)
+        columns = {"task": pa.array(groups, pa.int32()), "input": pa.array([len(names)] * n, pa.int32()),
+                   **{name: rows[column] for name, column in SHIPPED.items()},
+                   "o3": pa.array([0] * n, pa.int64()), "o4": pa.array([""] * n, pa.string())}
+        shipped = pa.table({name: columns[name] for name in STAGE_SCHEMA.names}, schema=STAGE_SCHEMA)
         mine = own(stage)
         mine = mine.append_column("old", pa.nulls(mine.num_rows, pa.string())) \
             .append_column("input_key", pa.nulls(mine.num_rows, pa.string()))

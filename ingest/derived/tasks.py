@@ -244,7 +244,7 @@ def run_partition(work: PassWork, partition: int, records: dict[str, list[Source
         states[whole_name(name)] = TableState(whole_name(name), read.kind, read.history_retention_ms,
                                               read.partitions, readers.get(name))
     topology = Topology(list(work.tables), states, partition, work.repartitioned, whole)
-    _prefetch(list(work.tables), states, records, topology, whole=whole)
+    _prefetch(list(work.tables), states, records, topology)
     inputs = []
     for name, is_stream in work.inputs:  # a store read whole right after its partition's records
         inputs.append((name, is_stream, records.get(name, [])))
@@ -298,10 +298,9 @@ def _result(work: PassWork, topology: Topology, partition: int) -> PartitionResu
 
 def _prefetch(tables: list[TableSpec], states: dict[str, TableState],
               records: dict[str, list[SourceRecord]], topology: Topology,
-              changed: dict[str, set[str]] | None = None, whole: tuple[str, ...] = ()) -> None:
+              changed: dict[str, set[str]] | None = None) -> None:
     """Bulk-load the keys the partition will touch where they are known up front (the rest load
-    one key at a time on demand). ``changed``: keys known to change in tables outside ``tables``;
-    ``whole``: the stores read whole (``whole_inputs``)."""
+    one key at a time on demand). ``changed``: keys known to change in tables outside ``tables``."""
     candidates: dict[str, set[str]] = {name: {r.key for r in recs} for name, recs in records.items()}
     candidates.update(changed or {})
     for name, state in states.items():
@@ -317,8 +316,7 @@ def _prefetch(tables: list[TableSpec], states: dict[str, TableState],
         elif spec.op == "fk_join":
             operator = topology.nodes[spec.name].operator
             assert isinstance(operator, ForeignKeyJoin)
-            left, right = spec.inputs
-            right = whole_name(right) if right in whole else right
+            left, right = topology.nodes[spec.name].inputs  # the right store read whole, if it is
             left_records = [(r.key, r.value) for r in records.get(left, [])]
             keys = operator.prefetch(candidates.get(left, set()), candidates.get(right, set()), left_records)
         elif spec.op == "aggregate" and spec.group_by is not None and _groups_wanted(spec, tables, states):

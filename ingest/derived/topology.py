@@ -70,6 +70,8 @@ class DerivedNode:
     spec: TableSpec
     operator: Operator
     own: TableState | None  # None: a stream output
+    #: The states it reads, by side: its inputs, a store read whole by its ``whole_name``.
+    inputs: list[str] = field(default_factory=list)
     emissions: list[Emission] = field(default_factory=list)
     late: list[Emission] = field(default_factory=list)
     counts: TableCounts = field(default_factory=TableCounts)
@@ -103,7 +105,7 @@ class Topology:
             operator = OPERATORS[spec.op](spec, inputs, own)
             if isinstance(operator, ForeignKeyJoin) and names[1] != spec.inputs[1]:
                 operator.partition = partition
-            node = DerivedNode(spec, operator, own)
+            node = DerivedNode(spec, operator, own, names)
             self.nodes[spec.name] = node
             for side, name in enumerate(names):
                 self.dependents.setdefault(name, []).append((node, side))
