@@ -43,10 +43,11 @@ The derived pass is split into phases by wrapping functions: reading and process
 (``job.run_job``, Spark tasks; ``job.run_here``, this process), the commits (``derive._commit``);
 in this process, ``Topology.run`` and the ``SnapshotReader.load`` calls are counted too (in Spark
 tasks they run in other processes). The driver's peak resident memory during each pass
-(``VmRSS``, sampled every 50 ms) is reported as ``driver_rss_mb``.
+(``VmRSS``, sampled every 50 ms) is reported as ``driver_rss_mb`` (this Python process) and
+``driver_jvm_rss_mb`` (its JVM: with a local master also the executor's).
 Prints a table and writes ``bench/results/derived-<date>[-<N>].json``.
 
-    .venv/bin/python bench/derived_bench.py [--records 1000000] [--partitions 1,4] [--quick] [--work DIR]
+    .venv/bin/python bench/derived_bench.py [--records 1000000] [--partitions 1,4] [--quick] [--work DIR] [--master URL]
 """
 
 from __future__ import annotations
@@ -337,10 +338,11 @@ def git_state() -> dict[str, Any]:
 
 # -- phases --------------------------------------------------------------------------------
 
-def ingest_sources(spark: Any, root: str) -> dict[str, Any]:
+def ingest_sources(spark: Any, root: str, names: list[str]) -> dict[str, Any]:
+    """Ingest the sources ``names`` (those of the operators measured)."""
     from versiq.ingest.run import run_pipeline
 
-    stores, streams = source_specs(root, list(STORES + STREAMS))
+    stores, streams = source_specs(root, names)
     t0 = time.perf_counter()
     rep = run_pipeline(spark, os.path.join(root, "warehouse"), Pipeline(stores=stores, streams=streams))
     seconds = time.perf_counter() - t0
@@ -381,12 +383,19 @@ def warm_up(spark: Any, root: str) -> None:
 
 
 class PeakRss:
-    """The process's peak resident memory (``VmRSS``) while the block runs, sampled every 50 ms."""
+    """The peak resident memory (``VmRSS``) of this process and of the driver's JVM while the
+    block runs, sampled every 50 ms. With a local master the JVM is the executor too (its
+    heap, ``spark.driver.memory``, holds the tasks' data); with a cluster's it is the driver's
+    alone."""
+
+    def __init__(self, jvm_pid: int | None = None) -> None:
+        self.jvm_pid = jvm_pid
 
     def __enter__(self) -> PeakRss:
         import threading
 
-        self.peak_mb = self._now()
+        self.peak_mb = self._now("self")
+        self.jvm_peak_mb = self._now(self.jvm_pid)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
@@ -394,14 +403,20 @@ class PeakRss:
 
     def _sample(self) -> None:
         while not self._stop.wait(0.05):
-            self.peak_mb = max(self.peak_mb, self._now())
+            self.peak_mb = max(self.peak_mb, self._now("self"))
+            self.jvm_peak_mb = max(self.jvm_peak_mb, self._now(self.jvm_pid))
 
     @staticmethod
-    def _now() -> float:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
+    def _now(pid: int | str | None) -> float:
+        if pid is None:
+            return 0.0
+        try:
+            with open(f"/proc/{pid}/status") as fh:
+                for line in fh:
+                    if line.startswith("VmRSS:"):
+                        return int(line.split()[1]) / 1024
+        except OSError:
+            pass
         return 0.0
 
     def __exit__(self, *exc: Any) -> None:
@@ -421,7 +436,7 @@ def derive_one(spark: Any, root: str, op: str, inputs: dict[str, int], ingest_s:
     t0 = time.perf_counter()
     if prof:
         prof.enable()
-    with PeakRss() as rss:
+    with PeakRss(spark.sparkContext._jvm.ProcessHandle.current().pid()) as rss:
         rep = run_pipeline(spark, os.path.join(root, "warehouse"), pipeline)
     if prof:
         prof.disable()
@@ -437,6 +452,7 @@ def derive_one(spark: Any, root: str, op: str, inputs: dict[str, int], ingest_s:
         "records_per_s": round(records / derive_s) if derive_s else None,
         "ingest_of_inputs_s": round(base, 2), "derive_over_ingest": round(derive_s / base, 2) if base else None,
         "run_pipeline_wall_s": round(wall, 2), "driver_rss_mb": round(rss.peak_mb),
+        "driver_jvm_rss_mb": round(rss.jvm_peak_mb),
         "noop_source_ingest_s": round(sum(r.seconds for r in [*rep.stores.values(), *rep.streams.values()]), 2),
         "phases_s": take_phases(derive_s), "report": table.to_json(),
         "load_before": load_before, "load_after": loadavg(),
@@ -447,7 +463,7 @@ def derive_one(spark: Any, root: str, op: str, inputs: dict[str, int], ingest_s:
         out["driver_profile_top"] = s.getvalue()
     print(f"  {op:12s} {records:>10,} input records  derive {derive_s:8.2f} s  {out['records_per_s'] or 0:>9,} rec/s  "
           f"(ingest of inputs {base:6.1f} s, x{out['derive_over_ingest']})  emitted {table.emitted:,}  "
-          f"driver {out['driver_rss_mb']} MB  load {load_before}", flush=True)
+          f"driver {out['driver_rss_mb']} MB (JVM {out['driver_jvm_rss_mb']} MB)  load {load_before}", flush=True)
     print(f"    phases: {out['phases_s']}", flush=True)
     return out
 
@@ -462,6 +478,7 @@ def main() -> None:
     ap.add_argument("--operators", default=",".join(OPERATORS), help="comma-separated subset")
     ap.add_argument("--profile", default="", help="comma-separated operators to cProfile (build and batch)")
     ap.add_argument("--partitions", default="1", help="comma-separated partition counts of the source stores")
+    ap.add_argument("--master", default="local[*]", help="Spark master (derived_cluster_bench.py: standalone)")
     ap.add_argument("--results", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     args = ap.parse_args()
     records = 100_000 if args.quick else args.records
@@ -483,16 +500,17 @@ def main() -> None:
         "git": git_state(), "sizes": sizes.to_json(), "batch": args.batch,
         "operators": {o: OPERATORS[o][0] for o in ops},
     }
+    needed = sorted({s for op in ops for s in OPERATORS[op][1]})
     t0 = time.perf_counter()
-    build_in = write_sources(root, sizes, build_counts(sizes), 0)
-    batch_in = write_sources(root, sizes, batch_counts(args.batch), 1)
+    build_in = write_sources(root, sizes, {n: c for n, c in build_counts(sizes).items() if n in needed}, 0)
+    batch_in = write_sources(root, sizes, {n: c for n, c in batch_counts(args.batch).items() if n in needed}, 1)
     result["generate_s"] = round(time.perf_counter() - t0, 2)
     print(f"generated {build_in} and a batch of {batch_in} in {result['generate_s']} s under {root}", flush=True)
 
     from versiq.ingest.spark import get_spark
 
     t0 = time.perf_counter()
-    spark = get_spark("local[*]")
+    spark = get_spark(args.master)
     result["spark_start_s"] = round(time.perf_counter() - t0, 2)
     result["spark"] = {"version": spark.version, "master": spark.sparkContext.master}
     t0 = time.perf_counter()
@@ -507,7 +525,7 @@ def main() -> None:
         for step, (phase, inputs) in enumerate((("build", build_in), ("incremental", batch_in))):
             link_step(root, here, step)
             print(f"{partitions} partition(s), {phase}: ingest of the sources ({inputs})", flush=True)
-            ingest = ingest_sources(spark, here)
+            ingest = ingest_sources(spark, here, needed)
             per = {}
             for op in ops:
                 per[op] = derive_one(spark, here, op, inputs, ingest["per_source_s"], op in profiled)

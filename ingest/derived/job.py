@@ -14,7 +14,8 @@ The job (``run_job``):
    go through ``tasks.run_partition``. A Spark partition may hold several tasks, one after
    the other; no task's records are ever split.
 3. **Writes** each writer's changed rows, ``_emitted`` rows and late results straight from the
-   tasks' output (kept on the executors for the writes: ``persist``); only small statistics
+   tasks' output (kept on the executors' local disks for the writes: ``RESULTS_KEPT``; a
+   task hands its results over in batches of ``RESULT_BATCH_BYTES``); only small statistics
    (counts, emission counts, stream times per task) reach the driver, which makes the
    emission sequences one per run (task order, then local order) and commits each table
    once, side tables first (``versiq.ingest.delta``).
@@ -305,6 +306,13 @@ def _read_here(con: duckdb.DuckDBPyConnection, read: InputRead, i: int) -> list[
     return parts
 
 
+#: Where a job keeps its tasks' results until the writes have read them: on the executors'
+#: local disks, not in their heap. A partition's results grow with the partition (every
+#: record's emission and row: 5M rows for a task of a 10M-record filter), and serialized into the
+#: heap beside the sort and the Arrow transfer they exhausted a local session's 4 GB.
+RESULTS_KEPT = StorageLevel.DISK_ONLY
+
+
 def run_job(spark: SparkSession, work: PassWork, reads: list[InputRead], partitioner: str) -> JobOutput:
     """Process the pass in Spark tasks (module docstring, step 2); the results stay on the
     executors (``JobOutput.output`` reads them for the writes)."""
@@ -330,7 +338,7 @@ def run_job(spark: SparkSession, work: PassWork, reads: list[InputRead], partiti
     held = []
     if later:  # a pass with repartitions has several partitions (tasks.stages)
         assert slot is not None
-        results = results.persist(StorageLevel.MEMORY_AND_DISK)
+        results = results.persist(RESULTS_KEPT)
         held.append(results)
         routed = dict.fromkeys(first.repartitioned, results)  # aggregate -> the output its updates are in
         parts = [results.where(F.col("out") != "update")]
@@ -345,7 +353,7 @@ def run_job(spark: SparkSession, work: PassWork, reads: list[InputRead], partiti
             grouped = updates.unionByName(own).repartition(work.partitions, slot).sortWithinPartitions(*ORDER)
             part = grouped.mapInArrow(regroup_runner(stage, names), from_arrow_schema(OUTPUT_SCHEMA))
             if stage.repartitioned:  # a group-by after this one: its updates come from here
-                part = part.persist(StorageLevel.MEMORY_AND_DISK)
+                part = part.persist(RESULTS_KEPT)
                 held.append(part)
                 routed.update(dict.fromkeys(stage.repartitioned, part))
                 part = part.where(F.col("out") != "update")
@@ -353,7 +361,7 @@ def run_job(spark: SparkSession, work: PassWork, reads: list[InputRead], partiti
         results = parts[0]
         for part in parts[1:]:
             results = results.unionByName(part)
-    results = results.persist(StorageLevel.MEMORY_AND_DISK)
+    results = results.persist(RESULTS_KEPT)
     stats = results.where(F.col("out") == "stats").select("table", "task", "info").collect()
     return _output(results, work, [(r["table"], r["task"], r["info"]) for r in stats], held)
 
@@ -533,7 +541,8 @@ def result_batches(result: PartitionResult) -> Iterator[pa.RecordBatch]:
                 "seq": pa.array(range(len(updates)), pa.int64()), "group": group, "key": key, "old": old, "new": new,
                 "timestamp": pa.array(timestamp, pa.int64()),
             }, schema=UPDATE_SCHEMA)
-            yield _batch("update", name, result.partition, [None] * len(updates), table)
+            for part in _slices(table):
+                yield _batch("update", name, result.partition, [None] * part.num_rows, part)
     for name, outcome in result.tables.items():
         subscriptions = outcome.subscriptions
         stats = {"counts": vars(outcome.counts), "stream_time": outcome.stream_time,
@@ -544,7 +553,21 @@ def result_batches(result: PartitionResult) -> Iterator[pa.RecordBatch]:
         for kind, table in ((rows_kind, outcome.rows), ("emitted", outcome.emitted), ("late", outcome.late),
                             ("subscriptions", subscriptions)):
             if table is not None and table.num_rows:
-                yield _batch(kind, name, result.partition, [None] * table.num_rows, table)
+                for part in _slices(table):
+                    yield _batch(kind, name, result.partition, [None] * part.num_rows, part)
+
+
+#: The most bytes of results in one Arrow batch a task hands to Spark. The JVM reads each batch
+#: whole into its direct memory (as large as the heap): a partition's results in one batch grow
+#: with the partition (1.5 GB for the 5M records of a filter's task) and can exhaust it.
+RESULT_BATCH_BYTES = 32 << 20
+
+
+def _slices(table: pa.Table) -> Iterator[pa.Table]:
+    """``table`` in consecutive slices of about ``RESULT_BATCH_BYTES`` each."""
+    rows = max(1, RESULT_BATCH_BYTES * table.num_rows // max(1, table.nbytes))
+    for start in range(0, table.num_rows, rows):
+        yield table.slice(start, rows)
 
 
 def _batch(kind: str, name: str, task: int, info: list[str | None], table: pa.Table | None) -> pa.RecordBatch:

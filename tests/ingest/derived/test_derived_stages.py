@@ -234,3 +234,31 @@ def test_a_pass_through_its_stages_is_the_models(seed: int) -> None:
         want = model[name]
         assert [e[2:] for e in emitted] == [(e.key, e.value, e.timestamp, e.cause) for e in want.emissions], name
         assert sum(s["counts"]["late"] for (t, _), s in stats.items() if t == name) == want.counts["late"], name
+
+
+def test_a_tasks_results_leave_it_in_batches_of_bounded_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A task hands its results to Spark in Arrow batches of about ``RESULT_BATCH_BYTES``
+    (the JVM reads each batch whole into its direct memory), in order: the pass's output, group
+    updates crossing the repartition included, is the same whatever the size."""
+    from versiq.ingest.derived import job
+
+    rng = random.Random(7)
+    rows = [{"task": _home(key), "input": 0, "key": key, "value": json.dumps({"n": rng.randint(-2, 9)}),
+             "timestamp": 20 * _home(key) + t, "partition": _home(key), "o1": 1, "o2": 1, "o3": t, "o4": ""}
+            for t in range(60) for key in (f"k{rng.randint(1, 40)}",)]
+    records = pa.Table.from_pylist(rows, schema=RECORDS_SCHEMA).sort_by([(n, "ascending") for n in ORDER])
+    whole = process_here(_staged_work(), records, MURMUR2)
+    sizes: list[int] = []
+    original = job._slices
+
+    def slices(table: pa.Table) -> Any:
+        for part in original(table):
+            sizes.append(part.nbytes)
+            yield part
+
+    monkeypatch.setattr(job, "RESULT_BATCH_BYTES", 300)
+    monkeypatch.setattr(job, "_slices", slices)
+    sliced = process_here(_staged_work(), records, MURMUR2)
+    assert sliced.to_pylist() == whole.to_pylist()
+    assert len(sizes) > 3 * len({(r["out"], r["table"], r["task"]) for r in whole.to_pylist()})
+    assert max(sizes) <= 2 * 300
