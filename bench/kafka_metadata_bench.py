@@ -7,8 +7,10 @@ single-node KRaft broker started here (``tests/support/kafka_broker.py``).
 Besides these two, ``--variants`` times the confluent-kafka path with librdkafka's default
 ``reconnect.backoff.ms`` (100 ms, which ``kafka.METADATA_RECONNECT_BACKOFF_MS`` lowers) and
 with one admin client kept across calls (what keeping a client per source in continuous mode
-would save). The first call of each (the JVM's classes, the Python module's import) is reported
-apart. Every call's answer is checked equal to the Java client's.
+would save), and a run's read in the driver (``kafka.read_here`` of the topic's 300 records)
+as it is (librdkafka's default backoff) and with the metadata client's shorter one. The first
+call of each (the JVM's classes, the Python module's import) is reported apart. Every call's answer is checked
+equal to the Java client's (a read's: all 300 records).
 
 With ``--cli N``, also the wall seconds of a one-shot ``versiq ingest`` of a store fed by a
 1-partition topic (a process per run, ``VERSIQ_DRIVER_SOCKET=off``): a run over one new record,
@@ -129,12 +131,29 @@ def main() -> None:
             finally:
                 kafka.METADATA_RECONNECT_BACKOFF_MS = kept
 
-        ways: dict[str, Callable[[], kafka.TopicOffsets]] = {
+        offsets = kafka.driver_topic_offsets(source)
+        read = kafka.KafkaRead(offsets.partitions, {p: (offsets.earliest[p], offsets.end[p]) for p in offsets.end},
+                               topic_id=offsets.topic_id)
+
+        def read_short_backoff() -> Any:
+            import confluent_kafka
+
+            kept = confluent_kafka.Consumer
+            confluent_kafka.Consumer = lambda config: kept(  # type: ignore[assignment,misc]
+                {**config, "reconnect.backoff.ms": kafka.METADATA_RECONNECT_BACKOFF_MS})
+            try:
+                return kafka.read_here(source, read, None).num_rows
+            finally:
+                confluent_kafka.Consumer = kept  # type: ignore[misc]
+
+        ways: dict[str, Callable[[], Any]] = {
             "java": lambda: kafka.java_topic_offsets(spark, source),
             "confluent": lambda: kafka.driver_topic_offsets(source)}
         if args.variants:
             ways["confluent_default_backoff"] = default_backoff
             ways["confluent_kept_client"] = lambda: kafka.driver_topic_offsets(source)
+            ways["read_here"] = lambda: kafka.read_here(source, read, None).num_rows
+            ways["read_here_short_backoff"] = read_short_backoff
         times: dict[str, list[float]] = {name: [] for name in ways}
         first: dict[str, float] = {}
         expected = None
@@ -149,9 +168,10 @@ def main() -> None:
                 else:
                     answer = ask()
                 seconds = time.perf_counter() - t0
-                expected = expected or answer
-                if answer != expected:
-                    raise RuntimeError(f"{name}: {answer} != {expected}")
+                want = 300 if name.startswith("read_here") else expected or answer
+                expected = expected or (None if name.startswith("read_here") else answer)
+                if answer != want:
+                    raise RuntimeError(f"{name}: {answer} != {want}")
                 if i == 0:
                     first[name] = round(seconds, 4)
                 else:
