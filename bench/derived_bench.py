@@ -294,7 +294,7 @@ def instrument() -> None:
     original = SnapshotReader.load
 
     @functools.wraps(original)
-    def load(self: Any, keys: Any) -> Any:
+    def load(self: Any, keys: Any, latest_only: bool = False) -> Any:
         t = time.perf_counter()
         if keys is None:
             LOADS["keys_all"] += 1
@@ -303,7 +303,7 @@ def instrument() -> None:
             LOADS["keys_requested"] += len(keys)
         LOADS["calls"] += 1
         try:
-            return original(self, keys)
+            return original(self, keys, latest_only)
         finally:
             LOADS["seconds"] += time.perf_counter() - t
             if keys is None:

@@ -81,12 +81,13 @@ class SnapshotReader:
         bound = horizon_sql(self.state.stream_time, self.retention_ms)
         return f" AND (valid_to IS NULL OR valid_to > COALESCE({bound}, valid_to - 1))"
 
-    def load(self, keys: Iterable[str] | None) -> dict[str, tuple[list[Version], int]]:
-        """key -> (versions ascending, partition) for ``keys`` (every key when None)."""
+    def load(self, keys: Iterable[str] | None, latest_only: bool = False) -> dict[str, tuple[list[Version], int]]:
+        """key -> (versions ascending, partition) for ``keys`` (every key when None);
+        ``latest_only``: each key's newest version alone (``TableState.latest_only``)."""
         if not self.files:
             return {}
         con = self._connection()
-        rule = read_rule_sql(self.kind) + self._observable()
+        rule = read_rule_sql(self.kind) + (" AND valid_to IS NULL" if latest_only else self._observable())
         if keys is None:
             sql = f"SELECT key, valid_from, value, tombstone, \"partition\" FROM read_parquet($files) {rule}"
             table = con.sql(sql, params={"files": self.files}).to_arrow_table()
@@ -119,7 +120,13 @@ class TableState:
     """One table's state for the keys this batch touches, versioned or timestamped."""
 
     def __init__(self, name: str, kind: str, history_retention_ms: int, partitions: int,
-                 reader: SnapshotReader | None) -> None:
+                 reader: SnapshotReader | None, latest_only: bool = False) -> None:
+        """``latest_only``: load each key's newest version alone, for a table whose batch only
+        ever reads a key's newest version and writes after it (an aggregate's own table: its
+        results are stamped at or after the group's last one, rule 30, and no stream-table join
+        reads it as of a time). Its older versions cannot change, so the diff needs none of
+        them, and a group updated millions of times loads one version, not its retention's."""
+        self.latest_only = latest_only
         self.name = name
         self.kind = kind
         self.history_retention_ms = history_retention_ms
@@ -146,7 +153,7 @@ class TableState:
         if missing is not None and not missing:
             return
         assert self.reader is not None
-        found = self.reader.load(missing)
+        found = self.reader.load(missing, self.latest_only)
         for key in (missing if missing is not None else list(found)):
             if key in self.versions:
                 continue
@@ -205,6 +212,7 @@ class TableState:
             versions[-1] = (timestamp, value)
             replaced = in_order = True
         else:
+            assert not self.latest_only, f"{self.name}: a version older than {key}'s newest"
             i = bisect.bisect_left(versions, timestamp, key=_timestamp)
             replaced = versions[i][0] == timestamp  # i < len(versions): the newest is later
             if replaced:
@@ -236,6 +244,7 @@ class TableState:
 
     def as_of(self, key: str, t: int) -> tuple[str, int] | None:
         """docs/semantics.md rules 7-8 (a timestamped table answers its current value)."""
+        assert not self.latest_only, f"{self.name} holds its keys' newest versions only"
         versions = self._get(key)
         if not versions:
             return None

@@ -274,8 +274,17 @@ def run_regrouped(work: PassWork, partition: int, updates: list[list[tuple[str, 
 
 
 def _states(work: PassWork, readers: Readers) -> dict[str, TableState]:
+    latest = latest_only(work.tables)
     return {read.name: TableState(read.name, read.kind, read.history_retention_ms, read.partitions,
-                                  readers.get(read.name)) for read in work.reads}
+                                  readers.get(read.name), read.name in latest) for read in work.reads}
+
+
+def latest_only(tables: Iterable[TableSpec]) -> set[str]:
+    """The tables whose state needs each key's newest version only (``TableState.latest_only``):
+    aggregates that no stream-table join reads as its table."""
+    tables = list(tables)
+    as_of = {t.inputs[1] for t in tables if t.op == "stream_join"}
+    return {t.name for t in tables if t.op == "aggregate" and t.name not in as_of}
 
 
 def _result(work: PassWork, topology: Topology, partition: int) -> PartitionResult:

@@ -262,3 +262,32 @@ def test_a_tasks_results_leave_it_in_batches_of_bounded_size(monkeypatch: pytest
     assert sliced.to_pylist() == whole.to_pylist()
     assert len(sizes) > 3 * len({(r["out"], r["table"], r["task"]) for r in whole.to_pylist()})
     assert max(sizes) <= 2 * 300
+
+
+@pytest.mark.rule(30)
+def test_an_aggregates_own_state_loads_its_groups_newest_versions_only() -> None:
+    """An aggregate's results are stamped at or after its group's last one (rule 30), so a batch
+    reads and writes only after each group's newest version: its state loads that one
+    (``TableState.latest_only``), unless a stream-table join reads the aggregate as of a time.
+    A filter's results keep their records' timestamps (one may land before the newest), and
+    source stores answer as-of reads: both load their keys' history."""
+    from versiq.ingest.derived.state import TableState
+    from versiq.ingest.derived.tasks import latest_only
+
+    tables = _tables([
+        {"name": "g", "from": "orders", "group_by": "value.c", **COUNT},
+        {"name": "busy", "from": "g", "filter": "value.count > 2"},
+        {"name": "gg", "from": "g", "group_by": "value.count", **COUNT},
+        {"name": "t", "from": "orders", "group_by": "value.d", **COUNT},
+        {"name": "seen", "stream_join": {"stream": "clicks", "table": "t"}},
+    ])
+    assert latest_only(tables) == {"g", "gg"}
+    state = TableState("g", "versioned", 10, 1, None, latest_only=True)
+    state.put("x", '{"count":1}', 5)
+    state.put("x", '{"count":2}', 5)  # at the newest: replaces it
+    state.put("x", '{"count":3}', 7)
+    assert state.versions["x"] == [(5, '{"count":2}'), (7, '{"count":3}')]
+    with pytest.raises(AssertionError):
+        state.put("x", '{"count":4}', 6)  # before the newest: history it does not hold
+    with pytest.raises(AssertionError):
+        state.as_of("x", 6)

@@ -48,10 +48,10 @@ class WholeTableLoads:
         self.tables: list[str] = []
         original = SnapshotReader.load
 
-        def load(reader: SnapshotReader, keys: Any) -> Any:
+        def load(reader: SnapshotReader, keys: Any, latest_only: bool = False) -> Any:
             if keys is None and reader.files:
                 self.tables.append(os.path.basename(reader.path))
-            return original(reader, keys)
+            return original(reader, keys, latest_only)
 
         monkeypatch.setattr(SnapshotReader, "load", load)
 
