@@ -341,7 +341,7 @@ CONFORMANCE_GROUP: Setting[int | None] = Setting(
     "tests")
 CONFORMANCE_GROUPS: Setting[int | None] = Setting(
     "VERSIQ_CONFORMANCE_GROUPS", whole_number, None,
-    "pipelines per Spark run (one batch) of the operators' conformance test, default 12", "tests")
+    "pipelines per Spark run (one batch) of the operators' conformance test, default 14", "tests")
 CONFORMANCE_SEED: Setting[int | None] = Setting(
     "VERSIQ_CONFORMANCE_SEED", whole_number, None,
     "the seed of both conformance tests: `make test` runs seed 0, `make conformance` a fresh one it prints "
@@ -349,6 +349,11 @@ CONFORMANCE_SEED: Setting[int | None] = Setting(
 CONFORMANCE_BATCHES: Setting[tuple[str, ...]] = Setting(
     "VERSIQ_CONFORMANCE_BATCHES", comma_list, (),
     "comma-separated batches of that seed to run again (default: all)", "tests")
+CONFORMANCE_OPERATORS: Setting[tuple[str, ...]] = Setting(
+    "VERSIQ_CONFORMANCE_OPERATORS", comma_list, (),
+    "comma-separated operators of the operators' conformance test to run (default: all: `filter`, `join`, "
+    "`fk_join`, `aggregate`, `aggregate_join`, `aggregate_twice`, `stream_join`); leaving one out changes the "
+    "scenarios drawn for those after it", "tests")
 CONFORMANCE_REPORT: Setting[str | None] = Setting(
     "VERSIQ_CONFORMANCE_REPORT", string, None,
     "a file the conformance tests append each difference they find to, once", "tests")

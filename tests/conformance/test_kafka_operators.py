@@ -9,8 +9,11 @@ inner and left joins; groupBy + count, sum, a custom aggregate (string building 
 ``concat``) and reduce (``int``, ``%``, ``substring``, ``length`` in its group key); groupBy + count
 or sum whose result table is joined (primary key, inner, left or outer) with a second input
 keyed by group (``aggregate_join``: the join's emissions and result table are compared; the
-aggregate's own are those of the aggregate operator); stream-table inner and left joins. Every emission
-(key, value, timestamp, in order) and the final result table are compared.
+aggregate's own are those of the aggregate operator); groupBy + count, or count and sum, whose
+result table's rows are grouped again by a function of their aggregate (how many of the
+scenario's groups have each count) into a count, a sum or both (``aggregate_twice``: both
+aggregates' emissions and result tables are compared); stream-table inner and left joins. Every
+emission (key, value, timestamp, in order) and the final result table are compared.
 
 The documented departures (docs/semantics.md, "Departures"), applied exactly and nothing looser:
 - Processing order across inputs within a run is versiq's merge (rule 23): Kafka is given the
@@ -41,6 +44,16 @@ within a task). aggregate_join's groups and its second input's keys are pinned t
 partition (``scenario_key``): the join runs there, after the repartition, over the updates of
 the scenario's groups and the second input's records of that partition, which are the
 scenario's only, so its stream time and grace are the scenario's, as in Kafka's one task.
+aggregate_twice's first groups are pinned to the scenario's partition too (``pinned_group``): the
+second group-by's updates are made there, in the first aggregate's emission order, as in Kafka's
+one task, where each change crosses both repartition topics before the next record is taken.
+Were the first groups spread over partitions, a second group would get updates from each of
+them, merged by head timestamp (rule 23), which Kafka's one task does not do (its order is the
+records'; Kafka with several tasks interleaves a repartition topic's writers as they come), so
+no scenario could be judged as in one task. The second groups are not pinned: each gets its
+updates from partition j alone, in order, wherever it lives, and the second aggregate's
+emissions are compared partition by partition as the aggregate's are. Kafka is given the
+records' order (one input: the runs in turn).
 Foreign-key joins run in the left store's partitions, each reading the right store whole (its
 records of the run in the store's own order, scenario after scenario): partition j's join
 answers only scenario j's left keys, and the other scenarios' right records, in time bands of
@@ -62,10 +75,12 @@ import os
 import random
 from collections import Counter
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 import pytest
 
+from ingest.derived.expressions import Expression
 from tests.support.conformance import (
     TimeLimit,
     append_report,
@@ -74,18 +89,23 @@ from tests.support.conformance import (
     repeat_hint,
     time_limit_s,
 )
-from tests.support.derived import RealPipeline
+from tests.support.derived import Observed, RealPipeline
 from tests.support.derived_reference import InputDef, Rec
 from tests.support.derived_reference import Pipeline as RefPipeline
 from tests.support.kafka_streams import KAFKA_VERSION, kafka_loses_replaced_tombstone, run_operator_scenarios
 from versiq.layout import MURMUR2, default_partition_of
 
-OPS = ("filter", "join", "fk_join", "aggregate", "aggregate_join", "stream_join")
+OPS = ("filter", "join", "fk_join", "aggregate", "aggregate_join", "aggregate_twice", "stream_join")
+#: The operators run (VERSIQ_CONFORMANCE_OPERATORS, comma-separated: a subset of OPS; default all).
+#: A subset draws different scenarios for the operators after the first one left out.
+OPERATORS = tuple(op.strip() for op in os.environ.get("VERSIQ_CONFORMANCE_OPERATORS", ",".join(OPS)).split(",")
+                  if op.strip())
+assert set(OPERATORS) <= set(OPS), f"VERSIQ_CONFORMANCE_OPERATORS: not operators {sorted(set(OPERATORS) - set(OPS))}"
 #: Scenarios per operator: 32 in ``make test``; ``make conformance`` sets VERSIQ_CONFORMANCE_SCENARIOS.
 PER_OPERATOR = int(os.environ.get("VERSIQ_CONFORMANCE_SCENARIOS", "32"))
 #: Scenarios per versiq pipeline group and groups per Spark run (one batch).
 GROUP_SIZE = int(os.environ.get("VERSIQ_CONFORMANCE_GROUP", "20"))  # make conformance: 500
-GROUPS_PER_BATCH = int(os.environ.get("VERSIQ_CONFORMANCE_GROUPS", "12"))  # make test: one batch
+GROUPS_PER_BATCH = int(os.environ.get("VERSIQ_CONFORMANCE_GROUPS", "14"))  # make test: one batch
 SPAN = 1000  # timestamp shift between scenarios of one group (a scenario's records are in [0, 40])
 OUTPUT_RETENTION_MS = 10**12  # results are never late for the result table itself
 RETENTIONS = (0, 4, 15, 1000)
@@ -98,6 +118,13 @@ AGGREGATORS: dict[str, dict[str, Any]] = {
     "reduce": {"group_by": REDUCE_GROUP, "reduce": {"add": "agg + value", "subtract": "agg - value"}},
 }
 GROUPS = ("x", "y")  # the groups of value.g (``_object_value``); aggregate_join's input 1 also has z
+#: aggregate_twice's first aggregates (grouped by value.g, as AGGREGATORS) and second ones.
+FIRST_AGGREGATES: dict[str, dict[str, Any]] = {"count": {"count": True}, "count_sum": {"count": True, "sum": "value.n"}}
+REGROUP_AGGREGATES: dict[str, dict[str, Any]] = {"count": {"count": True}, "sum": {"sum": "value.sum"},
+                                                 "count_sum": {"count": True, "sum": "value.sum"}}
+#: aggregate_twice's second group key: how many of the scenario's groups have each count. A first
+#: group is ``pinned_group``'s ``s<j>/x~NNNN``: without its 6-character tail, the scenario's prefix.
+REGROUP = 'concat(substring(key, 1, length(key) - 6), "c", value.count)'
 
 
 @dataclass(frozen=True)
@@ -109,10 +136,12 @@ class Config:
     kinds: tuple[str, ...]  # per input: versioned, timestamped or stream
     retentions: tuple[int, ...]
     aggregator: str = ""
+    regroup: str = ""  # aggregate_twice: the second aggregate (REGROUP_AGGREGATES)
 
     def kafka(self) -> dict[str, Any]:
         out: dict[str, Any] = {"op": self.op, "type": self.join_type, "outputRetentionMs": OUTPUT_RETENTION_MS,
-                               "outputKind": "timestamped" if self.op == "aggregate" else "versioned",
+                               "outputKind": "timestamped" if self.op in ("aggregate", "aggregate_twice")
+                               else "versioned",
                                "inputs": [{"kind": k, "historyRetentionMs": r}
                                           for k, r in zip(self.kinds, self.retentions, strict=True)]}
         if self.op == "filter":
@@ -122,11 +151,15 @@ class Config:
         if self.op in ("aggregate", "aggregate_join"):
             out["groupBy"] = AGGREGATORS[self.aggregator]["group_by"]
             out["aggregator"] = self.aggregator
+        if self.op == "aggregate_twice":
+            out.update(groupBy="value.g", aggregator=self.aggregator, sumOf="value.n", regroupBy=REGROUP,
+                       regroupAggregator=self.regroup, regroupSumOf="value.sum")
         return out
 
     def tables(self) -> list[dict[str, Any]]:
         """The versiq ``tables:`` entries of the group, the last one the compared result table
-        ``out`` (aggregate_join: the aggregate ``agg``, then ``out``, its join with input 1)."""
+        ``out`` (aggregate_join: the aggregate ``agg``, then ``out``, its join with input 1;
+        aggregate_twice: the aggregate ``agg``, then ``out``, its rows grouped again)."""
         retention = {"history_retention_ms": OUTPUT_RETENTION_MS}
         if self.op == "filter":
             return [{"name": "out", "from": "i0", "filter": "value.n > 3", **retention}]
@@ -140,6 +173,11 @@ class Config:
         if self.op == "aggregate_join":
             return [{"name": "agg", "from": "i0", **AGGREGATORS[self.aggregator], **retention},
                     {"name": "out", "join": {"left": "agg", "right": "i1", "type": self.join_type}, **retention}]
+        if self.op == "aggregate_twice":
+            return [{"name": "agg", "from": "i0", "group_by": "value.g", "aggregate": FIRST_AGGREGATES[self.aggregator],
+                     **retention},
+                    {"name": "out", "from": "agg", "group_by": REGROUP, "aggregate": REGROUP_AGGREGATES[self.regroup],
+                     **retention}]
         return [{"name": "out", "stream_join": {"stream": "i0", "table": "i1", "type": self.join_type}}]
 
 
@@ -156,6 +194,9 @@ def random_config(rng: random.Random, op: str) -> Config:
     if op == "aggregate_join":
         return Config(op, rng.choice(("inner", "left", "outer")), (table_kind(), table_kind()),
                       (retention(), retention()), rng.choice(("count", "sum")))
+    if op == "aggregate_twice":
+        return Config(op, "", (table_kind(),), (retention(),), rng.choice(sorted(FIRST_AGGREGATES)),
+                      rng.choice(sorted(REGROUP_AGGREGATES)))
     return Config(op, rng.choice(("inner", "left")), ("stream", table_kind()), (0, retention()))
 
 
@@ -277,14 +318,19 @@ def _floor(emitted: list[dict[str, Any]]) -> tuple[list[tuple[str, str | None, i
 
 
 def _kafka_value(config: Config, value: str | None) -> str | None:
-    """Kafka's result-store value as versiq renders the aggregate (count is a Long in Kafka)."""
-    if value is None or config.op != "aggregate":
+    """Kafka's result-store value as versiq renders the aggregate (count is a Long in Kafka,
+    count_sum the text ``count,sum``)."""
+    if value is None or config.op not in ("aggregate", "aggregate_twice"):
         return value
-    if config.aggregator == "count":
+    aggregator = config.regroup if config.op == "aggregate_twice" else config.aggregator
+    if aggregator == "count":
         return '{"count":' + value + "}"
-    if config.aggregator == "sum":
+    if aggregator == "sum":
         return '{"sum":' + value + "}"
-    if config.aggregator == "concat":
+    if aggregator == "count_sum":
+        count, total = value.split(",", 1)
+        return '{"count":' + count + ',"sum":' + total + "}"
+    if aggregator == "concat":
         return json.dumps(value)
     return value
 
@@ -293,7 +339,7 @@ def compare_scenario(config: Config, kafka: dict[str, Any], emissions: list[tupl
                      latest: dict[str, tuple[str | None, int]]) -> list[str]:
     """The differences between Kafka's answer and versiq's (unprefixed, unshifted) for one scenario."""
     problems = []
-    floors = config.op in ("join", "fk_join", "aggregate", "aggregate_join")
+    floors = config.op in ("join", "fk_join", "aggregate", "aggregate_join", "aggregate_twice")
     if floors:
         theirs, changed = _floor(kafka["emitted"])
     else:
@@ -330,6 +376,21 @@ def kafka_forgets_a_tombstone(config: Config, runs: Runs) -> bool:
         "records": [rec for j, rec in order if j == i]}) for i, kind in enumerate(config.kinds))
 
 
+def _versiq_answer(observed: Observed, prefix: str, shift: int) -> tuple[list[tuple[str, str | None, int]],
+                                                                    dict[str, tuple[str | None, int]]]:
+    """One scenario's part of a versiq table (``RealPipeline.observed``), unprefixed and unshifted:
+    its emissions in order and its latest version per key."""
+    emissions = [(local_key(k, prefix), None if v is None else v.replace(prefix, ""), ts - shift)
+                 for k, v, ts, _ in observed.emissions if k.startswith(prefix)]
+    latest = {}
+    for key, versions in observed.versions.items():
+        if key.startswith(prefix):
+            ts, _, value = max(versions, key=lambda v: v[0])
+            value = None if value is None else value.replace(prefix, "")
+            latest[local_key(key, prefix)] = (value, ts - shift)
+    return emissions, latest
+
+
 def _local_answer(answer: dict[str, Any], prefix: str, shift: int) -> dict[str, Any]:
     """One scenario's part of a group's Kafka answer, unprefixed and unshifted."""
     def local(value: str | None) -> str | None:
@@ -360,6 +421,21 @@ def scenario_key(j: int, key: str, partitions: int, pin: bool) -> str:
     return name
 
 
+@functools.cache
+def pinned_group(j: int, group: str, partitions: int) -> str:
+    """aggregate_twice's name for scenario j's group: ``s<j>/<group>~NNNN``, the first four-digit
+    pin that puts it in partition j by Kafka's default partitioner (``0000`` with one partition).
+    Pinned, the scenario's first groups are all in its partition, which routes their changes to
+    the second group-by in their order, as Kafka's one task does: groups in other partitions
+    would each route their own, merged by head timestamp where the second groups' updates meet
+    (rule 23). Always four digits: the second group key (``REGROUP``) drops the fixed tail."""
+    for n in range(10_000):
+        name = f"s{j}/{group}~{n:04d}"
+        if partitions == 1 or default_partition_of(name, partitions, MURMUR2) == j:
+            return name
+    raise AssertionError(f"no pin puts {group} in partition {j} of {partitions}")  # pragma: no cover
+
+
 def local_key(key: str, prefix: str) -> str:
     """The scenario's own name of a key (``scenario_key`` undone)."""
     return key[len(prefix):].split("~")[0]
@@ -368,13 +444,17 @@ def local_key(key: str, prefix: str) -> str:
 def scenario_record(config: Config, j: int, partitions: int, i: int, key: str,
                     value: str | None) -> tuple[str, str | None]:
     """Scenario j's key and value for a record of input i, the same for versiq and Kafka: keys
-    ``scenario_key``, ``@`` in values the prefix ``s<j>/`` (aggregate_join: groups pinned)."""
+    ``scenario_key``, ``@`` in values the prefix ``s<j>/`` (aggregate_join: groups pinned by
+    ``scenario_key``, aggregate_twice by ``pinned_group``)."""
     pinned = "stream" in config.kinds or (config.op == "aggregate_join" and i == 1)
     if value is not None:
         value = value.replace("@", f"s{j}/")
         if config.op == "aggregate_join":
             for group in GROUPS:
                 value = value.replace(json.dumps(f"s{j}/{group}"), json.dumps(scenario_key(j, group, partitions, True)))
+        if config.op == "aggregate_twice":
+            for group in GROUPS:
+                value = value.replace(json.dumps(f"s{j}/{group}"), json.dumps(pinned_group(j, group, partitions)))
     return scenario_key(j, key, partitions, pinned), value
 
 
@@ -417,19 +497,21 @@ def run_batch(spark: Any, root: str, groups: list[tuple[Config, list[Runs]]]) ->
     differences: list[str] = []
     for g, (config, scenarios) in enumerate(groups):
         observed = real.observed(f"g{g}_", "out")
+        first = real.observed(f"g{g}_", "agg") if config.op == "aggregate_twice" else None
         for j, runs in enumerate(scenarios):
             prefix = f"s{j}/"
-            emissions = [(local_key(k, prefix), None if v is None else v.replace(prefix, ""), ts - j * SPAN)
-                         for k, v, ts, _ in observed.emissions if k.startswith(prefix)]
-            latest = {}
-            for key, versions in observed.versions.items():
-                if key.startswith(prefix):
-                    ts, _, value = max(versions, key=lambda v: v[0])
-                    value = None if value is None else value.replace(prefix, "")
-                    latest[local_key(key, prefix)] = (value, ts - j * SPAN)
+            emissions, latest = _versiq_answer(observed, prefix, j * SPAN)
             kafka = _local_answer(answers[f"g{g}"], prefix, j * SPAN)
-            if config.op in ("aggregate", "aggregate_join"):  # results are emitted in their group's partition,
-                # partition by partition (aggregate_join's are all in partition j: ``scenario_key``)
+            if first is not None:  # aggregate_twice: the first aggregate's too (all in partition j)
+                first_config = Config("aggregate", "", config.kinds, config.retentions, config.aggregator)
+                first_kafka = _local_answer({"emitted": answers[f"g{g}"]["emittedFirst"],
+                                             "latest": answers[f"g{g}"]["latestFirst"]}, prefix, j * SPAN)
+                tally["emissions"] += len(first_kafka["emitted"])
+                for problem in compare_scenario(first_config, first_kafka, *_versiq_answer(first, prefix, j * SPAN)):
+                    differences.append(f"{config} g{g}s{j}: first aggregate: {problem}\n    runs {runs}")
+            if config.op in ("aggregate", "aggregate_join", "aggregate_twice"):  # results are emitted in their
+                # group's partition, partition by partition (aggregate_join's are all in partition j:
+                # ``scenario_key``; aggregate_twice's second groups are not pinned)
                 pin = config.op == "aggregate_join"
 
                 def place(key: str, j: int = j, partitions: int = len(scenarios), pin: bool = pin) -> int:
@@ -446,13 +528,15 @@ def run_batch(spark: Any, root: str, groups: list[tuple[Config, list[Runs]]]) ->
     return tally, differences
 
 
-def operator_batches(seed: int, per_op: int) -> list[list[tuple[Config, list[Runs]]]]:
+def operator_batches(seed: int, per_op: int, ops: tuple[str, ...] = OPS) -> list[list[tuple[Config, list[Runs]]]]:
     """The scenarios of ``seed``: groups of GROUP_SIZE scenarios, ``per_op`` scenarios per operator,
     GROUPS_PER_BATCH groups per batch, all drawn from ``random.Random(seed)`` (the same seed, the
     same batches; ``VERSIQ_CONFORMANCE_BATCHES`` reruns some of them)."""
     rng = random.Random(seed)
     groups = []
     for op in OPS:
+        if op not in ops:
+            continue
         made = 0
         while made < per_op:
             size = min(GROUP_SIZE, per_op - made)
@@ -465,7 +549,7 @@ def operator_batches(seed: int, per_op: int) -> list[list[tuple[Config, list[Run
 
 #: The whole run's limit (tests.support.conformance): checked between batches; pytest-timeout's
 #: (``backstop_s``) is the backstop for a batch that hangs.
-TIME_LIMIT_S = time_limit_s(PER_OPERATOR * len(OPS))
+TIME_LIMIT_S = time_limit_s(PER_OPERATOR * len(OPERATORS))
 
 
 @pytest.mark.rule(13, 14, 15, 16, 17, 23, 24, 25, 26, 27, 28, 29, 30)
@@ -474,13 +558,15 @@ def test_operators_agree_with_kafka_streams(spark: Any, tmp_path_factory: Any) -
     """PER_OPERATOR scenarios per operator from one seed (``conformance_seed``: fixed in
     ``make test``, fresh in ``make conformance``), run once: every difference is reported once."""
     seed = conformance_seed()
-    print(f"conformance (operators): seed {seed}, {PER_OPERATOR} scenarios per operator", flush=True)
+    print(f"conformance (operators): seed {seed}, {PER_OPERATOR} scenarios per operator of {OPERATORS}",
+          flush=True)
     limit = TimeLimit(TIME_LIMIT_S, "conformance (operators)")
     total: Counter[str] = Counter()
     differences: list[str] = []
     only = {int(n) for n in os.environ.get("VERSIQ_CONFORMANCE_BATCHES", "").split(",") if n.strip()}
     report = os.environ.get("VERSIQ_CONFORMANCE_REPORT")
-    chosen = [(n, batch) for n, batch in enumerate(operator_batches(seed, PER_OPERATOR)) if not only or n in only]
+    batches = operator_batches(seed, PER_OPERATOR, OPERATORS)
+    chosen = [(n, batch) for n, batch in enumerate(batches) if not only or n in only]
     for done, (n, batch) in enumerate(chosen):
         limit.check(done, len(chosen), len(differences), seed)
         tally, found = run_batch(spark, str(tmp_path_factory.mktemp(f"operators{n}")), batch)
@@ -533,3 +619,20 @@ def test_an_aggregate_join_is_given_to_kafka_in_its_group_partitions_order() -> 
     assert kafka_order(config, runs, 1) == merge_order(config, runs)  # one partition: no repartition
     tie = [{0: [("k1", '{"g":"@x"}', 9)], 1: [x]}]
     assert repartition_order(config, tie) == [(1, x), (0, ("k1", '{"g":"@x"}', 9))]  # ties to the records
+
+
+def test_an_aggregate_twice_regroups_by_the_scenarios_prefix_and_the_count() -> None:
+    """aggregate_twice's first groups are pinned to the scenario's partition with a tail of six
+    characters, which its second group key (``REGROUP``, in OperatorScenarios.java too) drops."""
+    regroup = Expression(REGROUP)
+    for j, partitions in ((0, 1), (3, 20), (19, 20), (7, 500)):
+        for group in GROUPS:
+            key = pinned_group(j, group, partitions)
+            assert len(key) == len(f"s{j}/") + 6 and local_key(key, f"s{j}/") == group
+            assert partitions == 1 or default_partition_of(key, partitions, MURMUR2) == j
+            assert regroup.evaluate(key, {"count": 2, "sum": Decimal("1.5")}) == f"s{j}/c2"
+            assert regroup.evaluate(key, {"sum": 3}) is None
+    config = Config("aggregate_twice", "", ("versioned",), (0,), "count", "count_sum")
+    assert scenario_record(config, 3, 20, 0, "k1", '{"g":"@x","n":1}') == \
+        ("s3/k1", '{"g":' + json.dumps(pinned_group(3, "x", 20)) + ',"n":1}')
+    assert _kafka_value(config, "2,1.5") == '{"count":2,"sum":1.5}'

@@ -53,29 +53,42 @@ import org.apache.kafka.streams.test.TestRecord;
  * and prints what Kafka emits.
  *
  * <p>Input (a file named by the first argument): {@code {"scenarios": [{"id", "op" (filter, join,
- * fk_join, aggregate, aggregate_join, stream_join), "type" (inner/left/outer), "inputs": [{"kind" (versioned,
- * timestamped, stream), "historyRetentionMs"}, ...], "filter", "foreignKey", "groupBy",
- * "aggregator" (count, sum, concat, reduce), "outputRetentionMs", "records": [{"input", "key",
+ * fk_join, aggregate, aggregate_join, aggregate_twice, stream_join), "type" (inner/left/outer), "inputs":
+ * [{"kind" (versioned, timestamped, stream), "historyRetentionMs"}, ...], "filter", "foreignKey", "groupBy",
+ * "aggregator" (count, sum, count_sum, concat, reduce), "sumOf", "regroupBy", "regroupAggregator",
+ * "regroupSumOf", "outputRetentionMs", "records": [{"input", "key",
  * "value" (JSON text or null), "ts"}, ...]}]}}. Records are piped in the order given, each one
  * processed completely (repartition and subscription topics included) before the next: that is
  * the order versiq's merge rule gives the same records. "aggregate_join" is the group-by aggregate
  * of input 0 (as "aggregate" builds it, in a timestamped store of its own) joined by primary key
  * with input 1, a table keyed by group ("type" the join's); its output is the join's results
  * (versiq: an aggregate whose group partition also reads the store it is joined with).
+ * "aggregate_twice" is that aggregate ({@code groupBy}, {@code aggregator}, {@code sumOf}) grouped
+ * again, its result table's rows by {@code regroupBy} ({@code regroupAggregator} of
+ * {@code regroupSumOf}): each {@code groupBy} crosses a repartition topic of its own, which the
+ * driver hands over before the next input record; its output is the second aggregate's results
+ * (store {@code out}), the first's go to the topic {@code first} (store {@code agg}), reported as
+ * "emittedFirst" and "latestFirst".
  *
  * <p>Expressions are versiq's expression texts; each one the differential test uses is written
  * here in Java with versiq's meaning (a failure is null) in {@link #extractor}.
  *
  * <p>Output (stdout): {@code {"results": [{"id", "emitted": [{"key", "value", "ts"}, ...],
  * "latest": {key: {"value", "ts"} or null}}]}}: every record the result table (or stream) sent
- * downstream, in order, and the result store's latest record per emitted key (tables only).
+ * downstream, in order, and the result store's latest record per emitted key (tables only);
+ * "aggregate_twice" also the same of its first aggregate ("emittedFirst", "latestFirst").
  */
 public final class OperatorScenarios {
   private static final ObjectMapper JSON =
       new ObjectMapper().enable(DeserializationFeature.USE_BIG_DECIMAL_FOR_FLOATS);
   private static final String OUT_STORE = "out";
-  /** The aggregate's store in "aggregate_join" (the join's results are in {@link #OUT_STORE}). */
+  /**
+   * The aggregate's store in "aggregate_join" (the join's results are in {@link #OUT_STORE}) and
+   * the first aggregate's in "aggregate_twice" (its results also sent to the topic "first").
+   */
   private static final String AGG_STORE = "agg";
+  /** The second group-by of "aggregate_twice": the first aggregate's group minus its pin (6 characters). */
+  static final String REGROUP_BY_COUNT = "concat(substring(key, 1, length(key) - 6), \"c\", value.count)";
 
   public static void main(String[] args) throws Exception {
     Harness.runAll(args, JSON, "versiq-operators-", OperatorScenarios::run);
@@ -174,6 +187,15 @@ public final class OperatorScenarios {
             return null;
           }
           return k.substring(0, k.length() - 2) + i.remainder(BigInteger.valueOf(3));
+        };
+      case REGROUP_BY_COUNT:
+        return (k, v) -> {
+          // the key minus its last six code points (a group "x~0012": the scenario's prefix), "c", the count
+          String count = keyString(member(parse(v), "count"));
+          if (count == null || k.length() < 6) {
+            return null;
+          }
+          return k.substring(0, k.length() - 6) + "c" + count;
         };
       default:
         throw new IllegalArgumentException("no Java version of the expression " + expression);
@@ -279,6 +301,18 @@ public final class OperatorScenarios {
         emitted = result.toStream();
         break;
       }
+      case "aggregate_twice": {
+        // the aggregate exactly as "aggregate" builds it (its own timestamped store), its results
+        // also sent to the topic "first", then its result table grouped again and aggregated
+        KTable<String, String> first = aggregate(scenario, tables.get(0), AGG_STORE, "timestamped", outRetention);
+        first.toStream().to("first", Produced.with(Serdes.String(), Serdes.String()));
+        BiFunction<String, String, String> group = extractor(scenario.get("regroupBy").asText());
+        KGroupedTable<String, String> regrouped = first.groupBy(
+            (k, v) -> KeyValue.pair(group.apply(k, v), v), Grouped.with(Serdes.String(), Serdes.String()));
+        emitted = aggregate(regrouped, scenario.get("regroupAggregator").asText(),
+            scenario.path("regroupSumOf").asText("value.sum"), OUT_STORE, outKind, outRetention).toStream();
+        break;
+      }
       case "stream_join": {
         KTable<String, String> table = tables.get(1);
         Joined<String, String, String> joined = Joined.with(Serdes.String(), Serdes.String(), Serdes.String());
@@ -314,8 +348,13 @@ public final class OperatorScenarios {
       }
       TestOutputTopic<String, String> topic =
           driver.createOutputTopic("out", new StringDeserializer(), new StringDeserializer());
+      boolean twice = op.equals("aggregate_twice");
+      TestOutputTopic<String, String> firstTopic =
+          twice ? driver.createOutputTopic("first", new StringDeserializer(), new StringDeserializer()) : null;
       ArrayNode records = result.putArray("emitted");
+      ArrayNode firstRecords = twice ? result.putArray("emittedFirst") : null;
       Set<String> keys = new LinkedHashSet<>();
+      Set<String> firstKeys = new LinkedHashSet<>();
       for (JsonNode rec : scenario.get("records")) {
         JsonNode value = rec.get("value");
         topics.get(rec.get("input").asInt()).pipeInput(rec.get("key").asText(),
@@ -327,11 +366,26 @@ public final class OperatorScenarios {
           node.put("ts", r.timestamp());
           keys.add(r.key());
         }
+        if (twice) {
+          for (TestRecord<String, String> r : firstTopic.readRecordsToList()) {
+            ObjectNode node = firstRecords.addObject();
+            node.put("key", r.key());
+            node.put("value", r.value());
+            node.put("ts", r.timestamp());
+            firstKeys.add(r.key());
+          }
+        }
       }
       if (!op.equals("stream_join")) {
         ObjectNode latest = result.putObject("latest");
         for (String key : keys) {
-          latest.set(key, latestRecord(driver, key, outKind, op));
+          latest.set(key, latestRecord(driver, OUT_STORE, key, outKind));
+        }
+      }
+      if (twice) {
+        ObjectNode latest = result.putObject("latestFirst");
+        for (String key : firstKeys) {
+          latest.set(key, latestRecord(driver, AGG_STORE, key, "timestamped"));
         }
       }
     }
@@ -430,12 +484,12 @@ public final class OperatorScenarios {
   }
 
   @SuppressWarnings("unchecked")
-  private static JsonNode latestRecord(TopologyTestDriver driver, String key, String outKind, String op) {
+  private static JsonNode latestRecord(TopologyTestDriver driver, String storeName, String key, String outKind) {
     Object found;
     long ts;
     if (outKind.equals("versioned")) {
       VersionedKeyValueStore<String, Object> store =
-          (VersionedKeyValueStore<String, Object>) driver.getAllStateStores().get(OUT_STORE);
+          (VersionedKeyValueStore<String, Object>) driver.getAllStateStores().get(storeName);
       VersionedRecord<Object> rec = store.get(key);
       if (rec == null) {
         return JSON.nullNode();
@@ -443,7 +497,7 @@ public final class OperatorScenarios {
       found = rec.value();
       ts = rec.timestamp();
     } else {
-      KeyValueStore<String, ValueAndTimestamp<Object>> store = driver.getTimestampedKeyValueStore(OUT_STORE);
+      KeyValueStore<String, ValueAndTimestamp<Object>> store = driver.getTimestampedKeyValueStore(storeName);
       ValueAndTimestamp<Object> rec = store.get(key);
       if (rec == null) {
         return JSON.nullNode();
