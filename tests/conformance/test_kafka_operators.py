@@ -80,7 +80,6 @@ from typing import Any
 
 import pytest
 
-from ingest.derived.expressions import Expression
 from tests.support.conformance import (
     TimeLimit,
     append_report,
@@ -93,6 +92,7 @@ from tests.support.derived import Observed, RealPipeline
 from tests.support.derived_reference import InputDef, Rec
 from tests.support.derived_reference import Pipeline as RefPipeline
 from tests.support.kafka_streams import KAFKA_VERSION, kafka_loses_replaced_tombstone, run_operator_scenarios
+from versiq.ingest.derived.expressions import Expression
 from versiq.layout import MURMUR2, default_partition_of
 
 OPS = ("filter", "join", "fk_join", "aggregate", "aggregate_join", "aggregate_twice", "stream_join")
