@@ -295,6 +295,14 @@ def read_rule_sql(kind: str) -> str:
     return f"QUALIFY row_number() OVER ({read_rule_window(kind)}) = 1"
 
 
+def newest_row_order(kind: str) -> str:
+    """The order in which a key's newest row by the read rule is the greatest, for DuckDB's
+    ``arg_max``: a versioned key's newest version is its greatest ``valid_from``, in that
+    version's row of the greatest ``run``; a timestamped key's value is its row of the greatest
+    ``run``. One aggregate per key instead of the rule's window over every row."""
+    return "(valid_from, run)" if kind == "versioned" else "(run, valid_from)"
+
+
 def bucket_of(key: str, buckets: int) -> int:
     """The physical bucket of ``key``: zlib CRC-32 of its UTF-8 bytes modulo ``buckets``."""
     return zlib.crc32(key.encode("utf-8")) % buckets

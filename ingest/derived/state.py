@@ -19,7 +19,15 @@ import duckdb
 import pyarrow as pa
 
 from versiq import storage
-from versiq.layout import STORE_SCHEMA, StoreState, bucket_of, horizon_sql, read_rule_sql, read_state
+from versiq.layout import (
+    STORE_SCHEMA,
+    StoreState,
+    bucket_of,
+    horizon_sql,
+    newest_row_order,
+    read_rule_sql,
+    read_state,
+)
 
 #: One version: (timestamp, value JSON text or None for a tombstone).
 Version = tuple[int, str | None]
@@ -81,15 +89,24 @@ class SnapshotReader:
         bound = horizon_sql(self.state.stream_time, self.retention_ms)
         return f" AND (valid_to IS NULL OR valid_to > COALESCE({bound}, valid_to - 1))"
 
+    def _newest_sql(self, where: str) -> str:
+        """Each key's newest row, as the read rule has it, found by one aggregate per key
+        (``layout.newest_row_order``) rather than the rule's window over every row."""
+        return ("SELECT key, v.valid_from AS valid_from, v.value AS value, v.tombstone AS tombstone, "
+                "v.\"partition\" AS \"partition\" FROM (SELECT key, arg_max(struct_pack(valid_from, value, "
+                f"tombstone, \"partition\"), {newest_row_order(self.kind)}) AS v FROM read_parquet($files) {where} "
+                "GROUP BY key)")
+
     def load(self, keys: Iterable[str] | None, latest_only: bool = False) -> dict[str, tuple[list[Version], int]]:
         """key -> (versions ascending, partition) for ``keys`` (every key when None);
         ``latest_only``: each key's newest version alone (``TableState.latest_only``)."""
         if not self.files:
             return {}
         con = self._connection()
-        rule = read_rule_sql(self.kind) + (" AND valid_to IS NULL" if latest_only else self._observable())
+        rule = read_rule_sql(self.kind) + self._observable()
         if keys is None:
-            sql = f"SELECT key, valid_from, value, tombstone, \"partition\" FROM read_parquet($files) {rule}"
+            sql = (self._newest_sql("") if latest_only else
+                   f"SELECT key, valid_from, value, tombstone, \"partition\" FROM read_parquet($files) {rule}")
             table = con.sql(sql, params={"files": self.files}).to_arrow_table()
         else:
             wanted = sorted(set(keys))
@@ -102,8 +119,9 @@ class SnapshotReader:
                 if not files:
                     return {}
             con.register("wanted_keys", pa.table({"key": pa.array(wanted, pa.string())}))
-            sql = ("SELECT key, valid_from, value, tombstone, \"partition\" FROM read_parquet($files) "
-                   f"WHERE key IN (SELECT key FROM wanted_keys) {rule}")
+            where = "WHERE key IN (SELECT key FROM wanted_keys)"
+            sql = (self._newest_sql(where) if latest_only else
+                   f"SELECT key, valid_from, value, tombstone, \"partition\" FROM read_parquet($files) {where} {rule}")
             table = con.sql(sql, params={"files": files}).to_arrow_table()
             con.unregister("wanted_keys")
         out: dict[str, tuple[list[Version], int]] = {}
