@@ -359,21 +359,9 @@ public final class OperatorScenarios {
         JsonNode value = rec.get("value");
         topics.get(rec.get("input").asInt()).pipeInput(rec.get("key").asText(),
             value == null || value.isNull() ? null : value.asText(), Instant.ofEpochMilli(rec.get("ts").asLong()));
-        for (TestRecord<String, String> r : topic.readRecordsToList()) {
-          ObjectNode node = records.addObject();
-          node.put("key", r.key());
-          node.put("value", r.value());
-          node.put("ts", r.timestamp());
-          keys.add(r.key());
-        }
+        drain(topic, records, keys);
         if (twice) {
-          for (TestRecord<String, String> r : firstTopic.readRecordsToList()) {
-            ObjectNode node = firstRecords.addObject();
-            node.put("key", r.key());
-            node.put("value", r.value());
-            node.put("ts", r.timestamp());
-            firstKeys.add(r.key());
-          }
+          drain(firstTopic, firstRecords, firstKeys);
         }
       }
       if (!op.equals("stream_join")) {
@@ -390,6 +378,17 @@ public final class OperatorScenarios {
       }
     }
     return result;
+  }
+
+  /** Append what {@code topic} holds to {@code into} ({"key", "value", "ts"}), its keys to {@code keys}. */
+  private static void drain(TestOutputTopic<String, String> topic, ArrayNode into, Set<String> keys) {
+    for (TestRecord<String, String> r : topic.readRecordsToList()) {
+      ObjectNode node = into.addObject();
+      node.put("key", r.key());
+      node.put("value", r.value());
+      node.put("ts", r.timestamp());
+      keys.add(r.key());
+    }
   }
 
   /**
