@@ -103,16 +103,11 @@ class SnapshotReader:
         if not self.files:
             return {}
         con = self._connection()
-        rule = read_rule_sql(self.kind) + self._observable()
-        if keys is None:
-            sql = (self._newest_sql("") if latest_only else
-                   f"SELECT key, valid_from, value, tombstone, \"partition\" FROM read_parquet($files) {rule}")
-            table = con.sql(sql, params={"files": self.files}).to_arrow_table()
-        else:
+        files, where = self.files, ""
+        if keys is not None:
             wanted = sorted(set(keys))
             if not wanted:
                 return {}
-            files = self.files
             if len(wanted) <= 8:  # a few keys: open only their buckets' files
                 buckets = {f"bucket={bucket_of(k, self.buckets)}{os.sep}" for k in wanted}
                 files = [f for f in self.files if any(b in f for b in buckets)]
@@ -120,9 +115,11 @@ class SnapshotReader:
                     return {}
             con.register("wanted_keys", pa.table({"key": pa.array(wanted, pa.string())}))
             where = "WHERE key IN (SELECT key FROM wanted_keys)"
-            sql = (self._newest_sql(where) if latest_only else
-                   f"SELECT key, valid_from, value, tombstone, \"partition\" FROM read_parquet($files) {where} {rule}")
-            table = con.sql(sql, params={"files": files}).to_arrow_table()
+        sql = (self._newest_sql(where) if latest_only else
+               "SELECT key, valid_from, value, tombstone, \"partition\" FROM read_parquet($files) "
+               f"{where} {read_rule_sql(self.kind)}{self._observable()}")
+        table = con.sql(sql, params={"files": files}).to_arrow_table()
+        if keys is not None:
             con.unregister("wanted_keys")
         out: dict[str, tuple[list[Version], int]] = {}
         columns = [table.column(n).to_pylist() for n in ("key", "valid_from", "value", "tombstone", "partition")]
