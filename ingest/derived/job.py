@@ -307,9 +307,9 @@ def _read_here(con: duckdb.DuckDBPyConnection, read: InputRead, i: int) -> list[
 
 
 #: Where a job keeps its tasks' results until the writes have read them: on the executors'
-#: local disks, not in their heap. A partition's results grow with the partition (every
-#: record's emission and row: 5M rows for a task of a 10M-record filter), and serialized into the
-#: heap beside the sort and the Arrow transfer they exhausted a local session's 4 GB.
+#: local disks, not in their heap. A partition's results grow with the partition (a row and an
+#: emission per record), and in the heap, beside the sort and the Arrow transfer, they can
+#: exhaust it (docs/benchmarks.md).
 RESULTS_KEPT = StorageLevel.DISK_ONLY
 
 
@@ -559,7 +559,7 @@ def result_batches(result: PartitionResult) -> Iterator[pa.RecordBatch]:
 
 #: The most bytes of results in one Arrow batch a task hands to Spark. The JVM reads each batch
 #: whole into its direct memory (as large as the heap): a partition's results in one batch grow
-#: with the partition (1.5 GB for the 5M records of a filter's task) and can exhaust it.
+#: with the partition and can exhaust it.
 RESULT_BATCH_BYTES = 32 << 20
 
 
