@@ -41,7 +41,7 @@ build runs in Spark tasks and the batch in the driver.
 
 The derived pass is split into phases by wrapping functions: reading and processing the pass
 (``job.run_job``, Spark tasks; ``job.run_here``, this process), the commits (``derive._commit``);
-in this process, ``Topology.run`` and the ``SnapshotReader.load`` calls are counted too (in Spark
+in this process, ``PartitionRun.feed`` and the ``SnapshotReader.load`` calls are counted too (in Spark
 tasks they run in other processes). The driver's peak resident memory during each pass
 (``VmRSS``, sampled every 50 ms) is reported as ``driver_rss_mb`` (this Python process) and
 ``driver_jvm_rss_mb`` (its JVM: with a local master also the executor's).
@@ -290,7 +290,11 @@ def instrument() -> None:
     for name, label in (("run_job", "spark tasks"), ("run_here", "in the driver")):
         setattr(run, name, timed(getattr(job, name), label))
     run._commit = timed(run._commit, "commit")  # type: ignore[attr-defined]
-    Topology.run = timed(Topology.run, "topology")  # type: ignore[method-assign]
+    from versiq.ingest.derived import tasks
+    if hasattr(tasks, "PartitionRun"):  # records fed a chunk at a time
+        tasks.PartitionRun.feed = timed(tasks.PartitionRun.feed, "topology")  # type: ignore[method-assign]
+    else:
+        Topology.run = timed(Topology.run, "topology")  # type: ignore[attr-defined]
     original = SnapshotReader.load
 
     @functools.wraps(original)
@@ -386,7 +390,9 @@ class PeakRss:
     """The peak resident memory (``VmRSS``) of this process and of the driver's JVM while the
     block runs, sampled every 50 ms. With a local master the JVM is the executor too (its
     heap, ``spark.driver.memory``, holds the tasks' data); with a cluster's it is the driver's
-    alone."""
+    alone. With a local master, also the Spark tasks' Python workers (``pyspark.daemon``
+    processes of this machine), every 250 ms: the largest one (``worker_peak_mb``) and their
+    sum (``workers_peak_mb``)."""
 
     def __init__(self, jvm_pid: int | None = None) -> None:
         self.jvm_pid = jvm_pid
@@ -396,15 +402,35 @@ class PeakRss:
 
         self.peak_mb = self._now("self")
         self.jvm_peak_mb = self._now(self.jvm_pid)
+        self.worker_peak_mb = self.workers_peak_mb = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
         return self
 
     def _sample(self) -> None:
+        ticks = 0
         while not self._stop.wait(0.05):
             self.peak_mb = max(self.peak_mb, self._now("self"))
             self.jvm_peak_mb = max(self.jvm_peak_mb, self._now(self.jvm_pid))
+            ticks += 1
+            if ticks % 5 == 0:
+                workers = [self._now(pid) for pid in self._python_workers()]
+                self.worker_peak_mb = max(self.worker_peak_mb, max(workers, default=0.0))
+                self.workers_peak_mb = max(self.workers_peak_mb, sum(workers))
+
+    @staticmethod
+    def _python_workers() -> list[str]:
+        found = []
+        for pid in os.listdir("/proc"):
+            if pid.isdigit():
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                        if b"pyspark.daemon" in fh.read():
+                            found.append(pid)
+                except OSError:
+                    pass
+        return found
 
     @staticmethod
     def _now(pid: int | str | None) -> float:
@@ -452,7 +478,8 @@ def derive_one(spark: Any, root: str, op: str, inputs: dict[str, int], ingest_s:
         "records_per_s": round(records / derive_s) if derive_s else None,
         "ingest_of_inputs_s": round(base, 2), "derive_over_ingest": round(derive_s / base, 2) if base else None,
         "run_pipeline_wall_s": round(wall, 2), "driver_rss_mb": round(rss.peak_mb),
-        "driver_jvm_rss_mb": round(rss.jvm_peak_mb),
+        "driver_jvm_rss_mb": round(rss.jvm_peak_mb), "worker_rss_mb": round(rss.worker_peak_mb),
+        "workers_rss_mb": round(rss.workers_peak_mb),
         "noop_source_ingest_s": round(sum(r.seconds for r in [*rep.stores.values(), *rep.streams.values()]), 2),
         "phases_s": take_phases(derive_s), "report": table.to_json(),
         "load_before": load_before, "load_after": loadavg(),
@@ -463,7 +490,8 @@ def derive_one(spark: Any, root: str, op: str, inputs: dict[str, int], ingest_s:
         out["driver_profile_top"] = s.getvalue()
     print(f"  {op:12s} {records:>10,} input records  derive {derive_s:8.2f} s  {out['records_per_s'] or 0:>9,} rec/s  "
           f"(ingest of inputs {base:6.1f} s, x{out['derive_over_ingest']})  emitted {table.emitted:,}  "
-          f"driver {out['driver_rss_mb']} MB (JVM {out['driver_jvm_rss_mb']} MB)  load {load_before}", flush=True)
+          f"driver {out['driver_rss_mb']} MB (JVM {out['driver_jvm_rss_mb']} MB)  Python worker "
+          f"{out['worker_rss_mb']} MB (all {out['workers_rss_mb']} MB)  load {load_before}", flush=True)
     print(f"    phases: {out['phases_s']}", flush=True)
     return out
 

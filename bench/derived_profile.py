@@ -1,4 +1,4 @@
-"""The record-at-a-time part of a derived pass alone: ``tasks.run_partition`` over generated
+"""The record-at-a-time part of a derived pass alone: ``tasks.PartitionRun`` over generated
 records, without Spark, Delta or DuckDB, to time and profile the Python path per operator.
 
 The records are ``derived_bench``'s build sources (same generators, seed and sizes; ``N`` =
@@ -6,7 +6,7 @@ The records are ``derived_bench``'s build sources (same generators, seed and siz
 empty (no snapshot), as a first build does. Each operator is ``derived_bench``'s pipeline entry.
 For each operator the pass runs ``--repeat`` times and the best time is kept (the process's CPU
 time, which a loaded machine disturbs less than wall time); the figures are input records per
-CPU second of ``run_partition`` (the topology, the state bookkeeping and the result tables)
+CPU second of a ``PartitionRun`` (the topology, the state bookkeeping and the result tables)
 and of the whole Spark task's Python work (``job.partition_runner``: the records as Arrow
 batches in, the result rows out), not Spark's reading, sorting and writing.
 
@@ -48,9 +48,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import derived_bench as bench  # noqa: E402
 from machine import loadavg  # noqa: E402
 
-from versiq.ingest.derived.job import ORDER, RECORDS_SCHEMA, partition_runner, process_here  # noqa: E402
+from versiq.ingest.derived.job import RECORDS_SCHEMA, merged_here, partition_runner, process_here  # noqa: E402
 from versiq.ingest.derived.spec import TableSpec, parse_tables  # noqa: E402
-from versiq.ingest.derived.tasks import PartitionResult, PassWork, Readers, TableRead, run_partition  # noqa: E402
+from versiq.ingest.derived.tasks import PartitionResult, PartitionRun, PassWork, Readers, TableRead  # noqa: E402
 from versiq.ingest.derived.topology import SourceRecord  # noqa: E402
 from versiq.layout import MURMUR2, default_partition_of  # noqa: E402
 
@@ -84,17 +84,23 @@ def work_of(op: str) -> tuple[PassWork, TableSpec]:
 
 
 def run_once(work: PassWork, records: dict[str, list[SourceRecord]]) -> tuple[float, PartitionResult]:
+    """CPU seconds of one ``PartitionRun`` fed the partition's records (merged, in one chunk)."""
+    merged = pa.Table.from_batches(task_input(work, records))
+    columns = [merged.column(n).to_pylist() for n in ("rank", "key", "value", "timestamp", "partition")]
+    rows = list(zip(*columns, strict=True))
     readers = Readers(work)
     t = time.process_time()
-    result = run_partition(work, 0, records, readers)
+    run = PartitionRun(work, 0, readers)
+    run.feed(rows)
+    result = run.finish()
     seconds = time.process_time() - t
     readers.close()
     return seconds, result
 
 
 def task_input(work: PassWork, records: dict[str, list[SourceRecord]]) -> list[pa.RecordBatch]:
-    """The partition's records as a Spark task gets them (``job.RECORDS_SCHEMA`` in task and
-    input order), in batches of Spark's default ``maxRecordsPerBatch`` (10,000)."""
+    """The partition's records as a Spark task gets them (``job.RECORDS_SCHEMA`` in merge order,
+    ``job.merged_here``), in batches of Spark's default ``maxRecordsPerBatch`` (10,000)."""
     rows: dict[str, list[Any]] = {n: [] for n in RECORDS_SCHEMA.names}
     for i, (name, _) in enumerate(work.inputs):
         for position, r in enumerate(records[name]):
@@ -102,13 +108,14 @@ def task_input(work: PassWork, records: dict[str, list[SourceRecord]]) -> list[p
                                  ("timestamp", r.timestamp), ("partition", r.partition), ("o1", 1), ("o2", 1),
                                  ("o3", position), ("o4", "")):
                 rows[column].append(item)
-    return pa.table(rows, schema=RECORDS_SCHEMA).to_batches(max_chunksize=10_000)
+    names = [name for name, _ in work.inputs]
+    return merged_here(pa.table(rows, schema=RECORDS_SCHEMA), work, names).to_batches(max_chunksize=10_000)
 
 
 def run_task(work: PassWork, batches: list[pa.RecordBatch]) -> float:
     """CPU seconds of ``job.partition_runner`` over the batches: Arrow records in, result rows out."""
     t = time.process_time()
-    for _ in partition_runner(work, [name for name, _ in work.inputs])(iter(batches)):
+    for _ in partition_runner(work)(iter(batches)):
         pass
     return time.process_time() - t
 
@@ -123,7 +130,7 @@ def run_pass(work: PassWork, records: dict[str, list[SourceRecord]], partitions:
                                  ("timestamp", r.timestamp), ("partition", part), ("o1", 1), ("o2", 1),
                                  ("o3", position), ("o4", "")):
                 rows[column].append(item)
-    table = pa.table(rows, schema=RECORDS_SCHEMA).sort_by([(n, "ascending") for n in ORDER])
+    table = pa.table(rows, schema=RECORDS_SCHEMA)
     t = time.process_time()
     process_here(replace(work, partitions=partitions), table, MURMUR2)
     return time.process_time() - t
@@ -136,7 +143,7 @@ def digest(result: PartitionResult) -> str:
         for table in (outcome.rows, outcome.emitted, late, outcome.subscriptions):
             if table is not None:
                 h.update(json.dumps(table.to_pylist(), sort_keys=True, default=str).encode())
-        h.update(json.dumps([name, vars(outcome.counts), outcome.stream_time], sort_keys=True).encode())
+        h.update(json.dumps([name, outcome.stats], sort_keys=True).encode())
     return h.hexdigest()[:16]
 
 
@@ -171,7 +178,7 @@ def main() -> None:
                                  "records_per_s": round(count / best),
                                  "task_seconds": [round(t, 3) for t in task_times],
                                  "task_records_per_s": round(count / task_best)}
-        line = (f"{op:12s} {count:>9,} records  run_partition {best:7.3f} cpu s {count / best:>9,.0f} rec/s"
+        line = (f"{op:12s} {count:>9,} records  PartitionRun {best:7.3f} cpu s {count / best:>9,.0f} rec/s"
                 f"  task {task_best:7.3f} cpu s {count / task_best:>9,.0f} rec/s")
         if args.digest:
             entry["digest"] = digest(result)
@@ -186,7 +193,7 @@ def main() -> None:
         if args.profile:
             prof = cProfile.Profile(time.process_time)
             prof.enable()
-            for _ in partition_runner(work, [name for name, _ in work.inputs])(iter(batches)):
+            for _ in partition_runner(work)(iter(batches)):
                 pass
             prof.disable()
             s = io.StringIO()

@@ -48,14 +48,14 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from versiq import layout, storage
 from versiq.ingest.derived.tasks import (
     PartitionResult,
+    PartitionRun,
     PassWork,
     Readers,
-    run_partition,
-    run_regrouped,
+    merge_inputs,
     stages,
     whole_inputs,
 )
-from versiq.ingest.derived.topology import SourceRecord, TableCounts, whole_name
+from versiq.ingest.derived.topology import TableCounts, whole_name
 from versiq.ingest.frames import local_frame
 from versiq.ingest.rules import SPARK
 from versiq.layout import (
@@ -258,8 +258,8 @@ def _observable(read: InputRead, quote: str) -> str:
 
 
 def records_here(work: PassWork, reads: list[InputRead], partitioner: str) -> pa.Table:
-    """``records_frame`` read by DuckDB in this process, in task order (``run_here``); one
-    connection for the pass (its tables are all in one warehouse)."""
+    """``records_frame`` read by DuckDB in this process (``run_here``); one connection for the
+    pass (its tables are all in one warehouse)."""
     index = {name: i for i, (name, _) in enumerate(work.inputs)}
     parts: list[pa.Table] = []
     if reads:
@@ -278,8 +278,7 @@ def records_here(work: PassWork, reads: list[InputRead], partitioner: str) -> pa
         tasks = [layout.default_partition_of(k, work.partitions, partitioner) if i in streams else p
                  for i, k, p in zip(table["input"].to_pylist(), table["key"].to_pylist(),
                                     table["partition"].to_pylist(), strict=True)]
-    table = table.add_column(0, "task", pa.array(tasks, pa.int32()))
-    return table.sort_by([(name, "ascending") for name in ORDER])
+    return table.add_column(0, "task", pa.array(tasks, pa.int32()))
 
 
 def _read_here(con: duckdb.DuckDBPyConnection, read: InputRead, i: int) -> list[pa.Table]:
@@ -331,10 +330,10 @@ def run_job(spark: SparkSession, work: PassWork, reads: list[InputRead], partiti
             read = next(r for r in reads if r.name == name)
             for part in _input_frames(spark, read, len(work.inputs) + j):
                 first_records = first_records.unionByName(part.crossJoin(tasks))
-        ordered = first_records.repartition(work.partitions, slot).sortWithinPartitions(*ORDER)
+        ordered = _merged(first_records.withColumn("_slot", slot).repartition(work.partitions, "_slot"), first, names)
     else:
-        ordered = records(first).coalesce(1).sortWithinPartitions(*ORDER)
-    results = ordered.mapInArrow(partition_runner(first, names), from_arrow_schema(OUTPUT_SCHEMA))
+        ordered = _merged(records(first).coalesce(1), first, names)
+    results = ordered.mapInArrow(partition_runner(first), from_arrow_schema(OUTPUT_SCHEMA))
     held = []
     if later:  # a pass with repartitions has several partitions (tasks.stages)
         assert slot is not None
@@ -350,8 +349,9 @@ def run_job(spark: SparkSession, work: PassWork, reads: list[InputRead], partiti
             updates = updates.withColumn("task", F.expr(SPARK.default_partition(work.partitions, partitioner)))
             own = records(stage).withColumn("old", F.lit(None).cast("string")) \
                 .withColumn("input_key", F.lit(None).cast("string"))
-            grouped = updates.unionByName(own).repartition(work.partitions, slot).sortWithinPartitions(*ORDER)
-            part = grouped.mapInArrow(regroup_runner(stage, names), from_arrow_schema(OUTPUT_SCHEMA))
+            grouped = _merged(updates.unionByName(own).withColumn("_slot", slot).repartition(work.partitions, "_slot"),
+                              stage, names)
+            part = grouped.mapInArrow(regroup_runner(stage), from_arrow_schema(OUTPUT_SCHEMA))
             if stage.repartitioned:  # a group-by after this one: its updates come from here
                 part = part.persist(RESULTS_KEPT)
                 held.append(part)
@@ -364,6 +364,16 @@ def run_job(spark: SparkSession, work: PassWork, reads: list[InputRead], partiti
     results = results.persist(RESULTS_KEPT)
     stats = results.where(F.col("out") == "stats").select("table", "task", "info").collect()
     return _output(results, work, [(r["table"], r["task"], r["info"]) for r in stats], held)
+
+
+def _merged(records: DataFrame, stage: PassWork, names: list[str]) -> DataFrame:
+    """Each Spark partition's records (every task's, whole) sorted by ``MERGE_ORDER``: a window
+    over each task's inputs (by ``_slot`` too when the records were repartitioned by it, so that
+    the window needs no other shuffle) gives each record its merge key."""
+    slotted = "_slot" in records.columns
+    ranked = records.withColumn("rank", F.expr(merge_rank_sql(stage, names, "`")))
+    keyed = ranked.withColumn("mkey", F.expr(merge_key_sql("`", "_slot, " if slotted else "")))
+    return keyed.sortWithinPartitions(*MERGE_ORDER)
 
 
 def _slot(spark: SparkSession, partitions: int) -> Column:
@@ -406,7 +416,7 @@ def process_here(work: PassWork, records: pa.Table, partitioner: str) -> pa.Tabl
             rows = rows.set_column(1, "input", pa.array([len(work.inputs) + j] * rows.num_rows, pa.int32()))
             copies += [rows.set_column(0, "task", pa.array([p] * rows.num_rows, pa.int32()))
                        for p in range(work.partitions)]
-        records = pa.concat_tables(copies).sort_by([(name, "ascending") for name in ORDER])
+        records = pa.concat_tables(copies)
 
     def own(stage: PassWork) -> pa.Table:
         """The stage's records: its inputs' (and, for the first, the whole stores' copies)."""
@@ -415,8 +425,9 @@ def process_here(work: PassWork, records: pa.Table, partitioner: str) -> pa.Tabl
             indices += range(len(work.inputs), len(names))
         return records.filter(pa.compute.is_in(records["input"], value_set=pa.array(indices, pa.int32())))
 
-    runner = partition_runner(first, names)
-    table = pa.Table.from_batches(list(runner(iter(own(first).to_batches()))), schema=OUTPUT_SCHEMA)
+    runner = partition_runner(first)
+    table = pa.Table.from_batches(list(runner(iter(merged_here(own(first), first, names).to_batches()))),
+                                  schema=OUTPUT_SCHEMA)
     if not later:
         return table
     routed = dict.fromkeys(first.repartitioned, table)  # aggregate -> the output its updates are in
@@ -434,10 +445,9 @@ def process_here(work: PassWork, records: pa.Table, partitioner: str) -> pa.Tabl
         mine = own(stage)
         mine = mine.append_column("old", pa.nulls(mine.num_rows, pa.string())) \
             .append_column("input_key", pa.nulls(mine.num_rows, pa.string()))
-        grouped = pa.concat_tables([shipped, mine.select(STAGE_SCHEMA.names).cast(STAGE_SCHEMA)]) \
-            .sort_by([(name, "ascending") for name in ORDER])
-        part = pa.Table.from_batches(list(regroup_runner(stage, names)(iter(grouped.to_batches()))),
-                                     schema=OUTPUT_SCHEMA)
+        grouped = pa.concat_tables([shipped, mine.select(STAGE_SCHEMA.names).cast(STAGE_SCHEMA)])
+        grouped = merged_here(grouped, stage, names)
+        part = pa.Table.from_batches(list(regroup_runner(stage)(iter(grouped.to_batches()))), schema=OUTPUT_SCHEMA)
         routed.update(dict.fromkeys(stage.repartitioned, part))
         parts.append(part.filter(pa.compute.not_equal(part["out"], "update")))
     return pa.concat_tables(parts)
@@ -449,8 +459,43 @@ def input_names(work: PassWork) -> list[str]:
     return [name for name, _ in work.inputs] + [whole_name(name) for name in whole_inputs(work)]
 
 
-#: The order the tasks read the records in: by task, then each input's own order.
-ORDER = ("task", "input", "o1", "o2", "o3", "o4")
+#: The order a task reads its records in, the merge of rule 23 (``tasks.PartitionRun``): by task,
+#: then merge key (``merge_key_sql``), input rank (``merge_rank_sql``), then the input's own order.
+MERGE_ORDER = ("task", "mkey", "rank", "o1", "o2", "o3", "o4")
+
+
+def merge_rank_sql(stage: PassWork, names: list[str], quote: str) -> str:
+    """SQL (Spark's or DuckDB's, by ``quote``) of a record's rank among the inputs its task
+    merges (``tasks.merge_inputs``), from its ``input`` (an index in ``names``); a group
+    update's (``input`` past ``names``) is after them, by the input partition that made it."""
+    merged = [name for name, _ in merge_inputs(stage)]
+    updates = f"{len(merged)} + {quote}partition{quote}"
+    if not merged:  # a stage that reads its group updates alone
+        return updates
+    cases = " ".join(f"WHEN {names.index(name)} THEN {rank}" for rank, name in enumerate(merged))
+    return f"CASE input {cases} ELSE {updates} END"
+
+
+def merge_key_sql(quote: str, slot: str = "") -> str:
+    """SQL of a record's merge key: the largest timestamp of its input in its task up to it, in
+    the input's own order. Sorted by it, then rank, then that order, a task's records come in
+    the order of the head merge (``tasks.PartitionRun``). ``slot``: leading columns of the
+    window's partitioning (the repartition's, so that it needs no shuffle of its own)."""
+    ts = f"{quote}timestamp{quote}"
+    return (f"max({ts}) OVER (PARTITION BY {slot}task, rank ORDER BY o1, o2, o3, o4 "
+            "ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)")
+
+
+def merged_here(records: pa.Table, stage: PassWork, names: list[str]) -> pa.Table:
+    """``records`` sorted by ``MERGE_ORDER`` by DuckDB in this process (``process_here``)."""
+    con = duckdb.connect()
+    try:
+        con.register("records", records)
+        return con.sql(f"SELECT *, {merge_key_sql(chr(34))} AS mkey FROM (SELECT *, "
+                       f"{merge_rank_sql(stage, names, chr(34))} AS rank FROM records) "
+                       f"ORDER BY {', '.join(MERGE_ORDER)}").to_arrow_table()
+    finally:
+        con.close()
 
 
 def _output(frame: DataFrame, work: PassWork, stats: list[tuple[str, int, str]],
@@ -470,12 +515,19 @@ def _output(frame: DataFrame, work: PassWork, stats: list[tuple[str, int, str]],
     return JobOutput(frame, totals, held or [])
 
 
-def _by_task(work: PassWork, columns: tuple[str, ...],
-             process: Callable[[int, list[tuple[Any, ...]], Readers], PartitionResult],
-             ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """A ``mapInArrow`` function: rows sorted by task in (their ``columns``, the task first),
-    each task's rows processed together (``process``), its results out as ``OUTPUT_SCHEMA``
-    rows. One set of snapshot readers serves the tasks of a Spark partition."""
+#: How many records a task applies at a time (``tasks.PartitionRun.feed``): the records of a
+#: chunk are the most a task holds, and the state they touch is loaded for a chunk at once (a
+#: query per table that has a snapshot), so the chunk is large enough that a pass over millions
+#: of records makes few of those.
+CHUNK_RECORDS = 250_000
+
+
+def _by_task(work: PassWork,
+             columns: tuple[str, ...]) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """A ``mapInArrow`` function: rows sorted by ``MERGE_ORDER`` in (their ``columns``, the task
+    first), each task's fed to a ``PartitionRun`` ``CHUNK_RECORDS`` at a time, its results out
+    as ``OUTPUT_SCHEMA`` rows as they are made. One set of snapshot readers serves the tasks of
+    a Spark partition."""
     # the tasks read the tables as this process does: S3 endpoint, region and credentials come
     # from these variables, which a cluster's executors do not inherit
     environment = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "VERSIQ_"))}
@@ -485,73 +537,61 @@ def _by_task(work: PassWork, columns: tuple[str, ...],
             os.environ.setdefault(name, value)
         readers = Readers(work)
         try:
-            task: int | None = None
-            rows: list[tuple[Any, ...]] = []
+            current: PartitionRun | None = None
+            chunk: list[tuple[Any, ...]] = []
             for batch in batches:
                 for row in zip(*(batch.column(n).to_pylist() for n in columns), strict=True):
-                    if row[0] != task:
-                        if task is not None:
-                            yield from result_batches(process(task, rows, readers))
-                        task, rows = row[0], []
-                    rows.append(row)
-            if task is not None:
-                yield from result_batches(process(task, rows, readers))
+                    if current is None or row[0] != current.partition:
+                        if current is not None:
+                            current.feed(chunk)
+                            yield from result_batches(current.finish())
+                        current, chunk = PartitionRun(work, row[0], readers), []
+                    chunk.append(row[1:])
+                    if len(chunk) >= CHUNK_RECORDS:
+                        current.feed(chunk)
+                        chunk = []
+                        yield from result_batches(current.drain())
+            if current is not None:
+                current.feed(chunk)
+                yield from result_batches(current.finish())
         finally:
             readers.close()
 
     return run
 
 
-def partition_runner(work: PassWork,
-                     names: list[str]) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The ``mapInArrow`` function of a pass's (first) stage: records sorted by (task, input,
-    order) in (``input`` an index in ``names``, the pass's inputs), results out."""
-    def process(task: int, rows: list[tuple[Any, ...]], readers: Readers) -> PartitionResult:
-        records: dict[str, list[SourceRecord]] = {}
-        for _, i, key, value, timestamp, partition in rows:
-            records.setdefault(names[i], []).append(SourceRecord(key, value, timestamp, partition))
-        return run_partition(work, task, records, readers)
-
-    return _by_task(work, ("task", "input", "key", "value", "timestamp", "partition"), process)
+def partition_runner(work: PassWork) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The ``mapInArrow`` function of a pass's (first) stage: its records in merge order in,
+    results out."""
+    return _by_task(work, ("task", "rank", "key", "value", "timestamp", "partition"))
 
 
-def regroup_runner(work: PassWork,
-                   names: list[str]) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+def regroup_runner(work: PassWork) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The ``mapInArrow`` function of an aggregate's stage: its own records and group updates
-    (``STAGE_SCHEMA``) sorted by ``ORDER`` in, results out."""
-    def process(task: int, rows: list[tuple[Any, ...]], readers: Readers) -> PartitionResult:
-        records: dict[str, list[SourceRecord]] = {}
-        streams: dict[int, list[tuple[str, str, str | None, str | None, int]]] = {}
-        for _, i, key, value, timestamp, partition, old, input_key in rows:
-            if i < len(names):
-                records.setdefault(names[i], []).append(SourceRecord(key, value, timestamp, partition))
-            else:
-                streams.setdefault(partition, []).append((key, input_key, old, value, timestamp))
-        return run_regrouped(work, task, [streams[u] for u in sorted(streams)], readers, records)
-
-    return _by_task(work, ("task", "input", "key", "value", "timestamp", "partition", "old", "input_key"), process)
+    (``STAGE_SCHEMA``) in merge order in, results out."""
+    return _by_task(work, ("task", "rank", "key", "value", "timestamp", "partition", "old", "input_key"))
 
 
 def result_batches(result: PartitionResult) -> Iterator[pa.RecordBatch]:
-    """One partition's results as rows of ``OUTPUT_SCHEMA``."""
+    """Results of a partition (all, or the part a ``PartitionRun`` handed out) as rows of
+    ``OUTPUT_SCHEMA``."""
     for name, updates in result.updates.items():
         if updates:
             group, key, old, new, timestamp = zip(*updates, strict=True)
+            first = result.shipped_before.get(name, 0)
             table = pa.table({
-                "seq": pa.array(range(len(updates)), pa.int64()), "group": group, "key": key, "old": old, "new": new,
-                "timestamp": pa.array(timestamp, pa.int64()),
+                "seq": pa.array(range(first, first + len(updates)), pa.int64()), "group": group, "key": key,
+                "old": old, "new": new, "timestamp": pa.array(timestamp, pa.int64()),
             }, schema=UPDATE_SCHEMA)
             for part in _slices(table):
                 yield _batch("update", name, result.partition, [None] * part.num_rows, part)
     for name, outcome in result.tables.items():
-        subscriptions = outcome.subscriptions
-        stats = {"counts": vars(outcome.counts), "stream_time": outcome.stream_time,
-                 "rows": outcome.rows.num_rows, "late": outcome.late.num_rows,
-                 "subscriptions": 0 if subscriptions is None else subscriptions.num_rows}
-        yield _batch("stats", name, result.partition, [json.dumps(stats)], None)
-        rows_kind = "store" if "valid_from" in outcome.rows.schema.names else "stream"
-        for kind, table in ((rows_kind, outcome.rows), ("emitted", outcome.emitted), ("late", outcome.late),
-                            ("subscriptions", subscriptions)):
+        if outcome.stats is not None:
+            yield _batch("stats", name, result.partition, [json.dumps(outcome.stats)], None)
+        rows = outcome.rows
+        rows_kind = "store" if rows is not None and "valid_from" in rows.schema.names else "stream"
+        for kind, table in ((rows_kind, rows), ("emitted", outcome.emitted), ("late", outcome.late),
+                            ("subscriptions", outcome.subscriptions)):
             if table is not None and table.num_rows:
                 for part in _slices(table):
                     yield _batch(kind, name, result.partition, [None] * part.num_rows, part)

@@ -135,13 +135,17 @@ class TableState:
     """One table's state for the keys this batch touches, versioned or timestamped."""
 
     def __init__(self, name: str, kind: str, history_retention_ms: int, partitions: int,
-                 reader: SnapshotReader | None, latest_only: bool = False) -> None:
+                 reader: SnapshotReader | None, latest_only: bool = False, home: int | None = None) -> None:
         """``latest_only``: load each key's newest version alone, for a table whose batch only
         ever reads a key's newest version and writes after it (an aggregate's own table: its
         results are stamped at or after the group's last one, rule 30, and no stream-table join
         reads it as of a time). Its older versions cannot change, so the diff needs none of
-        them, and a group updated millions of times loads one version, not its retention's."""
+        them, and a group updated millions of times loads one version, not its retention's.
+        ``home``: the partition of the pass this state belongs to, when the table is one of its
+        co-partitioned stores: a key the snapshot holds in another partition is that partition's
+        (another task's, as in Kafka Streams), so here it has no versions."""
         self.latest_only = latest_only
+        self.home = home
         self.name = name
         self.kind = kind
         self.history_retention_ms = history_retention_ms
@@ -173,6 +177,8 @@ class TableState:
             if key in self.versions:
                 continue
             versions, part = found.get(key, ([], -1))
+            if self.home is not None and part >= 0 and part != self.home:
+                versions, part = [], -1
             self.versions[key] = list(versions)
             self.loaded[key] = list(versions)
             if part >= 0:

@@ -4,8 +4,9 @@ A derived pass (``derive``) is cut into its *partitions*, as Kafka Streams cuts 
 tasks: partition ``p`` of the pass holds partition ``p`` of each co-partitioned input, and its
 records go through the whole record-at-a-time topology (``Topology``) over the state of its
 own keys only, merged by head timestamp exactly as rule 23 says, restricted to that partition.
-Nothing here talks to Spark: ``run_partition`` takes a partition's records and returns its
-results as Arrow rows, whether it runs inside a Spark task (``derived.job``) or anywhere else.
+Nothing here talks to Spark: a ``PartitionRun`` is fed a partition's records in merge order,
+a chunk at a time, and hands out its results as Arrow rows, whether it runs inside a Spark task
+(``derived.job``) or anywhere else.
 
 What one partition returns for each writer of the pass (``PartitionResult``): the rows its store
 changed (or the stream output's records), its ``_emitted`` rows and its late results, with
@@ -20,7 +21,7 @@ aggregate's input changes to group updates (``PartitionResult.updates``); each a
 has a stage of its own, in the partitions of its groups (a group's partition is its key's
 default partition by the stores' partitioner, as Kafka's partitioner places a repartition
 topic's records), that applies the updates and runs the tables that read the aggregate
-(``run_regrouped``). A group's partition merges the updates of every input partition by head
+(a ``PartitionRun`` of the stage). A group's partition merges the updates of every input partition by head
 timestamp, ties to the lower input partition, each input partition's updates in their own order
 (docs/semantics.md, rule 23): one of the interleavings Kafka's repartition topic can deliver,
 made deterministic. The tables after an aggregate may also read source inputs of their own
@@ -41,14 +42,15 @@ import json
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import pyarrow as pa
 
 from versiq.ingest.derived.expressions import key_string, parse_value
-from versiq.ingest.derived.operators import Aggregate, ForeignKeyJoin
+from versiq.ingest.derived.operators import Aggregate, ForeignKeyJoin, GroupUpdate
 from versiq.ingest.derived.spec import TableSpec
 from versiq.ingest.derived.state import SnapshotReader, TableState
-from versiq.ingest.derived.topology import DerivedNode, Emission, SourceRecord, TableCounts, Topology, whole_name
+from versiq.ingest.derived.topology import DerivedNode, Emission, SourceRecord, Topology, whole_name
 from versiq.layout import EMITTED_SCHEMA, REJECTED_SCHEMA, STREAM_SCHEMA, bucket_of
 
 
@@ -100,16 +102,17 @@ class PassWork:
 
 @dataclass
 class TableOutcome:
-    """One writer's results in one partition."""
+    """One writer's results in one partition, or the part of them a ``PartitionRun`` hands out."""
 
-    rows: pa.Table
+    #: A stream output's records, or (in ``finish``) the rows its store changed; None: none yet.
+    rows: pa.Table | None
     emitted: pa.Table
     late: pa.Table
-    counts: TableCounts
-    #: The table's stream time in this partition (None: it accepted nothing there, ever).
-    stream_time: int | None
-    #: A foreign-key join's moved pointers (``_subscriptions`` rows); None for other tables.
+    #: A foreign-key join's moved pointers (``_subscriptions`` rows), in ``finish``.
     subscriptions: pa.Table | None = None
+    #: The table's statistics in this partition (``finish`` only): counts, stream time (None: it
+    #: accepted nothing there, ever), how many rows, late results and pointers it handed out.
+    stats: dict[str, Any] | None = None
 
 
 @dataclass
@@ -119,6 +122,8 @@ class PartitionResult:
     #: The group updates each repartitioned aggregate's input made here, in emission order, as
     #: they cross the repartition: (group, input key, old, new, timestamp) (``Aggregate.shipped``).
     updates: dict[str, list[tuple[str, str, str | None, str | None, int]]] = field(default_factory=dict)
+    #: How many of each aggregate's updates the partition handed out before these (their order).
+    shipped_before: dict[str, int] = field(default_factory=dict)
 
 
 def _regroups(spec: TableSpec) -> bool:
@@ -233,50 +238,138 @@ class Readers:
         self._open.clear()
 
 
-def run_partition(work: PassWork, partition: int, records: dict[str, list[SourceRecord]],
-                  readers: Readers) -> PartitionResult:
-    """Process partition ``partition`` of the pass: ``records`` are its source records by input,
-    each in the input's own order."""
-    states = _states(work, readers)
+def merge_inputs(work: PassWork) -> list[tuple[str, bool]]:
+    """The inputs a partition of ``work`` merges, by rank: its source inputs in declaration order,
+    each store it reads whole (``whole_inputs``) right after that store's own records. In a
+    stage after a repartition its group updates come after these, one input per input
+    partition, in partition order (``PartitionRun``)."""
     whole = whole_inputs(work)
-    for name in whole:
-        read = next(r for r in work.reads if r.name == name)
-        states[whole_name(name)] = TableState(whole_name(name), read.kind, read.history_retention_ms,
-                                              read.partitions, readers.get(name))
-    topology = Topology(list(work.tables), states, partition, work.repartitioned, whole)
-    _prefetch(list(work.tables), states, records, topology)
-    inputs = []
-    for name, is_stream in work.inputs:  # a store read whole right after its partition's records
-        inputs.append((name, is_stream, records.get(name, [])))
+    out = []
+    for name, is_stream in work.inputs:
+        out.append((name, is_stream))
         if name in whole:
-            inputs.append((whole_name(name), False, records.get(whole_name(name), [])))
-    topology.run(inputs)
-    return _result(work, topology, partition)
+            out.append((whole_name(name), False))
+    return out
 
 
-def run_regrouped(work: PassWork, partition: int, updates: list[list[tuple[str, str, str | None, str | None, int]]],
-                  readers: Readers, records: dict[str, list[SourceRecord]] | None = None) -> PartitionResult:
-    """Process partition ``partition`` of a stage after a repartition (``PassWork.regrouped``):
-    ``updates`` are its groups' updates (group, input key, old, new, timestamp) from each input
-    partition, in that partition's order; ``records`` the partition's records of the stage's
-    own inputs. They are merged by head timestamp (``Topology.run``)."""
-    records = records or {}
-    states = _states(work, readers)
-    topology = Topology(list(work.tables), states, partition, work.repartitioned)
-    aggregate = topology.nodes[work.regrouped].operator
-    assert isinstance(aggregate, Aggregate)
-    streams = [[aggregate.regrouped(*u) for u in stream] for stream in updates]
-    groups = {u.group for stream in streams for u in stream}
-    _prefetch(list(work.tables[1:]), states, records, topology, {work.regrouped: groups})
-    topology.run([(name, is_stream, records.get(name, [])) for name, is_stream in work.inputs],
-                 work.regrouped, streams)
-    return _result(work, topology, partition)
+class PartitionRun:
+    """Partition ``partition`` of a pass (or of a stage after a repartition), fed its records
+    in merge order, a chunk at a time, as a Kafka Streams task is fed from its topics.
+
+    The merge order (docs/semantics.md, rule 23: the head record with the smallest timestamp
+    next, ties to the input of lower rank, ``merge_inputs``) is given, not computed here: the
+    engines sort each partition's records by (the running maximum of their input's timestamps
+    up to each record, rank, the input's own order), which is the same sequence (the head of an
+    input is only ever taken when it is no later than every other head, so a record behind its
+    input's maximum follows that maximum at once). A task therefore never holds its records:
+    ``feed`` bulk-loads the state a chunk touches (``_prefetch``) and applies it, ``drain``
+    hands out what the chunk emitted, and ``finish`` adds the rows of the changed stores (a
+    later record can still change them) and the statistics. Memory is the partition's state
+    and one chunk."""
+
+    def __init__(self, work: PassWork, partition: int, readers: Readers) -> None:
+        self.work = work
+        self.partition = partition
+        self.states = _states(work, partition, readers)
+        whole = whole_inputs(work)
+        for name in whole:
+            read = next(r for r in work.reads if r.name == name)
+            self.states[whole_name(name)] = TableState(whole_name(name), read.kind, read.history_retention_ms,
+                                                       read.partitions, readers.get(name))
+        self.topology = Topology(list(work.tables), self.states, partition, work.repartitioned, whole)
+        self.inputs = merge_inputs(work)
+        aggregate = self.topology.nodes[work.regrouped].operator if work.regrouped else None
+        assert aggregate is None or isinstance(aggregate, Aggregate)
+        self._aggregate = aggregate
+        self._shipped = dict.fromkeys(self.topology.updates, 0)  # group updates handed out, by aggregate
+        self._rows = dict.fromkeys(work.writers, 0)  # stream records handed out, by writer
+        self._late = dict.fromkeys(work.writers, 0)
+
+    def feed(self, rows: list[tuple[Any, ...]]) -> None:
+        """Apply the next records in merge order: (rank, key, value, timestamp, partition) each;
+        a group update (rank past ``merge_inputs``) also (old, input key), ``key`` its group,
+        ``value`` its new value and ``partition`` the input partition that made it."""
+        n = len(self.inputs)
+        records: dict[str, list[SourceRecord]] = {}
+        items: list[tuple[int, SourceRecord | GroupUpdate]] = []
+        groups: set[str] = set()
+        for row in rows:
+            rank = row[0]
+            if rank < n:
+                record = SourceRecord(row[1], row[2], row[3], row[4])
+                records.setdefault(self.inputs[rank][0], []).append(record)
+                items.append((rank, record))
+            else:
+                assert self._aggregate is not None
+                items.append((rank, self._aggregate.regrouped(row[1], row[6], row[5], row[2], row[3])))
+                groups.add(row[1])
+        if self.work.regrouped:
+            _prefetch(list(self.work.tables[1:]), self.states, records, self.topology, {self.work.regrouped: groups})
+        else:
+            _prefetch(list(self.work.tables), self.states, records, self.topology)
+        topology, inputs, regrouped = self.topology, self.inputs, self.work.regrouped
+        for rank, item in items:
+            if rank < n:
+                name, is_stream = inputs[rank]
+                assert isinstance(item, SourceRecord)
+                topology.record(name, is_stream, item)
+            else:
+                assert isinstance(item, GroupUpdate)
+                topology.update(regrouped, item)
+
+    def drain(self) -> PartitionResult:
+        """What the records fed so far emitted and nothing handed out yet: ``_emitted`` rows, late
+        results, a stream output's records, group updates for the next stage."""
+        result = PartitionResult(self.partition)
+        for name, updates in self.topology.updates.items():
+            operator = self.topology.nodes[name].operator
+            assert isinstance(operator, Aggregate)
+            result.updates[name] = [(u.group, u.key, *operator.shipped(u), u.timestamp) for u in updates]
+            result.shipped_before[name] = self._shipped[name]
+            self._shipped[name] += len(updates)
+            updates.clear()
+        for name in self.work.writers:
+            node = self.topology.nodes[name]
+            run = self.work.run_of(name)
+            rows = _stream_rows(run, node) if node.own is None else None
+            late = late_table(run, node, self.partition)
+            result.tables[name] = TableOutcome(rows, emission_table(run, node.emissions), late)
+            self._rows[name] += 0 if rows is None else rows.num_rows
+            self._late[name] += late.num_rows
+            node.emissions.clear()
+            node.late.clear()
+        return result
+
+    def finish(self) -> PartitionResult:
+        """``drain``, then each writer's changed store rows, a foreign-key join's moved pointers
+        and the statistics of the partition (counts, stream time, how many rows of each kind)."""
+        result = self.drain()
+        for name, outcome in result.tables.items():
+            node = self.topology.nodes[name]
+            run = self.work.run_of(name)
+            own = node.own
+            if own is not None:
+                outcome.rows = own.changed_rows(run, node.spec.buckets)
+                self._rows[name] += outcome.rows.num_rows
+            if isinstance(node.operator, ForeignKeyJoin):
+                outcome.subscriptions = node.operator.subscriptions.rows(run)
+            stream_time = None if own is None else own.stream_time.get(self.partition)
+            outcome.stats = {
+                "counts": vars(node.counts), "stream_time": stream_time,
+                "rows": self._rows[name], "late": self._late[name],
+                "subscriptions": 0 if outcome.subscriptions is None else outcome.subscriptions.num_rows,
+            }
+        return result
 
 
-def _states(work: PassWork, readers: Readers) -> dict[str, TableState]:
+def _states(work: PassWork, partition: int, readers: Readers) -> dict[str, TableState]:
+    """The states of the tables ``partition`` reads and writes; a store of several partitions in a
+    pass of several holds that partition's keys only (``TableState.home``)."""
     latest = latest_only(work.tables)
     return {read.name: TableState(read.name, read.kind, read.history_retention_ms, read.partitions,
-                                  readers.get(read.name), read.name in latest) for read in work.reads}
+                                  readers.get(read.name), read.name in latest,
+                                  partition if work.partitions > 1 and read.partitions > 1 else None)
+            for read in work.reads}
 
 
 def latest_only(tables: Iterable[TableSpec]) -> set[str]:
@@ -285,24 +378,6 @@ def latest_only(tables: Iterable[TableSpec]) -> set[str]:
     tables = list(tables)
     as_of = {t.inputs[1] for t in tables if t.op == "stream_join"}
     return {t.name for t in tables if t.op == "aggregate" and t.name not in as_of}
-
-
-def _result(work: PassWork, topology: Topology, partition: int) -> PartitionResult:
-    result = PartitionResult(partition)
-    for name, updates in topology.updates.items():
-        operator = topology.nodes[name].operator
-        assert isinstance(operator, Aggregate)
-        result.updates[name] = [(u.group, u.key, *operator.shipped(u), u.timestamp) for u in updates]
-    for name in work.writers:
-        node = topology.nodes[name]
-        run = work.run_of(name)
-        own = node.own
-        stream_time = None if own is None else own.stream_time.get(partition)
-        rows = _stream_rows(run, node) if own is None else own.changed_rows(run, node.spec.buckets)
-        subscriptions = node.operator.subscriptions.rows(run) if isinstance(node.operator, ForeignKeyJoin) else None
-        result.tables[name] = TableOutcome(rows, emission_table(run, node.emissions), late_table(run, node, partition),
-                                           node.counts, stream_time, subscriptions)
-    return result
 
 
 def _prefetch(tables: list[TableSpec], states: dict[str, TableState],

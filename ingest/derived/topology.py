@@ -1,22 +1,22 @@
-"""One synchronous topology: the input merge and depth-first propagation (docs/semantics.md, rules 13-18 and 23-30).
+"""One synchronous topology: depth-first propagation (docs/semantics.md, rules 13-18 and 23-30).
 
-Source inputs are merged record by record: among the inputs with records left, the head record
-with the smallest timestamp goes next, ties to the input declared first (inputs are never
-sorted). Each source record is applied to its table and every resulting change or stream
-record goes depth-first through the derived tables that read it, in file order; every result a
-derived table emits is applied to its own store at once and its change propagates before the
-next result, exactly as Kafka Streams forwards within one task.
+The topology is given its source records one at a time, in the merge order of rule 23 (among
+the inputs with records left, the head record with the smallest timestamp goes next, ties to
+the input declared first; ``derived.tasks.PartitionRun``). Each source record is applied to its
+table and every resulting change or stream record goes depth-first through the derived tables
+that read it, in file order; every result a derived table emits is applied to its own store at
+once and its change propagates before the next result, exactly as Kafka Streams forwards within
+one task.
 
 With several partitions, a group-by aggregate's input changes cross a *repartition*, as Kafka's
 repartition topics carry them: the topology of an input partition routes them to group updates
 (``repartitioned``) instead of applying them, and the topology of the group's partition applies
-them (``run``'s ``updates``, merged with that partition's records of the stage's own inputs) and
+them (``update``, in merge order with that partition's records of the stage's own inputs) and
 propagates the aggregate's changes to the tables that read it.
 """
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -111,53 +111,22 @@ class Topology:
                 self.dependents.setdefault(name, []).append((node, side))
 
     # -- feeding ----------------------------------------------------------------------------
-    def run(self, inputs: list[tuple[str, bool, list[SourceRecord]]], regrouped: str = "",
-            updates: list[list[GroupUpdate]] | None = None) -> None:
-        """Merge the inputs (name, is_stream, records in the input's own order) and process.
-
-        In a stage after a repartition, aggregate ``regrouped``'s group updates from each input
-        partition (``updates``, each in its partition's order) are one more input, declared
-        after the others: an update is applied when its head timestamp is the smallest, ties to
-        the source inputs, then to the lower input partition (docs/semantics.md, rule 23)."""
-        ups = updates or []
-        n = len(inputs)
-        heads = [(records[0].timestamp, index, 0) for index, (_, _, records) in enumerate(inputs) if records]
-        heads += [(stream[0].timestamp, n + index, 0) for index, stream in enumerate(ups) if stream]
-        if len(heads) == 1 and heads[0][1] < n:  # one input with records: its own order
-            self._run_one(*inputs[heads[0][1]])
-            return
-        heapq.heapify(heads)
-        node = self.nodes[regrouped] if regrouped else None
-        while heads:
-            _, index, position = heapq.heappop(heads)
-            if index >= n:
-                stream = ups[index - n]
-                assert node is not None and isinstance(node.operator, Aggregate)
-                self._emit(node, node.operator.apply(stream[position]), node.spec.inputs[0])
-                if position + 1 < len(stream):
-                    heapq.heappush(heads, (stream[position + 1].timestamp, index, position + 1))
-                continue
-            name, is_stream, records = inputs[index]
-            record = records[position]
-            if is_stream:
-                self._stream_record(name, StreamRecord(record.key, record.value, record.timestamp))
-            else:
-                result = self.states[name].put(record.key, record.value, record.timestamp, record.partition)
-                if result.change is not None:
-                    self._changed(name, result.change)
-            if position + 1 < len(records):
-                heapq.heappush(heads, (records[position + 1].timestamp, index, position + 1))
-
-    def _run_one(self, name: str, is_stream: bool, records: list[SourceRecord]) -> None:
+    def record(self, name: str, is_stream: bool, record: SourceRecord) -> None:
+        """Apply the next source record of the merge (of input ``name``) and propagate what it
+        changes."""
         if is_stream:
-            for record in records:
-                self._stream_record(name, StreamRecord(record.key, record.value, record.timestamp))
+            self._stream_record(name, StreamRecord(record.key, record.value, record.timestamp))
             return
-        put, changed = self.states[name].put, self._changed
-        for record in records:
-            change = put(record.key, record.value, record.timestamp, record.partition).change
-            if change is not None:
-                changed(name, change)
+        change = self.states[name].put(record.key, record.value, record.timestamp, record.partition).change
+        if change is not None:
+            self._changed(name, change)
+
+    def update(self, name: str, update: GroupUpdate) -> None:
+        """Apply the next group update of aggregate ``name`` that crossed a repartition (a stage
+        after it) and propagate the aggregate's change."""
+        node = self.nodes[name]
+        assert isinstance(node.operator, Aggregate)
+        self._emit(node, node.operator.apply(update), node.spec.inputs[0])
 
     # -- propagation ------------------------------------------------------------------------
     def _changed(self, name: str, change: Change) -> None:

@@ -130,8 +130,12 @@ def test_each_partition_is_its_own_topology(spark: Any, tmp_path: Any, monkeypat
     repartition to their group's partition, which merges the updates of every input partition
     (and that partition's records of the joined store); the stores' partitions hold
     times in bands of their own, so some results are late by their group partition's stream
-    time."""
-    from versiq.ingest.derived import derive
+    time. The ``here*`` partitions are fed 3 records at a time (``job.CHUNK_RECORDS``): their
+    state is loaded, from the snapshots of the runs before, a chunk at a time, and what they
+    emit (group updates included) leaves them chunk by chunk."""
+    from versiq.ingest.derived import derive, job
+
+    monkeypatch.setattr(job, "CHUNK_RECORDS", 3)
 
     run_topology = derive._run_topology
 
@@ -225,3 +229,99 @@ def test_each_task_gets_a_spark_partition_of_its_own(spark: Any, partitions: int
         .select(F.spark_partition_id().alias("slice"), "task").distinct().collect()
     assert sorted(r["task"] for r in placed) == list(range(partitions))
     assert len({r["slice"] for r in placed}) == partitions
+
+
+def _head_merge(inputs: list[list[tuple[int, int]]]) -> list[tuple[int, int]]:
+    """Rule 23's merge, as written: among the inputs with records left, the head record with the
+    smallest timestamp next, ties to the lower rank. ``inputs[rank]``: (timestamp, position) in
+    the input's own order; returns (rank, position)."""
+    heads = [0] * len(inputs)
+    out = []
+    while True:
+        ready = [(inputs[rank][heads[rank]][0], rank) for rank in range(len(inputs)) if heads[rank] < len(inputs[rank])]
+        if not ready:
+            return out
+        _, rank = min(ready)
+        out.append((rank, inputs[rank][heads[rank]][1]))
+        heads[rank] += 1
+
+
+@pytest.mark.rule(23)
+@pytest.mark.parametrize("stage", ["first", "regrouped"])
+def test_the_engines_sort_each_task_into_the_head_merge(spark: Any, stage: str) -> None:
+    """Spark's and DuckDB's sort of a task's records (by their input's running maximum of
+    timestamps, rank, own order: ``job.MERGE_ORDER``) is rule 23's head merge, for a first stage
+    (a store read whole ranked right after its own records) and a stage after a repartition
+    (group updates after the stage's records, by input partition); Spark keeps each task's
+    records in one partition of its own, in order."""
+    import pyarrow as pa
+    from pyspark.sql import functions as F
+
+    from versiq.ingest.derived.job import RECORDS_SCHEMA, _merged, _slot, merged_here
+    from versiq.ingest.derived.spec import parse_tables
+    from versiq.ingest.derived.tasks import PassWork, merge_inputs
+
+    if stage == "first":
+        kinds = {"A": "versioned", "B": "timestamped", "S": "stream"}
+        tables = parse_tables([{"name": "f", "fk_join": {"left": "A", "right": "B", "foreign_key": "value.f"}}], kinds)
+        work = PassWork(tables=tuple(tables), writers=("f",), reads=(),
+                        inputs=(("A", False), ("B", False), ("S", True)), runs=(("f", 1),), partitions=2)
+        names = ["A", "B", "S", "B*"]  # the ``input`` column: the pass's inputs, then the stores read whole
+        assert merge_inputs(work) == [("A", False), ("B", False), ("B*", False), ("S", True)]
+        sources = {(0, 0): 0, (1, 0): 1, (3, 0): 2, (2, 0): 3}  # (input, partition) -> rank
+    else:
+        work = PassWork(tables=(), writers=(), reads=(), inputs=(("C", False),), runs=(), partitions=2, regrouped="g")
+        names = ["A", "C", "S"]
+        sources = {(1, 0): 0, **{(3, p): 1 + p for p in range(3)}}  # group updates: input 3, by input partition
+    rng = random.Random(11)
+    rows = [{"task": task, "input": i, "key": f"k{position}", "value": None, "timestamp": rng.randint(0, 9),
+             "partition": part, "o1": part, "o2": position, "o3": 0, "o4": ""}
+            for task in range(2) for (i, part) in sources for position in range(rng.randint(0, 12))]
+    want = {}
+    for task in range(2):
+        inputs = [[] for _ in sources]
+        for row in rows:
+            if row["task"] == task:
+                inputs[sources[(row["input"], row["partition"])]].append((row["timestamp"], row["o2"]))
+        want[task] = _head_merge(inputs)
+    assert len(rows) > 40
+    rng.shuffle(rows)
+    table = pa.Table.from_pylist(rows, schema=RECORDS_SCHEMA)
+
+    here = merged_here(table, work, names).to_pylist()
+    for task in range(2):
+        assert [(r["rank"], r["o2"]) for r in here if r["task"] == task] == want[task]
+    frame = spark.createDataFrame(table.to_pandas())
+    ordered = _merged(frame.withColumn("_slot", _slot(spark, 2)).repartition(2, "_slot"), work, names)
+    got = ordered.select(F.spark_partition_id().alias("slice"), "task", "rank", "o2").collect()
+    assert len({(r["slice"], r["task"]) for r in got}) == 2  # each task alone in a partition of its own
+    for task in range(2):
+        assert [(r["rank"], r["o2"]) for r in got if r["task"] == task] == want[task]
+
+
+@pytest.mark.rule(23, 25)
+@pytest.mark.parametrize("where", ["here", "tasks"])
+def test_a_stream_record_never_sees_a_key_of_another_partition_of_the_table(
+        spark: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    """A stream record is joined in its key's partition by Kafka's partitioner; a key the table
+    holds in another of its partitions is that partition's (another task's, as in Kafka
+    Streams), in the run that wrote it and in every later run, whose task reads the table's
+    snapshot: there it has no versions either."""
+    monkeypatch.setenv("VERSIQ_DERIVE_HERE_RECORDS", "100000" if where == "here" else "0")
+
+    def value(n: int) -> str:
+        return json.dumps({"n": n}, separators=(",", ":"))
+
+    away = next(k for k in KEYS if home(k) != 0)  # a stream record with this key goes to its partition
+    inputs = [InputDef("A", "versioned", history_retention_ms=1000, partitions=PARTITIONS), InputDef("S", "stream")]
+    runs = [{"A": [Rec(away, value(1), 10, 0), Rec("k0", value(2), 10, home("k0"))],
+             "S": [Rec(away, value(3), 12, 0)]},
+            {"S": [Rec(away, value(4), 20, 0), Rec("k0", value(5), 21, 0)]}]
+    tables = [{"name": "sa", "stream_join": {"stream": "S", "table": "A", "type": "left"}}]
+    real = RealPipeline(spark, str(tmp_path))
+    real.add("", inputs, tables, runs)
+    real.run_all()
+    want = run_partitioned(inputs, tables, runs, PARTITIONS, home)["sa"]
+    assert [e.value for e in want.emissions if e.key == away] == ['{"left":{"n":3},"right":null}',
+                                                                   '{"left":{"n":4},"right":null}']
+    assert real.observed("", "sa").emissions == [(e.key, e.value, e.timestamp, e.cause) for e in want.emissions]

@@ -101,10 +101,15 @@ def _example(draw: st.DrawFn) -> list[dict[str, list[Rec]]]:
 @pytest.mark.rule(13, 14, 15, 16, 17, 23, 24, 25, 26, 27, 28, 29, 30)
 @settings(max_examples=1, deadline=None, suppress_health_check=list(HealthCheck))
 @given(examples=st.lists(_example(), min_size=3, max_size=3))
-def test_pipeline_matches_reference_model(spark: Any, tmp_path_factory: Any,
+def test_pipeline_matches_reference_model(spark: Any, tmp_path_factory: Any, monkeypatch: pytest.MonkeyPatch,
                                           examples: list[list[dict[str, list[Rec]]]]) -> None:
+    """The passes run in this process, each partition fed 2 records at a time
+    (``job.CHUNK_RECORDS``; every other test feeds small passes at once)."""
+    from versiq.ingest.derived import job
+
     # Hypothesis tries the simplest example first (no records at all: 20 s of empty commits)
     assume(any(run for runs in examples for run in runs))
+    monkeypatch.setattr(job, "CHUNK_RECORDS", 2)
     real = RealPipeline(spark, str(tmp_path_factory.mktemp("derived-prop")))
     for i, runs in enumerate(examples):
         real.add(f"p{i}_", INPUTS, TABLES, runs)
