@@ -120,11 +120,14 @@ def test_inputs_compacted_and_vacuumed_between_runs(first_run: RealPipeline, tmp
     of the input in between must not break it (the newest compacted copy of that run is used)."""
     monkeypatch.setattr(maintain, "VACUUM_RETENTION_HOURS", 0)
     real = first_run.copy_to(str(tmp_path))  # the first run made; maintenance after each run
+    last = real.steps() - 1
     for step in range(real.steps()):
         if step:
             real.write_step(step)
             assert not real.run_once().failed
-        for name in ("A", "B", "j"):
+        # after the last run no derive phase reads the inputs again: only j's maintenance is
+        # read back then (by the model's check); the inputs' was exercised after each earlier run
+        for name in ("A", "B", "j") if step < last else ("j",):
             maintain.maintain_store(real.warehouse, name)
     _assert_matches_model(real, TABLES, RUNS)
 
