@@ -51,13 +51,15 @@ def _plant(folder: str, name: str, old: bool) -> str:
 def test_maintain_removes_old_orphans_from_every_table_of_stores_streams_and_derived_tables(spark, tmp_path):
     """A source store (with ``_rejected`` and ``_changelog``), a source stream, a derived table
     (with ``_emitted``) and a stream output: in each of their Delta tables an old orphan goes and
-    a young one stays, and every table reads the same afterwards."""
+    a young one stays, and every table reads the same afterwards. One run makes every one of
+    these tables (the stream's records come after the store's, so the join finds them); a
+    compaction between runs is test_delta_interop.py's and test_derived_pipeline.py's."""
     real = RealPipeline(spark, str(tmp_path))
     real.add("", [InputDef("A", "versioned"), InputDef("S", "stream")],
              [{"name": "f", "from": "A", "filter": "value.n > 1"},
               {"name": "sa", "stream_join": {"stream": "S", "table": "A", "type": "left"}}],
-             [{"A": [Rec("k1", '{"n":1}', 10), Rec("k2", '{"n":2}', 11), Rec("k1", '{"n":3}', 12)]},
-              {"A": [Rec("k2", '{"n":4}', 20)], "S": [Rec("k1", '"e"', 21), Rec("k2", '"f"', 22)]}])
+             [{"A": [Rec("k1", '{"n":1}', 10), Rec("k2", '{"n":2}', 11), Rec("k1", '{"n":3}', 12),
+                     Rec("k2", '{"n":4}', 20)], "S": [Rec("k1", '"e"', 21), Rec("k2", '"f"', 22)]}])
     for name in ("A", "S"):  # a rejected record in each source: _rejected tables exist
         write_jsonl(os.path.join(real.root, "sources", name), "bad.jsonl", ["not json"])
     real.run_all()
