@@ -83,7 +83,7 @@ def work_of(op: str) -> tuple[PassWork, TableSpec]:
     return work, spec
 
 
-def run_once(work: PassWork, records: dict[str, list[SourceRecord]]) -> tuple[float, PartitionResult]:
+def run_once(work: PassWork, records: dict[str, list[SourceRecord]]) -> tuple[float, list[PartitionResult]]:
     """CPU seconds of one ``PartitionRun`` fed the partition's records (merged, in one chunk)."""
     merged = pa.Table.from_batches(task_input(work, records))
     columns = [merged.column(n).to_pylist() for n in ("rank", "key", "value", "timestamp", "partition")]
@@ -92,10 +92,10 @@ def run_once(work: PassWork, records: dict[str, list[SourceRecord]]) -> tuple[fl
     t = time.process_time()
     run = PartitionRun(work, 0, readers)
     run.feed(rows)
-    result = run.finish()
+    results = list(run.finish())
     seconds = time.process_time() - t
     readers.close()
-    return seconds, result
+    return seconds, results
 
 
 def task_input(work: PassWork, records: dict[str, list[SourceRecord]]) -> list[pa.RecordBatch]:
@@ -136,14 +136,15 @@ def run_pass(work: PassWork, records: dict[str, list[SourceRecord]], partitions:
     return time.process_time() - t
 
 
-def digest(result: PartitionResult) -> str:
+def digest(results: list[PartitionResult]) -> str:
     h = hashlib.sha256()
-    for name, outcome in sorted(result.tables.items()):
-        late = outcome.late.drop_columns(["ingested_at"])
-        for table in (outcome.rows, outcome.emitted, late, outcome.subscriptions):
-            if table is not None:
-                h.update(json.dumps(table.to_pylist(), sort_keys=True, default=str).encode())
-        h.update(json.dumps([name, outcome.stats], sort_keys=True).encode())
+    for result in results:
+        for name, outcome in sorted(result.tables.items()):
+            late = None if outcome.late is None else outcome.late.drop_columns(["ingested_at"])
+            for table in (outcome.rows, outcome.emitted, late, outcome.subscriptions):
+                if table is not None:
+                    h.update(json.dumps(table.to_pylist(), sort_keys=True, default=str).encode())
+            h.update(json.dumps([name, outcome.stats], sort_keys=True).encode())
     return h.hexdigest()[:16]
 
 

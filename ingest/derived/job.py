@@ -372,8 +372,8 @@ def _merged(records: DataFrame, stage: PassWork, names: list[str]) -> DataFrame:
     the window needs no other shuffle) gives each record its merge key."""
     slotted = "_slot" in records.columns
     ranked = records.withColumn("rank", F.expr(merge_rank_sql(stage, names, "`")))
-    keyed = ranked.withColumn("mkey", F.expr(merge_key_sql("`", "_slot, " if slotted else "")))
-    return keyed.sortWithinPartitions(*MERGE_ORDER)
+    key = merge_key_sql("`", "_slot, " if slotted else "") if merges(stage) else "0"
+    return ranked.withColumn("mkey", F.expr(key)).sortWithinPartitions(*MERGE_ORDER)
 
 
 def _slot(spark: SparkSession, partitions: int) -> Column:
@@ -476,6 +476,12 @@ def merge_rank_sql(stage: PassWork, names: list[str], quote: str) -> str:
     return f"CASE input {cases} ELSE {updates} END"
 
 
+def merges(stage: PassWork) -> bool:
+    """Whether a task of ``stage`` merges several inputs: with one (a first stage over one
+    input), its records' own order is the merge, and no merge key is computed."""
+    return bool(stage.regrouped) or len(merge_inputs(stage)) > 1
+
+
 def merge_key_sql(quote: str, slot: str = "") -> str:
     """SQL of a record's merge key: the largest timestamp of its input in its task up to it, in
     the input's own order. Sorted by it, then rank, then that order, a task's records come in
@@ -491,7 +497,8 @@ def merged_here(records: pa.Table, stage: PassWork, names: list[str]) -> pa.Tabl
     con = duckdb.connect()
     try:
         con.register("records", records)
-        return con.sql(f"SELECT *, {merge_key_sql(chr(34))} AS mkey FROM (SELECT *, "
+        key = merge_key_sql(chr(34)) if merges(stage) else "0"
+        return con.sql(f"SELECT *, {key} AS mkey FROM (SELECT *, "
                        f"{merge_rank_sql(stage, names, chr(34))} AS rank FROM records) "
                        f"ORDER BY {', '.join(MERGE_ORDER)}").to_arrow_table()
     finally:
@@ -544,7 +551,8 @@ def _by_task(work: PassWork,
                     if current is None or row[0] != current.partition:
                         if current is not None:
                             current.feed(chunk)
-                            yield from result_batches(current.finish())
+                            for part in current.finish():
+                                yield from result_batches(part)
                         current, chunk = PartitionRun(work, row[0], readers), []
                     chunk.append(row[1:])
                     if len(chunk) >= CHUNK_RECORDS:
@@ -553,7 +561,8 @@ def _by_task(work: PassWork,
                         yield from result_batches(current.drain())
             if current is not None:
                 current.feed(chunk)
-                yield from result_batches(current.finish())
+                for part in current.finish():
+                    yield from result_batches(part)
         finally:
             readers.close()
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import bisect
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
 import duckdb
@@ -284,14 +284,23 @@ class TableState:
         return None if found_value is None else (found_value, found_ts)
 
     # -- the diff to write ------------------------------------------------------------------
-    def changed_rows(self, run: int, buckets: int) -> pa.Table:
-        """Store rows (``versiq.layout.STORE_SCHEMA``) for every version whose content changed."""
+    def changed_rows(self, run: int, buckets: int, keys_per_part: int) -> Iterator[pa.Table]:
+        """Store rows (``versiq.layout.STORE_SCHEMA``) for every version whose content changed,
+        in key order, a table for each ``keys_per_part`` touched keys: the rows of a partition
+        that touched millions of keys are built a part at a time, not as one list each."""
+        touched = sorted(self.touched)
+        for start in range(0, len(touched), keys_per_part):
+            rows = self._rows(touched[start:start + keys_per_part], run, buckets)
+            if rows.num_rows:
+                yield rows
+
+    def _rows(self, touched: list[str], run: int, buckets: int) -> pa.Table:
         keys: list[str] = []
         valid_from: list[int] = []
         valid_to: list[int | None] = []
         values: list[str | None] = []
         spans: list[tuple[str, int]] = []  # (key, how many of its rows), in key order
-        for key in sorted(self.touched):
+        for key in touched:
             final = self.versions[key]
             start = len(keys)
             if not self._versioned:

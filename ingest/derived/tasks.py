@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -102,16 +102,16 @@ class PassWork:
 
 @dataclass
 class TableOutcome:
-    """One writer's results in one partition, or the part of them a ``PartitionRun`` hands out."""
+    """Part of one writer's results in one partition, as a ``PartitionRun`` hands them out."""
 
-    #: A stream output's records, or (in ``finish``) the rows its store changed; None: none yet.
-    rows: pa.Table | None
-    emitted: pa.Table
-    late: pa.Table
-    #: A foreign-key join's moved pointers (``_subscriptions`` rows), in ``finish``.
+    #: A stream output's records, or the rows its store changed.
+    rows: pa.Table | None = None
+    emitted: pa.Table | None = None
+    late: pa.Table | None = None
+    #: A foreign-key join's moved pointers (``_subscriptions`` rows).
     subscriptions: pa.Table | None = None
-    #: The table's statistics in this partition (``finish`` only): counts, stream time (None: it
-    #: accepted nothing there, ever), how many rows, late results and pointers it handed out.
+    #: The table's statistics in this partition (its last part only): counts, stream time (None:
+    #: it accepted nothing there, ever), how many rows, late results and pointers it handed out.
     stats: dict[str, Any] | None = None
 
 
@@ -307,15 +307,14 @@ class PartitionRun:
             _prefetch(list(self.work.tables[1:]), self.states, records, self.topology, {self.work.regrouped: groups})
         else:
             _prefetch(list(self.work.tables), self.states, records, self.topology)
-        topology, inputs, regrouped = self.topology, self.inputs, self.work.regrouped
+        apply_record, apply_update = self.topology.record, self.topology.update
+        inputs, regrouped = self.inputs, self.work.regrouped
         for rank, item in items:
             if rank < n:
                 name, is_stream = inputs[rank]
-                assert isinstance(item, SourceRecord)
-                topology.record(name, is_stream, item)
+                apply_record(name, is_stream, item)  # type: ignore[arg-type]
             else:
-                assert isinstance(item, GroupUpdate)
-                topology.update(regrouped, item)
+                apply_update(regrouped, item)  # type: ignore[arg-type]
 
     def drain(self) -> PartitionResult:
         """What the records fed so far emitted and nothing handed out yet: ``_emitted`` rows, late
@@ -340,26 +339,32 @@ class PartitionRun:
             node.late.clear()
         return result
 
-    def finish(self) -> PartitionResult:
-        """``drain``, then each writer's changed store rows, a foreign-key join's moved pointers
-        and the statistics of the partition (counts, stream time, how many rows of each kind)."""
-        result = self.drain()
-        for name, outcome in result.tables.items():
+    def finish(self) -> Iterator[PartitionResult]:
+        """``drain``, then each writer's changed store rows (a later record could still have
+        changed them; ``STORE_KEYS_PER_PART`` keys' rows at a time), a foreign-key join's moved
+        pointers and the statistics of the partition (counts, stream time, how many rows of each
+        kind it handed out)."""
+        yield self.drain()
+        for name in self.work.writers:
             node = self.topology.nodes[name]
             run = self.work.run_of(name)
             own = node.own
             if own is not None:
-                outcome.rows = own.changed_rows(run, node.spec.buckets)
-                self._rows[name] += outcome.rows.num_rows
-            if isinstance(node.operator, ForeignKeyJoin):
-                outcome.subscriptions = node.operator.subscriptions.rows(run)
+                for rows in own.changed_rows(run, node.spec.buckets, STORE_KEYS_PER_PART):
+                    self._rows[name] += rows.num_rows
+                    yield PartitionResult(self.partition, {name: TableOutcome(rows=rows)})
+            subscriptions = node.operator.subscriptions.rows(run) if isinstance(node.operator, ForeignKeyJoin) else None
             stream_time = None if own is None else own.stream_time.get(self.partition)
-            outcome.stats = {
+            stats = {
                 "counts": vars(node.counts), "stream_time": stream_time,
                 "rows": self._rows[name], "late": self._late[name],
-                "subscriptions": 0 if outcome.subscriptions is None else outcome.subscriptions.num_rows,
+                "subscriptions": 0 if subscriptions is None else subscriptions.num_rows,
             }
-        return result
+            yield PartitionResult(self.partition, {name: TableOutcome(subscriptions=subscriptions, stats=stats)})
+
+
+#: How many keys' store rows a partition builds at once when it finishes (``PartitionRun.finish``).
+STORE_KEYS_PER_PART = 65_536
 
 
 def _states(work: PassWork, partition: int, readers: Readers) -> dict[str, TableState]:

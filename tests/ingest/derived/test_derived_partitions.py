@@ -132,10 +132,11 @@ def test_each_partition_is_its_own_topology(spark: Any, tmp_path: Any, monkeypat
     times in bands of their own, so some results are late by their group partition's stream
     time. The ``here*`` partitions are fed 3 records at a time (``job.CHUNK_RECORDS``): their
     state is loaded, from the snapshots of the runs before, a chunk at a time, and what they
-    emit (group updates included) leaves them chunk by chunk."""
-    from versiq.ingest.derived import derive, job
+    emit (group updates included) leaves them chunk by chunk, their store rows 2 keys at a time."""
+    from versiq.ingest.derived import derive, job, tasks
 
     monkeypatch.setattr(job, "CHUNK_RECORDS", 3)
+    monkeypatch.setattr(tasks, "STORE_KEYS_PER_PART", 2)
 
     run_topology = derive._run_topology
 

@@ -104,12 +104,14 @@ def _example(draw: st.DrawFn) -> list[dict[str, list[Rec]]]:
 def test_pipeline_matches_reference_model(spark: Any, tmp_path_factory: Any, monkeypatch: pytest.MonkeyPatch,
                                           examples: list[list[dict[str, list[Rec]]]]) -> None:
     """The passes run in this process, each partition fed 2 records at a time
-    (``job.CHUNK_RECORDS``; every other test feeds small passes at once)."""
-    from versiq.ingest.derived import job
+    (``job.CHUNK_RECORDS``; every other test feeds small passes at once), and their store rows
+    handed out 2 keys at a time (``tasks.STORE_KEYS_PER_PART``)."""
+    from versiq.ingest.derived import job, tasks
 
     # Hypothesis tries the simplest example first (no records at all: 20 s of empty commits)
     assume(any(run for runs in examples for run in runs))
     monkeypatch.setattr(job, "CHUNK_RECORDS", 2)
+    monkeypatch.setattr(tasks, "STORE_KEYS_PER_PART", 2)
     real = RealPipeline(spark, str(tmp_path_factory.mktemp("derived-prop")))
     for i, runs in enumerate(examples):
         real.add(f"p{i}_", INPUTS, TABLES, runs)

@@ -210,11 +210,13 @@ def test_a_pass_through_its_stages_is_the_models(seed: int, monkeypatch: pytest.
     """Random records of one run through every stage in this process (``job.process_here``,
     the tasks' code) give the emissions (in partition order), late results and counts of the
     reference model with a repartition (``run_repartitioned``). Odd seeds feed each partition 4
-    records at a time (``job.CHUNK_RECORDS``), even ones all at once."""
-    from versiq.ingest.derived import job
+    records at a time (``job.CHUNK_RECORDS``) and hand out their store rows 2 keys at a time,
+    even ones all at once."""
+    from versiq.ingest.derived import job, tasks
 
     if seed % 2:
         monkeypatch.setattr(job, "CHUNK_RECORDS", 4)
+        monkeypatch.setattr(tasks, "STORE_KEYS_PER_PART", 2)
     rng = random.Random(seed)
     run: dict[str, list[Rec]] = {}
     for name, is_stream in SOURCES:
