@@ -136,15 +136,18 @@ class TableState:
 
     def __init__(self, name: str, kind: str, history_retention_ms: int, partitions: int,
                  reader: SnapshotReader | None, latest_only: bool = False, home: int | None = None) -> None:
-        """``latest_only``: load each key's newest version alone, for a table whose batch only
-        ever reads a key's newest version and writes after it (an aggregate's own table: its
-        results are stamped at or after the group's last one, rule 30, and no stream-table join
-        reads it as of a time). Its older versions cannot change, so the diff needs none of
-        them, and a group updated millions of times loads one version, not its retention's.
+        """``latest_only``: hold each key's newest version alone, for a table no stream-table join
+        reads as of a time: a source store the pass only reads, and an aggregate's own table (its
+        results are stamped at or after the group's last one, rule 30, so its older versions
+        cannot change and the diff needs none of them: a group updated millions of times loads
+        one version, not its retention's). A record older than the key's newest is forwarded
+        as an out-of-order change and not kept; such a table's rows cannot be written then
+        (``changed_rows``).
         ``home``: the partition of the pass this state belongs to, when the table is one of its
         co-partitioned stores: a key the snapshot holds in another partition is that partition's
         (another task's, as in Kafka Streams), so here it has no versions."""
         self.latest_only = latest_only
+        self.older_dropped = False  # a latest-only table was given a record older than a newest
         self.home = home
         self.name = name
         self.kind = kind
@@ -233,7 +236,9 @@ class TableState:
             versions[-1] = (timestamp, value)
             replaced = in_order = True
         else:
-            assert not self.latest_only, f"{self.name}: a version older than {key}'s newest"
+            if self.latest_only:  # forwarded, not placed: the history it would go in is not held
+                self.older_dropped = True
+                return PutResult(Change(key, value, old_value, timestamp, False))
             i = bisect.bisect_left(versions, timestamp, key=_timestamp)
             replaced = versions[i][0] == timestamp  # i < len(versions): the newest is later
             if replaced:
@@ -288,6 +293,7 @@ class TableState:
         """Store rows (``versiq.layout.STORE_SCHEMA``) for every version whose content changed,
         in key order, a table for each ``keys_per_part`` touched keys: the rows of a partition
         that touched millions of keys are built a part at a time, not as one list each."""
+        assert not self.older_dropped, f"{self.name}: a version older than a key's newest, not held"
         touched = sorted(self.touched)
         for start in range(0, len(touched), keys_per_part):
             rows = self._rows(touched[start:start + keys_per_part], run, buckets)

@@ -275,7 +275,7 @@ class PartitionRun:
         for name in whole:
             read = next(r for r in work.reads if r.name == name)
             self.states[whole_name(name)] = TableState(whole_name(name), read.kind, read.history_retention_ms,
-                                                       read.partitions, readers.get(name))
+                                                       read.partitions, readers.get(name), latest_only=True)
         self.topology = Topology(list(work.tables), self.states, partition, work.repartitioned, whole)
         self.inputs = merge_inputs(work)
         aggregate = self.topology.nodes[work.regrouped].operator if work.regrouped else None
@@ -370,19 +370,20 @@ STORE_KEYS_PER_PART = 65_536
 def _states(work: PassWork, partition: int, readers: Readers) -> dict[str, TableState]:
     """The states of the tables ``partition`` reads and writes; a store of several partitions in a
     pass of several holds that partition's keys only (``TableState.home``)."""
-    latest = latest_only(work.tables)
+    latest = latest_only(work)
     return {read.name: TableState(read.name, read.kind, read.history_retention_ms, read.partitions,
                                   readers.get(read.name), read.name in latest,
                                   partition if work.partitions > 1 and read.partitions > 1 else None)
             for read in work.reads}
 
 
-def latest_only(tables: Iterable[TableSpec]) -> set[str]:
+def latest_only(work: PassWork) -> set[str]:
     """The tables whose state needs each key's newest version only (``TableState.latest_only``):
-    aggregates that no stream-table join reads as its table."""
-    tables = list(tables)
-    as_of = {t.inputs[1] for t in tables if t.op == "stream_join"}
-    return {t.name for t in tables if t.op == "aggregate" and t.name not in as_of}
+    the pass's source stores (read, never written) and its aggregates, unless a stream-table
+    join reads them as its table, as of its records' times."""
+    as_of = {t.inputs[1] for t in work.tables if t.op == "stream_join"}
+    sources = {name for name, is_stream in work.inputs if not is_stream}
+    return (sources | {t.name for t in work.tables if t.op == "aggregate"}) - as_of
 
 
 def _prefetch(tables: list[TableSpec], states: dict[str, TableState],

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
@@ -276,9 +277,10 @@ def test_an_aggregates_own_state_loads_its_groups_newest_versions_only() -> None
     """An aggregate's results are stamped at or after its group's last one (rule 30), so a batch
     reads and writes only after each group's newest version: its state loads that one
     (``TableState.latest_only``), unless a stream-table join reads the aggregate as of a time.
-    A filter's results keep their records' timestamps (one may land before the newest), and
-    source stores answer as-of reads: both load their keys' history."""
-    from versiq.ingest.derived.state import TableState
+    A filter's results keep their records' timestamps (one may land before the newest): it
+    loads its keys' history. Source stores hold their newest versions only too (an older record
+    is forwarded as an out-of-order change), unless a stream-table join reads them as of a time."""
+    from versiq.ingest.derived.state import Change, TableState
     from versiq.ingest.derived.tasks import latest_only
 
     tables = _tables([
@@ -288,13 +290,20 @@ def test_an_aggregates_own_state_loads_its_groups_newest_versions_only() -> None
         {"name": "t", "from": "orders", "group_by": "value.d", **COUNT},
         {"name": "seen", "stream_join": {"stream": "clicks", "table": "t"}},
     ])
-    assert latest_only(tables) == {"g", "gg"}
+    work = PassWork(tables=tuple(tables), writers=(), reads=(), inputs=(("orders", False), ("clicks", True)), runs=())
+    assert latest_only(work) == {"g", "gg", "orders"}
+    joined = _tables([{"name": "seen", "stream_join": {"stream": "clicks", "table": "orders"}}])
+    assert latest_only(replace(work, tables=tuple(joined))) == set()
     state = TableState("g", "versioned", 10, 1, None, latest_only=True)
     state.put("x", '{"count":1}', 5)
     state.put("x", '{"count":2}', 5)  # at the newest: replaces it
     state.put("x", '{"count":3}', 7)
     assert state.versions["x"] == [(5, '{"count":2}'), (7, '{"count":3}')]
-    with pytest.raises(AssertionError):
-        state.put("x", '{"count":4}', 6)  # before the newest: history it does not hold
+    assert [r.num_rows for r in state.changed_rows(1, 4, 10)] == [2]
+    older = state.put("x", '{"count":4}', 6)  # before the newest: forwarded as out of order, not kept
+    assert older.change == Change("x", '{"count":4}', '{"count":3}', 6, False)
+    assert state.versions["x"] == [(5, '{"count":2}'), (7, '{"count":3}')]
+    with pytest.raises(AssertionError):  # a table that lost a version cannot be written
+        list(state.changed_rows(1, 4, 10))
     with pytest.raises(AssertionError):
         state.as_of("x", 6)
