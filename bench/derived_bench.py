@@ -275,7 +275,7 @@ def instrument() -> None:
     import versiq.ingest.derived.derive as run
     import versiq.ingest.derived.job as job
     from versiq.ingest.derived.state import SnapshotReader
-    from versiq.ingest.derived.topology import Topology
+    from versiq.ingest.derived.tasks import PartitionRun
 
     def timed(fn: Any, label: str) -> Any:
         @functools.wraps(fn)
@@ -290,11 +290,7 @@ def instrument() -> None:
     for name, label in (("run_job", "spark tasks"), ("run_here", "in the driver")):
         setattr(run, name, timed(getattr(job, name), label))
     run._commit = timed(run._commit, "commit")  # type: ignore[attr-defined]
-    from versiq.ingest.derived import tasks
-    if hasattr(tasks, "PartitionRun"):  # records fed a chunk at a time
-        tasks.PartitionRun.feed = timed(tasks.PartitionRun.feed, "topology")  # type: ignore[method-assign]
-    else:
-        Topology.run = timed(Topology.run, "topology")  # type: ignore[attr-defined]
+    PartitionRun.feed = timed(PartitionRun.feed, "topology")  # type: ignore[method-assign]
     original = SnapshotReader.load
 
     @functools.wraps(original)
@@ -392,7 +388,8 @@ class PeakRss:
     heap, ``spark.driver.memory``, holds the tasks' data); with a cluster's it is the driver's
     alone. With a local master, also the Spark tasks' Python workers (``pyspark.daemon``
     processes of this machine), every 250 ms: the largest one (``worker_peak_mb``) and their
-    sum (``workers_peak_mb``)."""
+    sum (``workers_peak_mb``), and the largest one before the block (``worker_before_mb``: Spark
+    reuses its workers, and a worker keeps the memory its earlier tasks took)."""
 
     def __init__(self, jvm_pid: int | None = None) -> None:
         self.jvm_pid = jvm_pid
@@ -403,6 +400,8 @@ class PeakRss:
         self.peak_mb = self._now("self")
         self.jvm_peak_mb = self._now(self.jvm_pid)
         self.worker_peak_mb = self.workers_peak_mb = 0.0
+        # Spark reuses its Python workers, which keep the memory of earlier tasks (the ingest's)
+        self.worker_before_mb = max((self._now(pid) for pid in self._python_workers()), default=0.0)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
@@ -479,6 +478,7 @@ def derive_one(spark: Any, root: str, op: str, inputs: dict[str, int], ingest_s:
         "ingest_of_inputs_s": round(base, 2), "derive_over_ingest": round(derive_s / base, 2) if base else None,
         "run_pipeline_wall_s": round(wall, 2), "driver_rss_mb": round(rss.peak_mb),
         "driver_jvm_rss_mb": round(rss.jvm_peak_mb), "worker_rss_mb": round(rss.worker_peak_mb),
+        "worker_rss_before_mb": round(rss.worker_before_mb),
         "workers_rss_mb": round(rss.workers_peak_mb),
         "noop_source_ingest_s": round(sum(r.seconds for r in [*rep.stores.values(), *rep.streams.values()]), 2),
         "phases_s": take_phases(derive_s), "report": table.to_json(),
@@ -491,7 +491,8 @@ def derive_one(spark: Any, root: str, op: str, inputs: dict[str, int], ingest_s:
     print(f"  {op:12s} {records:>10,} input records  derive {derive_s:8.2f} s  {out['records_per_s'] or 0:>9,} rec/s  "
           f"(ingest of inputs {base:6.1f} s, x{out['derive_over_ingest']})  emitted {table.emitted:,}  "
           f"driver {out['driver_rss_mb']} MB (JVM {out['driver_jvm_rss_mb']} MB)  Python worker "
-          f"{out['worker_rss_mb']} MB (all {out['workers_rss_mb']} MB)  load {load_before}", flush=True)
+          f"{out['worker_rss_mb']} MB (all {out['workers_rss_mb']} MB; before {out['worker_rss_before_mb']} MB)  "
+          f"load {load_before}", flush=True)
     print(f"    phases: {out['phases_s']}", flush=True)
     return out
 

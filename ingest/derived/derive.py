@@ -348,7 +348,8 @@ def _run_topology(spark: SparkSession, pipeline: Pipeline, tables: list[TableSpe
         tables=tuple(tables), writers=tuple(writers), reads=tuple(reads),
         inputs=tuple((name, next(s for s in sources if s.name == name).is_stream)
                      for name in pipeline.inputs if name in names),
-        runs=tuple((name, handles[name].state.run + 1) for name in writers), partitions=partitions)
+        runs=tuple((name, handles[name].state.run + 1) for name in writers), partitions=partitions,
+        partitioner=partitioner)
     at_most = pass_records(inputs_read)
     here = derives_here(at_most)
     regrouped = [stage.regrouped for stage in stages(work)[1:]]

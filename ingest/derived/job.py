@@ -85,20 +85,23 @@ RECORDS_SCHEMA = pa.schema([
 UPDATE_SCHEMA = pa.schema([
     pa.field("seq", pa.int64()), pa.field("group", pa.string()), pa.field("key", pa.string()),
     pa.field("old", pa.string()), pa.field("new", pa.string()), pa.field("timestamp", pa.int64()),
+    pa.field("mkey", pa.int64()),
 ])
 
 #: What a stage after a repartition reads: the records of its own inputs (``RECORDS_SCHEMA``) and
 #: its aggregate's group updates as one more input after the pass's inputs (``input`` their
 #: count), ``key`` the group, ``value`` the new value, ``partition`` and ``o1`` the input
-#: partition that made them, ``o2`` their order there; ``old`` and ``input_key`` theirs alone.
-STAGE_SCHEMA = RECORDS_SCHEMA.append(pa.field("old", pa.string())).append(pa.field("input_key", pa.string()))
+#: partition that made them, ``o2`` their order there; ``old``, ``input_key`` and ``mkey`` (their
+#: merge key, computed where they were made: ``PartitionResult.updates``) theirs alone.
+STAGE_SCHEMA = RECORDS_SCHEMA.append(pa.field("old", pa.string())).append(pa.field("input_key", pa.string())) \
+    .append(pa.field("mkey", pa.int64()))
 
 #: How a group update of the tasks' output (``out`` "update") becomes a ``STAGE_SCHEMA`` row:
 #: each stage column from an output column (``task`` is the input partition that made it); the
 #: others are ``input`` (the count of the pass's input names), ``o3`` 0, ``o4`` "" and ``task``,
 #: the group's partition.
 SHIPPED = {"key": "g_group", "value": "g_new", "timestamp": "g_timestamp", "partition": "task", "o1": "task",
-           "o2": "g_seq", "old": "g_old", "input_key": "g_key"}
+           "o2": "g_seq", "old": "g_old", "input_key": "g_key", "mkey": "g_mkey"}
 
 #: Each output of the tasks and the columns it fills (prefixed, so that one row schema holds
 #: them all): a store's rows, a stream output's records, ``_emitted`` rows, late results, a
@@ -348,7 +351,7 @@ def run_job(spark: SparkSession, work: PassWork, reads: list[InputRead], partiti
                 F.lit(0).cast("long").alias("o3"), F.lit("").alias("o4"))
             updates = updates.withColumn("task", F.expr(SPARK.default_partition(work.partitions, partitioner)))
             own = records(stage).withColumn("old", F.lit(None).cast("string")) \
-                .withColumn("input_key", F.lit(None).cast("string"))
+                .withColumn("input_key", F.lit(None).cast("string")).withColumn("mkey", F.lit(None).cast("long"))
             grouped = _merged(updates.unionByName(own).withColumn("_slot", slot).repartition(work.partitions, "_slot"),
                               stage, names)
             part = grouped.mapInArrow(regroup_runner(stage), from_arrow_schema(OUTPUT_SCHEMA))
@@ -372,7 +375,7 @@ def _merged(records: DataFrame, stage: PassWork, names: list[str]) -> DataFrame:
     the window needs no other shuffle) gives each record its merge key."""
     slotted = "_slot" in records.columns
     ranked = records.withColumn("rank", F.expr(merge_rank_sql(stage, names, "`")))
-    key = merge_key_sql("`", "_slot, " if slotted else "") if merges(stage) else "0"
+    key = merge_key(stage, "`", "_slot, " if slotted else "")
     return ranked.withColumn("mkey", F.expr(key)).sortWithinPartitions(*MERGE_ORDER)
 
 
@@ -444,7 +447,8 @@ def process_here(work: PassWork, records: pa.Table, partitioner: str) -> pa.Tabl
         shipped = pa.table({name: columns[name] for name in STAGE_SCHEMA.names}, schema=STAGE_SCHEMA)
         mine = own(stage)
         mine = mine.append_column("old", pa.nulls(mine.num_rows, pa.string())) \
-            .append_column("input_key", pa.nulls(mine.num_rows, pa.string()))
+            .append_column("input_key", pa.nulls(mine.num_rows, pa.string())) \
+            .append_column("mkey", pa.nulls(mine.num_rows, pa.int64()))
         grouped = pa.concat_tables([shipped, mine.select(STAGE_SCHEMA.names).cast(STAGE_SCHEMA)])
         grouped = merged_here(grouped, stage, names)
         part = pa.Table.from_batches(list(regroup_runner(stage)(iter(grouped.to_batches()))), schema=OUTPUT_SCHEMA)
@@ -476,10 +480,16 @@ def merge_rank_sql(stage: PassWork, names: list[str], quote: str) -> str:
     return f"CASE input {cases} ELSE {updates} END"
 
 
-def merges(stage: PassWork) -> bool:
-    """Whether a task of ``stage`` merges several inputs: with one (a first stage over one
-    input), its records' own order is the merge, and no merge key is computed."""
-    return bool(stage.regrouped) or len(merge_inputs(stage)) > 1
+def merge_key(stage: PassWork, quote: str, slot: str = "") -> str:
+    """SQL of the merge key of ``stage``'s records: none (0) where a task reads one input (its
+    own order is the merge), the group updates' own (``mkey``, computed where they were made)
+    where a stage after a repartition reads nothing else, else ``merge_key_sql``'s window."""
+    inputs = merge_inputs(stage)
+    if not stage.regrouped and len(inputs) == 1:
+        return "0"
+    if stage.regrouped and not inputs:
+        return "mkey"
+    return merge_key_sql(quote, slot)
 
 
 def merge_key_sql(quote: str, slot: str = "") -> str:
@@ -497,7 +507,7 @@ def merged_here(records: pa.Table, stage: PassWork, names: list[str]) -> pa.Tabl
     con = duckdb.connect()
     try:
         con.register("records", records)
-        key = merge_key_sql(chr(34)) if merges(stage) else "0"
+        key = merge_key(stage, chr(34))
         return con.sql(f"SELECT *, {key} AS mkey FROM (SELECT *, "
                        f"{merge_rank_sql(stage, names, chr(34))} AS rank FROM records) "
                        f"ORDER BY {', '.join(MERGE_ORDER)}").to_arrow_table()
@@ -586,11 +596,12 @@ def result_batches(result: PartitionResult) -> Iterator[pa.RecordBatch]:
     ``OUTPUT_SCHEMA``."""
     for name, updates in result.updates.items():
         if updates:
-            group, key, old, new, timestamp = zip(*updates, strict=True)
+            group, key, old, new, timestamp, mkey = zip(*updates, strict=True)
             first = result.shipped_before.get(name, 0)
             table = pa.table({
                 "seq": pa.array(range(first, first + len(updates)), pa.int64()), "group": group, "key": key,
                 "old": old, "new": new, "timestamp": pa.array(timestamp, pa.int64()),
+                "mkey": pa.array(mkey, pa.int64()),
             }, schema=UPDATE_SCHEMA)
             for part in _slices(table):
                 yield _batch("update", name, result.partition, [None] * part.num_rows, part)

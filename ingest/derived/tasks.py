@@ -51,7 +51,7 @@ from versiq.ingest.derived.operators import Aggregate, ForeignKeyJoin, GroupUpda
 from versiq.ingest.derived.spec import TableSpec
 from versiq.ingest.derived.state import SnapshotReader, TableState
 from versiq.ingest.derived.topology import DerivedNode, Emission, SourceRecord, Topology, whole_name
-from versiq.layout import EMITTED_SCHEMA, REJECTED_SCHEMA, STREAM_SCHEMA, bucket_of
+from versiq.layout import EMITTED_SCHEMA, MURMUR2, REJECTED_SCHEMA, STREAM_SCHEMA, Partitioning, bucket_of
 
 
 @dataclass(frozen=True)
@@ -88,6 +88,8 @@ class PassWork:
     runs: tuple[tuple[str, int], ...]
     #: How many partitions the pass has (1: every record in one partition).
     partitions: int = 1
+    #: The stores' partitioner, which places stream records and groups (``layout.Partitioning``).
+    partitioner: str = MURMUR2
     #: Aggregates whose input changes leave this stage as group updates (a repartition).
     repartitioned: tuple[str, ...] = ()
     #: The aggregate whose group updates are this stage's input ("": the source records).
@@ -120,8 +122,11 @@ class PartitionResult:
     partition: int
     tables: dict[str, TableOutcome] = field(default_factory=dict)
     #: The group updates each repartitioned aggregate's input made here, in emission order, as
-    #: they cross the repartition: (group, input key, old, new, timestamp) (``Aggregate.shipped``).
-    updates: dict[str, list[tuple[str, str, str | None, str | None, int]]] = field(default_factory=dict)
+    #: they cross the repartition: (group, input key, old, new, timestamp, merge key)
+    #: (``Aggregate.shipped``; the merge key is the largest timestamp of the partition's updates
+    #: for the same group partition up to this one, ``job.merge_key_sql``'s, which the stage
+    #: that applies them sorts by).
+    updates: dict[str, list[tuple[str, str, str | None, str | None, int, int]]] = field(default_factory=dict)
     #: How many of each aggregate's updates the partition handed out before these (their order).
     shipped_before: dict[str, int] = field(default_factory=dict)
 
@@ -282,6 +287,8 @@ class PartitionRun:
         assert aggregate is None or isinstance(aggregate, Aggregate)
         self._aggregate = aggregate
         self._shipped = dict.fromkeys(self.topology.updates, 0)  # group updates handed out, by aggregate
+        self._update_max: dict[str, dict[int, int]] = {}  # their largest timestamp so far, by aggregate
+        self._groups = Partitioning(work.partitions, work.partitioner)
         self._rows = dict.fromkeys(work.writers, 0)  # stream records handed out, by writer
         self._late = dict.fromkeys(work.writers, 0)
 
@@ -323,7 +330,14 @@ class PartitionRun:
         for name, updates in self.topology.updates.items():
             operator = self.topology.nodes[name].operator
             assert isinstance(operator, Aggregate)
-            result.updates[name] = [(u.group, u.key, *operator.shipped(u), u.timestamp) for u in updates]
+            shipped = []
+            tops = self._update_max.setdefault(name, {})  # by the group partition they go to
+            for u in updates:
+                to = self._groups.of(u.group)
+                top = tops.get(to)
+                tops[to] = top = u.timestamp if top is None or u.timestamp > top else top
+                shipped.append((u.group, u.key, *operator.shipped(u), u.timestamp, top))
+            result.updates[name] = shipped
             result.shipped_before[name] = self._shipped[name]
             self._shipped[name] += len(updates)
             updates.clear()
