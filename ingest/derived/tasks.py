@@ -47,7 +47,7 @@ from typing import Any
 import pyarrow as pa
 
 from versiq.ingest.derived.expressions import key_string, parse_value
-from versiq.ingest.derived.operators import Aggregate, ForeignKeyJoin, GroupUpdate
+from versiq.ingest.derived.operators import Aggregate, ForeignKeyJoin
 from versiq.ingest.derived.spec import TableSpec
 from versiq.ingest.derived.state import SnapshotReader, TableState
 from versiq.ingest.derived.topology import DerivedNode, Emission, SourceRecord, Topology, whole_name
@@ -298,30 +298,27 @@ class PartitionRun:
         ``value`` its new value and ``partition`` the input partition that made it."""
         n = len(self.inputs)
         records: dict[str, list[SourceRecord]] = {}
-        items: list[tuple[int, SourceRecord | GroupUpdate]] = []
         groups: set[str] = set()
         for row in rows:
             rank = row[0]
             if rank < n:
-                record = SourceRecord(row[1], row[2], row[3], row[4])
-                records.setdefault(self.inputs[rank][0], []).append(record)
-                items.append((rank, record))
+                records.setdefault(self.inputs[rank][0], []).append(SourceRecord(row[1], row[2], row[3], row[4]))
             else:
-                assert self._aggregate is not None
-                items.append((rank, self._aggregate.regrouped(row[1], row[6], row[5], row[2], row[3])))
                 groups.add(row[1])
         if self.work.regrouped:
             _prefetch(list(self.work.tables[1:]), self.states, records, self.topology, {self.work.regrouped: groups})
         else:
             _prefetch(list(self.work.tables), self.states, records, self.topology)
-        apply_record, apply_update = self.topology.record, self.topology.update
-        inputs, regrouped = self.inputs, self.work.regrouped
-        for rank, item in items:
+        record, update, inputs, regrouped = self.topology.record, self.topology.update, self.inputs, self.work.regrouped
+        aggregate = self._aggregate
+        for row in rows:
+            rank = row[0]
             if rank < n:
                 name, is_stream = inputs[rank]
-                apply_record(name, is_stream, item)  # type: ignore[arg-type]
+                record(name, is_stream, row[1], row[2], row[3], row[4])
             else:
-                apply_update(regrouped, item)  # type: ignore[arg-type]
+                assert aggregate is not None
+                update(regrouped, aggregate.regrouped(row[1], row[6], row[5], row[2], row[3]))
 
     def drain(self) -> PartitionResult:
         """What the records fed so far emitted and nothing handed out yet: ``_emitted`` rows, late
@@ -332,8 +329,8 @@ class PartitionRun:
             assert isinstance(operator, Aggregate)
             shipped = []
             tops = self._update_max.setdefault(name, {})  # by the group partition they go to
-            for u in updates:
-                to = self._groups.of(u.group)
+            destinations = self._groups.of_keys(pa.array([u.group for u in updates], pa.string())).tolist()
+            for u, to in zip(updates, destinations, strict=True):
                 top = tops.get(to)
                 tops[to] = top = u.timestamp if top is None or u.timestamp > top else top
                 shipped.append((u.group, u.key, *operator.shipped(u), u.timestamp, top))

@@ -111,13 +111,13 @@ class Topology:
                 self.dependents.setdefault(name, []).append((node, side))
 
     # -- feeding ----------------------------------------------------------------------------
-    def record(self, name: str, is_stream: bool, record: SourceRecord) -> None:
-        """Apply the next source record of the merge (of input ``name``) and propagate what it
-        changes."""
+    def record(self, name: str, is_stream: bool, key: str, value: str | None, timestamp: int, partition: int) -> None:
+        """Apply the next source record of the merge (of input ``name``, in ``partition``) and
+        propagate what it changes."""
         if is_stream:
-            self._stream_record(name, StreamRecord(record.key, record.value, record.timestamp))
+            self._stream_record(name, StreamRecord(key, value, timestamp))
             return
-        change = self.states[name].put(record.key, record.value, record.timestamp, record.partition).change
+        change = self.states[name].put(key, value, timestamp, partition).change
         if change is not None:
             self._changed(name, change)
 
