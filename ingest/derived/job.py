@@ -9,10 +9,12 @@ The job (``run_job``):
    pass has several (``PassWork.partitions``), a stream record its key's default partition by
    the stores' partitioner (where a producer with Kafka's default partitioner puts it), and 0
    when the pass has one.
-2. **Processes** each task's records in a Spark task (``mapInArrow`` after a range
-   repartition by task): sorted by (task, input, the input's own order), each task's records
-   go through ``tasks.run_partition``. A Spark partition may hold several tasks, one after
-   the other; no task's records are ever split.
+2. **Processes** each task's records in a Spark task (``mapInArrow`` after a repartition
+   that gives each task a Spark partition of its own, ``_slot``): sorted into the merge order
+   of rule 23 (``MERGE_ORDER``), each task's records are fed to a ``tasks.PartitionRun``
+   ``CHUNK_RECORDS`` at a time, and what each chunk emitted leaves the task before the next.
+   A Spark partition may hold several tasks, one after the other; no task's records are ever
+   split.
 3. **Writes** each writer's changed rows, ``_emitted`` rows and late results straight from the
    tasks' output (kept on the executors' local disks for the writes: ``RESULTS_KEPT``; a
    task hands its results over in batches of ``RESULT_BATCH_BYTES``); only small statistics
@@ -22,8 +24,9 @@ The job (``run_job``):
 
 A pass with repartitions (``tasks.stages``) runs step 2 once per stage: the first stage's tasks
 also output their group updates, which Spark repartitions by the partition of their group,
-together with the records of the aggregate's own inputs, and sorts by (input partition, order)
-for the aggregate's stage (``STAGE_SCHEMA``); the stages' results are one frame.
+together with the records of the aggregate's own inputs, and sorts into merge order for the
+aggregate's stage (``STAGE_SCHEMA``; the updates bring their merge key); the stages' results
+are one frame.
 
 The driver never holds the records or the results, so its memory does not grow with the pass.
 """
