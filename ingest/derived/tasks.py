@@ -289,7 +289,7 @@ class PartitionRun:
         self._shipped = dict.fromkeys(self.topology.updates, 0)  # group updates handed out, by aggregate
         self._update_max: dict[str, dict[int, int]] = {}  # their largest timestamp so far, by aggregate
         self._groups = Partitioning(work.partitions, work.partitioner)
-        self._rows = dict.fromkeys(work.writers, 0)  # stream records handed out, by writer
+        self._rows = dict.fromkeys(work.writers, 0)  # rows handed out (stream records, store rows), by writer
         self._late = dict.fromkeys(work.writers, 0)
 
     def feed(self, rows: list[tuple[Any, ...]]) -> None:
