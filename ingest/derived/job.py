@@ -336,9 +336,9 @@ def run_job(spark: SparkSession, work: PassWork, reads: list[InputRead], partiti
             read = next(r for r in reads if r.name == name)
             for part in _input_frames(spark, read, len(work.inputs) + j):
                 first_records = first_records.unionByName(part.crossJoin(tasks))
-        ordered = _merged(first_records.withColumn("_slot", slot).repartition(work.partitions, "_slot"), first, names)
+        ordered = _merged(first_records, first, names, slot)
     else:
-        ordered = _merged(records(first).coalesce(1), first, names)
+        ordered = _merged(records(first), first, names, None)
     results = ordered.mapInArrow(partition_runner(first), from_arrow_schema(OUTPUT_SCHEMA))
     held = []
     if later:  # a pass with repartitions has several partitions (tasks.stages)
@@ -355,8 +355,7 @@ def run_job(spark: SparkSession, work: PassWork, reads: list[InputRead], partiti
             updates = updates.withColumn("task", F.expr(SPARK.default_partition(work.partitions, partitioner)))
             own = records(stage).withColumn("old", F.lit(None).cast("string")) \
                 .withColumn("input_key", F.lit(None).cast("string")).withColumn("mkey", F.lit(None).cast("long"))
-            grouped = _merged(updates.unionByName(own).withColumn("_slot", slot).repartition(work.partitions, "_slot"),
-                              stage, names)
+            grouped = _merged(updates.unionByName(own), stage, names, slot)
             part = grouped.mapInArrow(regroup_runner(stage), from_arrow_schema(OUTPUT_SCHEMA))
             if stage.repartitioned:  # a group-by after this one: its updates come from here
                 part = part.persist(RESULTS_KEPT)
@@ -372,14 +371,17 @@ def run_job(spark: SparkSession, work: PassWork, reads: list[InputRead], partiti
     return _output(results, work, [(r["table"], r["task"], r["info"]) for r in stats], held)
 
 
-def _merged(records: DataFrame, stage: PassWork, names: list[str]) -> DataFrame:
-    """Each Spark partition's records (every task's, whole) sorted by ``MERGE_ORDER``: a window
-    over each task's inputs (by ``_slot`` too when the records were repartitioned by it, so that
-    the window needs no other shuffle) gives each record its merge key."""
-    slotted = "_slot" in records.columns
-    ranked = records.withColumn("rank", F.expr(merge_rank_sql(stage, names, "`")))
-    key = merge_key(stage, "`", "_slot, " if slotted else "")
-    return ranked.withColumn("mkey", F.expr(key)).sortWithinPartitions(*MERGE_ORDER)
+def _merged(records: DataFrame, stage: PassWork, names: list[str], slot: Column | None) -> DataFrame:
+    """``records`` placed, each task's whole in one Spark partition (by ``slot``, ``_slot``'s
+    column; all in one when the pass has one partition: None), and sorted there by
+    ``MERGE_ORDER``. A merge key that needs a window (``merge_key``) is partitioned by the slot
+    too, so that it needs no shuffle of its own."""
+    if slot is None:
+        placed, window = records.coalesce(1), ""
+    else:
+        placed, window = records.withColumn("_slot", slot).repartition(stage.partitions, "_slot"), "_slot, "
+    ranked = placed.withColumn("rank", F.expr(merge_rank_sql(stage, names, "`")))
+    return ranked.withColumn("mkey", F.expr(merge_key(stage, "`", window))).sortWithinPartitions(*MERGE_ORDER)
 
 
 def _slot(spark: SparkSession, partitions: int) -> Column:
@@ -555,6 +557,12 @@ def _by_task(work: PassWork,
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for name, value in environment.items():
             os.environ.setdefault(name, value)
+        def finished(task: PartitionRun, chunk: list[tuple[Any, ...]]) -> Iterator[pa.RecordBatch]:
+            """The task's last chunk fed, then everything it has left handed out."""
+            task.feed(chunk)
+            for part in task.finish():
+                yield from result_batches(part)
+
         readers = Readers(work)
         try:
             current: PartitionRun | None = None
@@ -563,9 +571,7 @@ def _by_task(work: PassWork,
                 for row in zip(*(batch.column(n).to_pylist() for n in columns), strict=True):
                     if current is None or row[0] != current.partition:
                         if current is not None:
-                            current.feed(chunk)
-                            for part in current.finish():
-                                yield from result_batches(part)
+                            yield from finished(current, chunk)
                         current, chunk = PartitionRun(work, row[0], readers), []
                     chunk.append(row[1:])
                     if len(chunk) >= CHUNK_RECORDS:
@@ -573,9 +579,7 @@ def _by_task(work: PassWork,
                         chunk = []
                         yield from result_batches(current.drain())
             if current is not None:
-                current.feed(chunk)
-                for part in current.finish():
-                    yield from result_batches(part)
+                yield from finished(current, chunk)
         finally:
             readers.close()
 

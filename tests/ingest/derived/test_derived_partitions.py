@@ -293,7 +293,7 @@ def test_the_engines_sort_each_task_into_the_head_merge(spark: Any, stage: str) 
     for task in range(2):
         assert [(r["rank"], r["o2"]) for r in here if r["task"] == task] == want[task]
     frame = spark.createDataFrame(table.to_pandas())
-    ordered = _merged(frame.withColumn("_slot", _slot(spark, 2)).repartition(2, "_slot"), work, names)
+    ordered = _merged(frame, work, names, _slot(spark, 2))
     got = ordered.select(F.spark_partition_id().alias("slice"), "task", "rank", "o2").collect()
     assert len({(r["slice"], r["task"]) for r in got}) == 2  # each task alone in a partition of its own
     for task in range(2):
