@@ -12,7 +12,8 @@ freshness (record produced -> visible in ``versiq serve``) in continuous mode.
   ``versiq serve`` (refresh 200 ms) on the same warehouse, both real processes; a producer
   writes ``--rate`` records/s for ``--seconds`` s, each a new key; every 100th is a probe whose
   produce time is noted, and a poller asks the service for the oldest probe not yet seen every
-  20 ms; freshness = first 200 answer - produce time (p50, p99, max).
+  20 ms; freshness = first 200 answer - produce time (p50, p99, max). The ingest's log is kept
+  in ``<work>/<topic>-ingest.log`` (``VERSIQ_LOG_LEVEL=INFO`` shows each compaction's time).
 
 With ``--run-pairs N``, the seconds of a store's run over 1,000 new records read in the driver and
 by Spark, alternating, in one session (``run_seconds``).
@@ -193,10 +194,11 @@ def freshness(broker: KafkaBroker, work: str, rate: int, seconds: int, name: str
     producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0})
     producer.produce(topic, key=b"warmup", value=b"0", timestamp=int(time.time() * 1000))
     producer.flush(30)
+    ingest_log = open(os.path.join(work, f"{name}-ingest.log"), "wb")  # noqa: SIM115 - closed with the process
     ingest = subprocess.Popen(
         [*python, "-m", "versiq.cli", "ingest", "--warehouse", warehouse, "--store", "fresh",
          "--kafka-bootstrap", broker.bootstrap, "--topic", topic, "--continuous", "--trigger-interval", "200ms"],
-        env=_env(extra), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        env=_env(extra), stdout=subprocess.DEVNULL, stderr=ingest_log, start_new_session=True)
     port = 18_000 + os.getpid() % 1000
     while not os.path.isdir(os.path.join(warehouse, "fresh", "_delta_log")):
         time.sleep(0.2)
@@ -252,6 +254,7 @@ def freshness(broker: KafkaBroker, work: str, rate: int, seconds: int, name: str
         for proc in (serve, ingest):
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=60)
+        ingest_log.close()
     latencies.sort()
     out = {"rate_per_s": rate, "seconds": seconds, "probes": len(probes), "seen": len(latencies),
            "p50_s": round(statistics.median(latencies), 3),

@@ -491,16 +491,35 @@ def read_records(spark: SparkSession, source: KafkaSource, read: KafkaRead, max_
         reader = reader.option(name, value)
     frame = reader.load().select(
         "key", "value", F.col("partition").cast("int").alias("partition"), "offset",
-        F.unix_millis(F.col("timestamp")).alias("timestamp"), "headers")
+        F.unix_millis(F.col("timestamp")).alias("timestamp"), F.to_json("headers").alias("headers"))
     starts = {p: s for p, (s, _e) in ranges.items()}
     fmt, name = source.format, source.name
 
     def parse(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             if batch.num_rows:
-                yield _with_kafka_order(parse_kafka(batch, fmt, name, max_timestamp), starts)
+                yield _with_kafka_order(parse_kafka(_kafka_input(batch), fmt, name, max_timestamp), starts)
 
     return frame.mapInArrow(parse, from_arrow_schema(RUN_SCHEMA))
+
+
+def _kafka_input(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A batch of Spark's Kafka source, its headers as Spark's JSON of them (``read_records``), as
+    ``KAFKA_INPUT_SCHEMA``.
+
+    Spark hands an array of structs to Python far more slowly than a string, even when every
+    record's is null (the common case: most topics carry no headers), so the tasks send the
+    headers as ``to_json`` text, in which a binary value is base64 and a null value is left
+    out, and they are rebuilt here."""
+    texts = batch.column(batch.schema.get_field_index("headers"))
+    if texts.null_count == len(texts):
+        headers = pa.nulls(len(texts), _HEADERS)
+    else:
+        headers = pa.array([None if text is None else [
+            {"key": h["key"], "value": None if h.get("value") is None else base64.b64decode(h["value"])}
+            for h in json.loads(text)] for text in texts.to_pylist()], _HEADERS)
+    columns = [batch.column(batch.schema.get_field_index(name)) for name in KAFKA_INPUT_SCHEMA.names[:-1]]
+    return pa.RecordBatch.from_arrays([*columns, headers], schema=KAFKA_INPUT_SCHEMA)
 
 
 def _check_ranges(source: KafkaSource, ranges: dict[int, tuple[int, int]]) -> None:

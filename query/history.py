@@ -51,7 +51,8 @@ class Commit:
     counts: dict[str, int] = field(default_factory=dict)
     #: Files of an ingest or derive commit's run that no earlier snapshot had done (file sources).
     files: tuple[str, ...] = ()
-    #: Kafka sources: ``{"topic", "nextOffsets": {partition: offset}}`` after the commit.
+    #: Kafka sources: ``{"topic", "topicId", "nextOffsets": {partition: offset}}`` after the
+    #: commit; ``topicId`` (Kafka's id of the topic those offsets belong to) when the position has one.
     kafka: dict[str, Any] | None = None
     #: Delta's own name of the operation (``WRITE``, ``VACUUM END``, ...), for the curious.
     delta_operation: str | None = None
@@ -148,8 +149,8 @@ def commits(table_path: str, newest: int) -> list[Commit]:
         done = set(state.done_files)
         kafka = None
         if state.kafka is not None:
-            kafka = {"topic": state.kafka.topic,
-                     "nextOffsets": {str(p): o for p, o in sorted(state.kafka.next_offsets.items())}}
+            position = state.kafka.to_dict()
+            kafka = {name: value for name, value in position.items() if name in ("topic", "topicId", "nextOffsets")}
         out.append(Commit(version, parsed.committed_at, operation, state.run,
                           {"rowsWritten": parsed.rows, "filesAdded": parsed.added, "filesRemoved": parsed.removed},
                           new_files, kafka, parsed.delta_operation, parsed.add_paths))

@@ -519,6 +519,7 @@ def test_a_stream_of_a_recreated_topic_fails_too(spark, kafka_broker, tmp_path, 
     from versiq.ingest.config import Pipeline
     from versiq.ingest.run import run_pipeline
     from versiq.ingest.streams import StreamSpec
+    from versiq.query.history import commits
 
     for name, value in METADATA_CLIENTS[client].items():
         monkeypatch.setenv(name, value)
@@ -532,6 +533,8 @@ def test_a_stream_of_a_recreated_topic_fails_too(spark, kafka_broker, tmp_path, 
     state = read_state(path, DeltaTable(path).version())
     assert state.kafka is not None and state.kafka.topic_id is not None
     before = DeltaTable(path).version()
+    # the history names the topic's id with the position (GET .../history)
+    assert commits(path, before)[0].kafka == {"topic": topic, "topicId": state.kafka.topic_id, "nextOffsets": {"0": 2}}
     kafka_broker.recreate_topic(topic, 1, {"retention.ms": "-1"})
     kafka_broker.produce(topic, _records(3, 100))
     error = run_pipeline(spark, wh, pipeline).streams["c"].error
