@@ -39,6 +39,7 @@ from pyspark.sql import DataFrame, DataFrameWriter, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_type
 
+from versiq import settings as registry
 from versiq import storage
 from versiq.ingest.spark import active_on_this_thread
 from versiq.ingest.sqltext import sql_string
@@ -90,9 +91,23 @@ def commit_metadata(spark: SparkSession, state: StoreState) -> Iterator[None]:
         spark.conf.set("spark.sql.adaptive.enabled", adaptive or "true")
 
 
+#: Delta's table property bounding how long it keeps a file no commit references, whatever
+#: retention its VACUUM is given (7 days when unset).
+DELETED_FILE_RETENTION = "delta.deletedFileRetentionDuration"
+
+
+def deleted_file_retention(hours: float) -> str:
+    """``DELETED_FILE_RETENTION``'s value for a vacuum retention of ``hours``."""
+    return f"interval {int(hours * 3600)} seconds"
+
+
 def _properties(schema: pa.Schema) -> dict[str, str]:
+    """A new table's properties: ``TABLE_PROPERTIES``, the statistics columns of its schema, and
+    versiq's vacuum retention (``VERSIQ_VACUUM_RETENTION_HOURS``) as Delta's deleted-file
+    retention, so that its first vacuum needs no commit to set it (``maintain._vacuum``)."""
     columns = [name for name in DELTA_STATS_COLUMNS if name in schema.names]
-    return {**TABLE_PROPERTIES, "delta.dataSkippingStatsColumns": ",".join(columns)}
+    return {**TABLE_PROPERTIES, "delta.dataSkippingStatsColumns": ",".join(columns),
+            DELETED_FILE_RETENTION: deleted_file_retention(registry.VACUUM_RETENTION_HOURS.value())}
 
 
 def _conform(frame: DataFrame, schema: pa.Schema) -> DataFrame:

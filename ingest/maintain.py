@@ -35,11 +35,11 @@
   files no commit ever referenced (left by a killed ingest or maintain, or a failed write) once
   they are older than the same retention: Delta's VACUUM, in the store table and in each side
   table (``_rejected``, ``_changelog``, ``_emitted``), with the table's
-  ``delta.deletedFileRetentionDuration`` set to the same retention (Delta spares unreferenced
-  files younger than that setting). This never touches a file a writer may
-  still commit: maintain holds the store's writer lock, so no ingest of the store is between
-  writing its files and committing them, and the retention spares anything written in the last
-  hour whatever its origin.
+  ``delta.deletedFileRetentionDuration`` the same retention (Delta spares unreferenced files
+  younger than that setting; a table gets it when it is created, ``delta._properties``). This
+  never touches a file a writer may still commit: maintain holds the store's writer lock, so no
+  ingest of the store is between writing its files and committing them, and the retention
+  spares anything written in the last hour whatever its origin.
 
 What to do is decided before any SparkSession starts (delta-rs lists the files, DuckDB resolves
 the buckets to rewrite, delta-rs's dry-run vacuum lists what a vacuum would delete): a store
@@ -59,7 +59,7 @@ from pyspark.sql import SparkSession
 
 from versiq import layout, storage
 from versiq import settings as registry
-from versiq.ingest.delta import commit_metadata
+from versiq.ingest.delta import DELETED_FILE_RETENTION, commit_metadata, deleted_file_retention
 from versiq.ingest.frames import local_frame
 from versiq.ingest.spark import plans_for_input, small_run
 from versiq.ingest.store import (
@@ -154,13 +154,13 @@ def _vacuum(spark: SparkSession, path: str) -> int:
 
     Delta keeps files no commit references (a killed writer's) for the table's
     ``delta.deletedFileRetentionDuration`` (7 days by default) whatever retention VACUUM is
-    given, so the table's setting is made versiq's retention first (a metadata-only commit,
-    only when it differs)."""
-    seconds = int(VACUUM_RETENTION_HOURS * 3600)
-    wanted = f"interval {seconds} seconds"
+    given, so the table's setting is made versiq's retention first when it differs (a
+    metadata-only commit: a table created before versiq set it at creation, or under another
+    retention)."""
+    wanted = deleted_file_retention(VACUUM_RETENTION_HOURS)
     name = f"delta.`{path}`"
-    if storage.delta_table(path).metadata().configuration.get("delta.deletedFileRetentionDuration") != wanted:
-        spark.sql(f"ALTER TABLE {name} SET TBLPROPERTIES ('delta.deletedFileRetentionDuration' = '{wanted}')")
+    if storage.delta_table(path).metadata().configuration.get(DELETED_FILE_RETENTION) != wanted:
+        spark.sql(f"ALTER TABLE {name} SET TBLPROPERTIES ('{DELETED_FILE_RETENTION}' = '{wanted}')")
     before = storage.files_under(path)
     spark.sql(f"VACUUM {name} RETAIN {VACUUM_RETENTION_HOURS} HOURS")
     return len(before - storage.files_under(path))
