@@ -44,6 +44,7 @@ from versiq.ingest.records.kafka_rows import SKIPPED
 from versiq.ingest.rejections import write_rejected, write_source_rejected
 from versiq.ingest.reports import RunReport, StoreReport
 from versiq.ingest.semantics import RunContext, classify, rows_to_write, stored_homes
+from versiq.ingest.side_by_side import large_run_turn, run_side_by_side
 from versiq.ingest.sources import SourceError, check_readable, list_sources, log_ignored, source_error_in
 from versiq.ingest.spark import plans_for_input, start_soon
 from versiq.ingest.sqltext import file_of_sql
@@ -148,7 +149,8 @@ def run_ingest(spark: SparkSession, warehouse: str, specs: list[StoreSpec], *,
         raise UsageError("a store name appears twice")
     storage.ensure_dir(storage.normalize(warehouse))
     report = RunReport()
-    report.stores.update(ingest_each(specs, lambda spec: ingest_store(spark, warehouse, spec, lock_timeout_s),
+    report.stores.update(ingest_each(spark, specs,
+                                     lambda session, spec: ingest_store(session, warehouse, spec, lock_timeout_s),
                                      lambda error: StoreReport(error=error), "store"))
     return report
 
@@ -159,30 +161,48 @@ def run_ingest(spark: SparkSession, warehouse: str, specs: list[StoreSpec], *,
 EXPLAINED_FAILURES: tuple[type[Exception], ...] = (SourceError, *WRITER_FAILURES)
 
 
-def ingest_each(specs: list[Any], ingest_one: Any, failed: Any, what: str) -> dict[str, Any]:
-    """Run ``ingest_one(spec)`` for every spec, timing each; a failure becomes ``failed(error)``
-    (its report with ``error``) and the others go on. Usage errors stop everything."""
-    reports: dict[str, Any] = {}
-    for spec in specs:
+def ingest_each(spark: Any, specs: list[Any], ingest_one: Any, failed: Any, what: str) -> dict[str, Any]:
+    """Run ``ingest_one(session, spec)`` for every spec, side by side (``side_by_side``: each on
+    a session of its own), timing each; a failure becomes ``failed(error)`` (its report with
+    ``error``) and the others go on. A usage error is raised once every run has ended."""
+
+    def timed(session: Any, spec: Any) -> Any:
         started = time.monotonic()
-        try:
-            reports[spec.name] = ingest_one(spec)
-        except UsageError:
-            raise
-        except EXPLAINED_FAILURES as exc:  # the environment or another writer, not a bug: one line
-            log.error("%s %s failed: %s", what, spec.name, exc)
-            reports[spec.name] = failed(f"{type(exc).__name__}: {exc}")
-        except Exception as exc:  # noqa: BLE001 - one failed store never stops the others
-            # a parse task could not read a file; S3 failed a write or read of Spark's
-            explained = source_error_in(exc) or storage_error_in(exc)
-            if explained is not None:
-                log.error("%s %s failed: %s", what, spec.name, explained)
-                reports[spec.name] = failed(f"{type(explained).__name__}: {explained}")
-            else:
-                log.exception("%s %s failed", what, spec.name)
-                reports[spec.name] = failed(f"{type(exc).__name__}: {exc}")
-        reports[spec.name].seconds = time.monotonic() - started
+        report = _reported(ingest_one, session, spec, failed, what)
+        report.seconds = time.monotonic() - started
+        return report
+
+    reports: dict[str, Any] = {}
+    usage: UsageError | None = None
+    for spec, outcome in zip(specs, run_side_by_side(spark, specs, timed), strict=True):
+        if isinstance(outcome, UsageError):
+            usage = usage or outcome
+        elif isinstance(outcome, BaseException):
+            raise outcome
+        else:
+            reports[spec.name] = outcome
+    if usage is not None:
+        raise usage
     return reports
+
+
+def _reported(ingest_one: Any, session: Any, spec: Any, failed: Any, what: str) -> Any:
+    """``ingest_one(session, spec)``'s report, or ``failed(error)``'s for an error of the run."""
+    try:
+        return ingest_one(session, spec)
+    except UsageError:
+        raise
+    except EXPLAINED_FAILURES as exc:  # the environment or another writer, not a bug: one line
+        log.error("%s %s failed: %s", what, spec.name, exc)
+        return failed(f"{type(exc).__name__}: {exc}")
+    except Exception as exc:  # noqa: BLE001 - one failed store never stops the others
+        # a parse task could not read a file; S3 failed a write or read of Spark's
+        explained = source_error_in(exc) or storage_error_in(exc)
+        if explained is not None:
+            log.error("%s %s failed: %s", what, spec.name, explained)
+            return failed(f"{type(explained).__name__}: {explained}")
+        log.exception("%s %s failed", what, spec.name)
+        return failed(f"{type(exc).__name__}: {exc}")
 
 
 def open_for(warehouse: str, spec: StoreSpec) -> StoreHandle:
@@ -220,19 +240,20 @@ def ingest_store(spark: SparkSession, warehouse: str, spec: StoreSpec, lock_time
         report.files = len(new)
         plan = choose_plan(spark, new, spec.format, input_bytes)
         log.info("store %s: run %d over %s: %s", spec.name, run, counted(len(new), "new file"), plan.describe())
-        per_file = len(new) * handle.settings.partitions <= FILE_STATS_LIMIT
+        with large_run_turn(plan.small):  # a large run waits for the large runs beside it
+            per_file = len(new) * handle.settings.partitions <= FILE_STATS_LIMIT
 
-        parsed, plan = parse_run(spark, plan, new, spec.format, handle.settings.partitioning,
-                                 future_bound(spec.max_future_ms))
-        parsed_here = plan.parse == "driver"
+            parsed, plan = parse_run(spark, plan, new, spec.format, handle.settings.partitioning,
+                                     future_bound(spec.max_future_ms))
+            parsed_here = plan.parse == "driver"
 
-        def rejections(parsed: DataFrame | pa.Table, classified: DataFrame | pa.Table, state: StoreState,
-                       decided: int, total: int) -> None:
-            write_rejected(spark, parsed, classified, handle.path, state, new, spec.format, decided=decided,
-                           total=total, parsed_here=parsed_here)
-        _run_once(spark, handle, spec, run, report, parsed, per_file, rejections,
-                  lambda state: replace(state, done_files=sorted(done | set(new))), plan)
-        return report
+            def rejections(parsed: DataFrame | pa.Table, classified: DataFrame | pa.Table, state: StoreState,
+                           decided: int, total: int) -> None:
+                write_rejected(spark, parsed, classified, handle.path, state, new, spec.format, decided=decided,
+                               total=total, parsed_here=parsed_here)
+            _run_once(spark, handle, spec, run, report, parsed, per_file, rejections,
+                      lambda state: replace(state, done_files=sorted(done | set(new))), plan)
+            return report
 
 
 def _nothing_new(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, report: StoreReport,
@@ -256,23 +277,24 @@ def _ingest_topic(spark: SparkSession, handle: StoreHandle, spec: StoreSpec, sou
     report.run = run
     plan = choose_plan(spark, None, None, read.input_bytes, kafka=source, store=f"store {spec.name}")
     log.info("store %s: run %d over %s: %s", spec.name, run, describe_read(source, read), plan.describe())
-    if plan.parse == "driver":  # the metadata needed no JVM: it starts while the run reads and decides
-        start_soon(spark)
+    with large_run_turn(plan.small):  # a large run waits for the large runs beside it
+        if plan.parse == "driver":  # the metadata needed no JVM: it starts while the run reads and decides
+            start_soon(spark)
 
-    def rejections(parsed: DataFrame | pa.Table, classified: DataFrame | pa.Table, state: StoreState,
-                   decided: int, total: int) -> None:
-        write_source_rejected(spark, parsed, classified, handle.path, state, source.name, decided=decided,
-                              total=total)
+        def rejections(parsed: DataFrame | pa.Table, classified: DataFrame | pa.Table, state: StoreState,
+                       decided: int, total: int) -> None:
+            write_source_rejected(spark, parsed, classified, handle.path, state, source.name, decided=decided,
+                                  total=total)
 
-    with read_errors(source):
-        parsed: DataFrame | pa.Table
-        if plan.parse == "driver":  # read and parsed here, decided by DuckDB (``kafka.read_here``)
-            parsed = read_here(source, read, future_bound(spec.max_future_ms))
-            log.debug("%s read and parsed in this process", counted(parsed.num_rows, "record"))
-        else:
-            parsed = read_records(spark, source, read, future_bound(spec.max_future_ms))
-        _run_once(spark, handle, spec, run, report, parsed, False, rejections,
-                  lambda state: replace(state, kafka=read.position(position, source.topic, run)), plan)
+        with read_errors(source):
+            parsed: DataFrame | pa.Table
+            if plan.parse == "driver":  # read and parsed here, decided by DuckDB (``kafka.read_here``)
+                parsed = read_here(source, read, future_bound(spec.max_future_ms))
+                log.debug("%s read and parsed in this process", counted(parsed.num_rows, "record"))
+            else:
+                parsed = read_records(spark, source, read, future_bound(spec.max_future_ms))
+            _run_once(spark, handle, spec, run, report, parsed, False, rejections,
+                      lambda state: replace(state, kafka=read.position(position, source.topic, run)), plan)
     return report
 
 

@@ -19,8 +19,9 @@ def run_pipeline(spark: Any, warehouse: str, pipeline: Pipeline, *, lock_timeout
     for stream in pipeline.streams:
         stream.validate()
     report = run_ingest(spark, warehouse, pipeline.stores, lock_timeout_s=lock_timeout_s)
-    report.streams.update(ingest_each(pipeline.streams,
-                                      lambda stream: ingest_stream(spark, warehouse, stream, lock_timeout_s),
+    report.streams.update(ingest_each(spark, pipeline.streams,
+                                      lambda session, stream: ingest_stream(session, warehouse, stream,
+                                                                            lock_timeout_s),
                                       lambda error: StreamReport(error=error), "stream"))
     if pipeline.tables:
         report.tables.update(derive(spark, warehouse, pipeline, lock_timeout_s))

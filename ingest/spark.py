@@ -50,6 +50,7 @@ import logging
 import os
 import sys
 import tempfile
+import threading
 import time
 import zipfile
 from collections.abc import Callable, Iterator, Mapping
@@ -371,7 +372,7 @@ def set_interpreter_defaults() -> None:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 
-def _set_active_session(spark: SparkSession) -> None:
+def set_active_session(spark: SparkSession) -> None:
     """``spark`` is the active session of the JVM thread that serves this Python thread."""
     spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)  # type: ignore[union-attr]
 
@@ -504,8 +505,15 @@ class SparkOnDemand:
         self._on_start = on_start
         self._session: SparkSession | None = None
         self._starting: concurrent.futures.Future[SparkSession] | None = None
+        self._lock = threading.Lock()  # the stores of a run may ask for it at once (``side_by_side``)
 
     def __call__(self) -> SparkSession:
+        if self._session is not None:
+            return self._session
+        with self._lock:
+            return self._session_now()
+
+    def _session_now(self) -> SparkSession:
         if self._session is None:
             if self._starting is not None:
                 try:
@@ -515,7 +523,7 @@ class SparkOnDemand:
                 # The JVM keeps the active session per thread, and Spark reads many settings
                 # (a small run's: ``plans_for_input``) from the calling thread's active session;
                 # this thread's is unset, as the session was made on another one.
-                _set_active_session(session)
+                set_active_session(session)
                 self._session = session
             else:
                 self._session = self._start()
@@ -544,11 +552,12 @@ class SparkOnDemand:
         meanwhile. A session made on another thread installs no SIGINT handler (PySpark does
         that on the main thread only): Ctrl-C ends the process, and with it the JVM, without
         first cancelling its jobs, which a one-shot run does not need."""
-        if self._session is None and self._starting is None:
-            set_interpreter_defaults()  # here: the environment is not changed beside other threads
-            pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="versiq-spark-start")
-            self._starting = pool.submit(self._start)
-            pool.shutdown(wait=False)
+        with self._lock:
+            if self._session is None and self._starting is None:
+                set_interpreter_defaults()  # here: the environment is not changed beside other threads
+                pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="versiq-spark-start")
+                self._starting = pool.submit(self._start)
+                pool.shutdown(wait=False)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):  # copy/pickle probes must not start a JVM

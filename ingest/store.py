@@ -113,9 +113,11 @@ def writer_lock(store_path: str, timeout_s: float) -> Iterator[None]:
 def _cancel_spark_jobs_until(ended: threading.Event) -> None:
     """Cancel this process's Spark jobs, and those it starts, until ``ended`` is set (the writer
     lock's block is over): a writer whose lease was lost must stop, and a job writing to a dead
-    S3 server would otherwise run through S3A's retries. A process writes one store at a time
-    (its runs and stores are sequential), so the jobs are that writer's; a job it starts in
-    the background (``delta.StateAhead``) is an optimisation that survives being cancelled."""
+    S3 server would otherwise run through S3A's retries. The runs of other stores going on
+    beside it (``side_by_side``) lose their jobs too: they fail this run before their commit,
+    which their rerun makes, as when S3 fails them (a lost lease is most often S3 going away).
+    A job started in the background (``delta.StateAhead``) is an optimisation that survives
+    being cancelled."""
 
     def cancel() -> None:
         from pyspark import SparkContext

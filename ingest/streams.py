@@ -30,8 +30,9 @@ from versiq.ingest.plan import choose_plan
 from versiq.ingest.records.kafka_rows import SKIPPED
 from versiq.ingest.rejections import write_rejected, write_source_rejected
 from versiq.ingest.reports import StreamReport
+from versiq.ingest.side_by_side import large_run_turn
 from versiq.ingest.sources import check_readable, list_sources, log_ignored
-from versiq.ingest.spark import plans_for_input
+from versiq.ingest.spark import plans_for_input, small_run
 from versiq.ingest.sqltext import crc32_mod_sql
 from versiq.ingest.store import StoreHandle, commit_store, open_store, writer_lock
 from versiq.layout import DEFAULT_BUCKETS, STREAM_KIND, StoreSettings, StoreState
@@ -99,7 +100,7 @@ def ingest_stream(spark: SparkSession, warehouse: str, spec: StreamSpec, lock_ti
                 report.snapshot = handle.version
                 return report
             run = handle.state.run + 1
-            with read_errors(source):
+            with large_run_turn(small_run(read.input_bytes)), read_errors(source):
                 _append_run(handle, spec, run, report, read_records(spark, source, read, bound),
                             StoreState(run=run, kafka=read.position(position, source.topic, run)),
                             lambda parsed, state, total: write_source_rejected(spark, parsed, None, handle.path,
@@ -117,13 +118,14 @@ def ingest_stream(spark: SparkSession, warehouse: str, spec: StreamSpec, lock_ti
         report.files = len(new)
         plan = choose_plan(spark, new, spec.format, input_bytes)
         log.info("stream %s: run %d over %s: %s", spec.name, run, counted(len(new), "new file"), plan.describe())
-        parsed, plan = parse_run(spark, plan, new, spec.format, None, bound)
-        with plans_for_input(spark, plan.small):
-            frame = spread_frame(spark, parsed) if isinstance(parsed, pa.Table) else parsed
-            _append_run(handle, spec, run, report, frame,
-                        StoreState(run=run, done_files=sorted(done | set(new))),
-                        lambda parsed, state, total: write_rejected(spark, parsed, None, handle.path, state,
-                                                                    new, spec.format, total=total))
+        with large_run_turn(plan.small):  # a large run waits for the large runs beside it
+            parsed, plan = parse_run(spark, plan, new, spec.format, None, bound)
+            with plans_for_input(spark, plan.small):
+                frame = spread_frame(spark, parsed) if isinstance(parsed, pa.Table) else parsed
+                _append_run(handle, spec, run, report, frame,
+                            StoreState(run=run, done_files=sorted(done | set(new))),
+                            lambda parsed, state, total: write_rejected(spark, parsed, None, handle.path, state,
+                                                                        new, spec.format, total=total))
         return report
 
 

@@ -37,6 +37,7 @@ from versiq.ingest.derived.tasks import PassWork, TableRead, repartitionable, st
 from versiq.ingest.errors import LeaseLost
 from versiq.ingest.plan import derives_here
 from versiq.ingest.reports import TableReport
+from versiq.ingest.side_by_side import large_run_turn, run_side_by_side
 from versiq.ingest.store import (
     LockTimeout,
     StoreHandle,
@@ -145,21 +146,48 @@ def derive(spark: SparkSession, warehouse: str, pipeline: Pipeline, lock_timeout
             else:
                 reports[name] = TableReport(kind=specs[name].kind, snapshot=handles[name].version,
                                             inputs=dict(handles[name].state.inputs))
-        for start, writers in passes.items():
-            started = time.monotonic()
-            try:
-                _run_pass(spark, pipeline, specs, handles, infos, sources_of, dict(start), writers, reports)
-            except Exception as exc:  # noqa: BLE001 - reported per table; other passes go on
-                if isinstance(exc, EXPLAINED_FAILURES):  # explained in one line: no traceback
-                    log.error("derived tables %s failed: %s", ", ".join(writers), exc)
-                else:
-                    log.exception("derived tables %s failed", ", ".join(writers))
-                for name in writers:  # the tables committed before the failure keep their report
-                    if name not in reports:
-                        reports[name] = TableReport(kind=specs[name].kind, error=f"{type(exc).__name__}: {exc}")
-            for name in writers:
-                reports[name].seconds = time.monotonic() - started
+
+        def run_passes(session: SparkSession, group: list[Pass]) -> None:
+            for start, writers in group:
+                started = time.monotonic()
+                try:
+                    _run_pass(session, pipeline, specs, handles, infos, sources_of, dict(start), writers, reports)
+                except Exception as exc:  # noqa: BLE001 - reported per table; other passes go on
+                    if isinstance(exc, EXPLAINED_FAILURES):  # explained in one line: no traceback
+                        log.error("derived tables %s failed: %s", ", ".join(writers), exc)
+                    else:
+                        log.exception("derived tables %s failed", ", ".join(writers))
+                    for name in writers:  # the tables committed before the failure keep their report
+                        if name not in reports:
+                            reports[name] = TableReport(kind=specs[name].kind, error=f"{type(exc).__name__}: {exc}")
+                for name in writers:
+                    reports[name].seconds = time.monotonic() - started
+
+        groups = _apart(list(passes.items()),
+                        lambda writers: set(writers).union(*(_upstream(specs, name) for name in writers)))
+        for outcome in run_side_by_side(spark, groups, run_passes):
+            if isinstance(outcome, BaseException):
+                raise outcome
     return {name: reports[name] for name in order}
+
+
+#: One pass of a run: the source runs its writers consumed, and its writers.
+Pass = tuple[tuple[tuple[str, int], ...], list[str]]
+
+
+def _apart(passes: list[Pass], members: Callable[[list[str]], set[str]]) -> list[list[Pass]]:
+    """``passes`` in groups that share no derived table (a pass's ``members``: its writers and
+    the derived tables they read), each group in the order given: the groups run side by side
+    (``side_by_side``), a group's passes one after the other."""
+    groups: list[tuple[set[str], list[int]]] = []
+    for index, (_, writers) in enumerate(passes):
+        names, indexes = members(writers), [index]
+        for group in [g for g in groups if g[0] & members(writers)]:
+            names |= group[0]
+            indexes += group[1]
+            groups.remove(group)
+        groups.append((names, sorted(indexes)))
+    return [[passes[i] for i in indexes] for _, indexes in groups]
 
 
 def _open_tables(stack: contextlib.ExitStack, warehouse: str, specs: dict[str, TableSpec], order: list[str],
@@ -358,14 +386,15 @@ def _run_topology(spark: SparkSession, pipeline: Pipeline, tables: list[TableSpe
              at_most, partitions, f", {', '.join(regrouped)} through a repartition" if regrouped else "",
              f", {', '.join(whole)} read whole by each" if whole else "",
              "in this process" if here else "in Spark tasks")
-    output = (run_here if here else run_job)(spark, work, inputs_read, partitioner)
-    try:
-        infos = {s.name: s for s in sources}
-        for spec in tables:
-            if spec.name in writers:
-                reports[spec.name] = _commit(spec, handles, infos, output, sources_of[spec.name], partitions)
-    finally:
-        output.release()
+    with large_run_turn(here):  # a pass in Spark tasks waits for the large runs beside it
+        output = (run_here if here else run_job)(spark, work, inputs_read, partitioner)
+        try:
+            infos = {s.name: s for s in sources}
+            for spec in tables:
+                if spec.name in writers:
+                    reports[spec.name] = _commit(spec, handles, infos, output, sources_of[spec.name], partitions)
+        finally:
+            output.release()
 
 
 def _or_minus_one(version: int | None) -> int:

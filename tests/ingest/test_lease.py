@@ -364,7 +364,8 @@ def test_a_run_whose_lease_was_lost_fails_in_one_line_without_a_traceback(
                 check_still_writer(store)
             raise RuntimeError("py4j: An error occurred while calling o42.save.\n\tat org.example.Job.run")
 
-    reports = ingest_each([SimpleNamespace(name="lost"), SimpleNamespace(name="other")], run,
+    reports = ingest_each(None, [SimpleNamespace(name="lost"), SimpleNamespace(name="other")],
+                          lambda _session, spec: run(spec),
                           lambda error: StoreReport(error=error), "store")
     assert reports["other"].error is None
     error = reports["lost"].error

@@ -137,6 +137,8 @@ def test_each_partition_is_its_own_topology(spark: Any, tmp_path: Any, monkeypat
 
     monkeypatch.setattr(job, "CHUNK_RECORDS", 3)
     monkeypatch.setattr(tasks, "STORE_KEYS_PER_PART", 2)
+    # each pass sets the process's environment for itself: passes one after the other
+    monkeypatch.setenv("VERSIQ_PARALLEL_RUNS", "1")
 
     run_topology = derive._run_topology
 
