@@ -174,7 +174,7 @@ def ingest_each(spark: Any, specs: list[Any], ingest_one: Any, failed: Any, what
 
     reports: dict[str, Any] = {}
     usage: UsageError | None = None
-    for spec, outcome in zip(specs, run_side_by_side(spark, specs, timed), strict=True):
+    for spec, outcome in zip(specs, run_side_by_side(spark, specs, timed, what=(what, what + "s")), strict=True):
         if isinstance(outcome, UsageError):
             usage = usage or outcome
         elif isinstance(outcome, BaseException):

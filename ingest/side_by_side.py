@@ -31,6 +31,7 @@ from typing import Any, TypeVar, cast
 
 from versiq import settings as registry
 from versiq.ingest.spark import SparkOnDemand, register_functions, set_active_session
+from versiq.logs import counted
 
 log = logging.getLogger("versiq.ingest")
 
@@ -114,10 +115,12 @@ def parallel_runs() -> int:
 
 
 def run_side_by_side(spark: Any, specs: Sequence[S], run_one: Callable[[Any, S], R],
-                     at_once: int | None = None) -> list[R | BaseException]:
+                     at_once: int | None = None, what: tuple[str, str] = ("run", "runs")) -> list[R | BaseException]:
     """``run_one(session, spec)`` for every spec, ``at_once`` at a time (default
     ``parallel_runs``); one result per spec, in order: its return value or what it raised. With
-    one spec, or one at a time, everything runs on this thread with ``spark`` itself."""
+    one spec, or one at a time, everything runs on this thread with ``spark`` itself; otherwise
+    the run's log says so once (``what``: the specs' noun, singular and plural), before the
+    specs' own lines, which then interleave (each names its store or table)."""
     width = min(parallel_runs() if at_once is None else at_once, len(specs))
     results: list[R | BaseException] = []
     if width <= 1:
@@ -146,7 +149,7 @@ def run_side_by_side(spark: Any, specs: Sequence[S], run_one: Callable[[Any, S],
                 outcome[index] = exc
 
     workers = [threading.Thread(target=work, name=f"versiq-run-{n}", daemon=True) for n in range(width)]
-    log.debug("%d runs, %d at a time", len(specs), width)
+    log.info("%s side by side, %d at a time", counted(len(specs), *what), width)
     for worker in workers:
         worker.start()
     for worker in workers:

@@ -165,7 +165,8 @@ def derive(spark: SparkSession, warehouse: str, pipeline: Pipeline, lock_timeout
 
         groups = _apart(list(passes.items()),
                         lambda writers: set(writers).union(*(_upstream(specs, name) for name in writers)))
-        for outcome in run_side_by_side(spark, groups, run_passes):
+        for outcome in run_side_by_side(spark, groups, run_passes,
+                                        what=("group of derived passes", "groups of derived passes")):
             if isinstance(outcome, BaseException):
                 raise outcome
     return {name: reports[name] for name in order}
