@@ -298,10 +298,10 @@ DERIVE_HERE_RECORDS: Setting[int | None] = Setting(
     "([derived-tables.md](derived-tables.md)); default `100000`, `0` always in Spark tasks", "ingest")
 PARALLEL_RUNS: Setting[int] = Setting(
     "VERSIQ_PARALLEL_RUNS", whole_number, 3,
-    "how many stores and streams of a pipeline run ingest at the same time, and how many derived passes that "
-    "share no table run at once, each on a Spark session of its own; a run over more than "
-    "`VERSIQ_INTERPRETED_RUN_BYTES` (a pass in Spark tasks) waits for the other large ones; default `3`, `1` one "
-    "after the other", "ingest")
+    "how many stores and streams of a pipeline run ingest at the same time, and how many of its derived "
+    "topologies that share no table run at once, each on a Spark session of its own; a run over more than "
+    "`VERSIQ_INTERPRETED_RUN_BYTES` (a derived pass in Spark tasks) waits for the other large ones; default `3`, "
+    "`1` one after the other", "ingest")
 BUCKET_SCANS_LIMIT: Setting[int | None] = Setting(
     "VERSIQ_BUCKET_SCANS_LIMIT", whole_number, None,
     "a run whose keys fall in at most this many buckets reads their stored versions bucket by bucket, each "

@@ -147,12 +147,14 @@ def derive(spark: SparkSession, warehouse: str, pipeline: Pipeline, lock_timeout
                 reports[name] = TableReport(kind=specs[name].kind, snapshot=handles[name].version,
                                             inputs=dict(handles[name].state.inputs))
 
-        def run_passes(session: SparkSession, group: list[Pass]) -> None:
-            for start, writers in group:
+        def run_topologies(session: SparkSession, group: list[Topology]) -> None:
+            for topology in group:
                 started = time.monotonic()
+                writers = topology.writers
                 try:
-                    _run_pass(session, pipeline, specs, handles, infos, sources_of, dict(start), writers, reports)
-                except Exception as exc:  # noqa: BLE001 - reported per table; other passes go on
+                    _run_topology(session, pipeline, topology.tables, writers, handles,
+                                  [infos[s] for s in topology.sources], sources_of, topology.start, reports)
+                except Exception as exc:  # noqa: BLE001 - reported per table; other topologies go on
                     if isinstance(exc, EXPLAINED_FAILURES):  # explained in one line: no traceback
                         log.error("derived tables %s failed: %s", ", ".join(writers), exc)
                     else:
@@ -163,32 +165,58 @@ def derive(spark: SparkSession, warehouse: str, pipeline: Pipeline, lock_timeout
                 for name in writers:
                     reports[name].seconds = time.monotonic() - started
 
-        groups = _apart(list(passes.items()),
-                        lambda writers: set(writers).union(*(_upstream(specs, name) for name in writers)))
-        for outcome in run_side_by_side(spark, groups, run_passes,
-                                        what=("group of derived passes", "groups of derived passes")):
+        topologies = [topology for start, writers in passes.items()
+                      for topology in _topologies(specs, order, sources_of, dict(start), writers)]
+        for outcome in run_side_by_side(spark, _apart(topologies), run_topologies,
+                                        what=("group of derived tables", "groups of derived tables")):
             if isinstance(outcome, BaseException):
                 raise outcome
     return {name: reports[name] for name in order}
 
 
-#: One pass of a run: the source runs its writers consumed, and its writers.
-Pass = tuple[tuple[tuple[str, int], ...], list[str]]
+@dataclass(frozen=True)
+class Topology:
+    """One topology of a pass (``_components``): its tables (the writers and the derived tables
+    they read), the ones it writes, its sources and the source runs its writers consumed."""
+
+    tables: list[TableSpec]
+    writers: list[str]
+    sources: list[str]
+    start: dict[str, int]
+
+    def names(self) -> set[str]:
+        return {t.name for t in self.tables}
 
 
-def _apart(passes: list[Pass], members: Callable[[list[str]], set[str]]) -> list[list[Pass]]:
-    """``passes`` in groups that share no derived table (a pass's ``members``: its writers and
-    the derived tables they read), each group in the order given: the groups run side by side
-    (``side_by_side``), a group's passes one after the other."""
+def _topologies(specs: dict[str, TableSpec], order: list[str], sources_of: dict[str, set[str]],
+                start: dict[str, int], writers: list[str]) -> list[Topology]:
+    """The topologies of the pass of ``writers`` (the tables that consumed the source runs
+    ``start``), in the pipeline file's order."""
+    members = set(writers)
+    for name in writers:
+        members |= _upstream(specs, name)
+    out = []
+    for component in _components([specs[name] for name in order if name in members]):
+        names = {t.name for t in component}
+        sources = sorted(set().union(*(sources_of[t.name] for t in component)))
+        out.append(Topology(component, [w for w in writers if w in names], sources, start))
+    return out
+
+
+def _apart(topologies: list[Topology]) -> list[list[Topology]]:
+    """``topologies`` in groups that share no derived table (a pass's topologies never do;
+    those of two passes may, one writing a table the other reads), each group in the order
+    given: the groups run side by side (``side_by_side``), a group's topologies one after the
+    other."""
     groups: list[tuple[set[str], list[int]]] = []
-    for index, (_, writers) in enumerate(passes):
-        names, indexes = members(writers), [index]
-        for group in [g for g in groups if g[0] & members(writers)]:
+    for index, topology in enumerate(topologies):
+        names, indexes = topology.names(), [index]
+        for group in [g for g in groups if g[0] & topology.names()]:
             names |= group[0]
             indexes += group[1]
             groups.remove(group)
         groups.append((names, sorted(indexes)))
-    return [[passes[i] for i in indexes] for _, indexes in groups]
+    return [[topologies[i] for i in indexes] for _, indexes in groups]
 
 
 def _open_tables(stack: contextlib.ExitStack, warehouse: str, specs: dict[str, TableSpec], order: list[str],
@@ -322,22 +350,6 @@ def pass_partitions(tables: list[TableSpec], sources: list[SourceInfo]) -> tuple
         return 1, layout.DEFAULT_PARTITIONER
     partitions, partitioner = counts.pop()
     return partitions, partitioner
-
-
-def _run_pass(spark: SparkSession, pipeline: Pipeline, specs: dict[str, TableSpec], handles: dict[str, StoreHandle],
-              infos: dict[str, SourceInfo], sources_of: dict[str, set[str]], start: dict[str, int],
-              writers: list[str], reports: dict[str, TableReport]) -> None:
-    """Compute one pass, a Spark job per topology of it, and commit its writers in file order,
-    adding each one's report to ``reports`` as soon as it is committed."""
-    order = [t.name for t in pipeline.tables]
-    members = set(writers)
-    for name in writers:
-        members |= _upstream(specs, name)
-    for component in _components([specs[name] for name in order if name in members]):
-        names = {t.name for t in component}
-        sources = sorted(set().union(*(sources_of[t.name] for t in component)))
-        _run_topology(spark, pipeline, component, [w for w in writers if w in names], handles,
-                      [infos[s] for s in sources], sources_of, start, reports)
 
 
 def _run_topology(spark: SparkSession, pipeline: Pipeline, tables: list[TableSpec], writers: list[str],

@@ -1,6 +1,6 @@
 """The stores, streams and independent derived passes of a pipeline run side by side
 (``versiq.ingest.side_by_side``): each commit carries its own table's state, results come back
-in order, large runs go one at a time, passes that share a table one after the other."""
+in order, large runs go one at a time, derived topologies that share a table one after the other."""
 
 from __future__ import annotations
 
@@ -36,17 +36,18 @@ def _runs(seed: int) -> list[dict[str, list[Rec]]]:
 
 def test_each_commit_of_a_pipeline_run_side_by_side_carries_its_own_tables_state(
         spark: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    """Three stores, three streams and six derived tables (three independent topologies), two
-    runs, three at a time: the runs did go on several threads, and every commit of every table
-    carries that table's state, never a neighbour's (each worker's session has its own commit
-    metadata: ``delta.commit_metadata``). Their results against the reference model, side by
-    side as well: tests/ingest/derived/test_derived_property.py and the operators' differential
-    test."""
+    """Three stores, three streams and nine derived tables (of each store two filters, one pass
+    of two topologies, and a stream-table join), two runs, three at a time: the runs did go on
+    several threads, and every commit of every table carries that table's state, never a
+    neighbour's (each worker's session has its own commit metadata: ``delta.commit_metadata``).
+    Their results against the reference model, side by side as well:
+    tests/ingest/derived/test_derived_property.py and the operators' differential test."""
     monkeypatch.setenv("VERSIQ_PARALLEL_RUNS", "3")
     real = RealPipeline(spark, str(tmp_path))
     for i in range(STORES):
         real.add(f"p{i}_", [InputDef("A", "versioned", 30), InputDef("S", "stream")],
                  [{"name": "big", "from": "A", "filter": "value.n > 3", "history_retention_ms": 30},
+                  {"name": "small", "from": "A", "filter": "value.n <= 3", "history_retention_ms": 30},
                   {"name": "joined", "stream_join": {"stream": "S", "table": "A", "type": "left"}}],
                  _runs(i))
     with caplog.at_level(logging.INFO, logger="versiq.ingest"):
@@ -55,7 +56,7 @@ def test_each_commit_of_a_pipeline_run_side_by_side_carries_its_own_tables_state
     assert len({t for t in threads if t.startswith("versiq-run-")}) >= 2, threads
     for i in range(STORES):
         prefix = f"p{i}_"
-        for table in ("A", "S", "big", "joined"):
+        for table in ("A", "S", "big", "small", "joined"):
             path = os.path.join(real.warehouse, prefix + table)
             newest = storage.delta_table(path).version()
             states = [read_state(path, version) for version in range(newest + 1)]
@@ -105,11 +106,13 @@ def test_large_runs_take_turns_and_small_runs_do_not() -> None:
     assert most == {"large": 1, "small": 3}
 
 
-def test_passes_that_share_a_table_are_one_group_in_order() -> None:
-    """Passes run side by side only when they share no derived table (writers or what they
-    read); a group keeps the passes' order."""
-    upstream = {"a": set(), "b": {"a"}, "c": set(), "d": set(), "e": {"d"}}
-    passes: list[Any] = [((("s1", 1),), ["a"]), ((("s2", 1),), ["c"]), ((("s3", 1),), ["b"]),
-                         ((("s4", 1),), ["e"]), ((("s5", 1),), ["d"])]
-    groups = _apart(passes, lambda writers: set(writers).union(*(upstream[w] for w in writers)))
-    assert sorted([w for _, ws in g for w in ws] for g in groups) == [["a", "b"], ["c"], ["e", "d"]]
+def test_topologies_that_share_a_table_are_one_group_in_order() -> None:
+    """Topologies run side by side only when they share no derived table (a pass's never do;
+    a topology of another pass may read a table one writes); a group keeps their order."""
+    from types import SimpleNamespace
+
+    tables = [{"a"}, {"c"}, {"a", "b"}, {"d", "e"}, {"d"}]
+    topologies: list[Any] = [SimpleNamespace(names=lambda names=names: names, label=n)
+                             for n, names in enumerate(tables)]
+    groups = _apart(topologies)
+    assert sorted([t.label for t in group] for group in groups) == [[0, 2], [1], [3, 4]]
