@@ -1,8 +1,10 @@
-"""The stores (and streams) of one pipeline run ingest side by side, each on a session of its own.
+"""The stores (then the streams, then the derived topologies) of one pipeline run go side by
+side, each on a Spark session of its own.
 
 A small run is mostly fixed cost on the driver: planning, Delta's log and commit, scheduling a
 few tiny tasks. One store's run leaves both cores half idle, so a pipeline of many stores runs
-``VERSIQ_PARALLEL_RUNS`` of them at a time (docs/benchmarks.md has the measurement). Each worker
+``VERSIQ_PARALLEL_RUNS`` of them at a time (docs/benchmarks.md has the measurement), and the
+derive phase its topologies that share no table (``derived.derive._apart``). Each worker
 thread has a session of its own (``WorkerSession``: ``SparkSession.newSession`` with the
 caller's SQL settings and versiq's functions) because a run changes its session's settings for
 its own work (``spark.plans_for_input``, ``delta.commit_metadata``: the commit's state, no
