@@ -184,9 +184,6 @@ class Topology:
     sources: list[str]
     start: dict[str, int]
 
-    def names(self) -> set[str]:
-        return {t.name for t in self.tables}
-
 
 def _topologies(specs: dict[str, TableSpec], order: list[str], sources_of: dict[str, set[str]],
                 start: dict[str, int], writers: list[str]) -> list[Topology]:
@@ -207,16 +204,14 @@ def _apart(topologies: list[Topology]) -> list[list[Topology]]:
     """``topologies`` in groups that share no derived table (a pass's topologies never do;
     those of two passes may, one writing a table the other reads), each group in the order
     given: the groups run side by side (``side_by_side``), a group's topologies one after the
-    other."""
-    groups: list[tuple[set[str], list[int]]] = []
-    for index, topology in enumerate(topologies):
-        names, indexes = topology.names(), [index]
-        for group in [g for g in groups if g[0] & topology.names()]:
-            names |= group[0]
-            indexes += group[1]
-            groups.remove(group)
-        groups.append((names, sorted(indexes)))
-    return [[topologies[i] for i in indexes] for _, indexes in groups]
+    other. A topology holds every derived table its tables read, so two of them share a table
+    exactly when their tables are connected (``_components``, over all of them)."""
+    tables = {t.name: t for topology in topologies for t in topology.tables}
+    group_of = {t.name: n for n, component in enumerate(_components(list(tables.values()))) for t in component}
+    groups: dict[int, list[Topology]] = {}
+    for topology in topologies:
+        groups.setdefault(group_of[topology.tables[0].name], []).append(topology)
+    return list(groups.values())
 
 
 def _open_tables(stack: contextlib.ExitStack, warehouse: str, specs: dict[str, TableSpec], order: list[str],

@@ -17,7 +17,8 @@ import pytest
 from tests.support.derived import RealPipeline
 from tests.support.derived_reference import InputDef, Rec
 from versiq import storage
-from versiq.ingest.derived.derive import _apart
+from versiq.ingest.derived.derive import Topology, _apart
+from versiq.ingest.derived.spec import parse_tables
 from versiq.ingest.side_by_side import large_run_turn, run_side_by_side
 from versiq.layout import read_state
 
@@ -109,10 +110,13 @@ def test_large_runs_take_turns_and_small_runs_do_not() -> None:
 def test_topologies_that_share_a_table_are_one_group_in_order() -> None:
     """Topologies run side by side only when they share no derived table (a pass's never do;
     a topology of another pass may read a table one writes); a group keeps their order."""
-    from types import SimpleNamespace
-
-    tables = [{"a"}, {"c"}, {"a", "b"}, {"d", "e"}, {"d"}]
-    topologies: list[Any] = [SimpleNamespace(names=lambda names=names: names, label=n)
-                             for n, names in enumerate(tables)]
+    specs = {t.name: t for t in parse_tables([{"name": "a", "from": "s", "filter": "value.n > 1"},
+                                              {"name": "b", "from": "a", "filter": "value.n > 2"},
+                                              {"name": "c", "from": "s", "filter": "value.n > 3"},
+                                              {"name": "d", "from": "s", "filter": "value.n > 4"},
+                                              {"name": "e", "from": "d", "filter": "value.n > 5"}],
+                                             {"s": "versioned"})}
+    tables = [["a"], ["c"], ["a", "b"], ["d", "e"], ["d"]]
+    topologies = [Topology([specs[name] for name in names], names, ["s"], {"s": n}) for n, names in enumerate(tables)]
     groups = _apart(topologies)
-    assert sorted([t.label for t in group] for group in groups) == [[0, 2], [1], [3, 4]]
+    assert sorted([t.start["s"] for t in group] for group in groups) == [[0, 2], [1], [3, 4]]
