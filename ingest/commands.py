@@ -185,9 +185,10 @@ def ingest_command(args: argparse.Namespace, parser: argparse.ArgumentParser | N
     spark = get_spark(args.master)  # continuous mode: one session for its whole life
     from versiq.ingest.continuous import run_continuous
     from versiq.ingest.delta import StateAhead, run_txn_needed
-    from versiq.ingest.maintain import compact_if_due
+    from versiq.ingest.maintain import Compactor
 
     state_ahead = StateAhead(spark)
+    compactor = Compactor(spark, args.warehouse, lock_timeout, _log_failure)
 
     def one_run() -> Any:
         with Heartbeat(heartbeat, lambda: spark):
@@ -200,11 +201,7 @@ def ingest_command(args: argparse.Namespace, parser: argparse.ArgumentParser | N
             print_summary(data)
             if args.report:
                 write_report(args.report, data)
-        for name in [s.name for s in pipeline.stores] + [t.name for t in pipeline.tables if not t.is_stream]:
-            try:
-                compact_if_due(args.warehouse, name, lock_timeout, lambda: spark)
-            except Exception as exc:  # noqa: BLE001 - maintenance failure must not stop ingest
-                _log_failure(f"maintenance of {name} failed", exc)
+        compactor.request([s.name for s in pipeline.stores] + [t.name for t in pipeline.tables if not t.is_stream])
         # what the next micro-batch's commits need from Delta, computed while nothing waits for it
         # (tables whose runs commit with a transaction id)
         state_ahead.start([path for path in (layout.table_path(args.warehouse, name) for name in committed)
@@ -214,6 +211,7 @@ def ingest_command(args: argparse.Namespace, parser: argparse.ArgumentParser | N
         return run_continuous(spark, args.warehouse, pipeline, interval, one_run, after_run, watch)
     finally:
         try:
+            compactor.close()
             state_ahead.wait()
             spark.stop()
         except Exception:  # noqa: BLE001 - the JVM may have been signalled with us

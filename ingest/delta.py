@@ -66,8 +66,8 @@ RECORD_EMPTY_COMMITS_CONF = "spark.databricks.delta.skipRecordingEmptyCommits"
 
 @contextlib.contextmanager
 def commit_metadata(spark: SparkSession, state: StoreState) -> Iterator[None]:
-    """Every Delta commit made inside the block carries ``state`` (maintenance commits too, so
-    the newest commit of a table always has the state, ``layout.read_state``).
+    """Every Delta commit made inside the block carries ``state`` (a run's, ``versiq maintain``'s:
+    ``layout.read_state`` takes the newest one at or before a snapshot).
 
     Adaptive query execution is off inside the block: with it, Delta's write of a run (the
     run's decisions, already partitioned by bucket, then the write) re-plans around every

@@ -49,6 +49,7 @@ from versiq.ingest.sources import SourceError, check_readable, list_sources, log
 from versiq.ingest.spark import plans_for_input, start_soon
 from versiq.ingest.sqltext import file_of_sql
 from versiq.ingest.store import (
+    RUN,
     StoreHandle,
     commit_side,
     commit_store,
@@ -224,7 +225,7 @@ def open_for(warehouse: str, spec: StoreSpec) -> StoreHandle:
 
 def ingest_store(spark: SparkSession, warehouse: str, spec: StoreSpec, lock_timeout_s: float) -> StoreReport:
     path = layout.table_path(warehouse, spec.name)
-    with writer_lock(path, lock_timeout_s):
+    with writer_lock(path, lock_timeout_s, RUN):
         handle = open_for(warehouse, spec)
         if spec.kafka is not None:
             return _ingest_topic(spark, handle, spec, spec.kafka)

@@ -318,8 +318,14 @@ def plans_for_input(spark: SparkSession, small: bool) -> Iterator[None]:
     if not small:
         yield
         return
+    with session_settings(spark, small_run_settings(spark)):
+        yield
+
+
+@contextlib.contextmanager
+def session_settings(spark: SparkSession, settings: Mapping[str, str]) -> Iterator[None]:
+    """``settings`` hold in ``spark``'s SQL settings inside; the previous values after."""
     conf = spark.conf
-    settings = small_run_settings(spark)
     previous = {key: conf.get(key, None) for key in settings}
     for key, value in settings.items():
         conf.set(key, value)

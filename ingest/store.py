@@ -71,9 +71,105 @@ _leases: dict[str, Lease] = {}
 _local_holds: dict[str, _LocalHold] = {}
 
 
+#: What a holder of a store's writer lock does to the store table (``writer_lock``): a ``RUN``
+#: only appends to it (a run of a store or derived table; its side tables are its own), a
+#: ``COMPACTION`` rewrites files without changing what a query sees (Delta commits such a
+#: rewrite beside appends: ``versiq.ingest.maintain``); anything else (erase, drop, a stream's
+#: run) is ``EXCLUSIVE``.
+RUN, COMPACTION, EXCLUSIVE = "run", "compaction", "exclusive"
+
+
+@dataclass
+class _ProcessHold:
+    """This process's hold of one store's writer lock: who holds it (``RUN``, ``COMPACTION``),
+    and the ``__exit__`` of the lock between processes once taken; ``busy`` while that lock is
+    being taken or given back."""
+
+    kinds: list[str]
+    busy: bool = True
+    release: Callable[..., Any] | None = None
+
+
+_process_holds: dict[str, _ProcessHold] = {}
+_process_holds_changed = threading.Condition()
+
+
+def _shares(kind: str, held: list[str]) -> bool:
+    """Whether a holder of ``kind`` may join this process's holders ``held`` of a store: a run
+    and a compaction go together, never two of one kind, nor anything with ``EXCLUSIVE``."""
+    return kind != EXCLUSIVE and EXCLUSIVE not in held and kind not in held
+
+
 @contextlib.contextmanager
-def writer_lock(store_path: str, timeout_s: float) -> Iterator[None]:
+def writer_lock(store_path: str, timeout_s: float, kind: str = EXCLUSIVE) -> Iterator[None]:
     """The one-writer-per-store lock, held for a whole run (or compaction) of the store.
+
+    Between processes the lock is exclusive (``_processes_lock``). Inside one process a run and a
+    compaction of the store may hold it together (``kind``: ``RUN``, ``COMPACTION``), so that
+    continuous mode's compaction never keeps a run waiting; the lock between processes is taken
+    by the first of them and given back by the last. Any other pair waits, as two processes do,
+    and a wait longer than ``timeout_s`` raises ``LockTimeout``."""
+    deadline = time.monotonic() + timeout_s
+    with _process_holds_changed:
+        while True:
+            hold = _process_holds.get(store_path)
+            if hold is None:
+                hold = _process_holds[store_path] = _ProcessHold([])
+                first = True
+                break
+            if not hold.busy and _shares(kind, hold.kinds):
+                hold.kinds.append(kind)
+                first = False
+                break
+            if not _process_holds_changed.wait(max(0.0, deadline - time.monotonic())):
+                raise LockTimeout(f"store {storage.basename(store_path)!r} is locked by another writer of this "
+                                  f"process ({', '.join(hold.kinds) or 'starting'}); waited {timeout_s:g}s")
+    if first:
+        lock = _processes_lock(store_path, timeout_s)
+        try:
+            lock.__enter__()
+        except BaseException:
+            with _process_holds_changed:
+                del _process_holds[store_path]
+                _process_holds_changed.notify_all()
+            raise
+        with _process_holds_changed:
+            hold.kinds.append(kind)
+            hold.release, hold.busy = lock.__exit__, False
+            _process_holds_changed.notify_all()
+    failure: tuple[Any, Any, Any] = (None, None, None)
+    try:
+        yield
+    except BaseException as exc:
+        failure = (type(exc), exc, exc.__traceback__)
+        raise
+    finally:
+        _leave(store_path, hold, kind, failure)
+
+
+def _leave(store_path: str, hold: _ProcessHold, kind: str, failure: tuple[Any, Any, Any]) -> None:
+    """``kind`` lets go of this process's hold of the store; the last holder gives back the lock
+    between processes, with its own outcome (``failure``, which the lock may turn into its own
+    error, such as ``LeaseLost``)."""
+    with _process_holds_changed:
+        hold.kinds.remove(kind)
+        last = not hold.kinds
+        if last:
+            hold.busy = True
+    if not last:
+        return
+    try:
+        assert hold.release is not None
+        hold.release(*failure)
+    finally:
+        with _process_holds_changed:
+            del _process_holds[store_path]
+            _process_holds_changed.notify_all()
+
+
+@contextlib.contextmanager
+def _processes_lock(store_path: str, timeout_s: float) -> Iterator[None]:
+    """The store's lock between processes (``writer_lock``).
 
     Local warehouse: an exclusive ``flock`` on ``<store>/_versiq/lock``, released by the OS if
     the process dies. S3 warehouse: a lease object at the same place, written with conditional

@@ -88,11 +88,11 @@ which such stores keep: a key's partition never moves.
 
 State (per commit)
 ==================
-Every commit versiq makes to the store table carries ``StoreState`` as JSON in the commitInfo
-member ``userMetadata`` (Delta's own field for it): last run number, per-partition stream time
-and highest offset, the source files already done, and for derived tables the source
-runs/snapshots (``sources``) and direct input snapshots (``inputs``) the snapshot was computed
-from. The state of snapshot V is the one in the newest commit <= V that has it
+Every commit of a run, of ``versiq erase`` and of ``versiq maintain`` to the store table carries
+``StoreState`` as JSON in the commitInfo member ``userMetadata`` (Delta's own field for it):
+last run number, per-partition stream time and highest offset, the source files already done,
+and for derived tables the source runs/snapshots (``sources``) and direct input snapshots
+(``inputs``) the snapshot was computed from. The state of snapshot V is the one in the newest commit <= V that has it
 (``read_state``). Data and state are thus one atomic Delta commit. The first run's commit creates
 the table, partitioned and with its properties and settings: Delta's ``CREATE OR REPLACE TABLE
 AS SELECT`` at version 0 (``ingest.delta.commit_table``), with the Delta transaction
@@ -100,8 +100,10 @@ AS SELECT`` at version 0 (``ingest.delta.commit_table``), with the Delta transac
 ``WRITE``, mode ``Append``), which records that transaction where the run needs it (on S3:
 ``versiq.ingest.delta.run_txn_needed``; a run that appends no rows is a commit all the same). A
 commit of state only, between runs, is an append too, told apart by its transaction
-``(appId="versiq.state", version=the table version it creates)``; maintenance never appends
-(``query.history`` tells the kinds apart).
+``(appId="versiq.state", version=the table version it creates)``; maintenance never appends,
+and continuous mode's compactions (which change no data a query sees) carry no state, since
+one may commit after a run that began later (``ingest.maintain``; ``query.history`` tells the
+kinds apart).
 """
 
 from __future__ import annotations

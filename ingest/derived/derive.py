@@ -39,6 +39,7 @@ from versiq.ingest.plan import derives_here
 from versiq.ingest.reports import TableReport
 from versiq.ingest.side_by_side import large_run_turn, run_side_by_side
 from versiq.ingest.store import (
+    RUN,
     LockTimeout,
     StoreHandle,
     commit_sides,
@@ -220,7 +221,7 @@ def _open_tables(stack: contextlib.ExitStack, warehouse: str, specs: dict[str, T
     handles: dict[str, StoreHandle] = {}
     for name in order:
         path = layout.table_path(warehouse, name)
-        stack.enter_context(writer_lock(path, lock_timeout_s))
+        stack.enter_context(writer_lock(path, lock_timeout_s, RUN))
         handle = open_store(path, _table_settings(specs[name]), {"kind", "history_retention", "buckets"})
         handles[name] = handle
     return handles

@@ -25,7 +25,7 @@ from tests.support.ingest import (
 from tests.support.reference import ReferenceStore
 from versiq.ingest.errors import UsageError
 from versiq.ingest.pipeline import StoreSpec, run_ingest
-from versiq.layout import murmur2_partition
+from versiq.layout import murmur2_partition, read_state
 
 V = StoredVersion
 
@@ -219,10 +219,10 @@ def test_maintain_compacts_prunes_expired_history_and_keeps_old_snapshots(spark,
 def test_continuous_compaction_merges_a_buckets_recent_files_and_rewrites_it_whole_later(spark, tmp_path,
                                                                                           monkeypatch):
     """Continuous mode's compaction costs what arrived, not the store: the recent files of a
-    bucket are merged (superseded rows dropped) while its oldest file stays as it is; an expired
-    row is kept by a merge, since it hides an older row of the oldest file from the read rule;
+    bucket are merged (Delta's OPTIMIZE: every row kept) while its oldest file stays as it is;
     once the recent files hold a quarter of the oldest file's rows, the bucket is rewritten
-    whole and expired history goes."""
+    whole and superseded rows and expired history go. Neither commit changes data (Delta's
+    ``dataChange``) nor carries state: the store's state is its last run's."""
     from deltalake import DeltaTable
 
     from versiq.ingest import maintain
@@ -242,10 +242,11 @@ def test_continuous_compaction_merges_a_buckets_recent_files_and_rewrites_it_who
     result = maintain.compact_if_due(str(tmp_path / "wh"), "c", 60, lambda: spark)
     assert result is not None
     assert (result["buckets_merged"], result["buckets_rewritten"]) == (1, 0)
-    assert (result["rows_before"], result["rows_after"]) == (6, 4)  # j@20, k@20 of run 2 superseded by run 3
+    assert (result["rows_before"], result["rows_after"]) == (6, 6)
     files = _add_actions(path)
     assert len(files) == 2 and oldest["path"] in [f["path"] for f in files]
     assert store_versions(path) == before  # k@10 of run 1 (validTo NULL) stays hidden
+    assert _changes_no_data(path) and read_state(path, DeltaTable(path).version()).run == 3
 
     run4 = [("d.jsonl", lines([(f"f{i:03d}", "1", 110) for i in range(30)], "d.jsonl"))]
     path, _ = ingest(spark, tmp_path, "c", [run4], history_retention_ms=30, buckets=1)
@@ -256,6 +257,20 @@ def test_continuous_compaction_merges_a_buckets_recent_files_and_rewrites_it_who
     assert store_versions(path) == {k: [v for v in vs if v.valid_to is None or v.valid_to > 110 - 30]
                                     for k, vs in before.items()}
     assert [v.timestamp for v in store_versions(path)["k"]] == [20, 100]
+    assert _changes_no_data(path) and read_state(path, DeltaTable(path).version()).run == 4
+
+
+def _changes_no_data(path: str) -> bool:
+    """Whether the newest commit of the table at ``path`` changes no data and carries no state."""
+    import json
+
+    from versiq.layout import log_file
+
+    version = max(int(name[:20]) for name in os.listdir(os.path.join(path, "_delta_log")) if name.endswith(".json"))
+    actions = [json.loads(line) for line in open(log_file(path, version)).read().splitlines() if line]
+    files = [a.get("add") or a.get("remove") for a in actions if "add" in a or "remove" in a]
+    info = next(a["commitInfo"] for a in actions if "commitInfo" in a)
+    return bool(files) and not any(f["dataChange"] for f in files) and "userMetadata" not in info
 
 
 def test_one_continuous_compaction_merges_one_bucket_and_rewrites_another_whole(spark, tmp_path):
