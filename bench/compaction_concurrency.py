@@ -12,7 +12,10 @@ come back. The last two cases show that a rewrite whose predicate needs a data c
 of a bucket's recent files, ``run > r``) cannot be written as a change of no data.
 
 Measured on 2026-11-28 with delta-spark 4.4 (docs/benchmarks.md, "Kafka: a topic's headers"):
-only a whole-bucket rewrite with ``dataChange=false`` commits beside an append.
+only a whole-bucket rewrite with ``dataChange=false`` commits beside an append. The last case,
+Delta's OPTIMIZE of the files smaller than a bucket's oldest beside a thread that keeps
+appending, is the merge continuous mode makes since (docs/benchmarks.md, "Compaction beside the
+runs").
 
     .venv/bin/python bench/compaction_concurrency.py [--work /tmp/versiq-bench/concurrency]
 """
@@ -109,6 +112,42 @@ def main() -> None:
               f"erased row back: {outcome['erased_back']}", flush=True)
         return outcome
 
+    def optimize_beside_appends() -> dict[str, Any]:
+        """Delta's OPTIMIZE of bucket 0's files smaller than its oldest (the merge continuous mode
+        makes), three times while another thread keeps appending one row at a time: each
+        OPTIMIZE commits or fails, and every appended row must stay."""
+        fresh()
+        from deltalake import DeltaTable as Rs
+
+        base = max(int(s) for s in Rs(table).get_add_actions(flatten=True).column("size_bytes").to_pylist())
+        spark.conf.set("spark.databricks.delta.optimize.minFileSize", str(base))
+        stop, appended = threading.Event(), list[str]()
+
+        def appender() -> None:
+            while not stop.is_set():
+                run = 100 + len(appended)
+                spark.createDataFrame([(0, f"a{run}", run)], SCHEMA).write.format("delta").mode("append").save(table)
+                appended.append(f"a{run}")
+
+        thread = threading.Thread(target=appender)
+        thread.start()
+        outcomes = []
+        for _ in range(3):
+            time.sleep(0.5)
+            try:
+                DeltaTable.forPath(spark, table).optimize().where("bucket = 0").executeCompaction()
+                outcomes.append("committed")
+            except Exception as exc:  # noqa: BLE001 - the outcome is the figure
+                outcomes.append(type(exc).__name__)
+        stop.set()
+        thread.join()
+        keys = {r.key for r in spark.read.format("delta").load(table).where("bucket = 0").collect()}
+        outcome = {"case": "OPTIMIZE of small files beside appends", "rewrite": ", ".join(outcomes),
+                   "new_kept": set(appended) <= keys, "erased_back": None, "appended": len(appended)}
+        print(f"{outcome['case']:<58} {outcome['rewrite']:<62} appended rows kept: {outcome['new_kept']} "
+              f"({len(appended)})", flush=True)
+        return outcome
+
     print(f"load {loadavg()}", flush=True)
     results = [
         case("append beside a rewrite (data change)", "bucket = 0", True, append),
@@ -118,6 +157,7 @@ def main() -> None:
         case("append beside a merge, run > 1 (dataChange=false)", "bucket = 0 AND run > 1", False, append),
         case("append beside a merge, run > 1 (data change)", "bucket = 0 AND run > 1", True, append),
     ]
+    results.append(optimize_beside_appends())
     print(f"load {loadavg()}; {len(results)} cases", flush=True)
     spark.stop()
 

@@ -68,7 +68,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-from pyspark import InheritableThread
 from pyspark.sql import SparkSession
 
 from versiq import layout, storage
@@ -218,7 +217,8 @@ def compact_if_due(warehouse: str, store: str, lock_timeout_s: float, spark: Spa
 
 
 #: Delta's refusals of a commit that conflicts with one made since its transaction began.
-_GAVE_WAY = re.compile(r"\b(Concurrent\w+Exception|MetadataChangedException|ProtocolChangedException)\b")
+_GAVE_WAY = re.compile(r"\b(Concurrent\w+Exception|MetadataChangedException|ProtocolChangedException"
+                       r"|DELTA_CONCURRENT_\w+|DELTA_METADATA_CHANGED|DELTA_PROTOCOL_CHANGED)\b")
 
 
 class Compactor:
@@ -244,8 +244,10 @@ class Compactor:
     def request(self, names: Iterable[str]) -> None:
         if self._closing.is_set() or (self._thread is not None and self._thread.is_alive()):
             return
-        self._thread = InheritableThread(target=self._pass, args=(list(names),), name="versiq-compaction",
-                                         daemon=True)
+        # a plain thread: nothing of the micro-batch that asks (its SQL execution, its job
+        # group) is the compaction's; it sets its own job group
+        self._thread = threading.Thread(target=self._pass, args=(list(names),), name="versiq-compaction",
+                                        daemon=True)
         self._thread.start()
 
     def _pass(self, names: list[str]) -> None:
