@@ -291,6 +291,9 @@ class Compactor:
             except Exception:  # noqa: BLE001 - the JVM may be stopping with us
                 log.debug("cancelling the compaction failed", exc_info=True)
         thread.join(timeout_s)
+        if thread.is_alive():
+            log.warning("the compaction under way did not end within %g s; stopping without it (a compaction "
+                        "cut short commits nothing)", timeout_s)
 
 
 @dataclass
@@ -352,16 +355,17 @@ def plan_compaction(handle: StoreHandle, recent_only: bool = False,
     merge_below: list[int] = []
     try:
         for bucket, files in sorted(by_bucket.items()):
-            count = sum(int(f["num_records"]) for f in files)
             merge = recent_files(files, rewrite_share) if recent_only else None
             if merge is not None:
-                if len(merge[1]) < 2:
+                last_run, recent = merge
+                if len(recent) < 2:
                     continue  # one recent file: nothing to merge
-                plan.after_run[bucket] = merge[0]
-                merge_below.append(min(int(f["size_bytes"]) for f in files if f not in merge[1]))
-                files, after = merge[1], sum(int(f["num_records"]) for f in merge[1])
-                count = after
+                plan.after_run[bucket] = last_run
+                merge_below.append(min(int(f["size_bytes"]) for f in files if not any(f is r for r in recent)))
+                files = recent
+                count = after = sum(int(f["num_records"]) for f in recent)  # OPTIMIZE keeps every row
             else:
+                count = sum(int(f["num_records"]) for f in files)
                 sql = f"SELECT {columns} FROM read_parquet($files, hive_partitioning = false) " \
                     + read_rule_sql(settings.kind)
                 if settings.kind == "versioned":
