@@ -92,10 +92,10 @@ Every commit of a run, of ``versiq erase`` and of ``versiq maintain`` to the sto
 ``StoreState`` as JSON in the commitInfo member ``userMetadata`` (Delta's own field for it):
 last run number, per-partition stream time and highest offset, the source files already done,
 and for derived tables the source runs/snapshots (``sources``) and direct input snapshots
-(``inputs``) the snapshot was computed from. The state of snapshot V is the one in the newest commit <= V that has it
-(``read_state``). Data and state are thus one atomic Delta commit. The first run's commit creates
-the table, partitioned and with its properties and settings: Delta's ``CREATE OR REPLACE TABLE
-AS SELECT`` at version 0 (``ingest.delta.commit_table``), with the Delta transaction
+(``inputs``) the snapshot was computed from. The state of snapshot V is the one in the newest
+commit <= V that has it (``read_state``). Data and state are thus one atomic Delta commit. The
+first run's commit creates the table, partitioned and with its properties and settings: Delta's
+``CREATE OR REPLACE TABLE AS SELECT`` at version 0 (``ingest.delta.commit_table``), with the Delta transaction
 ``(appId="versiq.ingest", version=run)``. Every later run's commit is a plain append (Delta's
 ``WRITE``, mode ``Append``), which records that transaction where the run needs it (on S3:
 ``versiq.ingest.delta.run_txn_needed``; a run that appends no rows is a commit all the same). A

@@ -264,10 +264,12 @@ def _changes_no_data(path: str) -> bool:
     """Whether the newest commit of the table at ``path`` changes no data and carries no state."""
     import json
 
+    from deltalake import DeltaTable
+
     from versiq.layout import log_file
 
-    version = max(int(name[:20]) for name in os.listdir(os.path.join(path, "_delta_log")) if name.endswith(".json"))
-    actions = [json.loads(line) for line in open(log_file(path, version)).read().splitlines() if line]
+    actions = [json.loads(line) for line in open(log_file(path, DeltaTable(path).version())).read().splitlines()
+               if line]
     files = [a.get("add") or a.get("remove") for a in actions if "add" in a or "remove" in a]
     info = next(a["commitInfo"] for a in actions if "commitInfo" in a)
     return bool(files) and not any(f["dataChange"] for f in files) and "userMetadata" not in info
