@@ -2,14 +2,16 @@
 
 Both halves poll less because of it: continuous ingest over local folders starts a run when a
 file lands (``ingest.folder_watch``), and the service refreshes a store when its next commit
-lands (``query.catalog``). A thread runs ``watchfiles.watch`` over the paths and sets an event
-whenever changes come; ``wait`` returns at the first one, at ``wake()``, or after its timeout,
-whatever happened, so a caller always looks at the files themselves: a notification only says
-*when* to look. The watches are set up in the thread, a moment after the object is made: the
-first wake-up comes once they are (after about ``READY_MS``, or at the first change), so a caller
-that looks again then has missed nothing that happened meanwhile. Where the kernel cannot notify
-(a path that does not exist yet, a file system without inotify, too many watches) ``notified``
-turns False, with one warning, and the caller polls at its own interval instead.
+lands (``query.catalog``). A thread waits on watchfiles' Rust watcher (``RustNotify``, used
+directly as watchfiles documents) and sets an event whenever changes come; ``wait`` returns at the
+first one, at ``wake()``, or after its timeout, whatever happened, so a caller always looks at the
+files themselves: a notification only says *when* to look. The watches are set up in the thread,
+a moment after the object is made: the first wake-up comes once they are, so a caller that looks
+again then has missed nothing that happened meanwhile. The watcher waits without a timeout: its
+return on a timeout clears the changes it has collected after it looked at them, so a change that
+arrived in between was lost (and a waiter slept through a file that landed). Where the kernel
+cannot notify (a path that does not exist yet, a file system without inotify, too many watches)
+``notified`` turns False, with one warning, and the caller polls at its own interval instead.
 """
 
 from __future__ import annotations
@@ -26,16 +28,12 @@ log = logging.getLogger("versiq.notify")
 SETTLE_MS = 10
 #: The longest it groups the changes of paths that keep changing before it wakes the waiter.
 GROUP_MS = 200
-#: How long after the watches are set up the thread says so with a wake-up, if no change has by
-#: then (``watchfiles`` reports a quiet spell of this length; later ones are ignored).
-READY_MS = 1000
 
 
 class FileChanges:
     """Changes under ``paths`` (recursively), optionally only those ``keep(path)`` accepts."""
 
     def __init__(self, paths: list[str], what: str, keep: Callable[[str], bool] | None = None) -> None:
-        logging.getLogger("watchfiles").setLevel(logging.WARNING)  # not a line per change at INFO
         self._changed = threading.Event()
         self._closing = threading.Event()
         self._what = what
@@ -45,17 +43,15 @@ class FileChanges:
         self._thread.start()
 
     def _watch(self, paths: list[str], keep: Callable[[str], bool] | None) -> None:
-        import watchfiles
+        from watchfiles._rust_notify import RustNotify
 
-        watch_filter = None if keep is None else (lambda _change, path: keep(path))
-        ready = False
         try:
-            for changes in watchfiles.watch(*paths, watch_filter=watch_filter, debounce=GROUP_MS, step=SETTLE_MS,
-                                            stop_event=self._closing, raise_interrupt=False, rust_timeout=READY_MS,
-                                            yield_on_timeout=True):
-                if changes or not ready:  # a change, or the first quiet spell: the watches are set up
-                    ready = True
-                    self._changed.set()
+            with RustNotify(paths, False, False, 0, True, False) as watcher:
+                self._changed.set()  # the watches are set up
+                while not self._closing.is_set():
+                    changes = watcher.watch(GROUP_MS, SETTLE_MS, 0, self._closing)
+                    if isinstance(changes, set) and any(keep is None or keep(path) for _change, path in changes):
+                        self._changed.set()
         except Exception as exc:  # noqa: BLE001 - a missing path, no inotify, too many watches: poll instead
             if not self._closing.is_set():
                 log.warning("no file notifications for %s (%s: %s); polling instead", self._what,
