@@ -131,7 +131,9 @@ def test_an_expired_lease_is_taken_over_and_its_etag_stops_working(s3: Any) -> N
     bucket, key = split_s3(uri)
     dead = _write_by_hand(uri, ttl_s=1.0, generation=7, pid=999999)  # a holder that died at once
     started = time.monotonic()
-    with s3_lease(uri, timeout_s=10, ttl_s=3, poll_s=0.2) as lease:
+    # a long ttl of its own: a renewal (every ttl/3, each a generation) before the read below,
+    # on a loaded machine, would make the takeover's generation look wrong
+    with s3_lease(uri, timeout_s=10, ttl_s=30, poll_s=0.2) as lease:
         waited = time.monotonic() - started
         assert 0.5 < waited < 5  # judged by the server's clock: ttl + one second of granularity
         read = _read(uri)
