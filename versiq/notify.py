@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import Any
 
 log = logging.getLogger("versiq.notify")
 
@@ -43,10 +44,8 @@ class FileChanges:
         self._thread.start()
 
     def _watch(self, paths: list[str], keep: Callable[[str], bool] | None) -> None:
-        from watchfiles._rust_notify import RustNotify
-
         try:
-            with RustNotify(paths, False, False, 0, True, False) as watcher:
+            with _rust_watcher(paths) as watcher:
                 self._changed.set()  # the watches are set up
                 while not self._closing.is_set():
                     changes = watcher.watch(GROUP_MS, SETTLE_MS, 0, self._closing)
@@ -72,3 +71,14 @@ class FileChanges:
     def close(self) -> None:
         self._closing.set()
         self._thread.join(timeout=10)
+
+
+def _rust_watcher(paths: list[str]) -> Any:
+    """watchfiles' Rust watcher over ``paths`` (recursive), with the choices ``watchfiles.watch``
+    makes from the environment: polling on WSL, where inotify misses changes made from Windows,
+    and the ``WATCHFILES_*`` variables."""
+    from watchfiles._rust_notify import RustNotify
+    from watchfiles.main import _default_force_polling, _default_ignore_permission_denied, _default_poll_delay_ms
+
+    return RustNotify(paths, False, _default_force_polling(None), _default_poll_delay_ms(300), True,
+                      _default_ignore_permission_denied(None))
