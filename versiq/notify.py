@@ -19,7 +19,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from watchfiles._rust_notify import RustNotify
 
 log = logging.getLogger("versiq.notify")
 
@@ -73,7 +76,7 @@ class FileChanges:
         self._thread.join(timeout=10)
 
 
-def _rust_watcher(paths: list[str]) -> Any:
+def _rust_watcher(paths: list[str]) -> RustNotify:
     """watchfiles' Rust watcher over ``paths`` (recursive), with the choices ``watchfiles.watch``
     makes from the environment: polling on WSL, where inotify misses changes made from Windows,
     and the ``WATCHFILES_*`` variables."""
