@@ -4,7 +4,8 @@
 #       ingest --warehouse /warehouse --store prices --source /data       # ingest (PySpark, local[*])
 # The jars Spark loads beside PySpark's own, fetched and built at build time with Maven, as the
 # Makefile's $(SPARK_JARS) does: Delta's connector and Spark's Kafka source (jars/pom.xml), S3A
-# with the AWS SDK modules it uses (jars/s3/pom.xml), versiq's S3 LogStore (jars/logstore).
+# with the AWS SDK modules it uses (jars/s3/pom.xml), versiq's S3 LogStore and local file system
+# (jars/logstore).
 FROM maven:3.9-eclipse-temurin-17 AS jars
 COPY jars/pom.xml /build/pom.xml
 COPY jars/s3/pom.xml /build/s3/pom.xml

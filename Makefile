@@ -84,7 +84,8 @@ $(CONFORMANCE_JAR): $(CONFORMANCE_SRC) | java
 #   Spark's Kafka source, without their transitive dependencies;
 # - jars/s3/pom.xml: Hadoop's S3A file system (hadoop-aws), the S3 analytics accelerator and the
 #   AWS SDK v2 modules S3A uses, with their transitive dependencies minus what PySpark ships;
-# - jars/logstore: versiq's Delta LogStore for S3 (conditional-put commits), built from source.
+# - jars/logstore: versiq's Delta LogStore for S3 (conditional-put commits) and Hadoop local file
+#   system (permissions without a chmod process per file), built from source.
 SPARK_JARS := .cache/jars/.fetched
 LOGSTORE_SRC := jars/logstore/pom.xml $(shell find jars/logstore/src -name '*.java' 2>/dev/null)
 

@@ -47,7 +47,7 @@ DRIVER_JAVA_OPTIONS_ENV = settings.DRIVER_JAVA_OPTIONS.name
 CLASS_ARCHIVE_DIR_ENV = settings.JVM_ARCHIVE_DIR.name
 
 #: The archive's contents change with what the writing JVM runs: a new recipe, a new file.
-CLASS_ARCHIVE_RECIPE = 9
+CLASS_ARCHIVE_RECIPE = 10
 
 #: How long ``write_class_archive`` waits by default for the JVM that writes the archive (a
 #: loaded 2-core machine takes minutes; the archive is then skipped, never waited for longer).

@@ -3,12 +3,16 @@ Spark connector (delta-spark) loaded: every Delta table the job writes goes thro
 (``versiq.ingest.delta``).
 
 Delta's jars (and Spark's Kafka source, ``ingest.kafka``). The project's setup (``make``) fetches
-them with Maven from ``jars/pom.xml`` into
-``.cache/jars`` (git-ignored); ``VERSIQ_SPARK_JARS`` names another folder (the container image
-sets one). The jars of that folder are handed to Spark (``spark.jars``, shipped to executors by
-Spark itself). Without such a folder (versiq installed from a wheel) Spark resolves the same
-coordinates from Maven Central with its own package resolution (``spark.jars.packages``, the
-way ``delta.configure_spark_with_delta_pip`` does), cached under ``~/.ivy2``.
+them with Maven from ``jars/pom.xml`` into ``.cache/jars`` (git-ignored); ``VERSIQ_SPARK_JARS``
+names another folder (the container image sets one). In a local session (whose tasks run in the
+driver JVM) the jars of that folder go on the driver JVM's class path
+(``spark.driver.extraClassPath``), where the class-data-sharing archive maps their classes
+(handed to Spark as ``spark.jars``, each session would copy them, 31 MB, into a temporary folder
+and load them with a class loader of their own). Sessions on a cluster get them as
+``spark.jars``, which Spark ships to the executors. Without such a folder (versiq installed from
+a wheel) Spark resolves the same coordinates from Maven Central with its own package resolution
+(``spark.jars.packages``, the way ``delta.configure_spark_with_delta_pip`` does), cached under
+``~/.ivy2``.
 
 Executors must import this project (parsing runs there). In local mode and on a standalone
 cluster started from the same installation they share the driver's Python environment
@@ -73,6 +77,13 @@ DEFAULT_MASTER = "local[*]"
 S3A_FILESYSTEM = "org.apache.hadoop.fs.s3a.S3AFileSystem"
 #: versiq's Delta LogStore for S3: commits with a conditional put (jars/logstore).
 S3_LOGSTORE = "dev.versiq.delta.ConditionalS3LogStore"
+#: The jar of versiq's own classes (jars/logstore), built by the project's setup into the jars folder.
+VERSIQ_JAR = "versiq-delta-logstore-*.jar"
+#: Hadoop's local file system with permissions set in the JVM rather than by a ``chmod`` process
+#: per file created (jars/logstore; ``_with_jars``).
+LOCAL_FILESYSTEM = "dev.versiq.fs.LocalFileSystem"
+#: The same for Hadoop's ``FileContext``, through which Delta writes and renames its log files.
+LOCAL_FILE_CONTEXT = "dev.versiq.fs.LocalFs"
 #: What to do when the S3 jars are missing.
 FETCH_HINT_S3 = ("run `make .cache/jars/.fetched` (make test and make demo do it) to fetch Hadoop's S3A jars "
                  "(jars/s3/pom.xml) and build versiq's S3 LogStore (jars/logstore)")
@@ -123,7 +134,7 @@ def s3_jars_present(folder: str | None = None) -> bool:
     """Whether ``folder`` (default: ``jars_dir()``) holds S3A (hadoop-aws) and versiq's LogStore."""
     where = folder if folder is not None else jars_dir()
     return where is not None and all(glob.glob(os.path.join(where, pattern))
-                                     for pattern in ("hadoop-aws-*.jar", "versiq-delta-logstore-*.jar"))
+                                     for pattern in ("hadoop-aws-*.jar", VERSIQ_JAR))
 
 
 def s3_settings(environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -193,13 +204,32 @@ def _with_s3(builder: SparkSession.Builder, folder: str | None) -> SparkSession.
     return builder
 
 
-def _with_delta(builder: SparkSession.Builder) -> SparkSession.Builder:
+def _with_jars(builder: SparkSession.Builder, url: str) -> SparkSession.Builder:
+    """The jars folder's jars (``jars_dir``; else Maven coordinates), and S3 (``_with_s3``). A
+    local session gets them on the driver JVM's class path from its start (module docstring),
+    and with versiq's jar ``LOCAL_FILESYSTEM`` and ``LOCAL_FILE_CONTEXT`` for ``file:`` paths.
+
+    Why those: without Hadoop's native library, which PySpark does not ship, Hadoop's local file
+    system starts a ``chmod`` process for every file and directory it creates, and a
+    ``readlink`` one for every rename through ``FileContext``: about 55 per small run (each
+    bucket's data file and its ``.crc``, each Delta log file), in the write task and the commit
+    (docs/benchmarks.md has what they cost). Only in local sessions: Spark resolves its jars
+    through the local file system before it loads any, so the class must be on the JVM's class
+    path from its start, which an executor elsewhere would not have."""
     folder = jars_dir()
-    if folder is not None:
-        builder = builder.config("spark.jars", ",".join(jar_files(folder)))
-        builder = _with_s3(builder, folder)
-    else:
-        builder = builder.config("spark.jars.packages", ",".join(spark_coordinates()))
+    if folder is None:
+        return builder.config("spark.jars.packages", ",".join(spark_coordinates()))
+    jars = jar_files(folder)
+    if url != "local" and not url.startswith("local["):
+        return _with_s3(builder.config("spark.jars", ",".join(jars)), folder)
+    builder = builder.config("spark.driver.extraClassPath", os.pathsep.join(jars))
+    if glob.glob(os.path.join(folder, VERSIQ_JAR)):
+        builder = (builder.config("spark.hadoop.fs.file.impl", LOCAL_FILESYSTEM)
+                   .config("spark.hadoop.fs.AbstractFileSystem.file.impl", LOCAL_FILE_CONTEXT))
+    return _with_s3(builder, folder)
+
+
+def _with_delta(builder: SparkSession.Builder) -> SparkSession.Builder:
     return (
         builder.config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
         .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
@@ -415,7 +445,7 @@ def get_spark(master: str | None = None, app_name: str = "versiq-ingest", *,
     if starting:
         logging.getLogger("versiq.ingest").info("starting Spark (%s) ...", url)
     started = time.monotonic()
-    spark = _with_delta(builder).getOrCreate()
+    spark = _with_delta(_with_jars(builder, url)).getOrCreate()
     if starting:
         logging.getLogger("versiq.ingest").info("Spark ready in %.1f s", time.monotonic() - started)
     spark.sparkContext.setLogLevel("ERROR")

@@ -32,7 +32,7 @@ JARS_DIR_ENV = settings.SPARK_JARS.name
 
 
 def jars_dir() -> str | None:
-    """The folder of fetched jars a Spark session loads (``spark.jars``, ``ingest.spark``):
+    """The folder of fetched jars a Spark session loads (``ingest.spark``):
     ``VERSIQ_SPARK_JARS``, else ``.cache/jars`` of the checkout this package runs from; None when
     neither holds Delta's connector."""
     root = os.path.dirname(os.path.dirname(os.path.realpath(versiq.__file__ or "")))

@@ -58,7 +58,7 @@ def connect(warehouse: str, snapshots: Mapping[str, int] | None = None) -> duckd
     in ``snapshots`` that is not in the warehouse."""
     warehouse = storage.normalize(warehouse)
     pinned = dict(snapshots or {})
-    con = storage.duckdb_connect()
+    con = storage.duckdb_connect(private=True)  # its views and settings are its own
     found: set[str] = set()
     for name, path in storage.subdirectories(warehouse):
         if not names.is_valid_store_name(name) or not layout.has_table(path):

@@ -509,7 +509,7 @@ def merge_key_sql(quote: str, slot: str = "") -> str:
 
 def merged_here(records: pa.Table, stage: PassWork, names: list[str]) -> pa.Table:
     """``records`` sorted by ``MERGE_ORDER`` by DuckDB in this process (``process_here``)."""
-    con = duckdb.connect()
+    con = storage.duckdb_connect()
     try:
         con.register("records", records)
         key = merge_key(stage, chr(34))

@@ -63,3 +63,50 @@ def test_small_runs_plan_for_little_data_and_the_session_gets_its_settings_back(
         assert not spark_module.small_run(size)
     assert settings() == before
     assert settings() == before
+
+
+def test_a_local_sessions_files_get_hadoops_permissions_from_versiqs_file_system(spark, tmp_path):
+    """A local session's Hadoop file systems for ``file:`` paths are versiq's (``FileSystem`` and
+    ``FileContext``, which Delta's log goes through): files and directories get the permissions
+    Hadoop's own would give them (the default under the umask, here 022), set in the JVM; a
+    symbolic link is still seen as one; and a Delta table written through them reads back."""
+    import os
+    import stat
+
+    jvm = spark.sparkContext._jvm
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    uri = jvm.java.net.URI("file:///")
+    assert jvm.org.apache.hadoop.fs.FileSystem.get(uri, conf).getClass().getName() == spark_module.LOCAL_FILESYSTEM
+    context = jvm.org.apache.hadoop.fs.FileContext.getFileContext(uri, conf)
+    assert context.getDefaultFileSystem().getClass().getName() == spark_module.LOCAL_FILE_CONTEXT
+    fs = jvm.org.apache.hadoop.fs.FileSystem.get(uri, conf)
+    folder, made = jvm.org.apache.hadoop.fs.Path(f"file://{tmp_path}/a/b"), f"file://{tmp_path}/a/b/f"
+    assert fs.mkdirs(folder)
+    fs.create(jvm.org.apache.hadoop.fs.Path(made), False).close()
+    umask = jvm.org.apache.hadoop.fs.permission.FsPermission.getUMask(conf).toShort()
+    assert stat.S_IMODE(os.stat(tmp_path / "a" / "b").st_mode) == 0o777 & ~umask
+    assert stat.S_IMODE(os.stat(tmp_path / "a" / "b" / "f").st_mode) == 0o666 & ~umask
+    assert (tmp_path / "a" / "b" / ".f.crc").exists()  # still Hadoop's checksummed file system
+    # an explicit permission, through the raw file system and FileContext alike
+    raw = fs.getRaw()
+    raw.setPermission(jvm.org.apache.hadoop.fs.Path(made), jvm.org.apache.hadoop.fs.permission.FsPermission("640"))
+    assert stat.S_IMODE(os.stat(tmp_path / "a" / "b" / "f").st_mode) == 0o640
+    context.setPermission(jvm.org.apache.hadoop.fs.Path(made), jvm.org.apache.hadoop.fs.permission.FsPermission("604"))
+    assert stat.S_IMODE(os.stat(tmp_path / "a" / "b" / "f").st_mode) == 0o604
+    # the status of a file, a directory, a symbolic link, as Hadoop's own raw file system gives it
+    os.symlink(tmp_path / "a" / "b" / "f", tmp_path / "link")
+    stock = jvm.org.apache.hadoop.fs.RawLocalFileSystem()
+    stock.initialize(uri, conf)
+    for name in ("a/b/f", "a/b", "link"):
+        where = jvm.org.apache.hadoop.fs.Path(f"file://{tmp_path}/{name}")
+        ours, theirs = context.getFileLinkStatus(where), stock.getFileLinkStatus(where)
+        assert (ours.isSymlink(), ours.isFile(), ours.isDirectory(), ours.getLen(), ours.getPath().toString()) == \
+            (theirs.isSymlink(), theirs.isFile(), theirs.isDirectory(), theirs.getLen(), theirs.getPath().toString())
+    assert context.getFileLinkStatus(jvm.org.apache.hadoop.fs.Path(made)).isFile()
+    # a Delta table written and read through them
+    path = str(tmp_path / "t")
+    spark.range(5).write.format("delta").save(path)
+    spark.range(5, 7).write.format("delta").mode("append").save(path)
+    assert sorted(r.id for r in spark.read.format("delta").load(path).collect()) == list(range(7))
+    assert stat.S_IMODE(os.stat(os.path.join(path, "_delta_log", "00000000000000000001.json")).st_mode) == \
+        0o666 & ~umask
