@@ -229,7 +229,8 @@ class Compactor:
     again). The pass uses a Spark session of its own (``WorkerSession``, without the state a
     run's commits carry) and its own job group; it waits for the large runs of the process
     (``large_run_turn``), so only small runs share the cores with it. A failure is logged in
-    one line by ``log_failure`` and the runs go on. ``close`` cancels a pass under way and waits
+    one line by ``log_failure`` and the runs go on; one that comes from Spark stopping under it
+    (``_spark_stopped``) is said in an INFO line and ends the pass. ``close`` cancels a pass under way and waits
     for it: a compaction cut short commits nothing, and a later vacuum removes its files."""
 
     JOB_GROUP = "versiq-compaction"
@@ -271,6 +272,10 @@ class Compactor:
                 conflict = _GAVE_WAY.search(str(exc))
                 if self._closing.is_set():
                     log.info("store %s: the compaction under way was cancelled: continuous mode is stopping", name)
+                elif _spark_stopped():
+                    log.info("store %s: the compaction under way ended with Spark, which is stopping (a compaction "
+                             "cut short commits nothing)", name)
+                    return
                 elif conflict is not None:
                     log.info("store %s: the compaction gave way to a concurrent change of the table (%s); "
                              "the next micro-batch tries again", name, conflict.group(0))
@@ -294,6 +299,22 @@ class Compactor:
         if thread.is_alive():
             log.warning("the compaction under way did not end within %g s; stopping without it (a compaction "
                         "cut short commits nothing)", timeout_s)
+
+
+def _spark_stopped() -> bool:
+    """Whether this process's SparkContext is stopped (or its JVM gone). A signal to the whole
+    process group (``kill`` of the group, systemd's stop) reaches the driver JVM too, whose
+    shutdown hook stops Spark under a compaction in flight before continuous mode's own stop
+    (``Compactor.close``) begins: that compaction's failure is the stop, not a fault."""
+    from pyspark import SparkContext
+
+    context = SparkContext._active_spark_context
+    if context is None:
+        return True
+    try:
+        return bool(context._jsc.sc().isStopped())  # type: ignore[union-attr]
+    except Exception:  # noqa: BLE001 - the JVM is gone
+        return True
 
 
 @dataclass

@@ -145,3 +145,46 @@ def test_the_compactor_compacts_beside_runs_and_a_failure_stops_no_run(spark, tm
         write_jsonl(str(expected), f"r{r:02d}.jsonl", runs[r])
     assert run_ingest(spark, warehouse, [StoreSpec("e", str(expected), buckets=1)]).stores["e"].error is None
     assert store_versions(os.path.join(warehouse, "c")) == store_versions(os.path.join(warehouse, "e"))
+
+
+_STOPPED_UNDER_A_COMPACTION = """
+import logging, os, sys
+logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+from tests.support.ingest import write_jsonl
+from tests.ingest.test_compaction_beside import _runs
+from versiq.ingest import maintain
+from versiq.ingest.pipeline import StoreSpec, run_ingest
+from versiq.ingest.spark import get_spark
+
+warehouse, src = sys.argv[1], sys.argv[2]
+os.makedirs(src)
+spark = get_spark("local[1]")
+runs = _runs(3)
+for r in range(3):
+    write_jsonl(src, f"r{r:02d}.jsonl", runs[r])
+    assert run_ingest(spark, warehouse, [StoreSpec("c", src, buckets=1)]).stores["c"].error is None
+maintain.COMPACT_FILES_PER_BUCKET = 2
+compactor = maintain.Compactor(spark, warehouse, 30, lambda what, exc: print("FAILURE", what, exc))
+spark.sparkContext._jsc.sc().stop()  # what the JVM's shutdown hook does on a signal to the group
+compactor.request(["c", "c"])
+compactor._thread.join(120)
+print("PASS OVER", flush=True)
+"""
+
+
+def test_a_compaction_that_spark_stops_under_is_one_info_line(tmp_path):
+    """A signal to the whole process group reaches the driver JVM too, whose shutdown hook stops
+    Spark under a compaction in flight, before continuous mode's own stop: the compactor says so
+    in one INFO line, ends its pass, and reports no failure (in a JVM of its own: the test stops
+    its SparkContext)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _STOPPED_UNDER_A_COMPACTION, str(tmp_path / "wh"),
+                           str(tmp_path / "src")], capture_output=True, text=True, timeout=300,
+                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "PASS OVER" in done.stdout and "FAILURE" not in done.stdout, done.stdout
+    stopping = [line for line in done.stderr.splitlines() if "the compaction under way ended with Spark" in line]
+    assert len(stopping) == 1 and stopping[0].startswith("INFO versiq"), done.stderr[-3000:]
+    assert not [line for line in done.stderr.splitlines() if line.startswith("ERROR versiq")], done.stderr[-3000:]
