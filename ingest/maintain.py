@@ -230,8 +230,9 @@ class Compactor:
     run's commits carry) and its own job group; it waits for the large runs of the process
     (``large_run_turn``), so only small runs share the cores with it. A failure is logged in
     one line by ``log_failure`` and the runs go on; one that comes from Spark stopping under it
-    (``_spark_stopped``) is said in an INFO line and ends the pass. ``close`` cancels a pass under way and waits
-    for it: a compaction cut short commits nothing, and a later vacuum removes its files."""
+    (``_spark_stopped``) is said in an INFO line and ends the pass. ``close`` cancels a pass
+    under way and waits for it: a compaction cut short commits nothing, and a later vacuum
+    removes its files."""
 
     JOB_GROUP = "versiq-compaction"
 

@@ -68,8 +68,9 @@ def test_small_runs_plan_for_little_data_and_the_session_gets_its_settings_back(
 def test_a_local_sessions_files_get_hadoops_permissions_from_versiqs_file_system(spark, tmp_path):
     """A local session's Hadoop file systems for ``file:`` paths are versiq's (``FileSystem`` and
     ``FileContext``, which Delta's log goes through): files and directories get the permissions
-    Hadoop's own would give them (the default under the umask, here 022), set in the JVM; a
-    symbolic link is still seen as one; and a Delta table written through them reads back."""
+    Hadoop's own would give them (its defaults under its umask, ``fs.permissions.umask-mode``),
+    set in the JVM; a file, a directory and a symbolic link have the status Hadoop's own raw file
+    system gives them; and a Delta table written through them reads back."""
     import os
     import stat
 
