@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import fnmatch
 import glob
 import importlib.metadata
 import logging
@@ -222,11 +223,29 @@ def _with_jars(builder: SparkSession.Builder, url: str) -> SparkSession.Builder:
     jars = jar_files(folder)
     if url != "local" and not url.startswith("local["):
         return _with_s3(builder.config("spark.jars", ",".join(jars)), folder)
-    builder = builder.config("spark.driver.extraClassPath", os.pathsep.join(jars))
-    if glob.glob(os.path.join(folder, VERSIQ_JAR)):
-        builder = (builder.config("spark.hadoop.fs.file.impl", LOCAL_FILESYSTEM)
-                   .config("spark.hadoop.fs.AbstractFileSystem.file.impl", LOCAL_FILE_CONTEXT))
+    for key, value in local_session_jars(jars).items():
+        builder = builder.config(key, value)
     return _with_s3(builder, folder)
+
+
+def local_session_jars(jars: list[str]) -> dict[str, str]:
+    """A local session's settings for ``jars`` (``_with_jars``): the class path, and the local
+    file systems when versiq's jar holds them. A jar built before them (a checkout updated
+    without ``make``) leaves Hadoop's own: a class named in the settings but missing would stop
+    Spark from starting."""
+    settings = {"spark.driver.extraClassPath": os.pathsep.join(jars)}
+    classes = {name.replace(".", "/") + ".class" for name in (LOCAL_FILESYSTEM, LOCAL_FILE_CONTEXT)}
+    for jar in jars:
+        if fnmatch.fnmatch(os.path.basename(jar), VERSIQ_JAR):
+            try:
+                with zipfile.ZipFile(jar) as archive:
+                    held = classes <= set(archive.namelist())
+            except (OSError, zipfile.BadZipFile):
+                held = False
+            if held:
+                settings["spark.hadoop.fs.file.impl"] = LOCAL_FILESYSTEM
+                settings["spark.hadoop.fs.AbstractFileSystem.file.impl"] = LOCAL_FILE_CONTEXT
+    return settings
 
 
 def _with_delta(builder: SparkSession.Builder) -> SparkSession.Builder:

@@ -111,3 +111,28 @@ def test_a_local_sessions_files_get_hadoops_permissions_from_versiqs_file_system
     assert sorted(r.id for r in spark.read.format("delta").load(path).collect()) == list(range(7))
     assert stat.S_IMODE(os.stat(os.path.join(path, "_delta_log", "00000000000000000001.json")).st_mode) == \
         0o666 & ~umask
+
+
+def test_a_versiq_jar_without_the_file_systems_leaves_hadoops_own(tmp_path):
+    """A local session names versiq's file systems only when its jar holds them: a jar built
+    before them (a checkout updated without ``make``) or an unreadable one leaves Hadoop's, so
+    Spark still starts; the jars go on the class path either way."""
+    import zipfile
+
+    from versiq.package import jars_dir
+
+    old = tmp_path / "versiq-delta-logstore-1.jar"
+    with zipfile.ZipFile(old, "w") as jar:
+        jar.writestr("dev/versiq/delta/ConditionalS3LogStore.class", b"")
+    other = tmp_path / "delta-spark_4.2_2.13-4.4.0.jar"
+    other.write_bytes(b"")
+    for versiq_jar in (old, tmp_path / "not-a-zip" / "versiq-delta-logstore-1.jar"):
+        versiq_jar.parent.mkdir(exist_ok=True)
+        if not versiq_jar.exists():
+            versiq_jar.write_bytes(b"not a zip")
+        jars = [str(other), str(versiq_jar)]
+        assert spark_module.local_session_jars(jars) == {"spark.driver.extraClassPath": ":".join(jars)}
+    built = spark_module.jar_files(jars_dir())
+    settings = spark_module.local_session_jars(built)
+    assert settings["spark.hadoop.fs.file.impl"] == spark_module.LOCAL_FILESYSTEM
+    assert settings["spark.hadoop.fs.AbstractFileSystem.file.impl"] == spark_module.LOCAL_FILE_CONTEXT
