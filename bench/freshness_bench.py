@@ -13,7 +13,7 @@ machine load before and after.
 The same probes run in each mode, ``--rounds`` times in alternating order (A B, B A: whichever
 ran first measured slower), each time with its own ingest, service and warehouse; the figures
 pool the rounds. Modes (``MODES``): ``default`` (the folder watched with the kernel's file
-notifications, a run at most every second: ``ingest.folder_watch``), ``generated_code`` (the
+notifications, a run at most every second: ``ingest.watch``), ``generated_code`` (the
 default with ``VERSIQ_INTERPRETED_RUN_BYTES=0``: every run compiles generated code for its plan;
 the baseline without a checkout). (``trigger_only``, ``--watch-interval 1s``, was the baseline
 while a streaming query checked local folders; with notifications it equals ``default``.)

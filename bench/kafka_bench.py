@@ -181,7 +181,7 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def freshness(broker: KafkaBroker, work: str, rate: int, seconds: int, name: str = "fresh",
-              checkout: str | None = None) -> dict:
+              checkout: str | None = None, probe_every: int = 100) -> dict:
     """Freshness of this checkout's code, or with ``checkout`` that checkout's (``baseline_env``)."""
     import httpx
     from confluent_kafka import Producer
@@ -230,7 +230,7 @@ def freshness(broker: KafkaBroker, work: str, rate: int, seconds: int, name: str
                     producer.produce(topic, key=key.encode(), value=str(i).encode(),
                                      timestamp=int(time.time() * 1000))
                     producer.poll(0)
-                    if i % 100 == 0:
+                    if i % probe_every == 0:
                         producer.flush(10)  # a probe's clock starts when the broker has it
                         probes.append((key, time.monotonic()))
                 producer.flush(30)
@@ -256,7 +256,8 @@ def freshness(broker: KafkaBroker, work: str, rate: int, seconds: int, name: str
             proc.wait(timeout=60)
         ingest_log.close()
     latencies.sort()
-    out = {"rate_per_s": rate, "seconds": seconds, "probes": len(probes), "seen": len(latencies),
+    out = {"rate_per_s": rate, "seconds": seconds, "probe_every": probe_every, "probes": len(probes),
+           "seen": len(latencies),
            "p50_s": round(statistics.median(latencies), 3),
            "p99_s": round(latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))], 3),
            "max_s": round(latencies[-1], 3), "load_before": load_before, "load_after": loadavg()}
@@ -271,6 +272,8 @@ def main() -> None:
     ap.add_argument("--keys", type=int, default=1_000_000, help="changelog keys (x 10 events)")
     ap.add_argument("--rate", type=int, default=1000)
     ap.add_argument("--seconds", type=int, default=60)
+    ap.add_argument("--probe-every", type=int, default=100,
+                    help="every Nth record produced is a probe (1 with a low --rate: each record after a quiet spell)")
     ap.add_argument("--skip-throughput", action="store_true")
     ap.add_argument("--skip-freshness", action="store_true")
     ap.add_argument("--baseline-checkout", help="a checkout of an earlier commit: freshness of its code too")
@@ -293,12 +296,12 @@ def main() -> None:
             for i in range(args.rounds):
                 for code in runs:
                     runs[code].append(freshness(broker, args.work, args.rate, args.seconds, f"fresh-{code}-{i}",
-                                                checkout if code == "baseline" else None))
+                                                checkout if code == "baseline" else None, args.probe_every))
             result["freshness_runs"] = runs
             result["baseline_checkout"] = args.baseline_checkout
             result["freshness"] = runs["this"][-1]
         else:
-            result["freshness"] = freshness(broker, args.work, args.rate, args.seconds)
+            result["freshness"] = freshness(broker, args.work, args.rate, args.seconds, probe_every=args.probe_every)
         if args.run_pairs:
             result["run_seconds"] = run_seconds(broker, args.work, args.run_pairs)
         if not args.skip_throughput:

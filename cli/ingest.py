@@ -102,8 +102,9 @@ def add_ingest(sub: Any) -> None:
     ing.add_argument("--report", default=None, help="write the run report as JSON to this file")
     ing.add_argument("--continuous", action="store_true",
                      help="keep running and ingest new input as it lands: local files and folders are "
-                          "watched with the kernel's file notifications, a pipeline with a Kafka topic or an "
-                          "S3 source by a Spark Structured Streaming query; each time runs the pipeline once")
+                          "watched with the kernel's file notifications and Kafka topics by a consumer, a "
+                          "pipeline with an S3 source by a Spark Structured Streaming query; each time runs "
+                          "the pipeline once")
     ing.add_argument("--trigger-interval", default="5s",
                      help="continuous mode: the least time between the starts of two runs that "
                           "committed something (default 5s)")

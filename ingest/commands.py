@@ -3,10 +3,11 @@
 Exit status (docs/contract.md): 0 every store committed; 1 a store failed (its report entry has
 ``error``); 2 usage/configuration error found before any data is touched.
 
-Continuous mode (``ingest.continuous``): the kernel's file notifications (local sources only,
-``ingest.folder_watch``) or a Spark Structured Streaming query (a Kafka topic or an S3 source in
-the pipeline) say when the sources hold something new, and each time the pipeline runs once; the
-files done committed with each store's data stay the source of truth for what was ingested.
+Continuous mode (``ingest.continuous``): the kernel's file notifications and a consumer per Kafka
+topic (``ingest.watch``) or a Spark Structured Streaming query (an S3 source, or a topic read
+with Spark's Kafka source, in the pipeline) say when the sources hold something new, and each
+time the pipeline runs once; the files done (or topic positions) committed with each store's data
+stay the source of truth for what was ingested.
 """
 
 from __future__ import annotations

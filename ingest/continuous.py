@@ -1,9 +1,10 @@
 """``versiq ingest --continuous``: Spark Structured Streaming's file and Kafka sources trigger the runs.
 
-A pipeline whose every store and stream reads a local file or folder is watched by the kernel's
-file notifications instead (``ingest.folder_watch``: no streaming query, a run starts about 10 ms
-after a file lands); the rest of this module is continuous mode for pipelines with a Kafka topic or
-an S3 source.
+A pipeline whose every store and stream reads a local file or folder or a Kafka topic this
+process can read with librdkafka is watched by the kernel's file notifications and a consumer per
+topic instead (``ingest.watch``: no streaming query, a run starts within milliseconds of a file
+or record landing); the rest of this module is continuous mode for pipelines with an S3 source
+or a topic read with Spark's Kafka source (Java-only client settings: ``kafka.driver_config``).
 
 One streaming query watches every source of the pipeline (the ``binaryFile`` file source,
 recursive, only the ``path`` column so file contents are not read by the stream; for a Kafka
@@ -61,9 +62,9 @@ from typing import Any
 from versiq import storage
 from versiq.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from versiq.ingest.errors import UsageError
-from versiq.ingest.folder_watch import all_local, run_watching, wait_until
 from versiq.ingest.spark import active_on_this_thread
 from versiq.ingest.store import LockTimeout
+from versiq.ingest.watch import all_watched, run_watching, wait_until
 
 log = logging.getLogger("versiq.ingest")
 
@@ -235,7 +236,7 @@ def run_continuous(spark: Any, warehouse: str, pipeline: Any, interval_s: float,
     ``--watch-interval`` (None: ``watch_interval``'s default).
     """
     specs = [*pipeline.stores, *pipeline.streams]
-    if all_local(specs):  # the kernel's file notifications say when, no streaming query
+    if all_watched(specs):  # file notifications and topic consumers say when, no streaming query
         return run_watching(warehouse, specs, interval_s, watch_interval(specs, interval_s, watch_s), one_run,
                             after_run, catch_up=bool(pipeline.tables))
     from versiq.ingest.kafka import trigger_frame

@@ -1,7 +1,7 @@
 """The kernel's file notifications (inotify, through ``watchfiles``) as one thing to wait on.
 
 Both halves poll less because of it: continuous ingest over local folders starts a run when a
-file lands (``ingest.folder_watch``), and the service refreshes a store when its next commit
+file lands (``ingest.watch``), and the service refreshes a store when its next commit
 lands (``query.catalog``). A thread waits on watchfiles' Rust watcher (``RustNotify``, used
 directly as watchfiles documents) and sets an event whenever changes come; ``wait`` returns at the
 first one, at ``wake()``, or after its timeout, whatever happened, so a caller always looks at the

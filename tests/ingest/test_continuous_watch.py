@@ -1,10 +1,10 @@
-"""Continuous mode's two intervals: a file that lands after a quiet spell starts a run at once
-(local folders: the kernel's file notifications, ``ingest.folder_watch``; Kafka topics: the
-streaming query checks every ``WATCH_INTERVAL_S``, ``ingest.continuous``), and
-``--trigger-interval`` is the least time between the starts of two runs that committed
-something. ``run_continuous`` runs in this process with the tests' session (real folders, a real
-streaming query over a real topic, real runs); a helper thread lands the files or produces the
-records and sends SIGTERM."""
+"""Continuous mode's two intervals: a file or record that lands after a quiet spell starts a run
+at once (local folders: the kernel's file notifications; Kafka topics: a consumer each,
+``ingest.watch``; S3 sources and topics read with Java-only client settings: the streaming query
+checks every ``WATCH_INTERVAL_S``, ``ingest.continuous``), and ``--trigger-interval`` is the
+least time between the starts of two runs that committed something. ``run_continuous`` runs in
+this process with the tests' session (real folders, a real broker, a real streaming query, real
+runs); a helper thread lands the files or produces the records and sends SIGTERM."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import pytest
 from tests.support.ingest import store_versions, write_jsonl
 from versiq import layout
 from versiq.exits import EXIT_OK
-from versiq.ingest import continuous
+from versiq.ingest import continuous, topic_watch
 from versiq.ingest.config import Pipeline
 from versiq.ingest.continuous import (
     IDLE_PROGRESS_CONF,
@@ -33,12 +33,13 @@ from versiq.ingest.continuous import (
     watch_adapts,
     watch_interval,
 )
-from versiq.ingest.folder_watch import run_watching
 from versiq.ingest.kafka import KafkaSource
 from versiq.ingest.pipeline import StoreSpec
 from versiq.ingest.run import run_pipeline
 from versiq.ingest.spark import INTERPRETED_RUN_BYTES_ENV, plans_for_input
 from versiq.ingest.streams import StreamSpec
+from versiq.ingest.topic_watch import TopicChanges
+from versiq.ingest.watch import run_watching
 
 #: The trigger interval of the test: an hour. Spark's trigger fires on multiples of its interval,
 #: so a query triggered every hour would start the first file's run at the next full hour.
@@ -224,11 +225,69 @@ def test_a_pipeline_with_derived_tables_runs_once_at_start_and_hidden_files_wake
     assert set(store_versions(store)) == {"a", "b"}
 
 
-def _topic_pipeline(broker: Any, name: str) -> tuple[Pipeline, str]:
-    """A store reading a new one-partition topic (Kafka topics are watched by a streaming query)."""
+#: A Java client setting librdkafka has no same-meaning setting for: the topic is read with
+#: Spark's Kafka source and watched by the streaming query (``kafka.driver_config``).
+JAVA_ONLY = {"reconnect.backoff.max.ms": "1000"}
+
+
+def _topic_pipeline(broker: Any, name: str, options: dict[str, str] | None = None) -> tuple[Pipeline, str]:
+    """A store reading a new one-partition topic with client ``options`` (``JAVA_ONLY``: watched
+    by a streaming query; none: by a consumer)."""
     topic = broker.new_topic(name, partitions=1, config={"retention.ms": "-1"})
     return Pipeline(stores=[StoreSpec(name=name, source="", max_future_ms=None,
-                                      kafka=KafkaSource(broker.bootstrap, topic))]), topic
+                                      kafka=KafkaSource(broker.bootstrap, topic, options=options or {}))]), topic
+
+
+def test_a_topic_is_watched_by_a_consumer_that_wakes_for_records_landed_after_the_last_rearm(
+        kafka_broker: Any, monkeypatch: Any) -> None:
+    """``TopicChanges`` over a real broker: the records there when the watch starts wake
+    nothing (the first run reads them), one produced later wakes it, ``rearm`` (a run starting)
+    forgets it and every record before it, and a partition the topic gains is watched from its
+    first record."""
+    monkeypatch.setattr(topic_watch, "PARTITIONS_RECHECK_S", 0.2)
+    topic = kafka_broker.new_topic("watch", partitions=2)
+    kafka_broker.produce(topic, [{"key": "old", "value": "1", "partition": p} for p in (0, 1)])
+    changes = TopicChanges([KafkaSource(kafka_broker.bootstrap, topic)])
+    try:
+        assert not changes.wait(1.0)
+        kafka_broker.produce(topic, [{"key": "new", "value": "2", "partition": 1}])
+        _wait(lambda: changes.wait(0.1), 60, "the record to wake the watch")
+        assert changes.wait(0.0)  # until a run starts
+        kafka_broker.produce(topic, [{"key": "read", "value": "2", "partition": 0}])  # before the run: it reads it
+        changes.rearm()
+        assert not changes.wait(1.0)
+        kafka_broker.add_partitions(topic, 3)
+        kafka_broker.produce(topic, [{"key": "third", "value": "3", "partition": 2}])
+        _wait(lambda: changes.wait(0.1), 60, "a record in the new partition to wake the watch")
+    finally:
+        changes.close()
+
+
+def test_a_topic_readable_here_needs_no_streaming_query_and_its_records_start_runs(
+        spark: Any, tmp_path: Any, caplog: Any, kafka_broker: Any) -> None:
+    """A topic whose settings librdkafka takes: ``run_continuous`` watches it with a consumer, no
+    streaming query and no checkpoint; the run at start reads what the topic held before, and a
+    record produced later starts a run without any listing (the intervals are an hour: only the
+    wake-up can start it)."""
+    pipeline, topic = _topic_pipeline(kafka_broker, "woken")
+    kafka_broker.produce(topic, [{"key": "before", "value": "1", "timestamp_ms": 1}])
+    warehouse = str(tmp_path / "wh")
+    store = layout.table_path(warehouse, "woken")
+    queries: list[int] = []
+
+    def records() -> None:
+        _wait(lambda: layout.has_table(store) and "before" in store_versions(store), 120, "the run at start")
+        queries.append(len(spark.streams.active))
+        kafka_broker.produce(topic, [{"key": "after", "value": "2", "timestamp_ms": 2}])
+        _wait(lambda: "after" in store_versions(store), 120, "the record's run")
+
+    with caplog.at_level(logging.INFO, logger="versiq.ingest"):
+        code = _run_continuous_with(spark, warehouse, pipeline, 0.1, lambda: run_pipeline(spark, warehouse, pipeline),
+                                    records, watch_s=HOUR_S)
+    assert code == EXIT_OK
+    assert any("watching 1 Kafka topic(s) for new records" in r.getMessage() for r in caplog.records)
+    assert queries == [0] and not os.path.exists(os.path.join(warehouse, "_versiq", "continuous"))
+    assert set(store_versions(store)) == {"before", "after"}
 
 
 def test_a_micro_batchs_run_plans_with_the_sessions_settings_not_the_querys_copy_of_them(
@@ -240,7 +299,7 @@ def test_a_micro_batchs_run_plans_with_the_sessions_settings_not_the_querys_copy
     monkeypatch.setattr(continuous, "WATCH_BUDGET", 1.0)
     monkeypatch.delenv(INTERPRETED_RUN_BYTES_ENV, raising=False)
     warehouse = str(tmp_path / "wh")
-    pipeline, topic = _topic_pipeline(kafka_broker, "settings")
+    pipeline, topic = _topic_pipeline(kafka_broker, "settings", JAVA_ONLY)
     store = layout.table_path(warehouse, "settings")
     seen: list[tuple[str, str]] = []
 
@@ -307,7 +366,7 @@ def test_costly_checks_restart_the_query_with_a_longer_watch_interval_and_runs_g
     that is ingested by the new query. (A check asks the broker for the topic's offsets, which
     Spark never times at 0 ms.)"""
     warehouse = str(tmp_path / "wh")
-    pipeline, topic = _topic_pipeline(kafka_broker, "retune")
+    pipeline, topic = _topic_pipeline(kafka_broker, "retune", JAVA_ONLY)
     kafka_broker.produce(topic, [{"key": f"old{i}", "value": "1", "timestamp_ms": 1} for i in range(300)])
     store = layout.table_path(warehouse, "retune")
     monkeypatch.setattr(continuous, "WATCH_BUDGET", 1e-6)

@@ -1,0 +1,187 @@
+"""Continuous mode's wake-up for Kafka topics: a consumer that says when records land.
+
+A consumer (confluent-kafka, the source's own librdkafka settings: ``kafka.driver_config``) is
+assigned every partition of each watched topic, at the partition's end offset when the watch
+starts, in no consumer group and committing nothing. Each record it receives says that a run is
+due; the records themselves are dropped: what a run reads is decided by the store's position,
+committed with its data, and the broker's end offsets when the run starts (``kafka.plan_read``),
+exactly as without the watch. The broker answers a consumer's fetch as soon as a record is
+there, so a run starts within milliseconds of a record landing, where Spark's streaming query
+checked every 100 ms and wrote its offsets and commit log around every micro-batch
+(docs/benchmarks.md, "A topic's records wake the runs").
+
+Why this is exact: the end offsets asked at the start of the watch come before the first run,
+which reads everything up to the end offsets it asks itself; from then on every record lands
+after one of those and is received, so a record a run did not read wakes a later one. A record
+received just after a run started may be one that run read already: the next run then finds
+little or nothing new, which costs one cheap run, never a record.
+
+New partitions are found by asking the topic's metadata every ``PARTITIONS_RECHECK_S`` and are
+watched from their first offset. A consumer that cannot be created (a setting librdkafka
+refuses) or whose topic cannot be asked raises ``KafkaSourceError``; errors while consuming (a
+broker that restarts) are the client's to retry, logged at debug level.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from versiq.ingest.kafka import METADATA_TIMEOUT_S, KafkaSource, KafkaSourceError, driver_config, redacted
+
+log = logging.getLogger("versiq.ingest")
+
+#: How often the watched topics' partitions are asked again (a topic that gained partitions).
+PARTITIONS_RECHECK_S = 10.0
+#: The watch's consumer settings over the source's: no consumer group and nothing committed;
+#: librdkafka fetches until one record waits to be taken (its default: 100,000 records or 64 MB)
+#: and then checks the queue every 10 ms without asking the broker, so a busy topic costs the
+#: broker no fetch per record and this process no record it does not need. (Pausing the
+#: partitions instead delayed the first record after a resume by 0.5-0.7 s, measured.)
+WATCH_CONSUMER = {"group.id": "versiq-watch", "enable.auto.commit": False, "enable.auto.offset.store": False,
+                  "auto.offset.reset": "latest", "queued.min.messages": 1, "fetch.queue.backoff.ms": 10}
+
+
+def watchable(source: KafkaSource) -> bool:
+    """Whether ``source`` can be watched by a consumer in this process: its settings all have a
+    same-meaning librdkafka setting (``kafka.driver_config``)."""
+    return driver_config(source)[0] is not None
+
+
+class TopicChanges:
+    """Records landing in the topics of ``sources`` (module docstring). ``wait(timeout_s)`` is
+    True when a record landed in a topic since the watch started or its last ``rearm()``, which
+    a run calls before it starts: the run reads what landed so far, and the watch goes on from
+    each partition's end offset. ``close()`` closes the consumers."""
+
+    def __init__(self, sources: Sequence[KafkaSource]) -> None:
+        self._watches: list[_TopicWatch] = []
+        try:
+            for source in sources:
+                self._watches.append(_TopicWatch(source))
+        except BaseException:
+            self.close()
+            raise
+        self._next_recheck = time.monotonic() + PARTITIONS_RECHECK_S
+
+    def wait(self, timeout_s: float) -> bool:
+        if time.monotonic() >= self._next_recheck:
+            self._next_recheck = time.monotonic() + PARTITIONS_RECHECK_S
+            for watch in self._watches:
+                watch.add_new_partitions()
+        waiting = [watch for watch in self._watches if not watch.landed]
+        if not waiting:
+            return True
+        share = timeout_s / len(waiting)
+        return any([watch.received(share) for watch in waiting]) or len(waiting) < len(self._watches)
+
+    def rearm(self) -> None:
+        for watch in self._watches:
+            if watch.landed:
+                watch.rearm()
+
+    def close(self) -> None:
+        for watch in self._watches:
+            watch.close()
+
+
+class _TopicWatch:
+    """One topic's consumer (``TopicChanges``, ``WATCH_CONSUMER``): ``landed`` once a record
+    was taken, until ``rearm``."""
+
+    def __init__(self, source: KafkaSource) -> None:
+        from confluent_kafka import Consumer, KafkaException
+
+        config, why = driver_config(source)
+        if config is None:
+            raise ValueError(f"{source.name}: {why}")
+        self.source = source
+        self.landed = False
+        consumer_config: dict[str, Any] = {**config, **WATCH_CONSUMER, "error_cb": self._on_error,
+                                           "client.id": config.get("client.id", "versiq-watch")}
+        try:
+            self._consumer = Consumer(consumer_config)
+        except (KafkaException, ValueError) as exc:
+            raise KafkaSourceError(redacted(f"cannot create a Kafka client for {source.bootstrap}: {exc}",
+                                            source)) from None
+        self._partitions: set[int] = set()
+        try:
+            self._assign(self._topic_partitions(), at_end=True)
+        except BaseException:
+            self._consumer.close()
+            raise
+
+    def _on_error(self, error: Any) -> None:
+        log.debug("%s", redacted(f"{self.source.name}: watch: {error}", self.source))
+
+    def _topic_partitions(self) -> set[int]:
+        from confluent_kafka import KafkaException
+
+        try:
+            listed = self._consumer.list_topics(self.source.topic, timeout=METADATA_TIMEOUT_S)
+        except KafkaException as exc:
+            raise KafkaSourceError(redacted(f"cannot watch {self.source.name} at {self.source.bootstrap}: {exc}",
+                                            self.source)) from None
+        found = listed.topics.get(self.source.topic)
+        if found is None or found.error is not None:
+            why = "it does not exist" if found is None else str(found.error)
+            raise KafkaSourceError(f"cannot watch {self.source.name} at {self.source.bootstrap}: {why}")
+        return {int(p) for p in found.partitions}
+
+    def _ends(self, partitions: set[int]) -> dict[int, int]:
+        """The end offset of each of ``partitions`` now (a request each)."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        try:
+            return {p: int(self._consumer.get_watermark_offsets(TopicPartition(self.source.topic, p),
+                                                                timeout=METADATA_TIMEOUT_S)[1])
+                    for p in sorted(partitions)}
+        except KafkaException as exc:
+            raise KafkaSourceError(redacted(f"cannot watch {self.source.name} at {self.source.bootstrap}: {exc}",
+                                            self.source)) from None
+
+    def _assign(self, partitions: set[int], at_end: bool) -> None:
+        """Watch ``partitions`` too: from their end offset now (``at_end``: the first run reads
+        what is there), or from their first offset (a partition added while watching)."""
+        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+        starts = self._ends(partitions) if at_end else dict.fromkeys(partitions, OFFSET_BEGINNING)
+        self._consumer.incremental_assign([TopicPartition(self.source.topic, p, o) for p, o in starts.items()])
+        self._partitions |= partitions
+
+    def add_new_partitions(self) -> None:
+        try:
+            new = self._topic_partitions() - self._partitions
+        except KafkaSourceError as exc:
+            log.debug("%s", exc)  # the runs say what is wrong with the topic
+            return
+        if new:
+            log.info("%s: watching its new partition(s) %s", self.source.name, sorted(new))
+            self._assign(new, at_end=False)
+
+    def received(self, timeout_s: float) -> bool:
+        """Whether a record landed (waiting up to ``timeout_s``)."""
+        message = self._consumer.poll(timeout_s)
+        if message is None or message.error() is not None:
+            return False
+        self.landed = True
+        return True
+
+    def rearm(self) -> None:
+        """Watch again from each partition's end offset now: a run that starts after this reads
+        everything before it. A broker that does not answer leaves the watch where it was
+        (it then wakes for records the run reads too: one run more, no record missed)."""
+        from confluent_kafka import TopicPartition
+
+        topic = self.source.topic
+        try:
+            for p, end in self._ends(self._partitions).items():
+                self._consumer.seek(TopicPartition(topic, p, end))
+        except Exception as exc:  # noqa: BLE001 - the watch goes on from where it was
+            log.debug("%s: watch: %s", self.source.name, exc)
+        self.landed = False
+
+    def close(self) -> None:
+        self._consumer.close()
