@@ -640,8 +640,8 @@ METADATA_RECONNECT_BACKOFF_MS = 10
 _CONSUMER_ONLY = frozenset({"isolation.level", "max.partition.fetch.bytes", "fetch.max.bytes"})
 
 
-class _ClientLog:
-    """Where librdkafka's own log lines of a metadata client go: the debug log, without the
+class ClientLog:
+    """Where librdkafka's own log lines of a metadata or watch client go: the debug log, without the
     source's setting values (a broker that cannot be reached is the run's one-line
     ``KafkaSourceError``, not a line per connection attempt on stderr). They arrive when the
     client is polled (``_drain``)."""
@@ -759,7 +759,7 @@ def _metadata_client(source: KafkaSource, config: Mapping[str, str]) -> Any:
 
     admin_config: dict[str, Any] = {name: value for name, value in config.items() if name not in _CONSUMER_ONLY}
     admin_config.update({"client.id": "versiq-metadata", "allow.auto.create.topics": False,
-                         "reconnect.backoff.ms": METADATA_RECONNECT_BACKOFF_MS, "logger": _ClientLog(source)})
+                         "reconnect.backoff.ms": METADATA_RECONNECT_BACKOFF_MS, "logger": ClientLog(source)})
     try:
         return AdminClient(admin_config)
     except (KafkaException, ValueError, TypeError) as exc:  # a bad setting: the client's own message
@@ -768,7 +768,7 @@ def _metadata_client(source: KafkaSource, config: Mapping[str, str]) -> Any:
 
 
 def _drain(admin: Any) -> None:
-    """Hand the client's queued log lines to ``_ClientLog`` (an admin client's are served by
+    """Hand the client's queued log lines to ``ClientLog`` (an admin client's are served by
     ``poll`` only)."""
     with contextlib.suppress(Exception):
         admin.poll(0)

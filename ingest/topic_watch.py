@@ -29,7 +29,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from versiq.ingest.kafka import METADATA_TIMEOUT_S, KafkaSource, KafkaSourceError, driver_config, redacted
+from versiq.ingest.kafka import METADATA_TIMEOUT_S, ClientLog, KafkaSource, KafkaSourceError, driver_config, redacted
 
 log = logging.getLogger("versiq.ingest")
 
@@ -100,6 +100,7 @@ class _TopicWatch:
         self.source = source
         self.landed = False
         consumer_config: dict[str, Any] = {**config, **WATCH_CONSUMER, "error_cb": self._on_error,
+                                           "logger": ClientLog(source),  # a broker that is down: debug lines
                                            "client.id": config.get("client.id", "versiq-watch")}
         try:
             self._consumer = Consumer(consumer_config)

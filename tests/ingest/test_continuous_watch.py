@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests.support.ingest import store_versions, write_jsonl
+from tests.support.service import free_port
 from versiq import layout
 from versiq.exits import EXIT_OK
 from versiq.ingest import continuous, topic_watch
@@ -261,6 +262,26 @@ def test_a_topic_is_watched_by_a_consumer_that_wakes_for_records_landed_after_th
         _wait(lambda: changes.wait(0.1), 60, "a record in the new partition to wake the watch")
     finally:
         changes.close()
+
+
+def test_a_topic_whose_broker_does_not_answer_is_asked_again_in_one_line_each_time_until_stopped(
+        monkeypatch: Any, caplog: Any, capfd: Any) -> None:
+    """Continuous mode started while the broker is down: each attempt to watch the topic is one
+    warning (librdkafka's own lines go to the debug log, not stderr), and a stop ends the wait."""
+    from versiq.ingest.watch import _topic_changes
+
+    monkeypatch.setattr(topic_watch, "METADATA_TIMEOUT_S", 1)
+    started = time.monotonic()
+
+    def stopped() -> bool:
+        return sum("cannot watch kafka:t" in r.getMessage() for r in caplog.records) >= 2
+
+    with caplog.at_level(logging.INFO, logger="versiq.ingest"):
+        assert _topic_changes([KafkaSource(f"127.0.0.1:{free_port()}", "t")], 0.2, stopped) is None
+    assert time.monotonic() - started < 60
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2 and all("trying again in 0.2s" in r.getMessage() for r in warnings), warnings
+    assert "rdkafka" not in capfd.readouterr().err
 
 
 def test_a_topic_readable_here_needs_no_streaming_query_and_its_records_start_runs(

@@ -122,7 +122,7 @@ def test_both_clients_fail_with_the_same_one_line_errors(spark, kafka_broker, mo
         # librdkafka's lines are in the debug log, without any setting's value
         assert "librdkafka: FAIL [versiq-metadata#producer-" in caplog.text and "Connection refused" in caplog.text
         secret = KafkaSource(bootstrap="b:1", topic="t", options={"sasl.password": "s3cr3t-value"})
-        kafka._ClientLog(secret).log(3, "%s [%s] %s", "SASL", "rdkafka#producer-9", "s3cr3t-value refused")
+        kafka.ClientLog(secret).log(3, "%s [%s] %s", "SASL", "rdkafka#producer-9", "s3cr3t-value refused")
     assert "librdkafka: SASL [rdkafka#producer-9] *** refused" in caplog.text and "s3cr3t" not in caplog.text
     bad = KafkaSource(bootstrap=kafka_broker.bootstrap, topic=missing, options={"security.protocol": "s3cr3t-protocol"})
     for message in errors(bad):
