@@ -51,7 +51,7 @@ class KeptAdmin:
 
     def __init__(self) -> None:
         self.client: Any = None
-        self.real = kafka._metadata_client
+        self.real = kafka.metadata_client
 
     def __enter__(self) -> KeptAdmin:
         def kept(source: kafka.KafkaSource, config: Any) -> Any:
@@ -59,11 +59,11 @@ class KeptAdmin:
                 self.client = self.real(source, config)
             return self.client
 
-        kafka._metadata_client = kept
+        kafka.metadata_client = kept
         return self
 
     def __exit__(self, *exc: object) -> None:
-        kafka._metadata_client = self.real
+        kafka.metadata_client = self.real
 
 
 def cli_runs(broker: KafkaBroker, work: str, rounds: int, checkout: str | None) -> dict[str, Any]:

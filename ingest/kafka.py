@@ -690,7 +690,7 @@ def driver_topic_offsets(source: KafkaSource, config: Mapping[str, str] | None =
     committed = config.get("isolation.level", "read_uncommitted").lower() == "read_committed"
     level = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
     topic = source.topic
-    admin = _metadata_client(source, config)
+    admin = metadata_client(source, config)
 
     def partitions(wait: float) -> list[int]:
         found = admin.list_topics(topic, timeout=wait).topics.get(topic)
@@ -751,7 +751,7 @@ def _asked(request: Callable[[float], T], failed: str, source: KafkaSource) -> T
         pause = min(2 * pause, 1.0)
 
 
-def _metadata_client(source: KafkaSource, config: Mapping[str, str]) -> Any:
+def metadata_client(source: KafkaSource, config: Mapping[str, str]) -> Any:
     """A confluent-kafka admin client of ``config`` (``driver_config``'s settings of ``source``)
     for ``driver_topic_offsets``. Raises ``KafkaSourceError`` for a setting it refuses."""
     from confluent_kafka import KafkaException

@@ -29,7 +29,15 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from versiq.ingest.kafka import METADATA_TIMEOUT_S, ClientLog, KafkaSource, KafkaSourceError, driver_config, redacted
+from versiq.ingest.kafka import (
+    METADATA_TIMEOUT_S,
+    ClientLog,
+    KafkaSource,
+    KafkaSourceError,
+    driver_config,
+    metadata_client,
+    redacted,
+)
 
 log = logging.getLogger("versiq.ingest")
 
@@ -108,7 +116,11 @@ class _TopicWatch:
             raise KafkaSourceError(redacted(f"cannot create a Kafka client for {source.bootstrap}: {exc}",
                                             source)) from None
         self._partitions: set[int] = set()
+        # the end offsets as a run asks them: the last stable offset under read_committed
+        # (a partition's high watermark may be past records of an open transaction)
+        self._committed = config.get("isolation.level", "read_uncommitted").lower() == "read_committed"
         try:
+            self._admin = metadata_client(source, config)
             self._assign(self._topic_partitions(), at_end=True)
         except BaseException:
             self._consumer.close()
@@ -132,14 +144,20 @@ class _TopicWatch:
         return {int(p) for p in found.partitions}
 
     def _ends(self, partitions: set[int]) -> dict[int, int]:
-        """The end offset of each of ``partitions`` now (a request each)."""
-        from confluent_kafka import KafkaException, TopicPartition
+        """The end offset of each of ``partitions`` now, as ``kafka.driver_topic_offsets`` asks
+        it for a run (one request)."""
+        import concurrent.futures
 
+        from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
+        from confluent_kafka.admin import OffsetSpec
+
+        level = IsolationLevel.READ_COMMITTED if self._committed else IsolationLevel.READ_UNCOMMITTED
         try:
-            return {p: int(self._consumer.get_watermark_offsets(TopicPartition(self.source.topic, p),
-                                                                timeout=METADATA_TIMEOUT_S)[1])
-                    for p in sorted(partitions)}
-        except KafkaException as exc:
+            futures = self._admin.list_offsets({TopicPartition(self.source.topic, p): OffsetSpec.latest()
+                                                for p in partitions}, isolation_level=level,
+                                               request_timeout=METADATA_TIMEOUT_S)
+            return {tp.partition: int(future.result(METADATA_TIMEOUT_S + 5).offset) for tp, future in futures.items()}
+        except (KafkaException, concurrent.futures.TimeoutError) as exc:
             raise KafkaSourceError(redacted(f"cannot watch {self.source.name} at {self.source.bootstrap}: {exc}",
                                             self.source)) from None
 

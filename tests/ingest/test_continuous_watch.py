@@ -264,6 +264,28 @@ def test_a_topic_is_watched_by_a_consumer_that_wakes_for_records_landed_after_th
         changes.close()
 
 
+def test_a_read_committed_watch_wakes_for_a_transaction_committed_after_it_started(kafka_broker: Any) -> None:
+    """Under ``isolation.level=read_committed`` a run reads up to the last stable offset, so the
+    watch starts there too: records of a transaction still open when it starts wake it once the
+    transaction commits (watching from the high watermark would skip them)."""
+    from confluent_kafka import Producer
+
+    topic = kafka_broker.new_topic("txn", partitions=1)
+    producer = Producer({"bootstrap.servers": kafka_broker.bootstrap, "transactional.id": f"versiq-{topic}"})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(topic, key=b"k", value=b"1")
+    producer.flush(30)
+    source = KafkaSource(kafka_broker.bootstrap, topic, options={"isolation.level": "read_committed"})
+    changes = TopicChanges([source])
+    try:
+        assert not changes.wait(1.0)
+        producer.commit_transaction(30)
+        _wait(lambda: changes.wait(0.1), 60, "the committed transaction to wake the watch")
+    finally:
+        changes.close()
+
+
 def test_a_topic_whose_broker_does_not_answer_is_asked_again_in_one_line_each_time_until_stopped(
         monkeypatch: Any, caplog: Any, capfd: Any) -> None:
     """Continuous mode started while the broker is down: each attempt to watch the topic is one
