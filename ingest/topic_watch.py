@@ -24,6 +24,7 @@ broker that restarts) are the client's to retry, logged at debug level.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -200,6 +201,9 @@ class _TopicWatch:
                 self._consumer.seek(TopicPartition(topic, p, end))
         except Exception as exc:  # noqa: BLE001 - the watch goes on from where it was
             log.debug("%s: watch: %s", self.source.name, exc)
+        finally:
+            with contextlib.suppress(Exception):
+                self._admin.poll(0)  # hands its queued log lines to ClientLog
         self.landed = False
 
     def close(self) -> None:

@@ -134,8 +134,8 @@ def run_watching(warehouse: str, specs: list[Any], interval_s: float, watch_s: f
     """Run until SIGTERM/SIGINT (finishing the current run); returns the exit status (module
     docstring). ``one_run()`` runs the pipeline once and returns its ``RunReport``;
     ``after_run(report)`` prints/writes it and does maintenance; ``catch_up``: run once at start
-    even when no source holds anything new (a pipeline with derived tables). Raises
-    ``KafkaSourceError`` when a topic cannot be watched (its broker does not answer)."""
+    even when no source holds anything new (a pipeline with derived tables). A topic that cannot
+    be watched yet (its broker does not answer) is asked again every ``interval_s``."""
     stopping = {"stop": False}
 
     def _stop(signum: int, _frame: Any) -> None:
