@@ -333,6 +333,32 @@ def test_a_topic_readable_here_needs_no_streaming_query_and_its_records_start_ru
     assert set(store_versions(store)) == {"before", "after"}
 
 
+def test_a_pipeline_of_a_folder_and_a_topic_is_woken_by_either(spark: Any, tmp_path: Any, caplog: Any,
+                                                                 kafka_broker: Any) -> None:
+    """Both kinds of sources in one pipeline: one loop waits on the folder's notifications and
+    the topic's consumer, and a file and, later, a record each start a run (the record's can
+    only come from the consumer: a topic is never listed)."""
+    topic_pipeline, topic = _topic_pipeline(kafka_broker, "topic")
+    source, warehouse = tmp_path / "src", str(tmp_path / "wh")
+    source.mkdir()
+    pipeline = Pipeline(stores=[StoreSpec(name="files", source=str(source), max_future_ms=None),
+                                *topic_pipeline.stores])
+    files, records = layout.table_path(warehouse, "files"), layout.table_path(warehouse, "topic")
+
+    def both() -> None:
+        _wait(lambda: any("watching 1 local source(s) for new files (file notifications) and 1 Kafka topic(s)"
+                          in r.getMessage() for r in caplog.records), 60, "the watch")
+        write_jsonl(str(source), "a.jsonl", [_record("a", 1)])
+        _wait(lambda: layout.has_table(files) and "a" in store_versions(files), 120, "the file's run")
+        kafka_broker.produce(topic, [{"key": "r", "value": "1", "timestamp_ms": 5}])
+        _wait(lambda: layout.has_table(records) and "r" in store_versions(records), 120, "the record's run")
+
+    with caplog.at_level(logging.INFO, logger="versiq.ingest"):
+        code = _run_continuous_with(spark, warehouse, pipeline, 0.1,
+                                    lambda: run_pipeline(spark, warehouse, pipeline), both, watch_s=HOUR_S)
+    assert code == EXIT_OK and not spark.streams.active
+
+
 def test_a_micro_batchs_run_plans_with_the_sessions_settings_not_the_querys_copy_of_them(
         spark: Any, tmp_path: Any, idle_reports: str, monkeypatch: Any, kafka_broker: Any) -> None:
     """``foreachBatch`` calls back on the query's thread, whose active session is the query's
