@@ -264,6 +264,24 @@ def test_a_topic_is_watched_by_a_consumer_that_wakes_for_records_landed_after_th
         changes.close()
 
 
+def test_a_watch_of_two_topics_wakes_for_either_and_a_run_rearms_both(kafka_broker: Any) -> None:
+    """Two topics: a record in either wakes the watch; ``rearm`` (a run starting, which reads
+    both topics) moves both past what landed, so records the run read wake nothing more."""
+    first, second = kafka_broker.new_topic("one"), kafka_broker.new_topic("two")
+    changes = TopicChanges([KafkaSource(kafka_broker.bootstrap, first), KafkaSource(kafka_broker.bootstrap, second)])
+    try:
+        assert not changes.wait(0.5)
+        kafka_broker.produce(second, [{"key": "b", "value": "1"}])
+        _wait(lambda: changes.wait(0.1), 60, "a record of the second topic to wake the watch")
+        kafka_broker.produce(first, [{"key": "a", "value": "1"}])  # before the run: it reads it
+        changes.rearm()
+        assert not changes.wait(1.0)
+        kafka_broker.produce(first, [{"key": "a", "value": "2"}])
+        _wait(lambda: changes.wait(0.1), 60, "a record of the first topic to wake the watch")
+    finally:
+        changes.close()
+
+
 def test_a_read_committed_watch_wakes_for_a_transaction_committed_after_it_started(kafka_broker: Any) -> None:
     """Under ``isolation.level=read_committed`` a run reads up to the last stable offset, so the
     watch starts there too: records of a transaction still open when it starts wake it once the
