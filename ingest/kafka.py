@@ -67,7 +67,7 @@ import logging
 import re
 import struct
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -644,7 +644,7 @@ class ClientLog:
     """Where librdkafka's own log lines of a metadata or watch client go: the debug log, without the
     source's setting values (a broker that cannot be reached is the run's one-line
     ``KafkaSourceError``, not a line per connection attempt on stderr). They arrive when the
-    client is polled (``_drain``)."""
+    client is polled (``drain``)."""
 
     def __init__(self, source: KafkaSource) -> None:
         self.source = source
@@ -680,31 +680,21 @@ def driver_topic_offsets(source: KafkaSource, config: Mapping[str, str] | None =
     broker that restarted, a leader that moved). Raises ``KafkaSourceError`` (one line, no
     setting's value) when the broker does not answer or the topic does not exist. No JVM: a run
     read in the driver plans without the session."""
-    from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicCollection, TopicPartition
+    from confluent_kafka import TopicCollection
     from confluent_kafka.admin import OffsetSpec
 
     if config is None:
         config, why = driver_config(source)
         if config is None:
             raise ValueError(f"{source.name}: {why}")
-    committed = config.get("isolation.level", "read_uncommitted").lower() == "read_committed"
-    level = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
     topic = source.topic
     admin = metadata_client(source, config)
 
     def partitions(wait: float) -> list[int]:
-        found = admin.list_topics(topic, timeout=wait).topics.get(topic)
-        if found is None or (found.error is not None and found.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
-            raise KafkaSourceError(f"topic {topic} does not exist on {source.bootstrap}")
-        if found.error is not None:
-            raise KafkaException(found.error)
-        return sorted(int(p) for p in found.partitions)
+        return topic_partitions(admin, source, wait)
 
     def offsets(wait: float) -> tuple[dict[int, int], ...]:
-        asked = [admin.list_offsets({TopicPartition(topic, p): spec for p in parts}, isolation_level=level,
-                                    request_timeout=wait) for spec in (OffsetSpec.earliest(), OffsetSpec.latest())]
-        return tuple({tp.partition: int(future.result(wait + 5).offset) for tp, future in futures.items()}
-                     for futures in asked)
+        return topic_offsets_at(admin, source, config, parts, (OffsetSpec.earliest(), OffsetSpec.latest()), wait)
 
     def topic_id(wait: float) -> str | None:
         uuid = admin.describe_topics(TopicCollection([topic]), request_timeout=wait)[topic].result(wait + 5).topic_id
@@ -718,8 +708,40 @@ def driver_topic_offsets(source: KafkaSource, config: Mapping[str, str] | None =
         earliest, end = _asked(offsets, f"cannot read the offsets of topic {topic} at {source.bootstrap}", source)
         found_id = _asked(topic_id, f"cannot describe topic {topic} at {source.bootstrap}", source)
     finally:
-        _drain(admin)
+        drain(admin)
     return TopicOffsets(partitions=len(parts), earliest=earliest, end=end, topic_id=found_id)
+
+
+def topic_partitions(admin: Any, source: KafkaSource, wait: float) -> list[int]:
+    """The partitions of ``source``'s topic, asked with ``admin`` (``metadata_client``: a request
+    that never creates the topic). Raises ``KafkaSourceError`` when the topic does not exist,
+    ``KafkaException`` for the broker's other errors."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    topic = source.topic
+    found = admin.list_topics(topic, timeout=wait).topics.get(topic)
+    if found is None or (found.error is not None and found.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
+        raise KafkaSourceError(f"topic {topic} does not exist on {source.bootstrap}")
+    if found.error is not None:
+        raise KafkaException(found.error)
+    return sorted(int(p) for p in found.partitions)
+
+
+def topic_offsets_at(admin: Any, source: KafkaSource, config: Mapping[str, str], partitions: Iterable[int],
+                     specs: Sequence[Any], wait: float) -> tuple[dict[int, int], ...]:
+    """For each of ``specs`` (``OffsetSpec.earliest()``, ``latest()``), the offset of each of
+    ``partitions``, asked with ``admin``, the requests under way together. The latest is the last
+    stable offset under ``isolation.level`` ``read_committed`` (``config``: ``driver_config``'s),
+    as the Java consumer's end offsets. Raises ``KafkaException`` or ``TimeoutError``."""
+    from confluent_kafka import IsolationLevel, TopicPartition
+
+    committed = config.get("isolation.level", "read_uncommitted").lower() == "read_committed"
+    level = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
+    parts = list(partitions)
+    asked = [admin.list_offsets({TopicPartition(source.topic, p): spec for p in parts}, isolation_level=level,
+                                request_timeout=wait) for spec in specs]
+    return tuple({tp.partition: int(future.result(wait + 5).offset) for tp, future in futures.items()}
+                 for futures in asked)
 
 
 #: The errors of a metadata request the Java clients retry until their timeout
@@ -767,7 +789,7 @@ def metadata_client(source: KafkaSource, config: Mapping[str, str]) -> Any:
                                         source)) from None
 
 
-def _drain(admin: Any) -> None:
+def drain(admin: Any) -> None:
     """Hand the client's queued log lines to ``ClientLog`` (an admin client's are served by
     ``poll`` only)."""
     with contextlib.suppress(Exception):

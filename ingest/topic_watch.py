@@ -24,7 +24,6 @@ broker that restarts) are the client's to retry, logged at debug level.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -35,9 +34,12 @@ from versiq.ingest.kafka import (
     ClientLog,
     KafkaSource,
     KafkaSourceError,
+    drain,
     driver_config,
     metadata_client,
     redacted,
+    topic_offsets_at,
+    topic_partitions,
 )
 
 log = logging.getLogger("versiq.ingest")
@@ -114,10 +116,8 @@ class _TopicWatch:
         except (KafkaException, ValueError) as exc:
             raise KafkaSourceError(redacted(f"cannot create a Kafka client for {source.bootstrap}: {exc}",
                                             source)) from None
+        self._config = config
         self._partitions: set[int] = set()
-        # the end offsets as a run asks them: the last stable offset under read_committed
-        # (a partition's high watermark may be past records of an open transaction)
-        self._committed = config.get("isolation.level", "read_uncommitted").lower() == "read_committed"
         try:
             self._admin = metadata_client(source, config)
             self._assign(self._topic_partitions(), at_end=True)
@@ -128,37 +128,32 @@ class _TopicWatch:
     def _on_error(self, error: Any) -> None:
         log.debug("%s", redacted(f"{self.source.name}: watch: {error}", self.source))
 
+    def _failed(self, exc: BaseException) -> KafkaSourceError:
+        return KafkaSourceError(redacted(f"cannot watch {self.source.name} at {self.source.bootstrap}: {exc}",
+                                         self.source))
+
     def _topic_partitions(self) -> set[int]:
         from confluent_kafka import KafkaException
 
         try:
-            listed = self._consumer.list_topics(self.source.topic, timeout=METADATA_TIMEOUT_S)
-        except KafkaException as exc:
-            raise KafkaSourceError(redacted(f"cannot watch {self.source.name} at {self.source.bootstrap}: {exc}",
-                                            self.source)) from None
-        found = listed.topics.get(self.source.topic)
-        if found is None or found.error is not None:
-            why = "it does not exist" if found is None else str(found.error)
-            raise KafkaSourceError(f"cannot watch {self.source.name} at {self.source.bootstrap}: {why}")
-        return {int(p) for p in found.partitions}
+            return set(topic_partitions(self._admin, self.source, METADATA_TIMEOUT_S))
+        except (KafkaException, KafkaSourceError) as exc:
+            raise self._failed(exc) from None
 
     def _ends(self, partitions: set[int]) -> dict[int, int]:
-        """The end offset of each of ``partitions`` now, as ``kafka.driver_topic_offsets`` asks
-        it for a run (one request)."""
+        """The end offset of each of ``partitions`` now, as a run asks it
+        (``kafka.topic_offsets_at``: the last stable offset under read_committed, where a
+        partition's high watermark may be past the records of an open transaction)."""
         import concurrent.futures
 
-        from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
+        from confluent_kafka import KafkaException
         from confluent_kafka.admin import OffsetSpec
 
-        level = IsolationLevel.READ_COMMITTED if self._committed else IsolationLevel.READ_UNCOMMITTED
         try:
-            futures = self._admin.list_offsets({TopicPartition(self.source.topic, p): OffsetSpec.latest()
-                                                for p in partitions}, isolation_level=level,
-                                               request_timeout=METADATA_TIMEOUT_S)
-            return {tp.partition: int(future.result(METADATA_TIMEOUT_S + 5).offset) for tp, future in futures.items()}
+            return topic_offsets_at(self._admin, self.source, self._config, partitions, (OffsetSpec.latest(),),
+                                    METADATA_TIMEOUT_S)[0]
         except (KafkaException, concurrent.futures.TimeoutError) as exc:
-            raise KafkaSourceError(redacted(f"cannot watch {self.source.name} at {self.source.bootstrap}: {exc}",
-                                            self.source)) from None
+            raise self._failed(exc) from None
 
     def _assign(self, partitions: set[int], at_end: bool) -> None:
         """Watch ``partitions`` too: from their end offset now (``at_end``: the first run reads
@@ -200,8 +195,7 @@ class _TopicWatch:
         except Exception as exc:  # noqa: BLE001 - the watch goes on from where it was
             log.debug("%s: watch: %s", self.source.name, exc)
         finally:
-            with contextlib.suppress(Exception):
-                self._admin.poll(0)  # hands its queued log lines to ClientLog
+            drain(self._admin)
         self.landed = False
 
     def close(self) -> None:
