@@ -6,9 +6,8 @@ starts, in no consumer group and committing nothing. Each record it receives say
 due; the records themselves are dropped: what a run reads is decided by the store's position,
 committed with its data, and the broker's end offsets when the run starts (``kafka.plan_read``),
 exactly as without the watch. The broker answers a consumer's fetch as soon as a record is
-there, so a run starts within milliseconds of a record landing, where Spark's streaming query
-checked every 100 ms and wrote its offsets and commit log around every micro-batch
-(docs/benchmarks.md, "A topic's records wake the runs").
+there, so a run starts within milliseconds of a record landing, and nothing is asked of the
+broker while nothing arrives (docs/benchmarks.md, "A topic's records wake the runs").
 
 Why this is exact: the end offsets asked at the start of the watch come before the first run,
 which reads everything up to the end offsets it asks itself; from then on every record lands
@@ -49,8 +48,8 @@ PARTITIONS_RECHECK_S = 10.0
 #: The watch's consumer settings over the source's: no consumer group and nothing committed;
 #: librdkafka fetches until one record waits to be taken (its default: 100,000 records or 64 MB)
 #: and then checks the queue every 10 ms without asking the broker, so a busy topic costs the
-#: broker no fetch per record and this process no record it does not need. (Pausing the
-#: partitions instead delayed the first record after a resume by 0.5-0.7 s, measured.)
+#: broker no fetch per record and this process no record it does not need. (The partitions are
+#: not paused instead: librdkafka resumes fetching a paused partition late.)
 WATCH_CONSUMER = {"group.id": "versiq-watch", "enable.auto.commit": False, "enable.auto.offset.store": False,
                   "auto.offset.reset": "latest", "queued.min.messages": 1, "fetch.queue.backoff.ms": 10}
 
