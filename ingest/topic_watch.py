@@ -6,8 +6,8 @@ starts, in no consumer group and committing nothing. Each record it receives say
 due; the records themselves are dropped: what a run reads is decided by the store's position,
 committed with its data, and the broker's end offsets when the run starts (``kafka.plan_read``),
 exactly as without the watch. The broker answers a consumer's fetch as soon as a record is
-there, so a run starts within milliseconds of a record landing, and nothing is asked of the
-broker while nothing arrives (docs/benchmarks.md, "A topic's records wake the runs").
+there, so a run starts within milliseconds of a record landing; while nothing arrives the
+consumer's fetch waits at the broker (docs/benchmarks.md, "A topic's records wake the runs").
 
 Why this is exact: the end offsets asked at the start of the watch come before the first run,
 which reads everything up to the end offsets it asks itself; from then on every record lands
