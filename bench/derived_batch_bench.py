@@ -86,8 +86,8 @@ def instrument(spark: Any) -> None:
     job.local_frame = timed(job.local_frame, "to_spark")
     runner = job.partition_runner
 
-    def partition_runner(work: Any, names: Any) -> Any:
-        run = runner(work, names)
+    def partition_runner(*args: Any) -> Any:  # (work) now, (work, names) in code before
+        run = runner(*args)
 
         def timed_run(batches: Any) -> Any:
             it = run(batches)

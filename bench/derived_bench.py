@@ -338,11 +338,11 @@ def git_state() -> dict[str, Any]:
 
 # -- phases --------------------------------------------------------------------------------
 
-def ingest_sources(spark: Any, root: str, names: list[str]) -> dict[str, Any]:
-    """Ingest the sources ``names`` (those of the operators measured)."""
+def ingest_sources(spark: Any, root: str, names: list[str] | None = None) -> dict[str, Any]:
+    """Ingest the sources ``names`` (those of the operators measured; default: every source)."""
     from versiq.ingest.run import run_pipeline
 
-    stores, streams = source_specs(root, names)
+    stores, streams = source_specs(root, names if names is not None else [*STORES, *STREAMS])
     t0 = time.perf_counter()
     rep = run_pipeline(spark, os.path.join(root, "warehouse"), Pipeline(stores=stores, streams=streams))
     seconds = time.perf_counter() - t0
