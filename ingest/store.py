@@ -527,10 +527,6 @@ def grow_partitions(spark: SparkSession, handle: StoreHandle, partitions: int) -
     return StoreHandle(handle.path, settings, storage.delta_table(handle.path), handle.state)
 
 
-def rejected_path(store_path: str) -> str:
-    return storage.join(store_path, REJECTED_DIR)
-
-
 def commit_side(store_path: str, side: str, state: StoreState, rows: DataFrame, empty: bool | None = None) -> None:
     """Write a run's rows of a side table (``_rejected``, ``_changelog``, ``_emitted``) before the
     run's table commit, replacing any rows an unfinished attempt of the run left there.

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import bisect
 import logging
-import time
 from dataclasses import dataclass, field
 
 import duckdb
@@ -195,7 +194,6 @@ class LoadedStore(StoreView):
     """The serving index of the current snapshot of one store (immutable; swapped whole)."""
 
     buckets: dict[int, BucketIndex] = field(default_factory=dict)
-    loaded_at: float = 0.0
 
     def rows(self, con: duckdb.DuckDBPyConnection, key: str) -> reads.KeyRows | None:
         b = self.buckets.get(layout.bucket_of(key, self.settings.buckets))
@@ -270,5 +268,4 @@ def build_loaded(name: str, path: str, dt: DeltaTable, settings: layout.StoreSet
         file_count=sum(len(v) for v in files.values()),
         physical_rows=sum(f.num_records for v in files.values() for f in v),
         buckets=buckets,
-        loaded_at=time.monotonic(),
     )

@@ -58,8 +58,6 @@ from versiq.query import reads
 log = logging.getLogger("versiq.query")
 
 FORMAT_VERSION = 1
-#: The environment variable naming the local folder of serving indexes.
-CACHE_DIR_ENV = settings.CACHE_DIR.name
 #: A no-longer-current bucket directory is removed once it is this old (seconds).
 STALE_AFTER_S = 60.0
 

@@ -36,12 +36,6 @@ from versiq.service.problems import PROBLEM_BASE, PROBLEM_MEDIA_TYPE, PROBLEM_TY
 MAX_URL_BYTES = 64 * 1024
 #: Largest total size of the header names and values of one request, in bytes.
 MAX_HEADER_BYTES = 64 * 1024
-#: Default time allowed for a request head to arrive.
-DEFAULT_HEAD_TIMEOUT_S = settings.REQUEST_HEAD_TIMEOUT.default
-HEAD_TIMEOUT_ENV = settings.REQUEST_HEAD_TIMEOUT.name
-#: Default time allowed for a request body to arrive, from the end of its head.
-DEFAULT_BODY_TIMEOUT_S = settings.REQUEST_BODY_TIMEOUT.default
-BODY_TIMEOUT_ENV = settings.REQUEST_BODY_TIMEOUT.name
 
 _REASONS = {400: b"Bad Request", 408: b"Request Timeout", 414: b"URI Too Long",
             431: b"Request Header Fields Too Large"}

@@ -787,11 +787,6 @@ def _compare(op: str, left: Any, right: Any) -> bool | None:
     return equal if op == "=" else not equal
 
 
-def _truth(x: Any) -> bool | None:
-    """Three-valued logic operand: a non-boolean counts as null (unknown)."""
-    return x if isinstance(x, bool) else None
-
-
 def _text_of(x: Any) -> str | None:
     """concat()'s view of a value: strings as they are, numbers and booleans as JSON text."""
     if isinstance(x, str):
@@ -930,7 +925,7 @@ def _compile_compare(op: str, left: _Fn, right: _Fn) -> _Fn:
 
 def _compile_and(left: _Fn, right: _Fn) -> _Fn:
     def and_(key: Any, value: Any, agg: Any) -> Any:
-        a = left(key, value, agg)  # three-valued: only True and False count (``_truth``)
+        a = left(key, value, agg)  # three-valued: only True and False count, anything else is unknown
         if a is False:
             return False
         b = right(key, value, agg)

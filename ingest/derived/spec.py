@@ -18,7 +18,6 @@ from versiq.ingest.errors import UsageError
 from versiq.layout import DEFAULT_BUCKETS, KINDS, STREAM_KIND
 from versiq.names import check_store_name
 
-OPERATIONS = ("filter", "copy", "to_table", "aggregate", "join", "fk_join", "stream_join")
 JOIN_TYPES = {"join": ("inner", "left", "outer"), "fk_join": ("inner", "left"), "stream_join": ("inner", "left")}
 AGGREGATES = ("count", "sum")
 #: A custom aggregate's fields (Kafka's aggregate(initializer, adder, subtractor)) and a reduce's.
