@@ -138,6 +138,8 @@ class _TopicWatch:
             return set(topic_partitions(self._admin, self.source, METADATA_TIMEOUT_S))
         except (KafkaException, KafkaSourceError) as exc:
             raise self._failed(exc) from None
+        finally:
+            drain(self._admin)  # its log lines wait for a poll, even while no run rearms the watch
 
     def _ends(self, partitions: set[int]) -> dict[int, int]:
         """The end offset of each of ``partitions`` now, as a run asks it
@@ -153,6 +155,8 @@ class _TopicWatch:
                                     METADATA_TIMEOUT_S)[0]
         except (KafkaException, concurrent.futures.TimeoutError) as exc:
             raise self._failed(exc) from None
+        finally:
+            drain(self._admin)
 
     def _assign(self, partitions: set[int], at_end: bool) -> None:
         """Watch ``partitions`` too: from their end offset now (``at_end``: the first run reads
@@ -193,8 +197,6 @@ class _TopicWatch:
                 self._consumer.seek(TopicPartition(topic, p, end))
         except Exception as exc:  # noqa: BLE001 - the watch goes on from where it was
             log.debug("%s: watch: %s", self.source.name, exc)
-        finally:
-            drain(self._admin)
         self.landed = False
 
     def close(self) -> None:
