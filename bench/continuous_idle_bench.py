@@ -5,7 +5,9 @@ A real broker (the tests' ``KafkaBroker``), a topic holding one record, and cont
 CPU time of the ingest's process tree (its Python process and the driver JVM, from ``/proc``)
 over ``--seconds`` is the figure. With ``--baseline-checkout DIR`` the code of that checkout is
 measured too, alternating, ``--rounds`` times each (``machine.baseline_env``; the bench's own
-process is the load generator, idle while it measures).
+process is the load generator, idle while it measures). ``--java-client``: the topic is read with
+a client setting only Java's Kafka client has (``VERSIQ_KAFKA_RECEIVE_BUFFER_BYTES``), so it is
+watched by its end offsets asked through the JVM every 100 ms, not by a consumer.
 
     .venv/bin/python bench/continuous_idle_bench.py [--seconds 30] [--baseline-checkout DIR] [--rounds 2]
 """
@@ -54,11 +56,16 @@ def tree_cpu(root: int) -> float:
     return sum(t for pid, t in times.items() if below(pid))
 
 
+#: A client setting with no librdkafka counterpart (``kafka.driver_config``): the Java client reads.
+JAVA_ONLY_ENV = {"VERSIQ_KAFKA_RECEIVE_BUFFER_BYTES": "65536"}
+
+
 def idle_cpu(broker: KafkaBroker, topic: str, work: str, label: str, seconds: int, settle: int,
-             checkout: str | None) -> dict:
+             checkout: str | None, java_client: bool = False) -> dict:
     warehouse = os.path.join(work, f"wh-{label}")
     shutil.rmtree(warehouse, ignore_errors=True)
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, **(baseline_env(checkout) if checkout else {})}
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, **(baseline_env(checkout) if checkout else {}),
+           **(JAVA_ONLY_ENV if java_client else {})}
     command = [sys.executable, *(["-P"] if checkout else []), "-m", "versiq.cli", "ingest", "--warehouse", warehouse,
                "--store", "s", "--kafka-bootstrap", broker.bootstrap, "--topic", topic, "--continuous",
                "--trigger-interval", "1s"]
@@ -92,11 +99,12 @@ def main() -> None:
     ap.add_argument("--settle", type=int, default=15, help="seconds after the first commit before measuring")
     ap.add_argument("--baseline-checkout", help="a checkout of an earlier commit: its code is measured too")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--java-client", action="store_true", help="a Java-only client setting: polled, not consumed")
     args = ap.parse_args()
     started = datetime.now(UTC)
     os.makedirs(args.work, exist_ok=True)
     result: dict = {"date": started.isoformat(), "machine": {"uptime_start": uptime()},
-                    "baseline_checkout": args.baseline_checkout, "runs": []}
+                    "baseline_checkout": args.baseline_checkout, "java_client": args.java_client, "runs": []}
     broker = KafkaBroker(work_dir=os.path.join(args.work, "kafka")).start()
     try:
         topic = broker.new_topic("idle", 1)
@@ -105,7 +113,7 @@ def main() -> None:
         for _ in range(args.rounds):
             for label in ("this", *(["baseline"] if checkout else [])):
                 result["runs"].append(idle_cpu(broker, topic, args.work, label, args.seconds, args.settle,
-                                               checkout if label == "baseline" else None))
+                                               checkout if label == "baseline" else None, args.java_client))
     finally:
         broker.close()
     result["machine"]["uptime_end"] = uptime()

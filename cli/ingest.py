@@ -109,12 +109,12 @@ def add_ingest(sub: Any) -> None:
                      help="continuous mode: the least time between the starts of two runs that "
                           "committed something (default 5s)")
     ing.add_argument("--watch-interval", default=None,
-                     help="continuous mode: how often the sources are checked for new input, at most "
-                          "--trigger-interval (default 100ms for local folders and Kafka topics, adapted to "
-                          "what a check costs, e.g. for a folder of many files; S3 sources: "
-                          "--trigger-interval, a check being a LIST request). A pipeline of local sources alone "
-                          "is checked when the kernel reports a change and every --trigger-interval, and this "
-                          "often only where the kernel cannot notify")
+                     help="continuous mode: how often sources that cannot notify are checked for new input, "
+                          "at most --trigger-interval (default 100ms: local folders where the kernel cannot "
+                          "notify, Kafka topics read with Java-only client settings; S3 sources: "
+                          "--trigger-interval, a check being a LIST request). Local folders are checked when "
+                          "the kernel reports a change and every --trigger-interval, other Kafka topics when a "
+                          "consumer receives a record")
     ing.add_argument("--lock-timeout", default="60s",
                      help="how long to wait for another writer of the same store (default 60s)")
     ing.add_argument("--progress", default="auto", metavar="auto|off|INTERVAL",

@@ -3,11 +3,10 @@
 Exit status (docs/contract.md): 0 every store committed; 1 a store failed (its report entry has
 ``error``); 2 usage/configuration error found before any data is touched.
 
-Continuous mode (``ingest.continuous``): the kernel's file notifications and a consumer per Kafka
-topic (``ingest.watch``) or a Spark Structured Streaming query (an S3 source, or a topic read
-with Spark's Kafka source, in the pipeline) say when the sources hold something new, and each
-time the pipeline runs once; the files done (or topic positions) committed with each store's data
-stay the source of truth for what was ingested.
+Continuous mode (``ingest.watch``): the kernel's file notifications, a consumer per Kafka topic,
+or a poll of what cannot notify (S3 sources, topics only the Java client reads) say when the
+sources hold something new, and each time the pipeline runs once; the files done (or topic
+positions) committed with each store's data stay the source of truth for what was ingested.
 """
 
 from __future__ import annotations
@@ -184,9 +183,9 @@ def ingest_command(args: argparse.Namespace, parser: argparse.ArgumentParser | N
         log.warning("could not check the stores and streams before starting (%s: %s); each run checks them again",
                     type(exc).__name__, exc)
     spark = get_spark(args.master)  # continuous mode: one session for its whole life
-    from versiq.ingest.continuous import run_continuous
     from versiq.ingest.delta import StateAhead, run_txn_needed
     from versiq.ingest.maintain import Compactor
+    from versiq.ingest.watch import run_continuous
 
     state_ahead = StateAhead(spark)
     compactor = Compactor(spark, args.warehouse, lock_timeout, _log_failure)
@@ -203,7 +202,7 @@ def ingest_command(args: argparse.Namespace, parser: argparse.ArgumentParser | N
             if args.report:
                 write_report(args.report, data)
         compactor.request([s.name for s in pipeline.stores] + [t.name for t in pipeline.tables if not t.is_stream])
-        # what the next micro-batch's commits need from Delta, computed while nothing waits for it
+        # what the next run's commits need from Delta, computed while nothing waits for it
         # (tables whose runs commit with a transaction id)
         state_ahead.start([path for path in (layout.table_path(args.warehouse, name) for name in committed)
                            if run_txn_needed(path)])

@@ -181,7 +181,7 @@ class StateAhead:
     version, even when a ``.crc`` file holds the answer. In a small run that job and its
     setup were about a quarter of the run (``bench/freshness_bench.py``: a one-record run
     3.9-4.1 s -> 3.1-3.2 s on a slow day; docs/benchmarks.md). ``start`` is called after a
-    micro-batch's commits and maintenance, when the data is already visible; the computation
+    run's commits and maintenance, when the data is already visible; the computation
     runs in a thread so that a file landing meanwhile starts its run at once. Delta computes a
     snapshot's state once (a lazy value): a commit that comes while it is still running waits
     for it instead of computing it twice. (Computed inside each run, beside its own jobs, it
@@ -209,8 +209,8 @@ class StateAhead:
     def _compute(self, paths: list[str]) -> None:
         from delta.tables import DeltaTable
 
-        # A group of its own: the thread inherits the micro-batch's, which stopping the
-        # streaming query cancels (a needless failure logged at every stop).
+        # A group of its own: the thread would inherit the run's, whose cancellation (the
+        # resident driver's) would fail it needlessly.
         self.spark.sparkContext.setJobGroup("versiq-delta-state", "Delta state ahead of the next commit")
         for path in paths:
             if not has_delta_log(path):

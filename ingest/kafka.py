@@ -316,7 +316,7 @@ def describe_read(source: KafkaSource, read: KafkaRead) -> str:
 
 
 # ---------------------------------------------------------------- the broker, through the JVM
-def _java_error(exc: BaseException) -> str:
+def java_error(exc: BaseException) -> str:
     """The Java exception's class and message, one line (no py4j traceback)."""
     java = getattr(exc, "java_exception", None)
     if java is not None:
@@ -387,21 +387,14 @@ def java_topic_offsets(spark: SparkSession, source: KafkaSource) -> TopicOffsets
     broker does not answer or the topic does not exist."""
     jvm = spark.sparkContext._jvm
     assert jvm is not None
-    deserializer = "org.apache.kafka.common.serialization.ByteArrayDeserializer"
-    props = _client_properties(jvm, source, {"key.deserializer": deserializer, "value.deserializer": deserializer,
-                                             "enable.auto.commit": "false", "client.id": "versiq-metadata"})
+    consumer = java_metadata_consumer(jvm, source)
     timeout = jvm.java.time.Duration.ofSeconds(METADATA_TIMEOUT_S)
-    try:
-        consumer = jvm.org.apache.kafka.clients.consumer.KafkaConsumer(props)
-    except Exception as exc:  # noqa: BLE001 - a bad setting: the client's own message
-        raise KafkaSourceError(redacted(f"cannot create a Kafka client for {source.bootstrap}: {_java_error(exc)}",
-                                        source)) from None
     try:
         try:
             infos = consumer.listTopics(timeout)
         except Exception as exc:  # noqa: BLE001 - broker down, DNS, auth: one line
             raise KafkaSourceError(redacted(
-                f"cannot reach Kafka at {source.bootstrap} (topic {source.topic}): {_java_error(exc)}",
+                f"cannot reach Kafka at {source.bootstrap} (topic {source.topic}): {java_error(exc)}",
                 source)) from None
         if not infos.containsKey(source.topic):
             raise KafkaSourceError(f"topic {source.topic} does not exist on {source.bootstrap}")
@@ -416,7 +409,7 @@ def java_topic_offsets(spark: SparkSession, source: KafkaSource) -> TopicOffsets
             end = consumer.endOffsets(wanted, timeout)
         except Exception as exc:  # noqa: BLE001
             raise KafkaSourceError(redacted(
-                f"cannot read the offsets of topic {source.topic} at {source.bootstrap}: {_java_error(exc)}",
+                f"cannot read the offsets of topic {source.topic} at {source.bootstrap}: {java_error(exc)}",
                 source)) from None
 
         def offsets(found: Any) -> dict[int, int]:
@@ -429,6 +422,20 @@ def java_topic_offsets(spark: SparkSession, source: KafkaSource) -> TopicOffsets
                         topic_id=java_topic_id(jvm, source))
 
 
+def java_metadata_consumer(jvm: Any, source: KafkaSource) -> Any:
+    """A Java ``KafkaConsumer`` with the source's client settings that only asks metadata and
+    offsets (no group, nothing committed); raises ``KafkaSourceError`` on a setting the client
+    refuses. The caller closes it."""
+    deserializer = "org.apache.kafka.common.serialization.ByteArrayDeserializer"
+    props = _client_properties(jvm, source, {"key.deserializer": deserializer, "value.deserializer": deserializer,
+                                             "enable.auto.commit": "false", "client.id": "versiq-metadata"})
+    try:
+        return jvm.org.apache.kafka.clients.consumer.KafkaConsumer(props)
+    except Exception as exc:  # noqa: BLE001 - a bad setting: the client's own message
+        raise KafkaSourceError(redacted(f"cannot create a Kafka client for {source.bootstrap}: {java_error(exc)}",
+                                        source)) from None
+
+
 def java_topic_id(jvm: Any, source: KafkaSource) -> str | None:
     """The topic's id (``TopicDescription.topicId()``, Kafka 2.8 and later; None from a broker
     that keeps no ids), asked with the Java admin client and the source's settings. Raises
@@ -437,7 +444,7 @@ def java_topic_id(jvm: Any, source: KafkaSource) -> str | None:
     try:
         admin = jvm.org.apache.kafka.clients.admin.AdminClient.create(props)
     except Exception as exc:  # noqa: BLE001 - a bad setting: the client's own message
-        raise KafkaSourceError(redacted(f"cannot create a Kafka client for {source.bootstrap}: {_java_error(exc)}",
+        raise KafkaSourceError(redacted(f"cannot create a Kafka client for {source.bootstrap}: {java_error(exc)}",
                                         source)) from None
     try:
         topics = jvm.java.util.Collections.singletonList(source.topic)
@@ -446,7 +453,7 @@ def java_topic_id(jvm: Any, source: KafkaSource) -> str | None:
                 METADATA_TIMEOUT_S, jvm.java.util.concurrent.TimeUnit.SECONDS)
         except Exception as exc:  # noqa: BLE001 - broker down, topic deleted meanwhile: one line
             raise KafkaSourceError(redacted(
-                f"cannot describe topic {source.topic} at {source.bootstrap}: {_java_error(exc)}", source)) from None
+                f"cannot describe topic {source.topic} at {source.bootstrap}: {java_error(exc)}", source)) from None
         found = described.get(source.topic).topicId()
         return None if found.equals(jvm.org.apache.kafka.common.Uuid.ZERO_UUID) else str(found.toString())
     finally:
@@ -545,16 +552,6 @@ def _with_kafka_order(batch: pa.RecordBatch, starts: dict[int, int]) -> pa.Recor
     seq = pc.add(pc.shift_left(part.cast(pa.int64()), pa.scalar(POS_BITS, pa.int64())), pc.subtract(offset, base))
     columns = [batch.column(PARSED_SCHEMA.get_field_index(name)) for name in RUN_SCHEMA.names[1:-1]]
     return pa.RecordBatch.from_arrays([seq, *columns, pa.nulls(batch.num_rows, pa.int64())], schema=RUN_SCHEMA)
-
-
-def trigger_frame(spark: SparkSession, source: KafkaSource) -> DataFrame:
-    """A streaming frame that has a micro-batch whenever records land in the topic (continuous
-    mode, ``ingest.continuous``): only *when* to run; what a run reads is the store's position."""
-    reader = (spark.readStream.format("kafka").option("subscribe", source.topic)
-              .option("startingOffsets", "earliest").option("failOnDataLoss", "false"))
-    for name, value in _reader_options(source).items():
-        reader = reader.option(name, value)
-    return reader.load().select(F.col("topic").alias("path"))
 
 
 # ---------------------------------------------------------------- reading a small run in the driver

@@ -21,7 +21,7 @@
   kept: exact whatever the files hold), and is only rewritten whole, with the horizon applied
   and superseded rows dropped, when those hold at least ``REWRITE_SHARE`` of the oldest file's
   rows. (Rewriting every bucket whole at every compaction made a steady flow into a large store
-  rewrite the store every few micro-batches; docs/benchmarks.md.)
+  rewrite the store every few runs; docs/benchmarks.md.)
 - **Continuous mode compacts beside the runs** (``Compactor``), never between a record and its
   visibility. Delta commits a write that changes no data with snapshot isolation: a run's
   append that commits while a compaction is under way is kept by it, and a compaction never
@@ -35,7 +35,7 @@
   state's, which Delta's file statistics prune to the new files), and the read rule over them
   and the planned rows is the read rule over the buckets. A compaction that
   meets a concurrent change of the table's settings gives way (Delta refuses it) and the next
-  micro-batch tries again.
+  run tries again.
 - **Checkpoints** are Delta's: the connector writes one every 50 commits
   (``layout.TABLE_PROPERTIES``), so readers load the log quickly without a separate step.
 - **Vacuum** deletes files removed longer ago than ``VACUUM_RETENTION_HOURS`` (1 hour = the
@@ -107,7 +107,7 @@ log = logging.getLogger("versiq.maintain")
 VACUUM_RETENTION_HOURS = registry.VACUUM_RETENTION_HOURS.value()
 #: Continuous mode compacts a table holding more than this many files per bucket on average.
 #: Measured with a Kafka topic at 1,000 records/s (every run writes into every bucket): at 4 it
-#: compacted every ~5 micro-batches (7 of 36 commits in 90 s) and records were visible after
+#: compacted every ~5 runs (7 of 36 commits in 90 s) and records were visible after
 #: p50 4.0 s; at 8, 4 of 38 commits and p50 3.3-3.9 s (docs/benchmarks.md, 2026-11-26 midday).
 COMPACT_FILES_PER_BUCKET = 8
 #: Continuous mode rewrites a bucket whole only when its recent files hold at least this share
@@ -224,8 +224,8 @@ _GAVE_WAY = re.compile(r"\b(Concurrent\w+Exception|MetadataChangedException|Prot
 class Compactor:
     """Continuous mode's compactions, on a thread beside the runs (module docstring).
 
-    After a micro-batch, ``request(names)`` starts a pass over those stores and tables
-    (``compact_if_due`` each) unless a pass is still under way (the next micro-batch asks
+    After a run, ``request(names)`` starts a pass over those stores and tables
+    (``compact_if_due`` each) unless a pass is still under way (the next run asks
     again). The pass uses a Spark session of its own (``WorkerSession``, without the state a
     run's commits carry) and its own job group; it waits for the large runs of the process
     (``large_run_turn``), so only small runs share the cores with it. A failure is logged in
@@ -246,7 +246,7 @@ class Compactor:
     def request(self, names: Iterable[str]) -> None:
         if self._closing.is_set() or (self._thread is not None and self._thread.is_alive()):
             return
-        # a plain thread: nothing of the micro-batch that asks (its SQL execution, its job
+        # a plain thread: nothing of the run that asks (its SQL execution, its job
         # group) is the compaction's; it sets its own job group
         self._thread = threading.Thread(target=self._pass, args=(list(names),), name="versiq-compaction",
                                         daemon=True)
@@ -279,7 +279,7 @@ class Compactor:
                     return
                 elif conflict is not None:
                     log.info("store %s: the compaction gave way to a concurrent change of the table (%s); "
-                             "the next micro-batch tries again", name, conflict.group(0))
+                             "the next run tries again", name, conflict.group(0))
                 else:
                     self._log_failure(f"maintenance of {name} failed", exc)
 

@@ -1,6 +1,6 @@
 """One pipeline run, the whole ingest: every source store, then every source stream, then the
 derived tables that read them (``ingest.derived.derive``). This is what ``versiq ingest`` runs once
-(batch) or per micro-batch (``--continuous``)."""
+(batch) or each time its sources hold something new (``--continuous``)."""
 
 from __future__ import annotations
 

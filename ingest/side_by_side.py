@@ -18,9 +18,8 @@ its keys' stored versions) are large; small runs go on beside it.
 
 Reports come back in the order of the specs, whatever order the runs end in. The workers are
 daemon threads: Ctrl-C ends the process (and with it the JVM) as it did with one run at a time,
-each store's commit being atomic. They take the caller's Spark job group and tags, so a
-continuous micro-batch's jobs are still cancelled with its query and the resident driver's
-cancellation (``cancelAllJobs``) reaches them.
+each store's commit being atomic. They take the caller's Spark job group and tags, so the
+resident driver's cancellation (``cancelAllJobs``) reaches them.
 """
 
 from __future__ import annotations

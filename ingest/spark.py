@@ -393,12 +393,9 @@ def active_on_this_thread(spark: SparkSession) -> Iterator[None]:
     """``spark`` is the JVM thread's active session inside (the previous one after).
 
     Spark reads many settings (adaptive execution, code generation) from the calling thread's
-    active session, not from the session a DataFrame belongs to. ``foreachBatch`` calls back
-    on the streaming query's own thread, whose active session is the query's clone of the
-    session, made when the query started: settings changed on the session later, such as a small
-    run's (``plans_for_input``), were not seen by the runs of continuous mode (measured: its
-    micro-batches planned with adaptive execution and generated code while the session said
-    otherwise)."""
+    active session, not from the session a DataFrame belongs to: a thread of versiq's own (a
+    side table's commit, a run beside others) sets it, so that its plans see the session's
+    settings as they are now, such as a small run's (``plans_for_input``)."""
     jvm_session = spark._jvm.org.apache.spark.sql.SparkSession  # type: ignore[union-attr]
     previous = jvm_session.getActiveSession()
     jvm_session.setActiveSession(spark._jsparkSession)

@@ -19,6 +19,12 @@ New partitions are found by asking the topic's metadata every ``PARTITIONS_RECHE
 watched from their first offset. A consumer that cannot be created (a setting librdkafka
 refuses) or whose topic cannot be asked raises ``KafkaSourceError``; errors while consuming (a
 broker that restarts) are the client's to retry, logged at debug level.
+
+A topic whose client settings librdkafka cannot take (``watchable`` is False: ``sasl.jaas.config``,
+a JKS store, GSSAPI...) is polled instead (``TopicPolls``): its end offsets are asked with the Java
+Kafka client the runs use for it, through the session's JVM, every watch interval, and a change
+since the last ask says that a run is due. The same argument makes it exact: the ends asked
+before the first run come before what it reads, and a record that lands later moves an end.
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ from versiq.ingest.kafka import (
     KafkaSourceError,
     drain,
     driver_config,
+    java_error,
+    java_metadata_consumer,
     metadata_client,
     redacted,
     topic_offsets_at,
@@ -201,3 +209,100 @@ class _TopicWatch:
 
     def close(self) -> None:
         self._consumer.close()
+
+
+class TopicPolls:
+    """Records landing in topics this process cannot consume with librdkafka (module docstring):
+    ``changed()`` asks each topic's end offsets with the Java client, through ``spark``'s JVM, and
+    is True when one moved since the last ask (a partition added counts). The first ask, when
+    the polls are made, raises ``KafkaSourceError`` when a broker does not answer; later ones
+    that fail count as no change, said in one warning until the broker answers again.
+    ``close()`` closes the clients."""
+
+    def __init__(self, spark: Any, sources: Sequence[KafkaSource]) -> None:
+        self._polls: list[_TopicPoll] = []
+        try:
+            for source in sources:
+                self._polls.append(_TopicPoll(spark, source))
+        except BaseException:
+            self.close()
+            raise
+
+    def changed(self) -> bool:
+        return any([poll.changed() for poll in self._polls])  # every topic asked: each keeps its ends
+
+    def close(self) -> None:
+        for poll in self._polls:
+            poll.close()
+
+
+class _TopicPoll:
+    """One topic's end offsets, asked with one Java consumer kept for the watch's life. A poll is
+    two calls into the JVM (the offsets, then whether they equal the last ones): the partitions
+    are asked again only every ``PARTITIONS_RECHECK_S``."""
+
+    def __init__(self, spark: Any, source: KafkaSource) -> None:
+        self.source = source
+        self._jvm = spark.sparkContext._jvm
+        self._timeout = self._jvm.java.time.Duration.ofSeconds(METADATA_TIMEOUT_S)
+        self._consumer = java_metadata_consumer(self._jvm, source)
+        self._failing = False
+        try:
+            self._wanted = self._partitions()
+            self._next_recheck = time.monotonic() + PARTITIONS_RECHECK_S
+            self._ends = self._ask()
+        except BaseException:
+            self._consumer.close()
+            raise
+
+    def _failed(self, exc: BaseException) -> KafkaSourceError:
+        return KafkaSourceError(redacted(f"cannot watch {self.source.name} at {self.source.bootstrap}: "
+                                         f"{java_error(exc)}", self.source))
+
+    def _partitions(self) -> Any:
+        """The topic's partitions, as a Java list of ``TopicPartition``."""
+        jvm, topic = self._jvm, self.source.topic
+        try:
+            infos = self._consumer.partitionsFor(topic, self._timeout)
+        except Exception as exc:  # noqa: BLE001 - broker down, DNS, auth: one line
+            raise self._failed(exc) from None
+        if infos is None or infos.isEmpty():
+            raise KafkaSourceError(f"topic {topic} does not exist on {self.source.bootstrap}")
+        wanted = jvm.java.util.ArrayList()
+        for info in infos:
+            wanted.add(jvm.org.apache.kafka.common.TopicPartition(topic, info.partition()))
+        return wanted
+
+    def _ask(self) -> Any:
+        """The end offsets of the partitions now (a Java map)."""
+        try:
+            return self._consumer.endOffsets(self._wanted, self._timeout)
+        except Exception as exc:  # noqa: BLE001
+            raise self._failed(exc) from None
+
+    def changed(self) -> bool:
+        try:
+            if time.monotonic() >= self._next_recheck:
+                self._next_recheck = time.monotonic() + PARTITIONS_RECHECK_S
+                self._wanted = self._partitions()
+            ends = self._ask()
+            moved = not ends.equals(self._ends)
+        except KafkaSourceError as exc:
+            if not self._failing:  # once, not at every poll
+                log.warning("%s; asking again every poll", exc)
+            self._failing = True
+            return False
+        except Exception as exc:  # noqa: BLE001 - the JVM is going away (a stop): no run is due
+            log.debug("%s: watch: %s", self.source.name, exc)
+            return False
+        if self._failing:
+            log.info("%s: the watch reaches the broker again", self.source.name)
+            self._failing = False
+        self._ends = ends
+        return moved
+
+    def close(self) -> None:
+        try:
+            self._consumer.close()
+        except Exception as exc:  # noqa: BLE001 - the JVM may be gone already (a signal to the group)
+            log.debug("%s: closing the watch: %s", self.source.name, exc)

@@ -1,17 +1,15 @@
-"""``versiq ingest --continuous`` over local sources and Kafka topics: the kernel says when a
-file lands, a consumer when a record does.
+"""``versiq ingest --continuous``: the kernel says when a file lands, a consumer when a record
+does, and each time the pipeline runs once.
 
-When every store and stream of the pipeline reads a local file or folder or a Kafka topic that
-this process can read with librdkafka (``topic_watch.watchable``), no streaming query watches
-them: the kernel's file notifications (``versiq.notify``) and a consumer per topic
-(``topic_watch.TopicChanges``) wake the loop, and a run starts as soon as the sources list a
-file that was not there at the last run or a record landed. Spark's streaming query, which
-continuous mode keeps for S3 sources and topics read with the Java client (``ingest.continuous``),
-cost a file that landed about 0.2 s before its run began: its check every 100 ms, the offsets
-it writes to its checkpoint, the micro-batch's planning and the call back into Python (measured:
-0.05-0.15 s from landing to the offsets file, 0.07-0.1 s from there to the run), a fifth of the
-file's time to being served; and checking a 3-file folder every 100 ms took 6% of a core while
-nothing landed. A notification costs nothing while nothing lands.
+Local files and folders are watched by the kernel's file notifications (``versiq.notify``); a
+Kafka topic that this process can read with librdkafka (``topic_watch.watchable``) by a consumer
+(``topic_watch.TopicChanges``): a run starts within milliseconds of a file or record landing,
+and watching costs nothing while nothing lands. What cannot notify is polled every watch interval
+(``watch_interval``: ``--watch-interval``, default ``WATCH_INTERVAL_S``): an S3 source is listed
+(a LIST request, billed: by default once per ``--trigger-interval``), a topic whose client
+settings only the Java client takes has its end offsets asked through the session's JVM
+(``topic_watch.TopicPolls``), and a local folder where the kernel cannot notify (a file system
+without inotify, too many watches) is listed.
 
 The sources' own listing (``sources.list_sources``) stays the truth for what a run reads, and the
 files done or the topic positions, committed with each table's data, for what is new: a
@@ -19,16 +17,16 @@ notification only says *when* to run. Nothing is kept outside the tables (no che
 start the files done are read from each table's newest commit, a pipeline with a topic runs once
 (records that landed while the ingest was stopped), and a file that landed meanwhile starts a
 run at once. The sources are also listed every ``--trigger-interval`` whatever the kernel says
-(a notification queue can overflow), and every ``--watch-interval`` (default 100 ms) where the
-kernel cannot notify (a file system without inotify, too many watches).
+(a notification queue can overflow).
 
 A run that fails (``report.failed``: an unreadable file, a derived table that failed...) is
 logged in one line and retried every ``--trigger-interval`` until it succeeds, even when nothing
 lands; a pipeline with derived tables runs once at start, so that tables a stopped ingest left
-behind their inputs catch up without waiting for a new file (a streaming query replayed its
-unfinished batch); a refused setting (``UsageError``) or a lock held too long ends continuous
-mode. As with a streaming query, runs start at most every ``--trigger-interval`` after the start
-of the last one that committed something. SIGTERM/SIGINT stop after the current run.
+behind their inputs catch up without waiting for a new file; a refused setting (``UsageError``)
+or a lock held too long ends continuous mode. Runs start at most every ``--trigger-interval``
+after the start of the last one that committed something. SIGTERM/SIGINT stop after the current
+run. (A Spark streaming query watched these sources before: docs/benchmarks.md, "A topic's
+records wake the runs", has what it cost.)
 """
 
 from __future__ import annotations
@@ -39,24 +37,37 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from versiq import layout, storage
 from versiq.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from versiq.ingest.errors import LockTimeout, UsageError
 from versiq.ingest.kafka import KafkaSourceError
 from versiq.ingest.sources import SourceError, hidden_name, list_sources
-from versiq.ingest.topic_watch import TopicChanges, watchable
+from versiq.ingest.topic_watch import TopicChanges, TopicPolls, watchable
 from versiq.notify import FileChanges
 
 log = logging.getLogger("versiq.ingest")
 
 
-def all_watched(specs: list[Any]) -> bool:
-    """Whether every store and stream reads a local file or folder or a topic a consumer of this
-    process can watch (``topic_watch.watchable``): continuous mode needs no streaming query."""
-    return all(watchable(spec.kafka) if spec.kafka is not None else not storage.is_s3(spec.source)
-               for spec in specs)
+#: How often what cannot notify is checked for new input by default (``watch_interval``): the
+#: wait of a file that lands on a file system without notifications, or of a record in a topic
+#: polled with the Java client (an offsets request to the broker each).
+WATCH_INTERVAL_S = 0.1
+
+
+def watch_interval(specs: list[Any], interval_s: float, watch_s: float | None = None) -> float:
+    """How often what cannot notify is checked: ``watch_s`` (``--watch-interval``) when given;
+    else ``WATCH_INTERVAL_S``, or the trigger interval when a source is on S3 (a LIST request
+    per check, billed). Never less often than the trigger interval."""
+    if watch_s is None:
+        watch_s = interval_s if any(_on_s3(spec) for spec in specs) else WATCH_INTERVAL_S
+    return min(interval_s, watch_s)
+
+
+def _on_s3(spec: Any) -> bool:
+    return spec.kafka is None and storage.is_s3(spec.source)
 
 
 def _visible(roots: list[str]) -> Callable[[str], bool]:
@@ -129,13 +140,27 @@ def wait_until(deadline: float, stopping: Callable[[], bool],
     return False
 
 
+def run_continuous(spark: Any, warehouse: str, pipeline: Any, interval_s: float, one_run: Callable[[], Any],
+                   after_run: Callable[[Any], None], watch_s: float | None = None) -> int:
+    """``versiq ingest --continuous`` over ``pipeline``: ``run_watching`` of its stores and streams,
+    what cannot notify checked every ``watch_interval`` (``watch_s``: ``--watch-interval``), a
+    catch-up run at start when it has derived tables, topics only the Java client reads polled
+    through ``spark``'s JVM. ``interval_s``: ``--trigger-interval``."""
+    specs = [*pipeline.stores, *pipeline.streams]
+    return run_watching(warehouse, specs, interval_s, watch_interval(specs, interval_s, watch_s), one_run,
+                        after_run, catch_up=bool(pipeline.tables), spark=spark)
+
+
 def run_watching(warehouse: str, specs: list[Any], interval_s: float, watch_s: float,
-                 one_run: Callable[[], Any], after_run: Callable[[Any], None], catch_up: bool = False) -> int:
+                 one_run: Callable[[], Any], after_run: Callable[[Any], None], catch_up: bool = False,
+                 spark: Any = None) -> int:
     """Run until SIGTERM/SIGINT (finishing the current run); returns the exit status (module
     docstring). ``one_run()`` runs the pipeline once and returns its ``RunReport``;
-    ``after_run(report)`` prints/writes it and does maintenance; ``catch_up``: run once at start
-    even when no source holds anything new (a pipeline with derived tables). A topic that cannot
-    be watched yet (its broker does not answer) is asked again every ``interval_s``."""
+    ``after_run(report)`` prints/writes it and does maintenance; ``watch_s``: how often what
+    cannot notify is checked (``watch_interval``); ``catch_up``: run once at start even when no
+    source holds anything new (a pipeline with derived tables); ``spark``: the session whose JVM
+    polls topics only the Java client can read. A topic that cannot be watched yet (its broker
+    does not answer) is asked again every ``interval_s``."""
     stopping = {"stop": False}
 
     def _stop(signum: int, _frame: Any) -> None:
@@ -147,41 +172,70 @@ def run_watching(warehouse: str, specs: list[Any], interval_s: float, watch_s: f
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    paths = sorted({os.path.abspath(spec.source) for spec in specs if spec.kafka is None})
+    paths = sorted({os.path.abspath(spec.source) for spec in specs if spec.kafka is None and not _on_s3(spec)})
     sources = [spec.kafka for spec in specs if spec.kafka is not None]
-    topics = _topic_changes(sources, interval_s, stopped) if sources else None  # before the first run
-    if sources and topics is None:
-        return EXIT_OK  # stopped while the broker did not answer
+    consumed = [source for source in sources if watchable(source)]
+    polled = [source for source in sources if not watchable(source)]
+    topics: TopicChanges | None = None
+    polls: TopicPolls | None = None
     changes: FileChanges | None = None
-    try:
+    try:  # the topics' watches before the first run
+        if consumed and (topics := _asked(lambda: TopicChanges(consumed), interval_s, stopped)) is None:
+            return EXIT_OK  # stopped while a broker did not answer
+        if polled and (polls := _asked(lambda: TopicPolls(spark, polled), interval_s, stopped)) is None:
+            return EXIT_OK
         if paths:
             changes = FileChanges(paths, "the sources", keep=_visible(paths))
-        log.info("watching %s; a run at most every %.1fs", _watched(len(paths), len(sources)), interval_s)
-        return _loop(warehouse, specs, interval_s, watch_s, one_run, after_run, catch_up, changes, topics, stopped)
+        on_s3 = sum(1 for spec in specs if _on_s3(spec))
+        log.info("watching %s; a run at most every %.1fs", _watched(len(paths), len(consumed), len(polled), on_s3,
+                                                                    watch_s), interval_s)
+        watches = _Watches(changes, topics, polls, polling=bool(polled or on_s3))
+        return _loop(warehouse, specs, interval_s, watch_s, one_run, after_run, catch_up, watches, stopped)
     finally:
-        for watch in (changes, topics):
+        for watch in (changes, topics, polls):
             if watch is not None:
                 watch.close()
 
 
-def _topic_changes(sources: list[Any], interval_s: float, stopped: Callable[[], bool]) -> TopicChanges | None:
-    """The topics' watch, asked again every ``interval_s`` while a broker does not answer (said in
-    one line each time, as a streaming query's failed check was); None when stopped meanwhile."""
+T = TypeVar("T")
+
+
+def _asked(make: Callable[[], T], interval_s: float, stopped: Callable[[], bool]) -> T | None:
+    """A topics' watch (``make()``), asked again every ``interval_s`` while a broker does not
+    answer (said in one line each time); None when stopped meanwhile."""
     while True:
         try:
-            return TopicChanges(sources)
+            return make()
         except KafkaSourceError as exc:
             log.warning("%s; trying again in %.1fs", exc, interval_s)
         if not wait_until(time.monotonic() + interval_s, stopped):
             return None
 
 
+@dataclass
+class _Watches:
+    """What says that a run is due: the kernel for local sources (``changes``), a consumer per
+    topic librdkafka reads (``topics``), the Java client's end offsets for the other topics
+    (``polls``); ``polling``: something must be checked every watch interval (an S3 source or a
+    polled topic)."""
+
+    changes: FileChanges | None
+    topics: TopicChanges | None
+    polls: TopicPolls | None
+    polling: bool
+
+    def notified(self) -> bool:
+        """Whether every source that is listed tells when it changes: no need to list them
+        more often than every trigger interval."""
+        return not self.polling and (self.changes is None or self.changes.notified)
+
+
 def _loop(warehouse: str, specs: list[Any], interval_s: float, watch_s: float, one_run: Callable[[], Any],
-          after_run: Callable[[Any], None], catch_up: bool, changes: FileChanges | None,
-          topics: TopicChanges | None, stopped: Callable[[], bool]) -> int:
+          after_run: Callable[[Any], None], catch_up: bool, watches: _Watches, stopped: Callable[[], bool]) -> int:
     """``run_watching``'s runs, until ``stopped()``."""
+    changes, topics, polls = watches.changes, watches.topics, watches.polls
     # records: a record landed since the last run started (a run at start reads what landed before)
-    landed = {"records": topics is not None}
+    landed = {"records": topics is not None or polls is not None}
 
     def woken(timeout_s: float) -> bool:
         files = changes is not None and changes.wait(0.0 if topics is not None else timeout_s)
@@ -194,16 +248,18 @@ def _loop(warehouse: str, specs: list[Any], interval_s: float, watch_s: float, o
     retry = catch_up  # run even with nothing new: at start (catch_up), and after a failed run
     next_run = 0.0  # the earliest start of the next run
     while not stopped():
+        if polls is not None and polls.changed():
+            landed["records"] = True
         listed = _listed(specs)
         if not retry and not landed["records"] and listed is not None and listed <= seen:
-            notified = changes is None or changes.notified
-            wait_until(time.monotonic() + (interval_s if notified else min(watch_s, interval_s)), stopped, woken)
+            wait_until(time.monotonic() + (interval_s if watches.notified() else min(watch_s, interval_s)), stopped,
+                       woken if changes is not None or topics is not None else None)  # else a plain sleep
             continue
         if not wait_until(next_run, stopped):
             break
         if topics is not None:
             topics.rearm()  # the run reads what landed so far; what lands from now on wakes the next
-            landed["records"] = False
+        landed["records"] = False
         started = time.monotonic()
         try:
             report = one_run()
@@ -231,8 +287,10 @@ def _loop(warehouse: str, specs: list[Any], interval_s: float, watch_s: float, o
     return status
 
 
-def _watched(folders: int, topics: int) -> str:
+def _watched(folders: int, consumed: int, polled: int, on_s3: int, watch_s: float) -> str:
     """The log's words for what is watched."""
     parts = ([f"{folders} local source(s) for new files (file notifications)"] if folders else []) \
-        + ([f"{topics} Kafka topic(s) for new records (a consumer each)"] if topics else [])
+        + ([f"{consumed} Kafka topic(s) for new records (a consumer each)"] if consumed else []) \
+        + ([f"{polled} Kafka topic(s) for new records (their end offsets every {watch_s:.1f}s)"] if polled else []) \
+        + ([f"{on_s3} S3 source(s) for new objects (listed every {watch_s:.1f}s)"] if on_s3 else [])
     return " and ".join(parts)

@@ -8,8 +8,7 @@ Warehouse
 ``<warehouse>/<store>/`` is one store. The service lists as stores exactly the direct children
 of the warehouse whose name is valid (``versiq.names``), that have a ``_delta_log/`` and whose
 Delta metadata ``description`` is the settings JSON below with a known ``versiq.format``.
-``<warehouse>/_versiq/continuous/`` holds continuous ingest's streaming-query checkpoints
-(pipelines with a Kafka topic or an S3 source; not a store: names starting with ``_`` are never
+``<warehouse>/_versiq/`` is versiq's own (not a store: names starting with ``_`` are never
 store names). Directories starting with ``_`` inside
 a store are versiq's own:
 

@@ -581,5 +581,7 @@ def test_continuous_ingest_watches_an_s3_source_into_an_s3_warehouse(s3, tmp_pat
     err = proc.stderr.read() if proc.stderr else ""
     assert code == 0, err
     assert s3.secret_key not in err
-    # the streaming checkpoint lives in the warehouse's private prefix, not in any store
-    assert "_versiq" in storage.listdir(remote) and set(storage.listdir(remote)) >= {"live"}
+    # the prefix is listed every trigger interval (a LIST request each), no streaming query or checkpoint
+    assert "watching 1 S3 source(s) for new objects (listed every 0.5s)" in err, err
+    assert set(storage.listdir(remote)) >= {"live"}
+    assert not storage.exists(storage.join(remote, "_versiq", "continuous"))

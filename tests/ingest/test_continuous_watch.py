@@ -1,10 +1,10 @@
 """Continuous mode's two intervals: a file or record that lands after a quiet spell starts a run
-at once (local folders: the kernel's file notifications; Kafka topics: a consumer each,
-``ingest.watch``; S3 sources and topics read with Java-only client settings: the streaming query
-checks every ``WATCH_INTERVAL_S``, ``ingest.continuous``), and ``--trigger-interval`` is the
-least time between the starts of two runs that committed something. ``run_continuous`` runs in
-this process with the tests' session (real folders, a real broker, a real streaming query, real
-runs); a helper thread lands the files or produces the records and sends SIGTERM."""
+at once (local folders: the kernel's file notifications; Kafka topics: a consumer each, or, with
+Java-only client settings, their end offsets asked every ``WATCH_INTERVAL_S``; S3 sources:
+listed every trigger interval, ``ingest.watch``), and ``--trigger-interval`` is the least time
+between the starts of two runs that committed something. ``run_continuous`` runs in this process
+with the tests' session (real folders, a real broker, real runs); a helper thread lands the files
+or produces the records and sends SIGTERM. (An S3 source's watch: tests/e2e/test_s3_warehouse.py.)"""
 
 from __future__ import annotations
 
@@ -14,49 +14,24 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
-
-import pytest
 
 from tests.support.ingest import store_versions, write_jsonl
 from tests.support.service import free_port
 from versiq import layout
 from versiq.exits import EXIT_OK
-from versiq.ingest import continuous, topic_watch
+from versiq.ingest import topic_watch
 from versiq.ingest.config import Pipeline
-from versiq.ingest.continuous import (
-    IDLE_PROGRESS_CONF,
-    WATCH_INTERVAL_S,
-    adapted_watch,
-    check_cost,
-    run_continuous,
-    watch_adapts,
-    watch_interval,
-)
 from versiq.ingest.kafka import KafkaSource
 from versiq.ingest.pipeline import StoreSpec
 from versiq.ingest.run import run_pipeline
-from versiq.ingest.spark import INTERPRETED_RUN_BYTES_ENV, plans_for_input
 from versiq.ingest.streams import StreamSpec
 from versiq.ingest.topic_watch import TopicChanges
-from versiq.ingest.watch import run_watching
+from versiq.ingest.watch import WATCH_INTERVAL_S, run_continuous, run_watching, watch_interval
 
 #: The trigger interval of the test: an hour. Spark's trigger fires on multiples of its interval,
 #: so a query triggered every hour would start the first file's run at the next full hour.
 HOUR_S = 3600.0
-
-
-@pytest.fixture
-def idle_reports(spark: Any) -> Iterator[str]:
-    """Spark's setting of how often an idle query reports its progress (continuous mode sets it
-    in its session), restored after the test: the session is the suite's."""
-    before = spark.conf.get(IDLE_PROGRESS_CONF, None)
-    yield IDLE_PROGRESS_CONF
-    if before is None:
-        spark.conf.unset(IDLE_PROGRESS_CONF)
-    else:
-        spark.conf.set(IDLE_PROGRESS_CONF, before)
 
 
 def _record(key: str, ts: int) -> str:
@@ -101,8 +76,6 @@ def _run_continuous_with(spark: Any, warehouse: str, pipeline: Pipeline, interva
             returned.set()
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
-        for query in spark.streams.active:
-            query.stop()
         thread.join(timeout=60)
     if "error" in outcome:
         raise outcome["error"]
@@ -232,8 +205,8 @@ JAVA_ONLY = {"reconnect.backoff.max.ms": "1000"}
 
 
 def _topic_pipeline(broker: Any, name: str, options: dict[str, str] | None = None) -> tuple[Pipeline, str]:
-    """A store reading a new one-partition topic with client ``options`` (``JAVA_ONLY``: watched
-    by a streaming query; none: by a consumer)."""
+    """A store reading a new one-partition topic with client ``options`` (``JAVA_ONLY``: its end
+    offsets polled with the Java client; none: watched by a consumer)."""
     topic = broker.new_topic(name, partitions=1, config={"retention.ms": "-1"})
     return Pipeline(stores=[StoreSpec(name=name, source="", max_future_ms=None,
                                       kafka=KafkaSource(broker.bootstrap, topic, options=options or {}))]), topic
@@ -308,7 +281,7 @@ def test_a_topic_whose_broker_does_not_answer_is_asked_again_in_one_line_each_ti
         monkeypatch: Any, caplog: Any, capfd: Any) -> None:
     """Continuous mode started while the broker is down: each attempt to watch the topic is one
     warning (librdkafka's own lines go to the debug log, not stderr), and a stop ends the wait."""
-    from versiq.ingest.watch import _topic_changes
+    from versiq.ingest.watch import _asked
 
     monkeypatch.setattr(topic_watch, "METADATA_TIMEOUT_S", 1)
     started = time.monotonic()
@@ -317,7 +290,7 @@ def test_a_topic_whose_broker_does_not_answer_is_asked_again_in_one_line_each_ti
         return sum("cannot watch kafka:t" in r.getMessage() for r in caplog.records) >= 2
 
     with caplog.at_level(logging.INFO, logger="versiq.ingest"):
-        assert _topic_changes([KafkaSource(f"127.0.0.1:{free_port()}", "t")], 0.2, stopped) is None
+        assert _asked(lambda: TopicChanges([KafkaSource(f"127.0.0.1:{free_port()}", "t")]), 0.2, stopped) is None
     assert time.monotonic() - started < 60
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 2 and all("trying again in 0.2s" in r.getMessage() for r in warnings), warnings
@@ -377,35 +350,37 @@ def test_a_pipeline_of_a_folder_and_a_topic_is_woken_by_either(spark: Any, tmp_p
     assert code == EXIT_OK and not spark.streams.active
 
 
-def test_a_micro_batchs_run_plans_with_the_sessions_settings_not_the_querys_copy_of_them(
-        spark: Any, tmp_path: Any, idle_reports: str, monkeypatch: Any, kafka_broker: Any) -> None:
-    """``foreachBatch`` calls back on the query's thread, whose active session is the query's
-    clone of the session. Spark reads settings such as adaptive execution from the thread's
-    active session, so a small run's settings (``plans_for_input``, set on the session during
-    the run) went unseen by continuous mode's runs until the run made the session active."""
-    monkeypatch.setattr(continuous, "WATCH_BUDGET", 1.0)
-    monkeypatch.delenv(INTERPRETED_RUN_BYTES_ENV, raising=False)
+def test_a_topic_only_the_java_client_reads_is_polled_through_the_jvm_and_its_records_start_runs(
+        spark: Any, tmp_path: Any, caplog: Any, kafka_broker: Any) -> None:
+    """A topic whose client settings librdkafka cannot take: its end offsets are asked with the
+    Java client every watch interval (``topic_watch.TopicPolls``), no streaming query; the run at
+    start reads what the topic held, and a record produced later starts a run (a topic is never
+    listed: only the poll can start it)."""
+    pipeline, topic = _topic_pipeline(kafka_broker, "polled", JAVA_ONLY)
+    kafka_broker.produce(topic, [{"key": "before", "value": "1", "timestamp_ms": 1}])
     warehouse = str(tmp_path / "wh")
-    pipeline, topic = _topic_pipeline(kafka_broker, "settings", JAVA_ONLY)
-    store = layout.table_path(warehouse, "settings")
-    seen: list[tuple[str, str]] = []
+    store = layout.table_path(warehouse, "polled")
+    runs: list[int] = []
 
     def one_run() -> Any:
-        thread_conf = spark._jvm.org.apache.spark.sql.internal.SQLConf.get()
-        with plans_for_input(spark, 100):
-            seen.append((thread_conf.getConfString("spark.sql.adaptive.enabled"),
-                         thread_conf.getConfString("spark.sql.codegen.wholeStage")))
-            return run_pipeline(spark, warehouse, pipeline)
+        runs.append(1)
+        return run_pipeline(spark, warehouse, pipeline)
 
     def records() -> None:
-        kafka_broker.produce(topic, [{"key": "a", "value": "1", "timestamp_ms": 1}])
-        _wait(lambda: layout.has_table(store) and "a" in store_versions(store), 120, "the run")
+        _wait(lambda: layout.has_table(store) and "before" in store_versions(store), 120, "the run at start")
+        time.sleep(1.0)  # ten polls with nothing new: no run
+        quiet = len(runs)
+        kafka_broker.produce(topic, [{"key": "after", "value": "2", "timestamp_ms": 2}])
+        _wait(lambda: "after" in store_versions(store), 120, "the record's run")
+        assert quiet == 1, runs
 
-    assert spark.conf.get("spark.sql.adaptive.enabled") == "true"
-    code = _run_continuous_with(spark, warehouse, pipeline, 1.0, one_run, records)
+    with caplog.at_level(logging.INFO, logger="versiq.ingest"):
+        code = _run_continuous_with(spark, warehouse, pipeline, 0.1, one_run, records)
     assert code == EXIT_OK
-    assert seen and set(seen) == {("false", "false")}, seen
-    assert spark._jvm.org.apache.spark.sql.internal.SQLConf.get().getConfString("spark.sql.adaptive.enabled") == "true"
+    assert any("watching 1 Kafka topic(s) for new records (their end offsets every 0.1s)" in r.getMessage()
+               for r in caplog.records)
+    assert not spark.streams.active and not os.path.exists(os.path.join(warehouse, "_versiq", "continuous"))
+    assert set(store_versions(store)) == {"before", "after"}
 
 
 def test_sources_are_checked_every_100ms_except_on_s3_unless_a_watch_interval_is_given() -> None:
@@ -417,59 +392,3 @@ def test_sources_are_checked_every_100ms_except_on_s3_unless_a_watch_interval_is
     assert watch_interval([local, s3], 5.0) == 5.0  # a LIST request per check
     assert watch_interval([local, s3], 5.0, 0.5) == 0.5  # --watch-interval: the user's choice
     assert watch_interval([local], 5.0, 30.0) == 5.0
-    # only the default interval adapts, and never on S3 (it would check more often than the trigger)
-    assert watch_adapts([local, topic], 5.0, None)
-    assert not watch_adapts([local, s3], 5.0, None)
-    assert not watch_adapts([local], 5.0, 0.1)
-    assert not watch_adapts([local], 0.1, None)
-
-
-def test_the_watch_interval_keeps_checks_to_a_tenth_of_a_core_between_100ms_and_the_trigger_interval() -> None:
-    assert adapted_watch(0.005, 0.1, 5.0) is None  # 50 ms a second: within budget
-    assert adapted_watch(0.15, 0.1, 5.0) == 1.5  # 10,000 files: 0.15 s a check
-    assert adapted_watch(0.15, 0.1, 1.0) == 1.0  # never longer than the trigger interval
-    assert adapted_watch(0.2, 1.5, 5.0) is None  # 2.0 s wanted: within a factor 1.5 of 1.5 s
-    assert adapted_watch(0.09, 1.5, 5.0) == 0.9  # checks got cheaper by more than 1.5 times
-    assert adapted_watch(0.01, 0.2, 5.0) == WATCH_INTERVAL_S  # the folder was emptied
-    assert adapted_watch(0.01, 0.15, 5.0) is None
-    assert adapted_watch(2.0, 5.0, 5.0) is None
-
-
-def test_a_busy_moment_does_not_slow_the_watch_down() -> None:
-    """The cost of a check is the quickest of the recent ones: measured with a file landing every
-    3 s, 3 ms checks of a 3-file folder took 41 ms whenever they overlapped a run (two of three),
-    and a median restarted the query at 0.4 s and back at 0.1 s every few seconds."""
-    overlapped = [0.041, 0.003, 0.045]
-    assert check_cost(overlapped) == 0.003
-    assert adapted_watch(check_cost(overlapped), WATCH_INTERVAL_S, 1.0) is None
-    # a folder that really grew: every check is slow
-    assert adapted_watch(check_cost([0.13, 0.22, 0.15]), WATCH_INTERVAL_S, 5.0) == 1.3
-
-
-def test_costly_checks_restart_the_query_with_a_longer_watch_interval_and_runs_go_on(
-        spark: Any, tmp_path: Any, monkeypatch: Any, caplog: Any, idle_reports: str, kafka_broker: Any) -> None:
-    """Every check counts as costly (a budget of a millionth of a core), so the reports after
-    the query's cold one restart it checking every trigger interval; a record produced after
-    that is ingested by the new query. (A check asks the broker for the topic's offsets, which
-    Spark never times at 0 ms.)"""
-    warehouse = str(tmp_path / "wh")
-    pipeline, topic = _topic_pipeline(kafka_broker, "retune", JAVA_ONLY)
-    kafka_broker.produce(topic, [{"key": f"old{i}", "value": "1", "timestamp_ms": 1} for i in range(300)])
-    store = layout.table_path(warehouse, "retune")
-    monkeypatch.setattr(continuous, "WATCH_BUDGET", 1e-6)
-    monkeypatch.setattr(continuous, "_LOOK_S", 0.3)
-    spark.conf.set(idle_reports, "200ms")  # an idle query's checks timed every 200 ms
-
-    def retuned() -> bool:
-        return any("checking every 2.0s from now on" in r.getMessage() for r in caplog.records)
-
-    def records() -> None:
-        _wait(retuned, 120, "the watch interval to grow")
-        kafka_broker.produce(topic, [{"key": "a", "value": "1", "timestamp_ms": 2}])
-        _wait(lambda: layout.has_table(store) and "a" in store_versions(store), 120, "a run of the new query")
-
-    with caplog.at_level(logging.INFO, logger="versiq.ingest"):
-        code = _run_continuous_with(spark, warehouse, pipeline, 2.0,
-                                    lambda: run_pipeline(spark, warehouse, pipeline), records)
-    assert code == EXIT_OK
-    assert set(store_versions(store)) == {"a"} | {f"old{i}" for i in range(300)}

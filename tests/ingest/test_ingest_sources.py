@@ -136,9 +136,9 @@ def test_the_cli_exits_1_naming_the_unreadable_file_and_the_rerun_reads_it(tmp_p
 
 @pytest.mark.timeout(600)
 def test_continuous_mode_retries_an_unreadable_file_and_never_opens_a_fifo(tmp_path) -> None:
-    """The same in ``--continuous`` (Spark's file source only lists the sources; the pipeline
-    run decides what is read): the micro-batch's run fails while the symlink dangles, commits
-    nothing and is replayed until the file is readable; the FIFO is reported ignored."""
+    """The same in ``--continuous`` (the watch only says when; the pipeline run decides what is
+    read): the run fails while the symlink dangles, commits nothing and is retried until the
+    file is readable; the FIFO is reported ignored."""
     from tests.ingest.test_ingest_cli import VERSIQ, _wait_for, env
 
     src = tmp_path / "src"
