@@ -422,13 +422,14 @@ def java_topic_offsets(spark: SparkSession, source: KafkaSource) -> TopicOffsets
                         topic_id=java_topic_id(jvm, source))
 
 
-def java_metadata_consumer(jvm: Any, source: KafkaSource) -> Any:
+def java_metadata_consumer(jvm: Any, source: KafkaSource, client_id: str = "versiq-metadata") -> Any:
     """A Java ``KafkaConsumer`` with the source's client settings that only asks metadata and
     offsets (no group, nothing committed); raises ``KafkaSourceError`` on a setting the client
-    refuses. The caller closes it."""
+    refuses. The caller closes it. ``client_id``: one per kind of use (two clients of one id in
+    a JVM share its JMX name)."""
     deserializer = "org.apache.kafka.common.serialization.ByteArrayDeserializer"
     props = _client_properties(jvm, source, {"key.deserializer": deserializer, "value.deserializer": deserializer,
-                                             "enable.auto.commit": "false", "client.id": "versiq-metadata"})
+                                             "enable.auto.commit": "false", "client.id": client_id})
     try:
         return jvm.org.apache.kafka.clients.consumer.KafkaConsumer(props)
     except Exception as exc:  # noqa: BLE001 - a bad setting: the client's own message

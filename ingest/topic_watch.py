@@ -245,7 +245,7 @@ class _TopicPoll:
         self.source = source
         self._jvm = spark.sparkContext._jvm
         self._timeout = self._jvm.java.time.Duration.ofSeconds(METADATA_TIMEOUT_S)
-        self._consumer = java_metadata_consumer(self._jvm, source)
+        self._consumer = java_metadata_consumer(self._jvm, source, "versiq-watch")
         self._failing = False
         try:
             self._wanted = self._partitions()
