@@ -390,20 +390,7 @@ def java_topic_offsets(spark: SparkSession, source: KafkaSource) -> TopicOffsets
     consumer = java_metadata_consumer(jvm, source)
     timeout = jvm.java.time.Duration.ofSeconds(METADATA_TIMEOUT_S)
     try:
-        try:
-            infos = consumer.listTopics(timeout)
-        except Exception as exc:  # noqa: BLE001 - broker down, DNS, auth: one line
-            raise KafkaSourceError(redacted(
-                f"cannot reach Kafka at {source.bootstrap} (topic {source.topic}): {java_error(exc)}",
-                source)) from None
-        if not infos.containsKey(source.topic):
-            raise KafkaSourceError(f"topic {source.topic} does not exist on {source.bootstrap}")
-        parts = sorted(int(info.partition()) for info in infos.get(source.topic))
-        if parts != list(range(len(parts))):
-            raise KafkaSourceError(f"topic {source.topic}: unexpected partition numbers {parts}")
-        wanted = jvm.java.util.ArrayList()
-        for p in parts:
-            wanted.add(jvm.org.apache.kafka.common.TopicPartition(source.topic, p))
+        wanted = java_partitions(jvm, consumer, source)
         try:
             earliest = consumer.beginningOffsets(wanted, timeout)
             end = consumer.endOffsets(wanted, timeout)
@@ -418,8 +405,31 @@ def java_topic_offsets(spark: SparkSession, source: KafkaSource) -> TopicOffsets
         found_earliest, found_end = offsets(earliest), offsets(end)
     finally:
         consumer.close()
-    return TopicOffsets(partitions=len(parts), earliest=found_earliest, end=found_end,
+    return TopicOffsets(partitions=int(wanted.size()), earliest=found_earliest, end=found_end,
                         topic_id=java_topic_id(jvm, source))
+
+
+def java_partitions(jvm: Any, consumer: Any, source: KafkaSource) -> Any:
+    """The topic's partitions as a Java list of ``TopicPartition``, asked with ``consumer``
+    (``java_metadata_consumer``) from the cluster's topic list, which never creates a topic.
+    Raises ``KafkaSourceError`` when the broker does not answer, the topic does not exist or its
+    partitions are not numbered 0..n-1."""
+    timeout = jvm.java.time.Duration.ofSeconds(METADATA_TIMEOUT_S)
+    try:
+        infos = consumer.listTopics(timeout)
+    except Exception as exc:  # noqa: BLE001 - broker down, DNS, auth: one line
+        raise KafkaSourceError(redacted(
+            f"cannot reach Kafka at {source.bootstrap} (topic {source.topic}): {java_error(exc)}",
+            source)) from None
+    if not infos.containsKey(source.topic):
+        raise KafkaSourceError(f"topic {source.topic} does not exist on {source.bootstrap}")
+    parts = sorted(int(info.partition()) for info in infos.get(source.topic))
+    if parts != list(range(len(parts))):
+        raise KafkaSourceError(f"topic {source.topic}: unexpected partition numbers {parts}")
+    wanted = jvm.java.util.ArrayList()
+    for p in parts:
+        wanted.add(jvm.org.apache.kafka.common.TopicPartition(source.topic, p))
+    return wanted
 
 
 def java_metadata_consumer(jvm: Any, source: KafkaSource, client_id: str = "versiq-metadata") -> Any:

@@ -43,6 +43,7 @@ from versiq.ingest.kafka import (
     driver_config,
     java_error,
     java_metadata_consumer,
+    java_partitions,
     metadata_client,
     redacted,
     topic_offsets_at,
@@ -60,6 +61,11 @@ PARTITIONS_RECHECK_S = 10.0
 #: not paused instead: librdkafka resumes fetching a paused partition late.)
 WATCH_CONSUMER = {"group.id": "versiq-watch", "enable.auto.commit": False, "enable.auto.offset.store": False,
                   "auto.offset.reset": "latest", "queued.min.messages": 1, "fetch.queue.backoff.ms": 10}
+
+
+def cannot_watch(source: KafkaSource, why: str) -> KafkaSourceError:
+    """The one-line error of a topic's watch that cannot ask the broker (credentials redacted)."""
+    return KafkaSourceError(redacted(f"cannot watch {source.name} at {source.bootstrap}: {why}", source))
 
 
 def watchable(source: KafkaSource) -> bool:
@@ -136,8 +142,7 @@ class _TopicWatch:
         log.debug("%s", redacted(f"{self.source.name}: watch: {error}", self.source))
 
     def _failed(self, exc: BaseException) -> KafkaSourceError:
-        return KafkaSourceError(redacted(f"cannot watch {self.source.name} at {self.source.bootstrap}: {exc}",
-                                         self.source))
+        return cannot_watch(self.source, str(exc))
 
     def _topic_partitions(self) -> set[int]:
         from confluent_kafka import KafkaException
@@ -239,7 +244,8 @@ class TopicPolls:
 class _TopicPoll:
     """One topic's end offsets, asked with one Java consumer kept for the watch's life. A poll is
     two calls into the JVM (the offsets, then whether they equal the last ones): the partitions
-    are asked again only every ``PARTITIONS_RECHECK_S``."""
+    are asked again only every ``PARTITIONS_RECHECK_S`` (``kafka.java_partitions``, as a run asks
+    them)."""
 
     def __init__(self, spark: Any, source: KafkaSource) -> None:
         self.source = source
@@ -248,7 +254,7 @@ class _TopicPoll:
         self._consumer = java_metadata_consumer(self._jvm, source, "versiq-watch")
         self._failing = False
         try:
-            self._wanted = self._partitions()
+            self._wanted = java_partitions(self._jvm, self._consumer, source)
             self._next_recheck = time.monotonic() + PARTITIONS_RECHECK_S
             self._ends = self._ask()
         except BaseException:
@@ -256,22 +262,7 @@ class _TopicPoll:
             raise
 
     def _failed(self, exc: BaseException) -> KafkaSourceError:
-        return KafkaSourceError(redacted(f"cannot watch {self.source.name} at {self.source.bootstrap}: "
-                                         f"{java_error(exc)}", self.source))
-
-    def _partitions(self) -> Any:
-        """The topic's partitions, as a Java list of ``TopicPartition``."""
-        jvm, topic = self._jvm, self.source.topic
-        try:
-            infos = self._consumer.partitionsFor(topic, self._timeout)
-        except Exception as exc:  # noqa: BLE001 - broker down, DNS, auth: one line
-            raise self._failed(exc) from None
-        if infos is None or infos.isEmpty():
-            raise KafkaSourceError(f"topic {topic} does not exist on {self.source.bootstrap}")
-        wanted = jvm.java.util.ArrayList()
-        for info in infos:
-            wanted.add(jvm.org.apache.kafka.common.TopicPartition(topic, info.partition()))
-        return wanted
+        return cannot_watch(self.source, java_error(exc))
 
     def _ask(self) -> Any:
         """The end offsets of the partitions now (a Java map)."""
@@ -284,7 +275,7 @@ class _TopicPoll:
         try:
             if time.monotonic() >= self._next_recheck:
                 self._next_recheck = time.monotonic() + PARTITIONS_RECHECK_S
-                self._wanted = self._partitions()
+                self._wanted = java_partitions(self._jvm, self._consumer, self.source)
             ends = self._ask()
             moved = not ends.equals(self._ends)
         except KafkaSourceError as exc:
