@@ -8,14 +8,13 @@ Two kinds of write, each one Delta commit:
   commit's ``userMetadata``: data and state are one atomic commit. The first run creates the
   table (CREATE TABLE AS SELECT: its first commit holds the data, the settings ``description``
   and ``TABLE_PROPERTIES``).
-- ``replace_run``: a run's rows of a side table (``_rejected``, ``_changelog``, ``_emitted``),
+- ``replace_runs``: a run's rows of its side tables (``_rejected``, ``_changelog``, ``_emitted``),
   written *before* the run's table commit as "replace every row of run >= R" (Delta's
   ``replaceWhere``). A crash between the two leaves side rows of a run the table never
   committed; readers ignore rows of runs after the table's committed run (``layout``), and the
   rerun, which is run R again, replaces them. No file is ever committed by hand. A run's
-  several side tables are committed at once (``replace_runs``: a thread each), the table's
-  commit after all of them; a side table with nothing of the run and nothing of an unfinished
-  attempt gets no commit.
+  side tables are committed at once (a thread each), the table's commit after all of them; a
+  side table with nothing of the run and nothing of an unfinished attempt gets no commit.
 - ``erase_matching``: ``versiq erase`` removing keys' rows from a table (Delta's MERGE with an
   unconditional delete, under the transaction ``versiq.erase``); ``append_rows``: its audit row.
 
@@ -238,18 +237,11 @@ def _has_run(path: str, run: int) -> bool:
     return any(v is None or v >= run for v in adds.column("max.run").to_pylist())
 
 
-def replace_run(frame: DataFrame, path: str, schema: pa.Schema, *, run: int, state: StoreState,
-                empty: bool | None = None) -> None:
-    """Make the side table at ``path`` hold exactly ``frame`` as its rows of runs >= ``run``
-    (one commit; none when there is nothing to add or remove). ``frame`` is one partition in
-    the order its file keeps (the caller's processing order). ``empty``: whether ``frame`` has
-    no rows, when the caller knows (else Spark is asked)."""
-    replace_runs([SideRun(frame, path, schema, empty)], run=run, state=state)
-
-
 @dataclass(frozen=True)
 class SideRun:
-    """A run's rows of one side table (``replace_runs``): ``frame`` as ``replace_run`` takes it."""
+    """A run's rows of one side table (``replace_runs``): ``frame`` is one partition in the
+    order its file keeps (the caller's processing order); ``empty``: whether it has no rows,
+    when the caller knows (else Spark is asked)."""
 
     frame: DataFrame
     path: str
@@ -258,7 +250,8 @@ class SideRun:
 
 
 def replace_runs(sides: Sequence[SideRun], *, run: int, state: StoreState) -> None:
-    """``replace_run`` for several side tables of one run, at once: their commits (one each,
+    """Make each side table hold exactly its ``frame`` as its rows of runs >= ``run``, for
+    several side tables of one run at once: their commits (one each,
     none for a table with nothing to add or remove) are made by one thread per table, inside
     one ``commit_metadata`` block (a session's settings are shared: one block per thread would
     undo another's while it commits). Side tables are independent of one another: each commit
@@ -298,7 +291,7 @@ def replace_runs(sides: Sequence[SideRun], *, run: int, state: StoreState) -> No
 
 
 def _side_writer(side: SideRun, run: int) -> DataFrameWriter | None:
-    """The writer of one side table's commit of run ``run`` (``replace_run``); None when there is
+    """The writer of one side table's commit of run ``run`` (``replace_runs``); None when there is
     nothing to add or remove."""
     rows = _conform(side.frame, side.schema)  # lazy: a plan, no job
     empty = rows.isEmpty() if side.empty is None else side.empty

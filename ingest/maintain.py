@@ -106,10 +106,12 @@ log = logging.getLogger("versiq.maintain")
 
 VACUUM_RETENTION_HOURS = registry.VACUUM_RETENTION_HOURS.value()
 #: Continuous mode compacts a table holding more than this many files per bucket on average.
-#: Measured with a Kafka topic at 1,000 records/s (every run writes into every bucket): at 4 it
-#: compacted every ~5 runs (7 of 36 commits in 90 s) and records were visible after
-#: p50 4.0 s; at 8, 4 of 38 commits and p50 3.3-3.9 s (docs/benchmarks.md, 2026-11-26 midday).
-COMPACT_FILES_PER_BUCKET = 8
+#: The trade: a run reads every file of the buckets its keys are in (``store.existing_versions``,
+#: about 0.1 ms a file), and a compaction, beside the runs, takes CPU from them for seconds
+#: whatever it merges (its Spark jobs and Delta commits). A steady flow writes a file into every
+#: bucket each run, so this is about how many runs pass between two compactions
+#: (docs/benchmarks.md, "Continuous compaction every 16 files per bucket").
+COMPACT_FILES_PER_BUCKET = 16
 #: Continuous mode rewrites a bucket whole only when its recent files hold at least this share
 #: of its oldest file's rows (module docstring): a bucket is rewritten whole about once per
 #: quarter of its size that arrives, and its recent rows once per compaction until then.

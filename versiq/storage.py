@@ -109,13 +109,6 @@ def _fs_path(uri: str) -> str:
     return f"{bucket}/{key}".rstrip("/")
 
 
-def spark_path(path: str) -> str:
-    """The location as Spark is given it: S3 as ``s3a://`` (Hadoop's S3A), local as is."""
-    if is_s3(path):
-        return "s3a://" + path.split("://", 1)[1]
-    return path
-
-
 def data_file(table_path: str, path: str) -> str:
     """The location DuckDB reads for an add action's ``path`` (relative, absolute, a file URL,
     or an ``s3://``/``s3a://`` URI): a local absolute path, or an ``s3://`` URI for a table on S3

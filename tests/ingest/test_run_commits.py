@@ -99,7 +99,7 @@ def test_the_first_commit_creates_the_table_and_later_runs_append_as_the_docs_sa
 
 def test_a_side_table_whose_first_commit_was_killed_is_created_by_the_rerun(spark, tmp_path):
     """A kill inside a side table's first commit leaves its ``_delta_log`` without a commit: the
-    rerun treats it as no table (ingest.delta.replace_run), writes it and equals a clean run."""
+    rerun treats it as no table (ingest.delta.replace_runs), writes it and equals a clean run."""
     src, wh = str(tmp_path / "src"), str(tmp_path / "wh")
     write_jsonl(src, "a.jsonl", [_record("a", 1), "not json"])
     for side in (layout.REJECTED_DIR, layout.CHANGELOG_DIR):

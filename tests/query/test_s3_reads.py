@@ -56,7 +56,6 @@ def test_locations_are_parsed_once_for_every_reader() -> None:
     assert storage.join("s3://b/p", "store", "_delta_log") == "s3://b/p/store/_delta_log"
     assert storage.data_file("s3://b/p/s", "bucket=1/part%201.parquet") == "s3://b/p/s/bucket=1/part 1.parquet"
     assert storage.data_file("s3://b/p/s", "s3a://b/p/s/x.parquet") == "s3://b/p/s/x.parquet"
-    assert storage.spark_path("s3://b/p") == "s3a://b/p"
     for bad in ("gs://b/p", "s3:///p", "s3://k:s@b/p"):
         with pytest.raises(storage.StorageError):
             storage.normalize(bad)
