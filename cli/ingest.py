@@ -110,7 +110,8 @@ def add_ingest(sub: Any) -> None:
                           "committed something (default 5s)")
     ing.add_argument("--watch-interval", default=None,
                      help="continuous mode: how often sources that cannot notify are checked for new input, "
-                          "at most --trigger-interval (default 100ms: local folders where the kernel cannot "
+                          "at most --trigger-interval, less often when a listing is slow "
+                          "(default 100ms: local folders where the kernel cannot "
                           "notify, Kafka topics read with Java-only client settings; S3 sources: "
                           "--trigger-interval, a check being a LIST request). Local folders are checked when "
                           "the kernel reports a change and every --trigger-interval, other Kafka topics when a "

@@ -9,7 +9,8 @@ and watching costs nothing while nothing lands. What cannot notify is polled eve
 (a LIST request, billed: by default once per ``--trigger-interval``), a topic whose client
 settings only the Java client takes has its end offsets asked through the session's JVM
 (``topic_watch.TopicPolls``), and a local folder where the kernel cannot notify (a file system
-without inotify, too many watches) is listed.
+without inotify, too many watches) is listed. A listing that takes long is repeated less often
+(``LISTING_SHARE``), never less often than every trigger interval.
 
 The sources' own listing (``sources.list_sources``) stays the truth for what a run reads, and the
 files done or the topic positions, committed with each table's data, for what is new: a
@@ -55,6 +56,12 @@ log = logging.getLogger("versiq.ingest")
 #: wait of a file that lands on a file system without notifications, or of a record in a topic
 #: polled with the Java client (an offsets request to the broker each).
 WATCH_INTERVAL_S = 0.1
+#: The share of its time continuous mode spends listing sources to find what cannot notify: a
+#: listing that took L seconds is not repeated within L / LISTING_SHARE (``listing_pause``), so
+#: that a folder of 10,000 files on a file system without notifications (a listing of about
+#: 70 ms) is not listed ten times a second at the cost of most of a core. The loop's other
+#: checks (a polled topic's end offsets) go at the same pace.
+LISTING_SHARE = 0.05
 
 
 def watch_interval(specs: list[Any], interval_s: float, watch_s: float | None = None) -> float:
@@ -64,6 +71,14 @@ def watch_interval(specs: list[Any], interval_s: float, watch_s: float | None = 
     if watch_s is None:
         watch_s = interval_s if any(_on_s3(spec) for spec in specs) else WATCH_INTERVAL_S
     return min(interval_s, watch_s)
+
+
+def listing_pause(watch_s: float, interval_s: float, listing_s: float) -> float:
+    """How long the loop waits before it checks again what cannot notify, after a listing of
+    the sources that took ``listing_s``: ``watch_s``, or longer for a costly listing
+    (``LISTING_SHARE``), but never longer than the trigger interval ``interval_s``, when every
+    source is listed anyway."""
+    return min(interval_s, max(watch_s, listing_s / LISTING_SHARE))
 
 
 def _on_s3(spec: Any) -> bool:
@@ -247,12 +262,20 @@ def _loop(warehouse: str, specs: list[Any], interval_s: float, watch_s: float, o
     seen = _done(warehouse, specs)
     retry = catch_up  # run even with nothing new: at start (catch_up), and after a failed run
     next_run = 0.0  # the earliest start of the next run
+    stretched = False  # the log said once that a costly listing stretches the checks
     while not stopped():
         if polls is not None and polls.changed():
             landed["records"] = True
+        listing = time.monotonic()
         listed = _listed(specs)
+        listing_s = time.monotonic() - listing
         if not retry and not landed["records"] and listed is not None and listed <= seen:
-            wait_until(time.monotonic() + (interval_s if watches.notified() else min(watch_s, interval_s)), stopped,
+            pause = interval_s if watches.notified() else listing_pause(watch_s, interval_s, listing_s)
+            if pause > watch_s and not watches.notified() and not stretched:
+                stretched = True
+                log.info("listing the sources took %.0f ms: what cannot notify is checked every %.2fs, not every "
+                         "%.2fs", listing_s * 1000, pause, watch_s)
+            wait_until(time.monotonic() + pause, stopped,
                        woken if changes is not None or topics is not None else None)  # else a plain sleep
             continue
         if not wait_until(next_run, stopped):

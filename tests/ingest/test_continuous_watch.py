@@ -27,7 +27,7 @@ from versiq.ingest.pipeline import StoreSpec
 from versiq.ingest.run import run_pipeline
 from versiq.ingest.streams import StreamSpec
 from versiq.ingest.topic_watch import TopicChanges
-from versiq.ingest.watch import WATCH_INTERVAL_S, run_continuous, run_watching, watch_interval
+from versiq.ingest.watch import WATCH_INTERVAL_S, listing_pause, run_continuous, run_watching, watch_interval
 
 #: The trigger interval of the test: an hour. Spark's trigger fires on multiples of its interval,
 #: so a query triggered every hour would start the first file's run at the next full hour.
@@ -392,3 +392,15 @@ def test_sources_are_checked_every_100ms_except_on_s3_unless_a_watch_interval_is
     assert watch_interval([local, s3], 5.0) == 5.0  # a LIST request per check
     assert watch_interval([local, s3], 5.0, 0.5) == 0.5  # --watch-interval: the user's choice
     assert watch_interval([local], 5.0, 30.0) == 5.0
+
+
+def test_a_costly_listing_of_what_cannot_notify_is_repeated_less_often_but_at_least_every_trigger_interval(
+        ) -> None:
+    """A folder of many files on a file system without notifications (or beside a polled topic)
+    is listed at most a twentieth of the time (``LISTING_SHARE``): a 20 ms listing every 0.4 s,
+    not ten times a second; a cheap one every watch interval; never less often than the trigger
+    interval, when every source is listed anyway."""
+    assert listing_pause(0.1, 5.0, 0.001) == 0.1
+    assert abs(listing_pause(0.1, 5.0, 0.02) - 0.4) < 1e-9
+    assert listing_pause(0.1, 1.0, 0.2) == 1.0
+    assert listing_pause(0.5, 5.0, 0.02) == 0.5  # --watch-interval longer than the listing's pace
