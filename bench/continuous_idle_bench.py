@@ -8,6 +8,9 @@ measured too, alternating, ``--rounds`` times each (``machine.baseline_env``; th
 process is the load generator, idle while it measures). ``--java-client``: the topic is read with
 a client setting only Java's Kafka client has (``VERSIQ_KAFKA_RECEIVE_BUFFER_BYTES``), so it is
 watched by its end offsets asked through the JVM every 100 ms, not by a consumer.
+``--folder-files N`` (with ``--java-client``): the pipeline also has a store over a local folder
+of N files, ingested by the first run; since a polled topic cannot notify, the loop lists the
+folder at each of its checks (``watch.LISTING_SHARE`` paces a costly listing).
 
     .venv/bin/python bench/continuous_idle_bench.py [--seconds 30] [--baseline-checkout DIR] [--rounds 2]
 """
@@ -15,6 +18,7 @@ watched by its end offsets asked through the JVM every 100 ms, not by a consumer
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -60,20 +64,40 @@ def tree_cpu(root: int) -> float:
 JAVA_ONLY_ENV = {"VERSIQ_KAFKA_RECEIVE_BUFFER_BYTES": "65536"}
 
 
+def _folder(work: str, files: int) -> str:
+    """A folder of ``files`` one-record JSONL files (made once per size)."""
+    folder = os.path.join(work, f"folder-{files}")
+    if not os.path.isdir(folder):
+        os.makedirs(f"{folder}.tmp", exist_ok=True)
+        for i in range(files):
+            with open(os.path.join(f"{folder}.tmp", f"f{i:06d}.jsonl"), "w") as out:
+                out.write(json.dumps({"key": f"k{i}", "value": i, "timestamp": i}) + "\n")
+        os.rename(f"{folder}.tmp", folder)
+    return folder
+
+
 def idle_cpu(broker: KafkaBroker, topic: str, work: str, label: str, seconds: int, settle: int,
-             checkout: str | None, java_client: bool = False) -> dict:
+             checkout: str | None, java_client: bool = False, folder_files: int = 0) -> dict:
     warehouse = os.path.join(work, f"wh-{label}")
     shutil.rmtree(warehouse, ignore_errors=True)
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, **(baseline_env(checkout) if checkout else {}),
            **(JAVA_ONLY_ENV if java_client else {})}
+    if folder_files:
+        config = os.path.join(work, f"pipeline-{label}.json")
+        with open(config, "w") as out:
+            json.dump({"stores": [{"name": "s", "source": {"kafka": {"bootstrap": broker.bootstrap, "topic": topic}}},
+                                  {"name": "f", "source": _folder(work, folder_files)}]}, out)
+        what = ["--config", config]
+    else:
+        what = ["--store", "s", "--kafka-bootstrap", broker.bootstrap, "--topic", topic]
     command = [sys.executable, *(["-P"] if checkout else []), "-m", "versiq.cli", "ingest", "--warehouse", warehouse,
-               "--store", "s", "--kafka-bootstrap", broker.bootstrap, "--topic", topic, "--continuous",
-               "--trigger-interval", "1s"]
+               *what, "--continuous", "--trigger-interval", "1s"]
     ingest = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True, cwd=work)
     try:
         deadline = time.monotonic() + 300
-        while not os.path.isdir(os.path.join(warehouse, "s", "_delta_log")):
+        stores = ["s", *(["f"] if folder_files else [])]
+        while not all(os.path.isdir(os.path.join(warehouse, name, "_delta_log")) for name in stores):
             if ingest.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"{label}: the first run did not commit")
             time.sleep(0.2)
@@ -100,11 +124,14 @@ def main() -> None:
     ap.add_argument("--baseline-checkout", help="a checkout of an earlier commit: its code is measured too")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--java-client", action="store_true", help="a Java-only client setting: polled, not consumed")
+    ap.add_argument("--folder-files", type=int, default=0,
+                    help="with --java-client: a second store over a local folder of this many files")
     args = ap.parse_args()
     started = datetime.now(UTC)
     os.makedirs(args.work, exist_ok=True)
     result: dict = {"date": started.isoformat(), "machine": {"uptime_start": uptime()},
-                    "baseline_checkout": args.baseline_checkout, "java_client": args.java_client, "runs": []}
+                    "baseline_checkout": args.baseline_checkout, "java_client": args.java_client,
+                    "folder_files": args.folder_files, "runs": []}
     broker = KafkaBroker(work_dir=os.path.join(args.work, "kafka")).start()
     try:
         topic = broker.new_topic("idle", 1)
@@ -113,7 +140,8 @@ def main() -> None:
         for _ in range(args.rounds):
             for label in ("this", *(["baseline"] if checkout else [])):
                 result["runs"].append(idle_cpu(broker, topic, args.work, label, args.seconds, args.settle,
-                                               checkout if label == "baseline" else None, args.java_client))
+                                               checkout if label == "baseline" else None, args.java_client,
+                                               args.folder_files))
     finally:
         broker.close()
     result["machine"]["uptime_end"] = uptime()

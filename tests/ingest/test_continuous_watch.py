@@ -397,9 +397,9 @@ def test_sources_are_checked_every_100ms_except_on_s3_unless_a_watch_interval_is
 def test_a_costly_listing_of_what_cannot_notify_is_repeated_less_often_but_at_least_every_trigger_interval(
         ) -> None:
     """A folder of many files on a file system without notifications (or beside a polled topic)
-    is listed at most a twentieth of the time (``LISTING_SHARE``): a 20 ms listing every 0.4 s,
-    not ten times a second; a cheap one every watch interval; never less often than the trigger
-    interval, when every source is listed anyway."""
+    is listed with at most a twentieth of a core (``LISTING_SHARE``): a listing of 20 ms of CPU
+    every 0.4 s, not ten times a second; a cheap one every watch interval; never less often than
+    the trigger interval, when every source is listed anyway."""
     assert listing_pause(0.1, 5.0, 0.001) == 0.1
     assert abs(listing_pause(0.1, 5.0, 0.02) - 0.4) < 1e-9
     assert listing_pause(0.1, 1.0, 0.2) == 1.0
