@@ -20,7 +20,7 @@ from tests.support.ingest import store_versions, write_jsonl
 from tests.support.service import free_port
 from versiq import layout
 from versiq.exits import EXIT_OK
-from versiq.ingest import topic_watch
+from versiq.ingest import kafka, topic_watch
 from versiq.ingest.config import Pipeline
 from versiq.ingest.kafka import KafkaSource
 from versiq.ingest.pipeline import StoreSpec
@@ -350,12 +350,17 @@ def test_a_pipeline_of_a_folder_and_a_topic_is_woken_by_either(spark: Any, tmp_p
     assert code == EXIT_OK and not spark.streams.active
 
 
-def test_a_topic_only_the_java_client_reads_is_polled_through_the_jvm_and_its_records_start_runs(
-        spark: Any, tmp_path: Any, caplog: Any, kafka_broker: Any) -> None:
+def test_a_topic_only_the_java_client_reads_is_polled_and_its_broker_going_away_is_one_warning(
+        spark: Any, tmp_path: Any, caplog: Any, kafka_broker: Any, monkeypatch: Any) -> None:
     """A topic whose client settings librdkafka cannot take: its end offsets are asked with the
     Java client every watch interval (``topic_watch.TopicPolls``), no streaming query; the run at
     start reads what the topic held, and a record produced later starts a run (a topic is never
-    listed: only the poll can start it)."""
+    listed: only the poll can start it). The broker stops mid-watch: the polls that fail start no
+    run and say so in one warning (not one per poll), the watch says once that it reaches the
+    broker when it is back, and the record produced then starts the run. (The end offsets' and
+    the partitions' timeouts are cut to 2 s so that a failing poll fails soon.)"""
+    monkeypatch.setattr(topic_watch, "METADATA_TIMEOUT_S", 2)
+    monkeypatch.setattr(kafka, "METADATA_TIMEOUT_S", 2)  # the partitions, asked again every 10 s
     pipeline, topic = _topic_pipeline(kafka_broker, "polled", JAVA_ONLY)
     kafka_broker.produce(topic, [{"key": "before", "value": "1", "timestamp_ms": 1}])
     warehouse = str(tmp_path / "wh")
@@ -366,19 +371,31 @@ def test_a_topic_only_the_java_client_reads_is_polled_through_the_jvm_and_its_re
         runs.append(1)
         return run_pipeline(spark, warehouse, pipeline)
 
+    def said(text: str) -> list[Any]:
+        return [r for r in caplog.records if text in r.getMessage()]
+
     def records() -> None:
         _wait(lambda: layout.has_table(store) and "before" in store_versions(store), 120, "the run at start")
         time.sleep(1.0)  # ten polls with nothing new: no run
-        quiet = len(runs)
+        kafka_broker.stop()
+        try:
+            _wait(lambda: said("asking again every poll"), 60, "the watch's warning")
+            time.sleep(3)  # more failing polls: no second warning, no run
+        finally:
+            kafka_broker.ensure_running()
+        _wait(lambda: said("the watch reaches the broker again"), 120, "the watch back")
+        assert len(runs) == 1, runs
         kafka_broker.produce(topic, [{"key": "after", "value": "2", "timestamp_ms": 2}])
         _wait(lambda: "after" in store_versions(store), 120, "the record's run")
-        assert quiet == 1, runs
 
     with caplog.at_level(logging.INFO, logger="versiq.ingest"):
         code = _run_continuous_with(spark, warehouse, pipeline, 0.1, one_run, records)
     assert code == EXIT_OK
     assert any("watching 1 Kafka topic(s) for new records (their end offsets every 0.1s)" in r.getMessage()
                for r in caplog.records)
+    [warning] = said("asking again every poll")
+    assert warning.levelno == logging.WARNING and topic in warning.getMessage()
+    assert len(said("the watch reaches the broker again")) == 1
     assert not spark.streams.active and not os.path.exists(os.path.join(warehouse, "_versiq", "continuous"))
     assert set(store_versions(store)) == {"before", "after"}
 
