@@ -9,8 +9,9 @@ and watching costs nothing while nothing lands. What cannot notify is polled eve
 (a LIST request, billed: by default once per ``--trigger-interval``), a topic whose client
 settings only the Java client takes has its end offsets asked through the session's JVM
 (``topic_watch.TopicPolls``), and a local folder where the kernel cannot notify (a file system
-without inotify, too many watches) is listed. A listing that takes long is repeated less often
-(``LISTING_SHARE``), never less often than every trigger interval.
+without inotify, too many watches) is listed; a folder the kernel watches is listed only when it
+reports a change. A listing that uses much CPU is repeated less often (``LISTING_SHARE``), never
+less often than every trigger interval.
 
 The sources' own listing (``sources.list_sources``) stays the truth for what a run reads, and the
 files done or the topic positions, committed with each table's data, for what is new: a
@@ -60,8 +61,9 @@ WATCH_INTERVAL_S = 0.1
 #: listing that used L seconds of CPU is not repeated within L / LISTING_SHARE
 #: (``listing_pause``), so that a folder of 10,000 files on a file system without notifications
 #: (about 75 ms of CPU a listing) is not listed ten times a second at the cost of most of a core.
-#: Waiting on the network (an S3 LIST request) costs no CPU and stretches nothing. The loop's
-#: other checks (a polled topic's end offsets) go at the same pace.
+#: Waiting on the network (an S3 LIST request) costs no CPU and stretches nothing; folders the
+#: kernel watches are not listed at each check (``_Listing``). The loop's other checks (a polled
+#: topic's end offsets) go at the same pace.
 LISTING_SHARE = 0.05
 
 
@@ -117,6 +119,40 @@ def _listed(specs: list[Any]) -> set[tuple[str, str]] | None:
         except (SourceError, OSError):
             return None
     return listed
+
+
+class _Listing:
+    """What the sources list now, for the loop's checks. The local folders the kernel watches
+    (``changes`` notified) are listed again only when it reported a change (``changed``, set by
+    the loop's wake-up) or a trigger interval passed; the sources that cannot notify (S3, folders
+    it cannot watch) at every check. ``cpu_s``: the CPU time the last check spent listing those
+    (``listing_pause``): waiting on S3's answers costs none."""
+
+    def __init__(self, specs: list[Any], changes: FileChanges | None, interval_s: float) -> None:
+        files = [spec for spec in specs if spec.kafka is None]
+        self._local = [spec for spec in files if not _on_s3(spec)]
+        self._s3 = [spec for spec in files if _on_s3(spec)]
+        self._changes = changes
+        self._interval_s = interval_s
+        self._watched: set[tuple[str, str]] | None = None
+        self._listed_at = 0.0
+        self.changed = True
+        self.cpu_s = 0.0
+
+    def now(self) -> set[tuple[str, str]] | None:
+        """``_listed`` of every file source (None: one cannot be listed)."""
+        watched = self._changes is not None and self._changes.notified
+        if watched and (self.changed or self._watched is None
+                        or time.monotonic() - self._listed_at >= self._interval_s):
+            self.changed = False  # a change reported from now on lists them again
+            self._listed_at = time.monotonic()
+            self._watched = _listed(self._local)
+        started = time.thread_time()
+        rest = _listed(self._s3 + ([] if watched else self._local))
+        self.cpu_s = time.thread_time() - started
+        if rest is None or (watched and self._watched is None):
+            return None
+        return rest | (self._watched or set()) if watched else rest
 
 
 def _done(warehouse: str, specs: list[Any]) -> set[tuple[str, str]]:
@@ -253,8 +289,12 @@ def _loop(warehouse: str, specs: list[Any], interval_s: float, watch_s: float, o
     # records: a record landed since the last run started (a run at start reads what landed before)
     landed = {"records": topics is not None or polls is not None}
 
+    listing = _Listing(specs, changes, interval_s)
+
     def woken(timeout_s: float) -> bool:
         files = changes is not None and changes.wait(0.0 if topics is not None else timeout_s)
+        if files:
+            listing.changed = True
         if topics is not None and topics.wait(timeout_s):
             landed["records"] = True
         return files or landed["records"]
@@ -267,15 +307,13 @@ def _loop(warehouse: str, specs: list[Any], interval_s: float, watch_s: float, o
     while not stopped():
         if polls is not None and polls.changed():
             landed["records"] = True
-        listing = time.thread_time()  # the listing's CPU: waiting on S3's answers costs none
-        listed = _listed(specs)
-        listing_s = time.thread_time() - listing
+        listed = listing.now()
         if not retry and not landed["records"] and listed is not None and listed <= seen:
-            pause = interval_s if watches.notified() else listing_pause(watch_s, interval_s, listing_s)
+            pause = interval_s if watches.notified() else listing_pause(watch_s, interval_s, listing.cpu_s)
             if pause > watch_s and not watches.notified() and not stretched:
                 stretched = True
                 log.info("listing the sources used %.0f ms of CPU: what cannot notify is checked every %.2fs, "
-                         "not every %.2fs", listing_s * 1000, pause, watch_s)
+                         "not every %.2fs", listing.cpu_s * 1000, pause, watch_s)
             wait_until(time.monotonic() + pause, stopped,
                        woken if changes is not None or topics is not None else None)  # else a plain sleep
             continue
