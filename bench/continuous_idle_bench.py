@@ -8,9 +8,10 @@ measured too, alternating, ``--rounds`` times each (``machine.baseline_env``; th
 process is the load generator, idle while it measures). ``--java-client``: the topic is read with
 a client setting only Java's Kafka client has (``VERSIQ_KAFKA_RECEIVE_BUFFER_BYTES``), so it is
 watched by its end offsets asked through the JVM every 100 ms, not by a consumer.
-``--folder-files N`` (with ``--java-client``): the pipeline also has a store over a local folder
-of N files, ingested by the first run; since a polled topic cannot notify, the loop lists the
-folder at each of its checks (``watch.LISTING_SHARE`` paces a costly listing).
+``--folder-files N``: the pipeline also has a store over a local folder of N files, ingested by
+the first run. The kernel watches the folder, so it is listed when it changes and every trigger
+interval; beside a polled topic (``--java-client``) the loop checks every 100 ms, and the code
+before this listed the folder at each check.
 
     .venv/bin/python bench/continuous_idle_bench.py [--seconds 30] [--baseline-checkout DIR] [--rounds 2]
 """
@@ -125,7 +126,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--java-client", action="store_true", help="a Java-only client setting: polled, not consumed")
     ap.add_argument("--folder-files", type=int, default=0,
-                    help="with --java-client: a second store over a local folder of this many files")
+                    help="a second store, over a local folder of this many files")
     args = ap.parse_args()
     started = datetime.now(UTC)
     os.makedirs(args.work, exist_ok=True)

@@ -309,8 +309,9 @@ def _loop(warehouse: str, specs: list[Any], interval_s: float, watch_s: float, o
             landed["records"] = True
         listed = listing.now()
         if not retry and not landed["records"] and listed is not None and listed <= seen:
-            pause = interval_s if watches.notified() else listing_pause(watch_s, interval_s, listing.cpu_s)
-            if pause > watch_s and not watches.notified() and not stretched:
+            notified = watches.notified()
+            pause = interval_s if notified else listing_pause(watch_s, interval_s, listing.cpu_s)
+            if not notified and pause > watch_s and not stretched:
                 stretched = True
                 log.info("listing the sources used %.0f ms of CPU: what cannot notify is checked every %.2fs, "
                          "not every %.2fs", listing.cpu_s * 1000, pause, watch_s)
