@@ -343,7 +343,8 @@ CONFORMANCE_SCENARIOS: Setting[int | None] = Setting(
     "`make test`, 10,000 in `make conformance` ([conformance.md](conformance.md))", "tests")
 CONFORMANCE_GROUP: Setting[int | None] = Setting(
     "VERSIQ_CONFORMANCE_GROUP", whole_number, None,
-    "scenarios per versiq pipeline of the operators' conformance test, default 20 (`make conformance`: 500)",
+    "scenarios per versiq pipeline of the operators' conformance test, default 32, one pipeline per operator "
+    "(`make conformance`: 500)",
     "tests")
 CONFORMANCE_GROUPS: Setting[int | None] = Setting(
     "VERSIQ_CONFORMANCE_GROUPS", whole_number, None,

@@ -177,7 +177,8 @@ def test_a_table_added_over_the_demo_store_through_the_cli(spark: Any, tmp_path:
     """Issue 10 item 12 as docs/cli.md shows it: `versiq demo` (what `make demo` runs) ingests
     `prices` without any table; a pipeline file then adds a filter table over it, and later runs
     (one without the pipeline file, as `make demo` or `versiq ingest --store` do) keep it exact.
-    The later runs are the CLI's command in this process (``ingest_in_process``: no JVM start)."""
+    The runs after the demo's are the CLI's command in this process (``ingest_in_process``: no JVM
+    start; a pipeline file through a ``versiq ingest`` process: ``test_pipeline_file_through_cli_and_http``)."""
     data, wh = tmp_path / "demo-data", tmp_path / "warehouse"
     result = _versiq("demo", "--no-serve", "--keys", "300", "--warehouse", str(wh), "--data", str(data))
     assert result.returncode == 0, result.stderr
@@ -196,9 +197,9 @@ tables:
         got = _latest(wh / "expensive")
         assert {k: v for k, v in got.items() if v is not None} == {k: v for k, v in want.items() if v is not None}
 
-    result = _versiq(*config)
-    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
-    assert "table expensive (versioned): emitted" in result.stderr
+    status, printed = ingest_in_process(spark, *config[1:])
+    assert status == 0 and "Traceback" not in printed, printed
+    assert "table expensive (versioned): emitted" in printed
     check_expensive()
 
     late = max(v.timestamp for vs in store_versions(str(wh / "prices")).values() for v in vs) + 1000

@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 
 from tests.ingest.test_ingest_cli import VERSIQ
+from tests.support.ingest import ingest_in_process
 from versiq import layout, storage
-from versiq.ingest.spark import FETCH_HINT_S3, s3_jars_present
+from versiq.ingest.spark import FETCH_HINT_S3, configure_s3, s3_jars_present
 
 BUCKET = "versiq-outage"
 #: The lease's ttl in these runs: the run must end soon after the lease is lost.
@@ -53,7 +54,8 @@ def _source(folder: Any) -> str:
     return str(folder)
 
 
-def test_the_s3_server_dying_at_the_commit_fails_the_run_in_one_line_and_a_rerun_completes(s3, tmp_path):
+def test_the_s3_server_dying_at_the_commit_fails_the_run_in_one_line_and_a_rerun_completes(spark, s3, tmp_path,
+                                                                                          monkeypatch):
     warehouse = f"s3://{BUCKET}/wh-{uuid.uuid4().hex[:8]}"
     args = [*VERSIQ, "ingest", "--warehouse", warehouse, "--store", "s", "--source", _source(tmp_path / "src"),
             "--max-future", "none", "--log-level", "info"]
@@ -86,7 +88,11 @@ def test_the_s3_server_dying_at_the_commit_fails_the_run_in_one_line_and_a_rerun
     assert "Traceback" not in stderr and "\tat " not in stderr, stderr
     failed = [line for line in stderr.splitlines() if "store s failed" in line]
     assert len(failed) == 1, stderr
-    rerun = subprocess.run(args, env=_env(), capture_output=True, text=True, timeout=300)
-    assert rerun.returncode == 0, rerun.stderr
+    # the rerun: the CLI's command with the same arguments in this process (no JVM start), the
+    # session's Spark given the server's S3 settings
+    monkeypatch.setenv("VERSIQ_LEASE_TTL", f"{TTL_S}s")
+    assert configure_s3(spark, s3.env())
+    status, printed = ingest_in_process(spark, *args[len(VERSIQ) + 1:])
+    assert status == 0, printed
     path = layout.table_path(warehouse, "s")
     assert layout.read_state(path, storage.delta_table(path).version()).run == 1

@@ -85,23 +85,24 @@ def test_cli_usage_errors_exit_2(tmp_path):
     assert versiq("rejected", "--warehouse", wh, "--store", "nope").returncode == 2
 
 
-def test_cli_report_lock_and_partial_failure(tmp_path):
-    """Exit 0 with a complete report; then one store locked by another writer fails (exit 1,
-    `error` in its entry) while the other store of the same config still commits."""
+def test_cli_report_lock_and_partial_failure(spark, tmp_path):
+    """Exit 0 with a complete report (the CLI's command in this process: no JVM start); then, in
+    a ``versiq ingest`` process, one store locked by another writer fails (exit 1, `error` in its
+    entry) while the other store of the same config still commits."""
     src_a, src_b = tmp_path / "a", tmp_path / "b"
     make_changelog(src_a, files=1, keys=20, per_key=3)
     make_changelog(src_b, files=1, keys=10, per_key=2)
     wh = str(tmp_path / "wh")
     report_file = tmp_path / "out" / "report.json"
-    result = versiq("ingest", "--warehouse", wh, "--store", "a", "--source", str(src_a),
-                    "--history-retention", "PT1S", "--report", str(report_file))
-    assert result.returncode == 0, result.stderr
+    status, printed = ingest_in_process(spark, "--warehouse", wh, "--store", "a", "--source", str(src_a),
+                                        "--history-retention", "PT1S", "--report", str(report_file))
+    assert status == 0, printed
     report = json.loads(report_file.read_text())
     entry = report["stores"]["a"]
     assert set(entry["rejected"]) >= REASONS
     assert entry["read"] == entry["accepted_latest"] + entry["accepted_out_of_order"] + sum(entry["rejected"].values())
     assert entry["snapshot"] == 0 and entry["seconds"] > 0
-    assert "store a: read" in result.stderr
+    assert "store a: read" in printed
 
     config = tmp_path / "pipeline.yaml"
     config.write_text(f"stores:\n  - name: a\n    source: {src_a}\n  - name: b\n    source: b\n"

@@ -14,7 +14,7 @@ import tempfile
 import pytest
 
 import versiq.ingest.sources as sources_module
-from tests.support.ingest import store_versions
+from tests.support.ingest import ingest_in_process, store_versions
 from versiq.ingest.pipeline import StoreSpec, run_ingest
 from versiq.ingest.sources import SourceError, list_sources
 
@@ -103,10 +103,11 @@ def test_an_unreadable_directory_fails_the_listing() -> None:
 
 
 @pytest.mark.timeout(600)
-def test_the_cli_exits_1_naming_the_unreadable_file_and_the_rerun_reads_it(tmp_path) -> None:
+def test_the_cli_exits_1_naming_the_unreadable_file_and_the_rerun_reads_it(spark, tmp_path) -> None:
     """Items 4 and 5 through ``versiq ingest`` as a scheduler runs it: a dangling symlink is exit
     1 with the path and the OS error on stderr and in the report, a FIFO beside it never blocks
-    the run (subprocess timeouts turn a hang into a failure), and the rerun reads the file."""
+    the run (subprocess timeouts turn a hang into a failure), and the rerun (the CLI's command
+    in this process) reads the file."""
     from tests.ingest.test_ingest_cli import versiq
 
     src = tmp_path / "src"
@@ -126,8 +127,8 @@ def test_the_cli_exits_1_naming_the_unreadable_file_and_the_rerun_reads_it(tmp_p
     assert _snapshot_count(os.path.join(wh, "s")) == 0
 
     target.write_text(LINE.format(key="b", ts=2))
-    done = versiq(*args, timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
+    status, printed = ingest_in_process(spark, *args[1:])  # the CLI's command in this process: no JVM start
+    assert status == 0, printed[-3000:]
     entry = json.loads(report.read_text())["stores"]["s"]
     assert entry["read"] == 2 and entry["files"] == 2
     assert entry["ignored"] == [{"path": "pipe.jsonl", "type": "fifo"}]

@@ -455,33 +455,46 @@ METADATA_CLIENTS = {"librdkafka": {}, "java": JAVA_METADATA_ENV}
 
 
 @pytest.mark.parametrize("client", list(METADATA_CLIENTS))
-def test_a_recreated_topic_fails_the_next_run_whatever_its_length(kafka_broker, tmp_path, client):
+def test_a_recreated_topic_fails_the_next_run_whatever_its_length(spark, kafka_broker, tmp_path, client, caplog):
     """5 records ingested, the topic deleted and created again, 8 records produced: the new
     topic is longer than the store's position, so offsets alone cannot tell; its id does. The
     run fails with one line, exit 1, and commits nothing (its first 5 records are not skipped).
     The runs after the first ask the broker with ``client``, the first with the other one: the
-    position's id is the same text whichever client asked it."""
+    position's id is the same text whichever client asked it. The first run is the CLI's command
+    in this process (no JVM start); so are the Java client's runs (whose own process would start
+    a JVM to ask the broker), while librdkafka's are ``versiq ingest`` processes that start none."""
     topic = new_topic(kafka_broker, "recreated", 1)
     kafka_broker.produce(topic, _records(5, 0))
     wh, report = str(tmp_path / "wh"), tmp_path / "report.json"
-    args = [*VERSIQ, "ingest", "--warehouse", wh, "--store", "s", "--kafka-bootstrap", kafka_broker.bootstrap,
+    args = ["--warehouse", wh, "--store", "s", "--kafka-bootstrap", kafka_broker.bootstrap,
             "--topic", topic, "--max-future", "none", "--report", str(report)]
     other = next(env for name, env in METADATA_CLIENTS.items() if name != client)
-    first = subprocess.run(args, env={**_env(), **other}, capture_output=True, text=True, timeout=300)
-    assert first.returncode == 0, first.stderr
+
+    def ingest(*more: str, client_env: dict[str, str]) -> tuple[int, str]:
+        if client == "librdkafka" and client_env is METADATA_CLIENTS[client]:
+            done = subprocess.run([*VERSIQ, "ingest", *args, *more], env={**_env(), **client_env},
+                                  capture_output=True, text=True, timeout=300)
+            return done.returncode, done.stderr
+        with pytest.MonkeyPatch.context() as patch, caplog.at_level(logging.INFO, logger="versiq"):
+            for name, value in client_env.items():
+                patch.setenv(name, value)
+            caplog.clear()
+            status, printed = ingest_in_process(spark, *args, *more)
+        return status, printed + "\n".join(r.getMessage() for r in caplog.records)
+
+    status, printed = ingest(client_env=other)
+    assert status == 0, printed
     path = os.path.join(wh, "s")
     before = DeltaTable(path).version()
-    same = subprocess.run([*args, "--log-level", "info"], env={**_env(), **METADATA_CLIENTS[client]},
-                          capture_output=True, text=True, timeout=300)
-    assert same.returncode == 0 and f"no new records in kafka:{topic}" in same.stderr, same.stderr
+    status, printed = ingest("--log-level", "info", client_env=METADATA_CLIENTS[client])
+    assert status == 0 and f"no new records in kafka:{topic}" in printed, printed
     kafka_broker.recreate_topic(topic, 1, {"retention.ms": "-1"})
     kafka_broker.produce(topic, _records(8, 100))
-    second = subprocess.run(args, env={**_env(), **METADATA_CLIENTS[client]}, capture_output=True, text=True,
-                            timeout=300)
-    assert second.returncode == 1, second.stderr
-    failed = [line for line in second.stderr.splitlines() if line.startswith("store s: FAILED")]
-    assert len(failed) == 1 and f"topic {topic} has id" in failed[0], second.stderr
-    assert "deleted and created again" in failed[0], second.stderr
+    status, printed = ingest(client_env=METADATA_CLIENTS[client])
+    assert status == 1, printed
+    failed = [line for line in printed.splitlines() if line.startswith("store s: FAILED")]
+    assert len(failed) == 1 and f"topic {topic} has id" in failed[0], printed
+    assert "deleted and created again" in failed[0], printed
     assert DeltaTable(path).version() == before  # nothing committed
     assert set(store_versions(path)) == {f"k{i}" for i in range(5)}
 
